@@ -1,0 +1,5 @@
+import sys
+
+from hordelite.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""Build the Quart app for a Horde: QuartTrio on trio, Quart on asyncio.
+
+The blueprints are the same on both; only the app class differs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from quart import Quart, Response, request
+from werkzeug.exceptions import HTTPException
+
+from hordelite.api.native import json_response, native
+from hordelite.errors import RC, HordeError, StorageUnavailable
+from hordelite.horde.service import Horde
+
+log = logging.getLogger("hordelite.api")
+
+_HTTP_CODES = {
+    404: RC.NotFound,
+    405: RC.MethodNotAllowed,
+    413: RC.PayloadTooLarge,
+}
+
+
+def _error(rc: RC, message: str | None = None, **extra: Any) -> Response:
+    return json_response({"message": message or rc.default_message, "rc": rc.name, **extra}, rc.status)
+
+
+def create_app(horde: Horde, backend: str = "trio") -> Quart:
+    if backend == "trio":
+        from quart_trio import QuartTrio
+
+        app: Quart = QuartTrio("hordelite")
+    else:
+        app = Quart("hordelite")
+    app.config["HORDE"] = horde
+    app.config["MAX_CONTENT_LENGTH"] = horde.config.server.max_body_bytes
+    # Quart answers 408 itself when a body does not arrive in time.
+    app.config["BODY_TIMEOUT"] = 60
+    app.register_blueprint(native)
+
+    @app.errorhandler(HordeError)
+    async def _horde_error(exc: HordeError) -> Response:
+        return _error(exc.rc, exc.message, **exc.extra)
+
+    @app.errorhandler(StorageUnavailable)
+    async def _storage_error(exc: StorageUnavailable) -> Response:
+        log.error("storage unavailable: %s", exc)
+        return _error(RC.StorageUnavailable)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        rc = _HTTP_CODES.get(exc.code or 500)
+        if rc is None:
+            status = exc.code or 500
+            return json_response({"message": exc.description or exc.name, "rc": exc.name.replace(" ", "")}, status)
+        return _error(rc)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return _error(RC.InternalServerError)
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        response.headers["Access-Control-Allow-Origin"] = "*"
+        if request.method == "OPTIONS":
+            response.headers["Access-Control-Allow-Headers"] = "*"
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, PUT, DELETE, OPTIONS"
+        return response
+
+    return app

@@ -1,0 +1,126 @@
+"""The native AI Horde v2 routes: parse, call the service, answer.
+
+Every answer is JSON with ``Access-Control-Allow-Origin: *``; every refusal
+is ``{"message", "rc"}`` (plus ``errors`` naming the field for validation
+failures) with the return code's HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import Blueprint, Response, current_app, request
+
+from hordelite.errors import RC, HordeError, bad_request
+from hordelite.horde.service import Horde
+
+native = Blueprint("native", __name__, url_prefix="/api/v2")
+
+
+def horde() -> Horde:
+    return current_app.config["HORDE"]  # type: ignore[no-any-return]
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+async def json_body() -> Any:
+    """The decoded body; 400 naming ``body`` when it is not JSON (413 past the cap)."""
+    raw = await request.get_data(cache=False)
+    if not raw:
+        raise bad_request("body", "a JSON body is required")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("body", "is not valid JSON") from None
+
+
+def api_key(required: bool = True) -> str:
+    key = request.headers.get("apikey")
+    if key is None or key == "":
+        raise HordeError(RC.InvalidAPIKey, "The apikey header is missing: send your API key, or 0000000000 for anonymous use.")
+    if len(key) > 255:
+        raise HordeError(RC.InvalidAPIKey, "The apikey header is longer than any key.")
+    return key
+
+
+def client_agent() -> str:
+    # koboldcpp and most tools send Client-Agent; horde_sdk sends client_agent.
+    return request.headers.get("Client-Agent") or request.headers.get("client_agent") or "unknown:0:unknown"
+
+
+@native.post("/generate/text/async")
+async def text_async() -> Response:
+    body = await json_body()
+    answer = await horde().submit_text(api_key(), body, client_agent())
+    return json_response(answer, 202 if "id" in answer else 200)
+
+
+@native.get("/generate/text/status/<request_id>")
+async def text_status(request_id: str) -> Response:
+    return json_response(await horde().text_status(request_id))
+
+
+@native.delete("/generate/text/status/<request_id>")
+async def text_cancel(request_id: str) -> Response:
+    return json_response(await horde().text_status(request_id, cancel=True))
+
+
+@native.post("/generate/text/pop")
+async def text_pop() -> Response:
+    body = await json_body()
+    return json_response(await horde().pop(api_key(), body))
+
+
+@native.post("/generate/text/submit")
+async def text_submit() -> Response:
+    body = await json_body()
+    return json_response(await horde().submit(api_key(), body))
+
+
+@native.get("/status/heartbeat")
+async def heartbeat() -> Response:
+    return json_response(horde().heartbeat())
+
+
+@native.get("/status/models")
+async def status_models() -> Response:
+    # The AI Horde defaults type to image; hordelite serves text only.
+    if request.args.get("type", "text") != "text":
+        return json_response([])
+    return json_response(await horde().model_stats())
+
+
+@native.get("/workers")
+async def workers() -> Response:
+    if request.args.get("type", "text") != "text":
+        return json_response([])
+    return json_response(await horde().workers())
+
+
+@native.get("/workers/<worker_id>")
+async def worker(worker_id: str) -> Response:
+    return json_response(await horde().worker(worker_id))
+
+
+@native.put("/workers/<worker_id>")
+async def worker_update(worker_id: str) -> Response:
+    body = await json_body()
+    return json_response(await horde().update_worker(api_key(), worker_id, body))
+
+
+@native.get("/workers/name/<path:name>")
+async def worker_by_name(name: str) -> Response:
+    return json_response(await horde().worker_by_name(name))
+
+
+@native.get("/find_user")
+async def find_user() -> Response:
+    return json_response(await horde().find_user(api_key()))
+
+
+@native.get("/users/<user_id>")
+async def user(user_id: str) -> Response:
+    return json_response(await horde().user(user_id))

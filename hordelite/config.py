@@ -1,0 +1,198 @@
+"""The one validated configuration object.
+
+Built from ``hordelite.toml`` (every key documented there), then overridden by
+environment variables ``HORDELITE_<SECTION>_<KEY>``; ``HORDELITE_DATABASE_URL``
+is accepted as an alias of ``HORDELITE_STORAGE_DATABASE``. A bad value raises
+``ConfigError`` naming the key, so ``hordelite serve`` stops at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from hordelite.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 7001
+    # "trio" (QuartTrio) or "asyncio" (Quart): the same app on either loop.
+    backend: str = "trio"
+    # 36 MiB, the chat request body cap of the specification.
+    max_body_bytes: int = 36 * 1024 * 1024
+    # Seconds a stopping server gives open requests before cancelling them.
+    grace_period: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageConfig:
+    # A file path (SQLite) or a postgresql:// URL.
+    database: str = "./hordelite.db"
+    # Threads (and connections) running queries.
+    pool_size: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class HordeConfig:
+    allow_anonymous: bool = True
+    # Seconds a popped job lives before it goes back to the queue.
+    job_ttl: float = 150.0
+    # Seconds a request lives after its last chance (creation or last pop).
+    request_expiry: float = 1200.0
+    # Seconds an ended request stays readable on its status route.
+    retention: float = 1800.0
+    # Seconds a worker counts as online after its last pop.
+    worker_online: float = 300.0
+    # A request with more than this many faulted jobs ends faulted.
+    max_faults: int = 2
+    # More aborted jobs than this in an hour puts a worker into maintenance.
+    maintenance_aborts: int = 20
+    # Requests (counting n) a user may have in flight; 0 means no limit.
+    concurrency: int = 30
+    anonymous_concurrency: int = 100
+    # Longest long-poll a pop may ask for with "wait".
+    max_pop_wait: float = 30.0
+    # Seconds between sweeps of expired leases, requests and workers.
+    sweep_interval: float = 5.0
+    # A JSON file mapping model names to their parameter count; empty means
+    # the file shipped with hordelite.
+    model_reference: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
+    storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
+    horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
+
+    def replace(self, **sections: Mapping[str, Any]) -> Config:
+        """A copy with some keys of some sections changed, validated."""
+        raw = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        for name, values in sections.items():
+            if name not in raw:
+                raise ConfigError(f"unknown configuration section [{name}]")
+            raw[name].update(values)
+        return build_config(raw)
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "server": ServerConfig,
+    "storage": StorageConfig,
+    "horde": HordeConfig,
+}
+
+_BACKENDS = ("trio", "asyncio")
+
+
+def _coerce(key: str, kind: type[Any], value: Any) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            return int(value) if isinstance(value, int | str) else _fail()
+        except (ValueError, TypeError):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if kind is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value) if isinstance(value, int | float | str) else _fail()
+        except (ValueError, TypeError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _fail() -> Any:
+    raise TypeError
+
+
+def _check(config: Config) -> None:
+    s, st, h = config.server, config.storage, config.horde
+    if s.backend not in _BACKENDS:
+        raise ConfigError(f"server.backend: must be one of {', '.join(_BACKENDS)}, got {s.backend!r}")
+    if not 0 <= s.port <= 65535:
+        raise ConfigError(f"server.port: must be 0 to 65535, got {s.port}")
+    if s.max_body_bytes < 1024:
+        raise ConfigError(f"server.max_body_bytes: must be at least 1024, got {s.max_body_bytes}")
+    if s.grace_period < 0:
+        raise ConfigError(f"server.grace_period: must not be negative, got {s.grace_period}")
+    if not st.database.strip():
+        raise ConfigError("storage.database: must not be empty")
+    if "://" in st.database and not st.database.startswith(("postgresql://", "postgresql+psycopg://", "sqlite://")):
+        raise ConfigError(f"storage.database: must be a file path or a postgresql:// URL, got {st.database!r}")
+    if not 1 <= st.pool_size <= 64:
+        raise ConfigError(f"storage.pool_size: must be 1 to 64, got {st.pool_size}")
+    for key in ("job_ttl", "request_expiry", "retention", "worker_online", "sweep_interval"):
+        if getattr(h, key) <= 0:
+            raise ConfigError(f"horde.{key}: must be positive, got {getattr(h, key)}")
+    for key in ("max_faults", "maintenance_aborts", "concurrency", "anonymous_concurrency"):
+        if getattr(h, key) < 0:
+            raise ConfigError(f"horde.{key}: must not be negative, got {getattr(h, key)}")
+    if not 0 <= h.max_pop_wait <= 300:
+        raise ConfigError(f"horde.max_pop_wait: must be 0 to 300, got {h.max_pop_wait}")
+    if h.model_reference and not Path(h.model_reference).is_file():
+        raise ConfigError(f"horde.model_reference: no such file {h.model_reference!r}")
+
+
+def build_config(raw: Mapping[str, Any]) -> Config:
+    """A validated Config from a mapping of sections; unknown keys are errors."""
+    sections: dict[str, Any] = {}
+    for name, raw_section in raw.items():
+        cls = _SECTIONS.get(name)
+        if cls is None:
+            raise ConfigError(f"unknown configuration section [{name}]")
+        if not isinstance(raw_section, Mapping):
+            raise ConfigError(f"[{name}] must be a table")
+        hints = get_type_hints(cls)
+        values = {}
+        for key, value in raw_section.items():
+            if key not in hints:
+                raise ConfigError(f"{name}.{key}: unknown configuration key")
+            values[key] = _coerce(f"{name}.{key}", hints[key], value)
+        sections[name] = cls(**values)
+    config = Config(**sections)
+    _check(config)
+    return config
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (if it exists, or if named explicitly) and the environment.
+
+    Raises ConfigError naming the key for any bad value.
+    """
+    environ = os.environ if environ is None else environ
+    raw: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    if path is not None:
+        file = Path(path)
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {str(file)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: {exc}") from None
+        for name, section in data.items():
+            if not isinstance(section, dict):
+                raise ConfigError(f"{name}: expected a [section], got a plain key")
+            raw.setdefault(name, {}).update(section)
+    for name, cls in _SECTIONS.items():
+        for key in get_type_hints(cls):
+            value = environ.get(f"HORDELITE_{name.upper()}_{key.upper()}")
+            if value is not None:
+                raw[name][key] = value
+    if "HORDELITE_DATABASE_URL" in environ:
+        raw["storage"]["database"] = environ["HORDELITE_DATABASE_URL"]
+    return build_config(raw)

@@ -1,0 +1,121 @@
+"""Small readers for JSON bodies: each names the field it refuses.
+
+Every reader raises ``bad_request(field, why)``, a 400 whose message and
+``errors`` map name the dotted field path.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from hordelite.errors import bad_request
+
+_MISSING: Any = object()
+
+
+def expect_object(value: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise bad_request(field, f"expected a JSON object, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def get_int(
+    body: Mapping[str, Any], key: str, field: str, lo: int, hi: int, default: Any = _MISSING
+) -> Any:
+    value = body.get(key, _MISSING)
+    if value is _MISSING or (value is None and default is not _MISSING):
+        if default is _MISSING:
+            raise bad_request(field, "is required")
+        return default
+    # JSON has one number type: 80.0 is accepted as 80, 80.5 is not.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(field, f"expected an integer, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise bad_request(field, f"{value} is outside {lo} to {hi}")
+    return value
+
+
+def get_number(
+    body: Mapping[str, Any], key: str, field: str, lo: float, hi: float, default: Any = _MISSING
+) -> Any:
+    value = body.get(key, _MISSING)
+    if value is _MISSING or (value is None and default is not _MISSING):
+        if default is _MISSING:
+            raise bad_request(field, "is required")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(field, f"expected a number, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise bad_request(field, f"{value} is outside {lo} to {hi}")
+    return value
+
+
+def get_bool(body: Mapping[str, Any], key: str, field: str, default: bool) -> bool:
+    value = body.get(key, _MISSING)
+    if value is _MISSING or value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(field, f"expected true or false, got {_kind(value)}")
+    return value
+
+
+def get_str(
+    body: Mapping[str, Any], key: str, field: str, max_len: int, default: Any = _MISSING
+) -> Any:
+    value = body.get(key, _MISSING)
+    if value is _MISSING or (value is None and default is not _MISSING):
+        if default is _MISSING:
+            raise bad_request(field, "is required")
+        return default
+    if not isinstance(value, str):
+        raise bad_request(field, f"expected a string, got {_kind(value)}")
+    if len(value) > max_len:
+        raise bad_request(field, f"is longer than {max_len} characters")
+    return value
+
+
+def get_str_list(
+    body: Mapping[str, Any], key: str, field: str, max_items: int, max_len: int
+) -> list[str]:
+    value = body.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_request(field, f"expected an array of strings, got {_kind(value)}")
+    if len(value) > max_items:
+        raise bad_request(field, f"has more than {max_items} entries")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise bad_request(f"{field}.{i}", f"expected a string, got {_kind(item)}")
+        if len(item) > max_len:
+            raise bad_request(f"{field}.{i}", f"is longer than {max_len} characters")
+    return list(value)
+
+
+def parse_uuid(value: Any) -> str | None:
+    """The canonical form of a UUID string, or None when it is not one."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None

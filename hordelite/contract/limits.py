@@ -1,0 +1,51 @@
+"""Every limit and constant of the specification, in one place.
+
+Values an operator may want to change are configuration keys
+(hordelite.config); these are the wire contract's fixed bounds and the
+queue's arithmetic.
+"""
+
+from typing import Final
+
+# Request bounds of the AI Horde text API.
+MIN_MAX_LENGTH: Final = 16
+MAX_MAX_LENGTH: Final = 4096
+DEFAULT_MAX_LENGTH: Final = 80
+MIN_CONTEXT_LENGTH: Final = 80
+MAX_CONTEXT_LENGTH: Final = 1_048_576
+DEFAULT_MAX_CONTEXT_LENGTH: Final = 2048
+MAX_REQUEST_N: Final = 20
+MAX_WORKER_IDS: Final = 5
+MAX_MODELS: Final = 100
+MAX_NAME: Final = 255
+MAX_STOP_SEQUENCES: Final = 128
+MAX_STOP_SEQUENCE_CHARS: Final = 1000
+MAX_POP_THREADS: Final = 50
+
+# The anonymous key every AI Horde client knows.
+ANONYMOUS_API_KEY: Final = "0000000000"
+
+# Pricing (AI Horde text formula): tokens are estimated at 4 characters each,
+# floored at 20, capped at max_length; a job is worth tokens x the model's
+# size in billions of parameters / 21; the requester also pays 1 per job.
+CHARS_PER_TOKEN_PRICING: Final = 4
+MIN_BILLED_TOKENS: Final = 20
+KUDOS_TOKENS_DIVISOR: Final = 21
+HORDE_TAX_PER_JOB: Final = 1.0
+# A model missing from the model reference is priced as a 1 billion
+# parameter model, the smallest class the AI Horde knows.
+UNKNOWN_MODEL_BILLIONS: Final = 1.0
+# Requests with a larger max_length need their estimated cost up front.
+UPFRONT_MAX_LENGTH: Final = 512
+
+# Queue order: a waiting request gains 50 priority every 10 seconds.
+AGING_PER_SECOND: Final = 50 / 10
+
+# A worker with no measured speed is assumed to generate this many tokens a
+# second when estimating wait times; a slower measured worker is "slow" and
+# skipped by requests that set slow_workers: false.
+ASSUMED_TOKENS_PER_SECOND: Final = 10.0
+SLOW_WORKER_TOKENS_PER_SECOND: Final = 2.0
+
+# The window in which aborted jobs are counted towards maintenance.
+ABORT_WINDOW_SECONDS: Final = 3600.0

@@ -1,0 +1,295 @@
+"""The native text request, pop and submit bodies: validation, no I/O.
+
+Each ``parse_*`` function takes the decoded JSON body and returns a frozen
+value, or raises a HordeError naming the field. Unknown keys are ignored, as
+the AI Horde ignores them, so that every existing client and worker keeps
+working; only known sampling parameters are forwarded to workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hordelite.contract import _fields as f
+from hordelite.contract.limits import (
+    MAX_CONTEXT_LENGTH,
+    MAX_MAX_LENGTH,
+    MAX_MODELS,
+    MAX_NAME,
+    MAX_POP_THREADS,
+    MAX_REQUEST_N,
+    MAX_STOP_SEQUENCE_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_WORKER_IDS,
+    MIN_CONTEXT_LENGTH,
+    MIN_MAX_LENGTH,
+    DEFAULT_MAX_CONTEXT_LENGTH,
+    DEFAULT_MAX_LENGTH,
+)
+from hordelite.errors import RC, HordeError, bad_request
+
+# Sampling parameters with their bounds, as the AI Horde's ModelPayloadKobold.
+_NUMBER_PARAMS: dict[str, tuple[float, float]] = {
+    "temperature": (0, 5),
+    "top_p": (0.001, 1),
+    "top_a": (0, 1),
+    "typical": (0, 1),
+    "tfs": (0, 1),
+    "min_p": (0, 1),
+    "rep_pen": (1, 3),
+    "rep_pen_slope": (0, 10),
+    "smoothing_factor": (0, 10),
+    "dynatemp_range": (0, 5),
+    "dynatemp_exponent": (0, 5),
+}
+_INT_PARAMS: dict[str, tuple[int, int]] = {
+    "top_k": (0, 200),
+    "rep_pen_range": (0, 4096),
+}
+_BOOL_PARAMS = (
+    "use_default_badwordsids",
+    "singleline",
+    "frmtadsnsp",
+    "frmtrmblln",
+    "frmtrmspch",
+    "frmttriminc",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRequest:
+    """A validated ``/generate/text/async`` body."""
+
+    prompt: str
+    params: dict[str, Any]  # the sampling fields forwarded to the worker
+    n: int
+    max_length: int
+    max_context_length: int
+    models: tuple[str, ...]
+    workers: tuple[str, ...]
+    worker_blacklist: bool
+    trusted_workers: bool
+    slow_workers: bool
+    nsfw: bool
+    softprompt: str | None
+    dry_run: bool
+    allow_downgrade: bool
+    proxied_account: str | None
+    webhook: str | None
+
+
+def parse_text_request(body: Any) -> TextRequest:
+    body = f.expect_object(body, "body")
+    prompt = body.get("prompt")
+    if prompt is None or prompt == "":
+        raise HordeError(RC.MissingPrompt)
+    if not isinstance(prompt, str):
+        raise bad_request("prompt", "expected a string")
+    params = _parse_params(body.get("params"))
+    workers = f.get_str_list(body, "workers", "workers", MAX_WORKER_IDS, 64)
+    canonical: list[str] = []
+    for i, worker in enumerate(workers):
+        worker_id = f.parse_uuid(worker)
+        if worker_id is None:
+            raise bad_request(f"workers.{i}", "is not a worker id (a UUID)")
+        canonical.append(worker_id)
+    webhook = f.get_str(body, "webhook", "webhook", 1024, None)
+    if webhook is not None and not webhook.startswith("https://"):
+        raise bad_request("webhook", "must be an https:// URL")
+    return TextRequest(
+        prompt=prompt,
+        params=params,
+        n=params.pop("n"),
+        max_length=params["max_length"],
+        max_context_length=params["max_context_length"],
+        models=tuple(dict.fromkeys(f.get_str_list(body, "models", "models", MAX_MODELS, MAX_NAME))),
+        workers=tuple(dict.fromkeys(canonical)),
+        worker_blacklist=f.get_bool(body, "worker_blacklist", "worker_blacklist", False),
+        trusted_workers=f.get_bool(body, "trusted_workers", "trusted_workers", False),
+        slow_workers=f.get_bool(body, "slow_workers", "slow_workers", True),
+        nsfw=f.get_bool(body, "nsfw", "nsfw", False),
+        softprompt=f.get_str(body, "softprompt", "softprompt", MAX_NAME, None) or None,
+        dry_run=f.get_bool(body, "dry_run", "dry_run", False),
+        allow_downgrade=f.get_bool(body, "allow_downgrade", "allow_downgrade", False),
+        proxied_account=f.get_str(body, "proxied_account", "proxied_account", MAX_NAME, None),
+        webhook=webhook,
+    )
+
+
+def _parse_params(raw: Any) -> dict[str, Any]:
+    params = f.expect_object({} if raw is None else raw, "params")
+    out: dict[str, Any] = {
+        "n": f.get_int(params, "n", "params.n", 1, MAX_REQUEST_N, 1),
+        "max_length": f.get_int(
+            params, "max_length", "params.max_length", MIN_MAX_LENGTH, MAX_MAX_LENGTH, DEFAULT_MAX_LENGTH
+        ),
+        "max_context_length": f.get_int(
+            params,
+            "max_context_length",
+            "params.max_context_length",
+            MIN_CONTEXT_LENGTH,
+            MAX_CONTEXT_LENGTH,
+            DEFAULT_MAX_CONTEXT_LENGTH,
+        ),
+    }
+    if out["max_context_length"] < out["max_length"]:
+        raise HordeError(
+            RC.TokenOverflow,
+            f"params.max_context_length ({out['max_context_length']}) must be at least "
+            f"params.max_length ({out['max_length']}).",
+        )
+    for key, (lo, hi) in _NUMBER_PARAMS.items():
+        if params.get(key) is not None:
+            out[key] = f.get_number(params, key, f"params.{key}", lo, hi)
+    for key, (ilo, ihi) in _INT_PARAMS.items():
+        if params.get(key) is not None:
+            out[key] = f.get_int(params, key, f"params.{key}", ilo, ihi)
+    for key in _BOOL_PARAMS:
+        if params.get(key) is not None:
+            out[key] = f.get_bool(params, key, f"params.{key}", False)
+    if params.get("sampler_order") is not None:
+        out["sampler_order"] = _parse_sampler_order(params["sampler_order"])
+    if params.get("stop_sequence") is not None:
+        out["stop_sequence"] = _parse_stop_sequence(params["stop_sequence"])
+    return out
+
+
+def _parse_sampler_order(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 6 for v in value
+    ):
+        raise bad_request("params.sampler_order", "expected an array of integers 0 to 6")
+    if len(set(value)) < 7:
+        raise bad_request("params.sampler_order", "must hold at least 7 distinct values")
+    return list(value)
+
+
+def _parse_stop_sequence(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise bad_request("params.stop_sequence", "expected an array of strings")
+    if len(value) > MAX_STOP_SEQUENCES:
+        raise HordeError(
+            RC.TooManyStopSequences,
+            f"params.stop_sequence has {len(value)} entries; at most {MAX_STOP_SEQUENCES} are allowed.",
+        )
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise bad_request(f"params.stop_sequence.{i}", "expected a string")
+        if len(item) > MAX_STOP_SEQUENCE_CHARS:
+            raise HordeError(
+                RC.ExcessiveStopSequence,
+                f"params.stop_sequence.{i} is longer than {MAX_STOP_SEQUENCE_CHARS} characters.",
+            )
+    return list(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class PopRequest:
+    """A validated ``/generate/text/pop`` body: what a text worker declares."""
+
+    name: str
+    models: tuple[str, ...]
+    max_length: int
+    max_context_length: int
+    nsfw: bool
+    threads: int
+    amount: int
+    bridge_agent: str
+    extra_slow_worker: bool
+    wait: float  # long-poll seconds; 0 is the AI Horde's immediate answer
+    priority_usernames: tuple[str, ...]
+
+
+def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
+    body = f.expect_object(body, "body")
+    name = f.get_str(body, "name", "name", MAX_NAME).strip()
+    if not name:
+        raise bad_request("name", "must not be empty")
+    models = f.get_str_list(body, "models", "models", MAX_MODELS, MAX_NAME)
+    if not models:
+        raise bad_request("models", "must name at least one model")
+    return PopRequest(
+        name=name,
+        models=tuple(dict.fromkeys(models)),
+        max_length=f.get_int(body, "max_length", "max_length", 1, MAX_MAX_LENGTH, DEFAULT_MAX_LENGTH),
+        max_context_length=f.get_int(
+            body, "max_context_length", "max_context_length", 1, MAX_CONTEXT_LENGTH, DEFAULT_MAX_CONTEXT_LENGTH
+        ),
+        nsfw=f.get_bool(body, "nsfw", "nsfw", True),
+        threads=f.get_int(body, "threads", "threads", 1, MAX_POP_THREADS, 1),
+        amount=f.get_int(body, "amount", "amount", 1, MAX_REQUEST_N, 1),
+        bridge_agent=f.get_str(body, "bridge_agent", "bridge_agent", 1000, "unknown:0:unknown"),
+        extra_slow_worker=f.get_bool(body, "extra_slow_worker", "extra_slow_worker", False),
+        wait=float(f.get_number(body, "wait", "wait", 0, max_wait, 0)),
+        priority_usernames=tuple(
+            f.get_str_list(body, "priority_usernames", "priority_usernames", 100, MAX_NAME)
+        ),
+    )
+
+
+GEN_STATES = ("ok", "censored", "csam", "faulted")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSubmit:
+    """A validated ``/generate/text/submit`` body."""
+
+    id: str
+    generation: str
+    state: str
+    seed: int | None
+    gen_metadata: list[dict[str, Any]]
+
+
+def parse_job_submit(body: Any) -> JobSubmit:
+    body = f.expect_object(body, "body")
+    raw_id = body.get("id")
+    if raw_id is None:
+        raise bad_request("id", "is required")
+    job_id = f.parse_uuid(raw_id)
+    if job_id is None:
+        raise HordeError(RC.InvalidJobID, f"id {str(raw_id)[:64]!r} is not a job id.")
+    # The old KoboldAI bridge sends no state: it means ok.
+    state = f.get_str(body, "state", "state", 16, "ok")
+    if state not in GEN_STATES:
+        raise bad_request("state", f"must be one of {', '.join(GEN_STATES)}")
+    if state == "faulted":
+        generation = f.get_str(body, "generation", "generation", 10**7, "") or ""
+    else:
+        generation = f.get_str(body, "generation", "generation", 10**7)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        # Bridges send the seed as a number or a numeric string.
+        try:
+            seed = int(seed)
+        except (TypeError, ValueError):
+            raise bad_request("seed", "expected an integer") from None
+    if seed is not None and not 0 <= seed < 2**63:
+        raise bad_request("seed", "must be 0 to 2**63 - 1")
+    return JobSubmit(
+        id=job_id,
+        generation=generation,
+        state=state,
+        seed=seed,
+        gen_metadata=_parse_gen_metadata(body.get("gen_metadata")),
+    )
+
+
+def _parse_gen_metadata(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 32:
+        raise bad_request("gen_metadata", "expected an array of at most 32 entries")
+    out = []
+    for i, entry in enumerate(value):
+        entry = f.expect_object(entry, f"gen_metadata.{i}")
+        item = {
+            "type": f.get_str(entry, "type", f"gen_metadata.{i}.type", 64),
+            "value": f.get_str(entry, "value", f"gen_metadata.{i}.value", 64),
+        }
+        ref = f.get_str(entry, "ref", f"gen_metadata.{i}.ref", 255, None)
+        if ref is not None:
+            item["ref"] = ref
+        out.append(item)
+    return out

@@ -1,0 +1,87 @@
+"""Every return code hordelite answers with, defined once.
+
+A return code (``rc``) has an HTTP status and a default message. Code raises
+``HordeError(RC.X)`` (optionally with a more precise message and extra fields);
+each envelope renders it its own way: the native API as
+``{"message", "rc", ...extra}``, the OpenAI front (later) in its error object.
+
+    Exception
+     +-- HordeError             a refusal a client or worker can act on
+     +-- StorageUnavailable     the database did not answer (rendered 503)
+     +-- ConfigError            a bad configuration value, raised at start
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class RC(enum.Enum):
+    """Return codes with their HTTP status and default message.
+
+    Names and statuses are the AI Horde's where it has one, so that existing
+    clients keep recognising them.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.default_message = message
+
+    # 400
+    BadRequest = (400, "Input payload validation failed.")
+    MissingPrompt = (400, "You cannot specify an empty prompt.")
+    TokenOverflow = (400, "max_context_length must be at least max_length.")
+    TooManyStopSequences = (400, "Too many stop sequences were given.")
+    ExcessiveStopSequence = (400, "A stop sequence is too long.")
+    DuplicateGen = (400, "This generation has already been submitted.")
+    AbortedGen = (400, "This generation was aborted: its lease expired or the request ended.")
+    # 401
+    InvalidAPIKey = (401, "No user matching the sent API key.")
+    # 403
+    AnonForbiddenWorker = (403, "The anonymous user cannot run a worker: register a key.")
+    AnonymousDisabled = (403, "Anonymous requests are turned off on this horde: send a registered key.")
+    WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
+    WorkerMaintenance = (403, "This worker is in maintenance mode.")
+    KudosUpfront = (403, "This request needs kudos up front.")
+    NotAdmin = (403, "Only an administrator can do this.")
+    # 404
+    RequestNotFound = (404, "No request with this id.")
+    InvalidJobID = (404, "No job with this id.")
+    WorkerNotFound = (404, "No worker with this id.")
+    UserNotFound = (404, "No user with this id.")
+    NotFound = (404, "No such route.")
+    # 405, 413, 429
+    MethodNotAllowed = (405, "This method is not allowed on this route.")
+    PayloadTooLarge = (413, "The request body is larger than this horde accepts.")
+    TooManyPrompts = (429, "You have too many requests in flight.")
+    # 5xx
+    InternalServerError = (500, "The horde failed unexpectedly.")
+    StorageUnavailable = (503, "The horde's database did not answer; try again shortly.")
+
+
+class HordeError(Exception):
+    """A refusal with a return code. ``extra`` fields are added to the body."""
+
+    def __init__(self, rc: RC, message: str | None = None, **extra: Any) -> None:
+        self.rc = rc
+        self.message = message or rc.default_message
+        self.extra = extra
+        super().__init__(f"{rc.name}: {self.message}")
+
+    @property
+    def status(self) -> int:
+        return self.rc.status
+
+
+def bad_request(field: str, why: str) -> HordeError:
+    """A validation failure naming the field, with the AI Horde's ``errors`` map."""
+    return HordeError(RC.BadRequest, f"{field}: {why}", errors={field: why})
+
+
+class StorageUnavailable(Exception):
+    """The database could not be reached; translated from driver errors."""
+
+
+class ConfigError(Exception):
+    """A configuration value is wrong; the message names the key."""

@@ -1,0 +1,373 @@
+"""The horde service: what the routes call.
+
+Each method validates through ``hordelite.contract``, runs one transaction
+through ``Database``, signals waiters, and returns the answer's fields. It
+raises HordeError for every refusal; routes only render.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from sqlalchemy import RowMapping
+
+from hordelite import __version__
+from hordelite.clock import Clock, SystemClock
+from hordelite.config import Config
+from hordelite.contract import kudos as kudos_rules
+from hordelite.contract._fields import parse_uuid
+from hordelite.contract.eligibility import WorkerView, can_serve
+from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
+from hordelite.contract.models import ModelReference
+from hordelite.contract.text import TextRequest, parse_job_submit, parse_pop_request, parse_text_request
+from hordelite.errors import RC, HordeError
+from hordelite.signals import LocalSignals, Signals
+from hordelite.storage import queries as q
+from hordelite.storage.database import Database
+from hordelite.storage.migrations import upgrade
+
+# Model statistics are an aggregate over the queue: cached this long.
+MODEL_STATS_TTL = 2.0
+
+
+def hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def new_api_key() -> str:
+    return secrets.token_urlsafe(16)
+
+
+class Horde:
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        *,
+        clock: Clock | None = None,
+        signals: Signals | None = None,
+        models: ModelReference | None = None,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.clock = clock or SystemClock()
+        self.signals = signals or LocalSignals()
+        self.models = models or ModelReference.load(config.horde.model_reference or None)
+        h = config.horde
+        self.rules = q.Rules(
+            job_ttl=h.job_ttl,
+            request_expiry=h.request_expiry,
+            retention=h.retention,
+            worker_online=h.worker_online,
+            max_faults=h.max_faults,
+            maintenance_aborts=h.maintenance_aborts,
+            concurrency=h.concurrency,
+            anonymous_concurrency=h.anonymous_concurrency,
+            allow_anonymous=h.allow_anonymous,
+        )
+        self._model_stats: tuple[float, list[dict[str, Any]]] | None = None
+
+    # Set-up ------------------------------------------------------------
+
+    def migrate(self) -> tuple[int, int]:
+        """Bring the schema up to date and make sure the anonymous user exists."""
+        result = self.db.run_sync(upgrade, True)
+        self.db.run_sync(q.ensure_anonymous, True, hash_key(ANONYMOUS_API_KEY), self.clock.now())
+        return result
+
+    async def create_user(
+        self, username: str, *, kudos: float = 0.0, admin: bool = False, trusted: bool = False
+    ) -> tuple[int, str]:
+        """A new user and its API key (shown once: only its hash is stored)."""
+        key = new_api_key()
+        user_id = await self.db.write(
+            q.create_user, username, hash_key(key), kudos, admin, trusted, self.clock.now()
+        )
+        return user_id, key
+
+    # Requests ----------------------------------------------------------
+
+    def quote(self, req: TextRequest) -> float:
+        """The dry-run price: every job at full max_length on the largest model asked for."""
+        sizes = [self.models.billions(m) for m in req.models] or [self.models.billions("")]
+        return kudos_rules.request_quote(req.max_length, req.n, max(sizes))
+
+    async def submit_text(self, api_key: str, body: Any, client_agent: str) -> dict[str, Any]:
+        """Queue a text request; answers the 202 body (or the dry-run quote)."""
+        req = parse_text_request(body)
+        if req.dry_run:
+            await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
+            return {"kudos": self.quote(req)}
+        request_id = str(uuid.uuid4())
+        now = self.clock.now()
+        queued, possible = await self.db.write(
+            q.submit_request,
+            hash_key(api_key),
+            req,
+            request_id,
+            now,
+            self.rules,
+            self.quote,
+            UPFRONT_MAX_LENGTH,
+            client_agent,
+        )
+        self.signals.notify_queue()
+        answer: dict[str, Any] = {"id": request_id, "kudos": self.quote(queued)}
+        warnings = []
+        if queued.max_length != req.max_length:
+            warnings.append(
+                {
+                    "code": "MaxLengthDowngraded",
+                    "message": f"params.max_length was lowered from {req.max_length} to "
+                    f"{queued.max_length} because of allow_downgrade.",
+                }
+            )
+        if not possible:
+            answer["message"] = (
+                "No worker online can serve this request now; it waits for one "
+                f"and expires {int(self.config.horde.request_expiry)} s after its last chance."
+            )
+            warnings.append({"code": "NoAvailableWorker", "message": answer["message"]})
+        if warnings:
+            answer["warnings"] = warnings
+        return answer
+
+    async def text_status(self, request_id: str, *, cancel: bool = False) -> dict[str, Any]:
+        """The status answer; with ``cancel``, end the request (answering its state before)."""
+        canonical = parse_uuid(request_id)
+        if canonical is None:
+            raise HordeError(RC.RequestNotFound, f"No text request with id {request_id[:64]!r}.")
+        now = self.clock.now()
+        if cancel:
+            parts = await self.db.write(q.cancel_request, canonical, "text", now, self.rules)
+            self.signals.notify_request(canonical)
+        else:
+            parts = await self.db.read(q.request_status, canonical, "text", now, self.rules)
+        return self._render_status(parts)
+
+    def _render_status(self, parts: dict[str, Any]) -> dict[str, Any]:
+        req: RowMapping = parts["request"]
+        jobs: Sequence[RowMapping] = parts["jobs"]
+        done_jobs = [j for j in jobs if j["state"] == "done"]
+        processing = len(jobs) - len(done_jobs)
+        waiting_state = req["state"] == "waiting"
+        eligible = [w for w in parts["online"] if can_serve(w, q.request_view(req))]
+        wait_time = self._wait_time(req, parts["position"], processing, eligible) if waiting_state else 0
+        return {
+            "finished": len(done_jobs),
+            "processing": processing,
+            "restarted": req["restarts"],
+            "waiting": req["remaining"] if waiting_state else 0,
+            "done": req["state"] in ("done", "cancelled"),
+            "faulted": req["state"] in ("faulted", "expired"),
+            "wait_time": wait_time,
+            "queue_position": parts["position"],
+            "kudos": round(req["kudos"], 2),
+            "is_possible": bool(eligible) if waiting_state else True,
+            "generations": [
+                {
+                    "text": j["text"],
+                    "seed": j["seed"] if j["seed"] is not None else 0,
+                    "gen_metadata": j["gen_metadata"] or [],
+                    "worker_id": j["worker_id"],
+                    "worker_name": j["worker_name"],
+                    "model": j["model"],
+                    "state": j["gen_state"],
+                }
+                for j in done_jobs
+            ],
+        }
+
+    def _wait_time(
+        self, req: RowMapping, position: int, processing: int, eligible: list[WorkerView]
+    ) -> int:
+        """Seconds until the request is done, from the throughput of the workers that can serve it."""
+        if not eligible:
+            return 0
+        throughput = sum(w.speed * w.threads for w in eligible)
+        tokens = (position + req["remaining"] + processing) * req["max_length"]
+        return int(math.ceil(tokens / throughput))
+
+    # Jobs --------------------------------------------------------------
+
+    async def pop(self, api_key: str, body: Any) -> dict[str, Any]:
+        """Check a worker in and hand it a job, waiting up to ``wait`` seconds for one."""
+        pop = parse_pop_request(body, self.config.horde.max_pop_wait)
+        key_hash = hash_key(api_key)
+        skip_locked = not self.db.is_sqlite
+        with anyio.move_on_after(pop.wait) as scope:
+            while True:
+                changed = self.signals.queue_waiter()
+                result = await self.db.write(
+                    q.pop_job, key_hash, pop, self.clock.now(), self.rules, False, skip_locked
+                )
+                if result.job is not None or pop.wait <= 0:
+                    break
+                await changed.wait()
+        if scope.cancelled_caught or (result.job is None):
+            # The final empty answer explains what was passed over.
+            result = await self.db.write(
+                q.pop_job, key_hash, pop, self.clock.now(), self.rules, True, skip_locked
+            )
+        if result.job is None:
+            return {"id": None, "ids": [], "payload": {}, "skipped": result.skipped, "softprompt": None}
+        job = result.job
+        return {
+            "payload": job.payload,
+            "id": job.id,
+            "ids": [job.id],
+            "model": job.model,
+            "ttl": int(job.ttl),
+            "skipped": {},
+            "softprompt": job.softprompt,
+            "messages": [],
+            "extra_source_images": None,
+        }
+
+    async def submit(self, api_key: str, body: Any) -> dict[str, Any]:
+        sub = parse_job_submit(body)
+        result = await self.db.write(
+            q.submit_job, hash_key(api_key), sub, self.clock.now(), self.rules, self.models.billions
+        )
+        if result.requeued:
+            self.signals.notify_queue()
+        self.signals.notify_request(result.request_id)
+        return {"reward": result.reward}
+
+    async def sweep(self) -> q.SweepResult:
+        """One pass of the timers: expired leases, expired requests, purge."""
+        result = await self.db.write(q.sweep, self.clock.now(), self.rules)
+        if result.requeued:
+            self.signals.notify_queue()
+        for request_id in result.ended_requests:
+            self.signals.notify_request(request_id)
+        return result
+
+    # Users and workers -------------------------------------------------
+
+    async def find_user(self, api_key: str) -> dict[str, Any]:
+        user = await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
+        return self._render_user(user)
+
+    async def user(self, user_id: str) -> dict[str, Any]:
+        if not user_id.isdigit() or len(user_id) > 18:
+            raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
+        return self._render_user(await self.db.read(q.user_by_id, int(user_id)))
+
+    def _render_user(self, user: dict[str, Any]) -> dict[str, Any]:
+        concurrency = user["concurrency"]
+        if concurrency is None:
+            h = self.config.horde
+            concurrency = h.anonymous_concurrency if user["anonymous"] else h.concurrency
+        return {
+            "username": f"{user['username']}#{user['id']}",
+            "id": user["id"],
+            "kudos": round(user["kudos"], 2),
+            "concurrency": concurrency,
+            "worker_count": len(user["worker_ids"]),
+            "worker_ids": user["worker_ids"],
+            "trusted": bool(user["trusted"]),
+            "moderator": bool(user["admin"]),
+            "kudos_details": {
+                "accumulated": round(user["kudos_earned"], 2),
+                "gifted": 0,
+                "admin": 0,
+                "received": 0,
+                "recurring": 0,
+            },
+            "usage": {},
+            "contributions": {},
+        }
+
+    async def worker(self, worker_id: str) -> dict[str, Any]:
+        canonical = parse_uuid(worker_id)
+        if canonical is None:
+            raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
+        return self._render_worker(await self.db.read(q.worker_details, canonical))
+
+    async def worker_by_name(self, name: str) -> dict[str, Any]:
+        return self._render_worker(await self.db.read(q.worker_details, None, name[:255]))
+
+    async def workers(self) -> list[dict[str, Any]]:
+        rows = await self.db.read(q.list_workers, self.clock.now(), self.rules)
+        return [self._render_worker(r) for r in rows]
+
+    async def update_worker(self, api_key: str, worker_id: str, body: Any) -> dict[str, Any]:
+        canonical = parse_uuid(worker_id)
+        if canonical is None:
+            raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
+        if not isinstance(body, dict):
+            raise HordeError(RC.BadRequest, "body: expected a JSON object", errors={"body": "expected a JSON object"})
+        maintenance = body.get("maintenance")
+        if maintenance is not None and not isinstance(maintenance, bool):
+            raise HordeError(RC.BadRequest, "maintenance: expected true or false", errors={"maintenance": "expected true or false"})
+        changes = await self.db.write(q.update_worker, hash_key(api_key), canonical, maintenance, self.rules)
+        return changes
+
+    def _render_worker(self, row: RowMapping) -> dict[str, Any]:
+        now = self.clock.now()
+        speed = row["tokens_generated"] / row["seconds_generating"] if row["seconds_generating"] else 0.0
+        return {
+            "type": "text",
+            "name": row["name"],
+            "id": row["id"],
+            "online": now - row["last_check_in"] <= self.config.horde.worker_online,
+            "requests_fulfilled": row["requests_fulfilled"],
+            "kudos_rewards": round(row["kudos_rewards"], 2),
+            "kudos_details": {"generated": round(row["kudos_rewards"], 2), "uptime": 0},
+            "performance": f"{speed:.1f} tokens per second",
+            "threads": row["threads"],
+            "uptime": int(row["uptime"]),
+            "uncompleted_jobs": row["uncompleted_jobs"],
+            "maintenance_mode": bool(row["maintenance"]),
+            "nsfw": bool(row["nsfw"]),
+            "trusted": bool(row["trusted"]),
+            "flagged": False,
+            "bridge_agent": row["bridge_agent"],
+            "models": list(row["models"]),
+            "max_length": row["max_length"],
+            "max_context_length": row["max_context_length"],
+            "info": None,
+            "owner": row["username"],
+        }
+
+    async def model_stats(self) -> list[dict[str, Any]]:
+        """The models of online workers with their queues (cached for MODEL_STATS_TTL)."""
+        now = self.clock.now()
+        if self._model_stats is not None and now - self._model_stats[0] < MODEL_STATS_TTL:
+            return self._model_stats[1]
+        online = await self.db.read(q.online_workers, now, self.rules)
+        queued = await self.db.read(q.model_queue_stats)
+        stats: dict[str, dict[str, Any]] = {}
+        for w in online:
+            if w.maintenance:
+                continue
+            for model in w.models:
+                entry = stats.setdefault(model, {"count": 0, "speed": 0.0})
+                entry["count"] += w.threads
+                entry["speed"] += w.speed * w.threads
+        answer = []
+        for model, entry in sorted(stats.items()):
+            jobs, tokens = queued.get(model, (0, 0))
+            answer.append(
+                {
+                    "name": model,
+                    "count": entry["count"],
+                    "performance": round(entry["speed"] / entry["count"], 1),
+                    "queued": tokens,
+                    "jobs": jobs,
+                    "eta": int(math.ceil(tokens / entry["speed"])) if entry["speed"] else 0,
+                    "type": "text",
+                }
+            )
+        self._model_stats = (now, answer)
+        return answer
+
+    def heartbeat(self) -> dict[str, Any]:
+        return {"message": "OK", "version": __version__}

@@ -1,0 +1,81 @@
+"""One horde in one task group: HTTP, timers, storage.
+
+``open_server`` is the async context manager that ``hordelite serve`` and
+``hordelite.testing.open_horde`` both use: it migrates the database, starts
+Hypercorn and the timers in one task group, yields the running horde, and on
+exit stops accepting, gives open requests the grace period, stops the timers
+and closes storage last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+import anyio.to_thread
+
+from hordelite._http import current_backend, serve_http
+from hordelite.api import create_app
+from hordelite.clock import Clock
+from hordelite.config import Config
+from hordelite.errors import StorageUnavailable
+from hordelite.horde.service import Horde
+from hordelite.signals import Signals
+from hordelite.storage.database import Database
+
+log = logging.getLogger("hordelite")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunningHorde:
+    url: str
+    horde: Horde
+
+
+async def serve_timers(
+    horde: Horde, stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Sweep leases, expiries and retention every ``sweep_interval`` until ``stop``."""
+    task_status.started()
+    interval = horde.config.horde.sweep_interval
+    while not stop.is_set():
+        try:
+            result = await horde.sweep()
+            if result.expired_jobs or result.ended_requests:
+                log.info(
+                    "sweep: %d leases expired (%d requeued), %d requests ended",
+                    result.expired_jobs,
+                    result.requeued,
+                    len(result.ended_requests),
+                )
+        except StorageUnavailable as exc:
+            log.warning("sweep skipped, storage unavailable: %s", exc)
+        with anyio.move_on_after(interval):
+            await stop.wait()
+
+
+@contextlib.asynccontextmanager
+async def open_server(
+    config: Config, *, clock: Clock | None = None, signals: Signals | None = None
+) -> AsyncIterator[RunningHorde]:
+    db = Database(config.storage.database, config.storage.pool_size)
+    try:
+        horde = Horde(config, db, clock=clock, signals=signals)
+        await anyio.to_thread.run_sync(horde.migrate)
+        app = create_app(horde, current_backend())
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_http, app, config.server, shutdown)
+            await tg.start(serve_timers, horde, shutdown)
+            try:
+                yield RunningHorde(url, horde)
+            finally:
+                shutdown.set()
+                # Hypercorn drains within the grace period; this bounds the rest.
+                tg.cancel_scope.deadline = anyio.current_time() + config.server.grace_period + 1
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(db.dispose)

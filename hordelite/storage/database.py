@@ -1,0 +1,135 @@
+"""Engines and the thread executor that runs query functions.
+
+Queries are synchronous functions over a SQLAlchemy ``Connection``, written
+once for both databases. ``Database.write`` and ``Database.read`` run one in a
+worker thread inside one transaction (anyio's ``to_thread``: the same code on
+trio and asyncio). The thread is not abandoned on cancellation, so a
+transaction that started always finishes, committed or rolled back, before
+the caller sees the cancellation.
+
+SQLite: WAL, synchronous=NORMAL, writes serialised in the process by a
+capacity limiter of one and ``BEGIN IMMEDIATE`` across processes; reads in
+parallel. PostgreSQL: a pool, pops use ``FOR UPDATE SKIP LOCKED``, a deadlock
+or serialisation failure is retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import anyio
+import anyio.to_thread
+from sqlalchemy import Connection, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.pool import QueuePool
+
+from hordelite.errors import StorageUnavailable
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_RETRIES = 5
+
+
+def database_url(database: str) -> str:
+    """The SQLAlchemy URL for a configured ``storage.database`` value."""
+    if database.startswith("postgresql://"):
+        return "postgresql+psycopg://" + database[len("postgresql://") :]
+    if "://" in database:
+        return database
+    return f"sqlite:///{Path(database).expanduser()}"
+
+
+class Database:
+    def __init__(self, database: str, pool_size: int = 4) -> None:
+        self.url = database_url(database)
+        self.is_sqlite = self.url.startswith("sqlite")
+        if self.is_sqlite:
+            self.engine = _sqlite_engine(self.url, pool_size)
+        else:
+            self.engine = create_engine(
+                self.url, pool_size=pool_size, max_overflow=0, pool_pre_ping=False
+            )
+        self._writes = anyio.CapacityLimiter(1 if self.is_sqlite else pool_size)
+        self._reads = anyio.CapacityLimiter(pool_size)
+
+    @property
+    def dialect(self) -> str:
+        return "sqlite" if self.is_sqlite else "postgresql"
+
+    async def write(
+        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run ``fn(conn, ...)`` in one write transaction; returns its result."""
+        return await anyio.to_thread.run_sync(
+            lambda: self.run_sync(fn, True, *args, **kwargs), limiter=self._writes
+        )
+
+    async def read(
+        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run ``fn(conn, ...)`` in one read transaction; returns its result."""
+        return await anyio.to_thread.run_sync(
+            lambda: self.run_sync(fn, False, *args, **kwargs), limiter=self._reads
+        )
+
+    def run_sync(
+        self, fn: Callable[..., T], write: bool, *args: Any, **kwargs: Any
+    ) -> T:
+        """The same, in the calling thread (migrations, the CLI)."""
+        for attempt in range(_RETRIES):
+            try:
+                with self.engine.connect() as conn:
+                    conn = conn.execution_options(hordelite_write=write)
+                    with conn.begin():
+                        return fn(conn, *args, **kwargs)
+            except OperationalError as exc:
+                if _retryable(exc) and attempt < _RETRIES - 1:
+                    continue
+                raise StorageUnavailable(str(exc.orig)) from exc
+            except InterfaceError as exc:
+                raise StorageUnavailable(str(exc.orig)) from exc
+            except DBAPIError as exc:
+                if _retryable(exc) and attempt < _RETRIES - 1:
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    # PostgreSQL deadlock_detected / serialization_failure.
+    return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
+
+
+def _sqlite_engine(url: str, pool_size: int) -> Engine:
+    engine = create_engine(
+        url,
+        poolclass=QueuePool,
+        pool_size=pool_size + 1,
+        max_overflow=0,
+        connect_args={"check_same_thread": False, "timeout": 30},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transactions into our own hands (the driver's implicit BEGIN
+        # would be DEFERRED), then set the journal up.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("hordelite_write", True)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine

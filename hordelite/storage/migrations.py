@@ -1,0 +1,49 @@
+"""Versioned schema migrations, run at start (and by ``hordelite db upgrade``).
+
+``MIGRATIONS[i]`` takes a database from version i to i + 1 inside one
+transaction. A database from an older release keeps its data: a schema
+change is a new function appended here, never an edit of an old one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, func, insert, inspect, select, update
+
+from hordelite.storage import schema
+
+
+def _v1(conn: Connection) -> None:
+    # The first schema: every table as defined in schema.py at version 1.
+    schema.metadata.create_all(conn, checkfirst=True)
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
+LATEST = len(MIGRATIONS)
+
+
+def current_version(conn: Connection) -> int:
+    if not inspect(conn).has_table("schema_version"):
+        return 0
+    version = conn.execute(select(func.max(schema.schema_version.c.version))).scalar()
+    return int(version or 0)
+
+
+def upgrade(conn: Connection) -> tuple[int, int]:
+    """Apply every pending migration; returns (version before, version after)."""
+    if conn.dialect.name == "postgresql":
+        # Replicas starting together: one migrates, the others wait for it.
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7001)")
+    before = current_version(conn)
+    if before > LATEST:
+        raise RuntimeError(
+            f"the database is at schema version {before}, newer than this hordelite ({LATEST})"
+        )
+    for version in range(before, LATEST):
+        MIGRATIONS[version](conn)
+    if before == 0:
+        conn.execute(insert(schema.schema_version).values(version=LATEST))
+    elif before < LATEST:
+        conn.execute(update(schema.schema_version).values(version=LATEST))
+    return before, LATEST

@@ -1,0 +1,756 @@
+"""Every query, written once for SQLite and PostgreSQL.
+
+Each public function takes a ``Connection`` already inside a transaction (see
+``Database``) and does one domain operation: submit a request, pop a job,
+submit a job, read a status, cancel, sweep. Refusals are raised as HordeError
+inside the transaction, which rolls it back: nothing stored, nothing charged.
+
+Row locks on PostgreSQL are always taken in the same order (job, request,
+users by id, worker) and the pop skips locked requests, so concurrent pops
+never wait on each other and never hand one job to two workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy.sql import Select
+
+from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
+from hordelite.contract.limits import ABORT_WINDOW_SECONDS
+from hordelite.contract.text import JobSubmit, PopRequest, TextRequest
+from hordelite.errors import RC, HordeError
+from hordelite.storage.schema import jobs, queue, request_workers, requests, users, workers
+
+# How many of the best waiting requests an empty pop examines to fill in its
+# ``skipped`` counts: bounded so that an empty pop costs the same with 100 or
+# 100,000 waiting requests.
+SKIPPED_SAMPLE = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """The configuration values the queries need."""
+
+    job_ttl: float
+    request_expiry: float
+    retention: float
+    worker_online: float
+    max_faults: int
+    maintenance_aborts: int
+    concurrency: int
+    anonymous_concurrency: int
+    allow_anonymous: bool
+
+
+# Users ---------------------------------------------------------------------
+
+
+def ensure_anonymous(conn: Connection, key_hash: str, now: float) -> None:
+    """Create the anonymous user (id 0) once."""
+    if conn.execute(select(users.c.id).where(users.c.id == 0)).first() is None:
+        conn.execute(
+            insert(users).values(
+                id=0, username="Anonymous", key_hash=key_hash, anonymous=True, created=now
+            )
+        )
+
+
+def create_user(
+    conn: Connection, username: str, key_hash: str, kudos: float, admin: bool, trusted: bool, now: float
+) -> int:
+    result = conn.execute(
+        insert(users)
+        .values(
+            username=username,
+            key_hash=key_hash,
+            kudos=kudos,
+            admin=admin,
+            trusted=trusted,
+            anonymous=False,
+            created=now,
+        )
+        .returning(users.c.id)
+    )
+    return int(result.scalar_one())
+
+
+def _user(conn: Connection, key_hash: str, rules: Rules) -> RowMapping:
+    row = conn.execute(select(users).where(users.c.key_hash == key_hash)).mappings().first()
+    if row is None:
+        raise HordeError(RC.InvalidAPIKey)
+    if row["anonymous"] and not rules.allow_anonymous:
+        raise HordeError(RC.AnonymousDisabled)
+    return row
+
+
+def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> dict[str, Any]:
+    return _user_details(conn, _user(conn, key_hash, rules))
+
+
+def user_by_id(conn: Connection, user_id: int) -> dict[str, Any]:
+    row = conn.execute(select(users).where(users.c.id == user_id)).mappings().first()
+    if row is None:
+        raise HordeError(RC.UserNotFound, f"No user with id {user_id}.")
+    return _user_details(conn, row)
+
+
+def _user_details(conn: Connection, row: RowMapping) -> dict[str, Any]:
+    worker_ids = conn.execute(select(workers.c.id).where(workers.c.user_id == row["id"])).scalars()
+    return {**row, "worker_ids": list(worker_ids)}
+
+
+# Requests ------------------------------------------------------------------
+
+
+def submit_request(
+    conn: Connection,
+    key_hash: str,
+    req: TextRequest,
+    request_id: str,
+    now: float,
+    rules: Rules,
+    quote: Callable[[TextRequest], float],
+    upfront_max_length: int,
+    client_agent: str,
+) -> tuple[TextRequest, bool]:
+    """Queue a request. Returns (the request as queued, whether an online worker can serve it).
+
+    Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts.
+    ``allow_downgrade`` lowers max_length to the up-front threshold instead of
+    refusing; the returned request says what was queued.
+    """
+    user = _user(conn, key_hash, rules)
+    if req.workers:
+        found = set(conn.execute(select(workers.c.id).where(workers.c.id.in_(req.workers))).scalars())
+        missing = [w for w in req.workers if w not in found]
+        if missing:
+            raise HordeError(RC.WorkerNotFound, f"workers: no worker with id {missing[0]}.")
+    req = _check_upfront(req, user, quote, upfront_max_length)
+    _check_concurrency(conn, user, req.n, rules)
+    row = {
+        "id": request_id,
+        "kind": "text",
+        "user_id": user["id"],
+        "state": "waiting",
+        "prompt": req.prompt,
+        "params": {**req.params, "n": req.n},
+        "models": list(req.models),
+        "worker_ids": list(req.workers),
+        "worker_blacklist": req.worker_blacklist,
+        "trusted_workers": req.trusted_workers,
+        "slow_workers": req.slow_workers,
+        "nsfw": req.nsfw,
+        "softprompt": req.softprompt,
+        "n": req.n,
+        "remaining": req.n,
+        "finished": 0,
+        "max_length": req.max_length,
+        "max_context_length": req.max_context_length,
+        "anonymous": bool(user["anonymous"]),
+        "priority": float(user["kudos"]),
+        "prio_key": kudos_rules.priority_key(float(user["kudos"]), now),
+        "kudos": 0.0,
+        "faults": 0,
+        "restarts": 0,
+        "created": now,
+        "expires": now + rules.request_expiry,
+        "client_agent": client_agent[:1000],
+        "proxied_account": req.proxied_account,
+        "webhook": req.webhook,
+    }
+    conn.execute(insert(requests).values(**row))
+    if req.workers:
+        conn.execute(
+            insert(request_workers), [{"request_id": request_id, "worker_id": w} for w in req.workers]
+        )
+    _enqueue(conn, row)
+    view = request_view(row)
+    possible = any(can_serve(w, view) for w in _online_workers(conn, now, rules))
+    return req, possible
+
+
+def _check_upfront(
+    req: TextRequest, user: RowMapping, quote: Callable[[TextRequest], float], upfront_max_length: int
+) -> TextRequest:
+    if req.max_length <= upfront_max_length:
+        return req
+    cost = quote(req)
+    if user["kudos"] >= cost and not user["anonymous"]:
+        return req
+    if req.allow_downgrade:
+        params = {**req.params, "max_length": upfront_max_length}
+        return dataclasses.replace(req, max_length=upfront_max_length, params=params)
+    raise HordeError(
+        RC.KudosUpfront,
+        f"params.max_length {req.max_length} is over {upfront_max_length} and needs {cost} kudos "
+        f"up front; this account has {round(user['kudos'], 2)}. Lower max_length or set allow_downgrade.",
+    )
+
+
+def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules) -> None:
+    limit = user["concurrency"]
+    if limit is None:
+        limit = rules.anonymous_concurrency if user["anonymous"] else rules.concurrency
+    if limit <= 0:
+        return
+    in_flight = conn.execute(
+        select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 0)).where(
+            requests.c.user_id == user["id"], requests.c.state == "waiting"
+        )
+    ).scalar_one()
+    if in_flight + n > limit:
+        raise HordeError(
+            RC.TooManyPrompts,
+            f"This account has {in_flight} generations in flight and may have at most {limit}.",
+        )
+
+
+def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping) -> None:
+    """The queue rows of a request that has jobs to hand out."""
+    base = {
+        "request_id": req["id"],
+        "user_id": req["user_id"],
+        "anonymous": req["anonymous"],
+        "prio_key": req["prio_key"],
+        "created": req["created"],
+        "max_length": req["max_length"],
+        "max_context_length": req["max_context_length"],
+        "trusted_only": req["trusted_workers"],
+        "fast_only": not req["slow_workers"],
+        "nsfw": req["nsfw"],
+        "worker_filter": (2 if req["worker_blacklist"] else 1) if req["worker_ids"] else 0,
+    }
+    conn.execute(insert(queue), [{**base, "model": m} for m in (req["models"] or [""])])
+
+
+def _dequeue(conn: Connection, request_id: str) -> None:
+    conn.execute(delete(queue).where(queue.c.request_id == request_id))
+
+
+def _get_request(conn: Connection, request_id: str, kind: str, lock: bool = False) -> RowMapping:
+    q = select(requests).where(requests.c.id == request_id, requests.c.kind == kind)
+    if lock:
+        q = q.with_for_update()
+    row = conn.execute(q).mappings().first()
+    if row is None:
+        raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id}.")
+    return row
+
+
+def request_status(conn: Connection, request_id: str, kind: str, now: float, rules: Rules) -> dict[str, Any]:
+    """The raw parts of a status answer (see horde.service for its shape)."""
+    req = _get_request(conn, request_id, kind)
+    gens = conn.execute(
+        select(jobs, workers.c.name.label("worker_name"))
+        .join(workers, workers.c.id == jobs.c.worker_id)
+        .where(jobs.c.request_id == request_id, jobs.c.state.in_(("done", "processing")))
+        .order_by(jobs.c.submitted)
+    ).mappings().all()
+    online = _online_workers(conn, now, rules) if req["state"] == "waiting" else []
+    position = _queue_position(conn, req) if req["state"] == "waiting" and req["remaining"] else 0
+    return {"request": req, "jobs": gens, "online": online, "position": position}
+
+
+def _queue_position(conn: Connection, req: RowMapping) -> int:
+    """Waiting requests ahead of this one that compete for its models."""
+    ahead = or_(
+        queue.c.anonymous < req["anonymous"],
+        and_(queue.c.anonymous == req["anonymous"], queue.c.prio_key > req["prio_key"]),
+    )
+    q = select(func.count(func.distinct(queue.c.request_id))).where(ahead)
+    if req["models"]:
+        q = q.where(queue.c.model.in_([*req["models"], ""]))
+    return int(conn.execute(q).scalar_one())
+
+
+def cancel_request(
+    conn: Connection, request_id: str, kind: str, now: float, rules: Rules
+) -> dict[str, Any]:
+    """End a waiting request; returns its status parts as they were before."""
+    status = request_status(conn, request_id, kind, now, rules)
+    req = status["request"]
+    if req["state"] == "waiting":
+        _end_request(conn, req["id"], "cancelled", now)
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.request_id == req["id"], jobs.c.state == "processing")
+            .values(state="cancelled")
+        )
+    return status
+
+
+def _end_request(conn: Connection, request_id: str, state: str, now: float) -> None:
+    conn.execute(
+        update(requests).where(requests.c.id == request_id).values(state=state, ended=now, remaining=0)
+    )
+    _dequeue(conn, request_id)
+
+
+# Workers -------------------------------------------------------------------
+
+
+def _online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
+    rows = conn.execute(
+        select(workers, users.c.trusted)
+        .join(users, users.c.id == workers.c.user_id)
+        .where(workers.c.last_check_in >= now - rules.worker_online)
+    ).mappings()
+    return [_worker_view(r) for r in rows]
+
+
+def _worker_view(row: RowMapping) -> WorkerView:
+    return WorkerView(
+        id=row["id"],
+        models=tuple(row["models"]),
+        max_length=row["max_length"],
+        max_context_length=row["max_context_length"],
+        nsfw=row["nsfw"],
+        trusted=bool(row["trusted"]),
+        threads=row["threads"],
+        extra_slow=row["extra_slow"],
+        maintenance=row["maintenance"],
+        tokens_generated=row["tokens_generated"],
+        seconds_generating=row["seconds_generating"],
+    )
+
+
+def online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
+    return _online_workers(conn, now, rules)
+
+
+def _check_in(conn: Connection, user: RowMapping, pop: PopRequest, now: float, rules: Rules) -> RowMapping:
+    """Record the worker's declaration from this pop; create it on first pop.
+
+    A worker name belongs to the user who first popped with it.
+    """
+    row = conn.execute(select(workers).where(workers.c.name == pop.name).with_for_update()).mappings().first()
+    values = {
+        "bridge_agent": pop.bridge_agent,
+        "models": list(pop.models),
+        "max_length": pop.max_length,
+        "max_context_length": pop.max_context_length,
+        "nsfw": pop.nsfw,
+        "threads": pop.threads,
+        "extra_slow": pop.extra_slow_worker,
+        "last_check_in": now,
+    }
+    if row is None:
+        worker_id = str(uuid.uuid4())
+        conn.execute(insert(workers).values(id=worker_id, name=pop.name, user_id=user["id"], created=now, **values))
+        return conn.execute(select(workers).where(workers.c.id == worker_id)).mappings().one()
+    if row["user_id"] != user["id"]:
+        raise HordeError(RC.WrongCredentials, f"The worker name {pop.name!r} belongs to another user.")
+    if row["maintenance"]:
+        raise HordeError(
+            RC.WorkerMaintenance,
+            f"Worker {pop.name!r} is in maintenance mode; its owner can clear it with "
+            f"PUT /api/v2/workers/{row['id']} and maintenance: false.",
+        )
+    gap = now - row["last_check_in"]
+    if 0 < gap <= rules.worker_online:
+        values["uptime"] = row["uptime"] + gap
+    conn.execute(update(workers).where(workers.c.id == row["id"]).values(**values))
+    return {**row, **values}  # type: ignore[return-value]
+
+
+def update_worker(
+    conn: Connection, key_hash: str, worker_id: str, maintenance: bool | None, rules: Rules
+) -> dict[str, Any]:
+    user = _user(conn, key_hash, rules)
+    row = conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update()).mappings().first()
+    if row is None:
+        raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id}.")
+    if row["user_id"] != user["id"] and not user["admin"]:
+        raise HordeError(RC.WrongCredentials, "Only the worker's owner can change it.")
+    changes: dict[str, Any] = {}
+    if maintenance is not None:
+        changes["maintenance"] = maintenance
+        if not maintenance:
+            changes["aborts_in_window"] = 0
+    if changes:
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(**changes))
+    return changes
+
+
+def worker_details(conn: Connection, worker_id: str | None = None, name: str | None = None) -> RowMapping:
+    q = select(workers, users.c.trusted, users.c.username).join(users, users.c.id == workers.c.user_id)
+    q = q.where(workers.c.id == worker_id) if worker_id is not None else q.where(workers.c.name == name)
+    row = conn.execute(q).mappings().first()
+    if row is None:
+        raise HordeError(RC.WorkerNotFound, f"No worker {'with id ' + worker_id if worker_id else 'named ' + repr(name)}.")
+    return row
+
+
+def list_workers(conn: Connection, now: float, rules: Rules) -> Sequence[RowMapping]:
+    q = (
+        select(workers, users.c.trusted, users.c.username)
+        .join(users, users.c.id == workers.c.user_id)
+        .where(workers.c.last_check_in >= now - rules.worker_online)
+        .order_by(workers.c.name)
+    )
+    return conn.execute(q).mappings().all()
+
+
+# Pop -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PoppedJob:
+    id: str
+    request_id: str
+    model: str
+    payload: dict[str, Any]
+    softprompt: str | None
+    ttl: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PopResult:
+    worker_id: str
+    job: PoppedJob | None
+    skipped: dict[str, int]
+
+
+def pop_job(
+    conn: Connection,
+    key_hash: str,
+    pop: PopRequest,
+    now: float,
+    rules: Rules,
+    with_skipped: bool,
+    skip_locked: bool,
+) -> PopResult:
+    """Check the worker in and hand it the best job it may take, if any."""
+    user = _user(conn, key_hash, rules)
+    if user["anonymous"]:
+        raise HordeError(RC.AnonForbiddenWorker)
+    row = _check_in(conn, user, pop, now, rules)
+    worker = _worker_view({**row, "trusted": user["trusted"]})
+    job = _claim(conn, worker, user["id"], now, rules, skip_locked)
+    skipped = _skipped(conn, worker) if job is None and with_skipped else {}
+    return PopResult(worker.id, job, skipped)
+
+
+def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Select[Any]:
+    listed = exists().where(
+        request_workers.c.request_id == queue.c.request_id, request_workers.c.worker_id == worker.id
+    )
+    q = select(queue.c.request_id, queue.c.model, queue.c.anonymous, queue.c.prio_key, queue.c.created).where(
+        queue.c.model == model,
+        queue.c.max_length <= worker.max_length,
+        queue.c.max_context_length <= worker.max_context_length,
+        or_(queue.c.worker_filter == 0, and_(queue.c.worker_filter == 1, listed), and_(queue.c.worker_filter == 2, ~listed)),
+    )
+    if not worker.trusted:
+        q = q.where(queue.c.trusted_only.is_(False))
+    if worker.slow:
+        q = q.where(queue.c.fast_only.is_(False))
+    if not worker.nsfw:
+        q = q.where(queue.c.nsfw.is_(False))
+    if skip_locked:
+        # Lock the request, not the queue row: a request has a row per model,
+        # and the request row is the one a claim updates.
+        q = q.join(requests, requests.c.id == queue.c.request_id).with_for_update(
+            of=requests, skip_locked=True
+        )
+    return q.order_by(queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created).limit(1)
+
+
+def _best_candidate(
+    conn: Connection, worker: WorkerView, owner_id: int, skip_locked: bool, exclude: set[str]
+) -> dict[str, Any] | None:
+    models = [*worker.models, ""]
+    candidates: list[dict[str, Any]] = []
+    # The owner's own requests come first; most owners have none queued.
+    has_own = conn.execute(select(queue.c.id).where(queue.c.user_id == owner_id).limit(1)).first()
+    for model in models:
+        q = _candidate_query(worker, model, skip_locked)
+        if exclude:
+            q = q.where(queue.c.request_id.not_in(exclude))
+        if has_own is not None:
+            own = conn.execute(q.where(queue.c.user_id == owner_id)).mappings().first()
+            if own is not None:
+                candidates.append({**own, "own": 0})
+                continue
+        row = conn.execute(q).mappings().first()
+        if row is not None:
+            candidates.append({**row, "own": 1})
+    if not candidates:
+        return None
+    return min(candidates, key=lambda r: (r["own"], r["anonymous"], -r["prio_key"], r["created"]))
+
+
+def _claim(
+    conn: Connection, worker: WorkerView, owner_id: int, now: float, rules: Rules, skip_locked: bool
+) -> PoppedJob | None:
+    exclude: set[str] = set()
+    for _ in range(4):
+        cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude)
+        if cand is None:
+            return None
+        claimed = conn.execute(
+            update(requests)
+            .where(requests.c.id == cand["request_id"], requests.c.state == "waiting", requests.c.remaining > 0)
+            .values(remaining=requests.c.remaining - 1, expires=now + rules.request_expiry)
+            .returning(
+                requests.c.remaining, requests.c.prompt, requests.c.params, requests.c.softprompt
+            )
+        ).mappings().first()
+        if claimed is None:
+            exclude.add(cand["request_id"])
+            continue
+        if claimed["remaining"] == 0:
+            _dequeue(conn, cand["request_id"])
+        model = cand["model"] or worker.models[0]
+        job_id = str(uuid.uuid4())
+        conn.execute(
+            insert(jobs).values(
+                id=job_id,
+                request_id=cand["request_id"],
+                worker_id=worker.id,
+                owner_id=owner_id,
+                model=model,
+                state="processing",
+                started=now,
+                lease_expires=now + rules.job_ttl,
+            )
+        )
+        payload = {**claimed["params"], "prompt": claimed["prompt"], "n": 1}
+        return PoppedJob(job_id, cand["request_id"], model, payload, claimed["softprompt"], rules.job_ttl)
+    return None
+
+
+def _skipped(conn: Connection, worker: WorkerView) -> dict[str, int]:
+    """Why the best waiting requests were passed over, counted by reason."""
+    rows = conn.execute(
+        select(requests)
+        .where(requests.c.state == "waiting", requests.c.remaining > 0)
+        .order_by(requests.c.state, requests.c.anonymous, requests.c.prio_key.desc())
+        .limit(SKIPPED_SAMPLE)
+    ).mappings()
+    counts: dict[str, int] = {}
+    for row in rows:
+        reason = skip_reason(worker, request_view(row))
+        if reason is not None:
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def request_view(row: RowMapping | dict[str, Any]) -> RequestView:
+    return RequestView(
+        models=tuple(row["models"]),
+        max_length=row["max_length"],
+        max_context_length=row["max_context_length"],
+        trusted_workers=row["trusted_workers"],
+        slow_workers=row["slow_workers"],
+        nsfw=row["nsfw"],
+        worker_ids=tuple(row["worker_ids"]),
+        worker_blacklist=row["worker_blacklist"],
+    )
+
+
+# Submit --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitResult:
+    reward: float
+    request_id: str
+    request_ended: bool  # done or faulted: waiters can be told
+    requeued: bool  # a faulted job went back to the queue
+
+
+def submit_job(
+    conn: Connection,
+    key_hash: str,
+    sub: JobSubmit,
+    now: float,
+    rules: Rules,
+    billions: Callable[[str], float],
+) -> SubmitResult:
+    user = _user(conn, key_hash, rules)
+    job = conn.execute(select(jobs).where(jobs.c.id == sub.id).with_for_update()).mappings().first()
+    if job is None:
+        raise HordeError(RC.InvalidJobID, f"No job with id {sub.id}.")
+    if job["owner_id"] != user["id"]:
+        raise HordeError(RC.WrongCredentials, "This job was given to another user's worker.")
+    if job["state"] == "done":
+        raise HordeError(RC.DuplicateGen)
+    if job["state"] != "processing":
+        raise HordeError(
+            RC.AbortedGen,
+            "This job was aborted: "
+            + ("its lease expired." if job["state"] == "expired" else "its request ended."),
+        )
+    req = conn.execute(select(requests).where(requests.c.id == job["request_id"]).with_for_update()).mappings().one()
+    if sub.state == "faulted":
+        requeued, ended = _fault_job(conn, job, req, now, rules)
+        return SubmitResult(0.0, req["id"], ended, requeued)
+    tokens = kudos_rules.billed_tokens(len(sub.generation), req["max_length"])
+    reward = kudos_rules.job_reward(tokens, billions(job["model"]))
+    cost = kudos_rules.job_cost(reward)
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job["id"])
+        .values(
+            state="done",
+            submitted=now,
+            text=sub.generation,
+            gen_state=sub.state,
+            seed=sub.seed,
+            gen_metadata=sub.gen_metadata,
+            tokens=tokens,
+            reward=reward,
+            cost=cost,
+        )
+    )
+    _move_kudos(conn, payer=req["user_id"], cost=cost, earner=job["owner_id"], reward=reward)
+    conn.execute(
+        update(workers)
+        .where(workers.c.id == job["worker_id"])
+        .values(
+            kudos_rewards=workers.c.kudos_rewards + reward,
+            requests_fulfilled=workers.c.requests_fulfilled + 1,
+            tokens_generated=workers.c.tokens_generated + tokens,
+            seconds_generating=workers.c.seconds_generating + max(now - job["started"], 0.001),
+        )
+    )
+    finished = req["finished"] + 1
+    done = finished >= req["n"]
+    values: dict[str, Any] = {"finished": finished, "kudos": requests.c.kudos + cost}
+    if done:
+        values.update(state="done", ended=now, remaining=0)
+    conn.execute(update(requests).where(requests.c.id == req["id"]).values(**values))
+    return SubmitResult(reward, req["id"], done, False)
+
+
+def _move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: float) -> None:
+    # Update the two users in id order so concurrent submits cannot deadlock.
+    changes = {payer: (-cost, 0.0, cost)}
+    spent = changes.get(earner, (0.0, 0.0, 0.0))
+    changes[earner] = (spent[0] + reward, reward, spent[2])
+    for user_id in sorted(changes):
+        delta, earned, paid = changes[user_id]
+        conn.execute(
+            update(users)
+            .where(users.c.id == user_id)
+            .values(
+                kudos=users.c.kudos + delta,
+                kudos_earned=users.c.kudos_earned + earned,
+                kudos_spent=users.c.kudos_spent + paid,
+            )
+        )
+
+
+def _fault_job(
+    conn: Connection, job: RowMapping, req: RowMapping, now: float, rules: Rules
+) -> tuple[bool, bool]:
+    """A job the worker gave up on. Returns (requeued, request ended)."""
+    conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="faulted", submitted=now, gen_state="faulted"))
+    _count_abort(conn, job["worker_id"], now, rules)
+    return _give_back(conn, req, now, rules, faulted=True)
+
+
+def _give_back(conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool) -> tuple[bool, bool]:
+    """Return a job's slot to its request: requeue it, or fault the request."""
+    if req["state"] != "waiting":
+        return False, False
+    faults = req["faults"] + (1 if faulted else 0)
+    if faults > rules.max_faults:
+        conn.execute(update(requests).where(requests.c.id == req["id"]).values(faults=faults))
+        _end_request(conn, req["id"], "faulted", now)
+        return False, True
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == req["id"])
+        .values(faults=faults, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1)
+    )
+    if req["remaining"] == 0:
+        _enqueue(conn, req)
+    return True, False
+
+
+def _count_abort(conn: Connection, worker_id: str, now: float, rules: Rules) -> None:
+    row = conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update()).mappings().one()
+    in_window = now - row["abort_window_start"] < ABORT_WINDOW_SECONDS
+    aborts = row["aborts_in_window"] + 1 if in_window else 1
+    conn.execute(
+        update(workers)
+        .where(workers.c.id == worker_id)
+        .values(
+            aborts_in_window=aborts,
+            abort_window_start=row["abort_window_start"] if in_window else now,
+            uncompleted_jobs=row["uncompleted_jobs"] + 1,
+            maintenance=row["maintenance"] or aborts > rules.maintenance_aborts,
+        )
+    )
+
+
+# Timers --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    expired_jobs: int
+    requeued: int
+    ended_requests: list[str]
+    purged_requests: int
+
+
+def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
+    """Expire leases and requests, purge ended requests past retention."""
+    expired = conn.execute(
+        select(jobs).where(jobs.c.state == "processing", jobs.c.lease_expires < now).with_for_update(skip_locked=True)
+    ).mappings().all()
+    requeued = 0
+    ended: list[str] = []
+    for job in expired:
+        conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
+        _count_abort(conn, job["worker_id"], now, rules)
+        req = conn.execute(select(requests).where(requests.c.id == job["request_id"]).with_for_update()).mappings().one()
+        was_requeued, was_ended = _give_back(conn, req, now, rules, faulted=False)
+        requeued += was_requeued
+        if was_ended:
+            ended.append(req["id"])
+    stale = conn.execute(
+        select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now)
+    ).scalars().all()
+    for request_id in stale:
+        busy = conn.execute(
+            select(jobs.c.id).where(jobs.c.request_id == request_id, jobs.c.state == "processing").limit(1)
+        ).first()
+        if busy is None:
+            _end_request(conn, request_id, "expired", now)
+            ended.append(request_id)
+    purged = _purge(conn, now - rules.retention)
+    return SweepResult(len(expired), requeued, ended, purged)
+
+
+def _purge(conn: Connection, before: float) -> int:
+    old = select(requests.c.id).where(requests.c.ended < before)
+    conn.execute(delete(jobs).where(jobs.c.request_id.in_(old)))
+    conn.execute(delete(request_workers).where(request_workers.c.request_id.in_(old)))
+    return conn.execute(delete(requests).where(requests.c.ended < before)).rowcount or 0
+
+
+# Statistics ----------------------------------------------------------------
+
+
+def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
+    """Per model: (waiting jobs, queued tokens). "" is the any-model queue."""
+    rows = conn.execute(
+        select(
+            queue.c.model,
+            func.count(),
+            func.coalesce(func.sum(requests.c.remaining * requests.c.max_length), 0),
+        )
+        .join(requests, requests.c.id == queue.c.request_id)
+        .group_by(queue.c.model)
+    ).all()
+    return {model: (int(count), int(tokens)) for model, count, tokens in rows}

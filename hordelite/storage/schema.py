@@ -1,0 +1,176 @@
+"""The one schema, in SQLAlchemy Core, for SQLite and PostgreSQL.
+
+Times are float seconds since the epoch (the injectable clock's unit).
+
+The queue is its own table: one row per (waiting request, acceptable model),
+present only while the request still has jobs to hand out. A pop walks the
+index ``ix_queue_order`` of each model the worker serves, in priority order,
+so requests for other models are never read, and the walk stops at the first
+row the worker can take.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("version", Integer, nullable=False),
+)
+
+users = Table(
+    "users",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("username", String(100), nullable=False),
+    # sha256 of the key: keys are 22 random url-safe bytes, so a fast hash
+    # cannot be brute-forced and keeps authentication cheap per request.
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("anonymous", Boolean, nullable=False, default=False),
+    Column("admin", Boolean, nullable=False, default=False),
+    Column("trusted", Boolean, nullable=False, default=False),
+    Column("kudos", Float, nullable=False, default=0.0),
+    Column("kudos_earned", Float, nullable=False, default=0.0),
+    Column("kudos_spent", Float, nullable=False, default=0.0),
+    # null: the horde's default concurrency
+    Column("concurrency", Integer, nullable=True),
+    Column("created", Float, nullable=False),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("name", String(255), nullable=False, unique=True),
+    Column("user_id", Integer, ForeignKey("users.id"), nullable=False, index=True),
+    Column("bridge_agent", String(1000), nullable=False, default=""),
+    Column("models", JSON, nullable=False),
+    Column("max_length", Integer, nullable=False),
+    Column("max_context_length", Integer, nullable=False),
+    Column("nsfw", Boolean, nullable=False, default=True),
+    Column("threads", Integer, nullable=False, default=1),
+    Column("extra_slow", Boolean, nullable=False, default=False),
+    Column("created", Float, nullable=False),
+    Column("last_check_in", Float, nullable=False, index=True),
+    Column("uptime", Float, nullable=False, default=0.0),
+    Column("maintenance", Boolean, nullable=False, default=False),
+    Column("kudos_rewards", Float, nullable=False, default=0.0),
+    Column("requests_fulfilled", Integer, nullable=False, default=0),
+    Column("uncompleted_jobs", Integer, nullable=False, default=0),
+    # Aborted jobs are counted in fixed windows of an hour.
+    Column("abort_window_start", Float, nullable=False, default=0.0),
+    Column("aborts_in_window", Integer, nullable=False, default=0),
+    # Measured speed: billed tokens over seconds from pop to submit.
+    Column("tokens_generated", Float, nullable=False, default=0.0),
+    Column("seconds_generating", Float, nullable=False, default=0.0),
+)
+
+requests = Table(
+    "requests",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("kind", String(8), nullable=False, default="text"),
+    Column("user_id", Integer, ForeignKey("users.id"), nullable=False),
+    # waiting (in the queue or in progress), done, faulted, cancelled, expired
+    Column("state", String(12), nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("models", JSON, nullable=False),
+    Column("worker_ids", JSON, nullable=False),
+    Column("worker_blacklist", Boolean, nullable=False, default=False),
+    Column("trusted_workers", Boolean, nullable=False, default=False),
+    Column("slow_workers", Boolean, nullable=False, default=True),
+    Column("nsfw", Boolean, nullable=False, default=False),
+    Column("softprompt", String(255), nullable=True),
+    Column("n", Integer, nullable=False),
+    # Jobs not yet handed to a worker.
+    Column("remaining", Integer, nullable=False),
+    Column("max_length", Integer, nullable=False),
+    Column("max_context_length", Integer, nullable=False),
+    Column("anonymous", Boolean, nullable=False),
+    Column("priority", Float, nullable=False),
+    Column("prio_key", Float, nullable=False),
+    Column("kudos", Float, nullable=False, default=0.0),
+    Column("finished", Integer, nullable=False, default=0),
+    Column("faults", Integer, nullable=False, default=0),
+    Column("restarts", Integer, nullable=False, default=0),
+    Column("created", Float, nullable=False),
+    Column("expires", Float, nullable=False),
+    Column("ended", Float, nullable=True),
+    Column("client_agent", String(1000), nullable=False, default=""),
+    Column("proxied_account", String(255), nullable=True),
+    Column("webhook", String(1024), nullable=True),
+    Index("ix_requests_state_expires", "state", "expires"),
+    Index("ix_requests_order", "state", "anonymous", "prio_key"),
+    Index("ix_requests_user_state", "user_id", "state"),
+    Index("ix_requests_ended", "ended"),
+)
+
+queue = Table(
+    "queue",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("request_id", String(36), ForeignKey("requests.id"), nullable=False, index=True),
+    # "" means the request accepts any model.
+    Column("model", String(255), nullable=False),
+    Column("user_id", Integer, nullable=False),
+    Column("anonymous", Boolean, nullable=False),
+    Column("prio_key", Float, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("max_length", Integer, nullable=False),
+    Column("max_context_length", Integer, nullable=False),
+    Column("trusted_only", Boolean, nullable=False),
+    Column("fast_only", Boolean, nullable=False),
+    Column("nsfw", Boolean, nullable=False),
+    # 0: any worker; 1: only the listed workers; 2: any but the listed ones.
+    Column("worker_filter", Integer, nullable=False),
+    Index("ix_queue_order", "model", "anonymous", "prio_key", "created"),
+    # A worker's owner's own requests are looked up apart, first.
+    Index("ix_queue_user", "user_id", "model"),
+)
+
+request_workers = Table(
+    "request_workers",
+    metadata,
+    Column("request_id", String(36), ForeignKey("requests.id"), primary_key=True),
+    Column("worker_id", String(36), primary_key=True),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("request_id", String(36), ForeignKey("requests.id"), nullable=False, index=True),
+    Column("worker_id", String(36), ForeignKey("workers.id"), nullable=False, index=True),
+    Column("owner_id", Integer, nullable=False),
+    Column("model", String(255), nullable=False),
+    # processing, done, faulted, expired, cancelled
+    Column("state", String(12), nullable=False),
+    Column("started", Float, nullable=False),
+    Column("lease_expires", Float, nullable=False),
+    Column("submitted", Float, nullable=True),
+    Column("text", Text, nullable=True),
+    Column("gen_state", String(12), nullable=True),
+    Column("seed", BigInteger, nullable=True),
+    Column("gen_metadata", JSON, nullable=True),
+    Column("tokens", Integer, nullable=True),
+    Column("reward", Float, nullable=True),
+    Column("cost", Float, nullable=True),
+    Index("ix_jobs_state_lease", "state", "lease_expires"),
+)
