@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from hordelite.clock import Clock
+from hordelite.config import Config
+from hordelite.horde.service import Horde
+from hordelite.server import open_server
+from hordelite.storage.queries import SweepResult
+
+
+@dataclasses.dataclass
+class TestHorde:
+    """A running horde: its base ``url``, the service, and helpers."""
+
+    __test__ = False  # not a pytest test class
+
+    url: str
+    horde: Horde
+    database: str
+
+    async def create_key(
+        self, name: str = "user", *, kudos: float = 0.0, admin: bool = False, trusted: bool = False
+    ) -> str:
+        """A new user's API key."""
+        _, key = await self.horde.create_user(name, kudos=kudos, admin=admin, trusted=trusted)
+        return key
+
+    async def sweep(self) -> SweepResult:
+        """Run the timers' work now (after moving a ManualClock, say)."""
+        return await self.horde.sweep()
+
+
+@contextlib.asynccontextmanager
+async def open_horde(
+    *,
+    config: Config | None = None,
+    clock: Clock | None = None,
+    database: str | None = None,
+    **horde: Any,
+) -> AsyncIterator[TestHorde]:
+    """Run a horde until the block exits.
+
+    ``database`` defaults to a SQLite file in a temporary folder (removed on
+    exit); ``horde`` keys override the [horde] configuration section, e.g.
+    ``open_horde(job_ttl=5, allow_anonymous=False)``. Pass a ``ManualClock``
+    as ``clock`` to move time instead of sleeping; the periodic sweep then
+    still runs, but only ``TestHorde.sweep()`` right after a move is certain.
+    """
+    with tempfile.TemporaryDirectory(prefix="hordelite-") as tmp:
+        db = database or str(Path(tmp) / "horde.db")
+        base = config or Config()
+        cfg = base.replace(
+            server={"host": "127.0.0.1", "port": 0, "grace_period": 2},
+            storage={"database": db},
+            horde=horde,
+        )
+        async with open_server(cfg, clock=clock) as running:
+            yield TestHorde(url=running.url, horde=running.horde, database=db)
