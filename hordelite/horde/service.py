@@ -106,7 +106,7 @@ class Horde:
             return {"kudos": self.quote(req)}
         request_id = str(uuid.uuid4())
         now = self.clock.now()
-        queued, possible = await self.db.write(
+        queued, view, possible = await self.db.write(
             q.submit_request,
             hash_key(api_key),
             req,
@@ -117,7 +117,7 @@ class Horde:
             UPFRONT_MAX_LENGTH,
             client_agent,
         )
-        self.signals.notify_queue()
+        self.signals.notify_queue(view)
         answer: dict[str, Any] = {"id": request_id, "kudos": self.quote(queued)}
         warnings = []
         if queued.max_length != req.max_length:
@@ -197,24 +197,37 @@ class Horde:
     # Jobs --------------------------------------------------------------
 
     async def pop(self, api_key: str, body: Any) -> dict[str, Any]:
-        """Check a worker in and hand it a job, waiting up to ``wait`` seconds for one."""
+        """Check a worker in and hand it a job, waiting up to ``wait`` seconds for one.
+
+        A waiting pop sleeps on the queue signal, woken when a job it can
+        take is queued; each attempt is one transaction. The last attempt
+        (or the only one, without ``wait``) also counts what was skipped.
+        """
         pop = parse_pop_request(body, self.config.horde.max_pop_wait)
         key_hash = hash_key(api_key)
-        skip_locked = not self.db.is_sqlite
-        with anyio.move_on_after(pop.wait) as scope:
-            while True:
-                changed = self.signals.queue_waiter()
+        deadline = anyio.current_time() + pop.wait
+        worker: WorkerView | None = None
+        while True:
+            with self.signals.queue_waiter(worker) as waiter:
+                last = anyio.current_time() >= deadline
                 result = await self.db.write(
-                    q.pop_job, key_hash, pop, self.clock.now(), self.rules, False, skip_locked
+                    q.pop_job, key_hash, pop, self.clock.now(), self.rules, last, not self.db.is_sqlite
                 )
-                if result.job is not None or pop.wait <= 0:
+                if result.job is not None or last:
                     break
-                await changed.wait()
-        if scope.cancelled_caught or (result.job is None):
-            # The final empty answer explains what was passed over.
-            result = await self.db.write(
-                q.pop_job, key_hash, pop, self.clock.now(), self.rules, True, skip_locked
-            )
+                worker = result.worker
+                try:
+                    with anyio.move_on_after(deadline - anyio.current_time()):
+                        await waiter.event.wait()
+                except anyio.get_cancelled_exc_class():
+                    if waiter.event.is_set():
+                        # Woken for a job we will not pop: pass it on.
+                        self.signals.notify_queue()
+                    raise
+        return self._render_pop(result)
+
+    @staticmethod
+    def _render_pop(result: q.PopResult) -> dict[str, Any]:
         if result.job is None:
             return {"id": None, "ids": [], "payload": {}, "skipped": result.skipped, "softprompt": None}
         job = result.job

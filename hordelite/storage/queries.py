@@ -118,8 +118,11 @@ def submit_request(
     quote: Callable[[TextRequest], float],
     upfront_max_length: int,
     client_agent: str,
-) -> tuple[TextRequest, bool]:
-    """Queue a request. Returns (the request as queued, whether an online worker can serve it).
+) -> tuple[TextRequest, RequestView, bool]:
+    """Queue a request.
+
+    Returns the request as queued, its eligibility view, and whether an
+    online worker can serve it now.
 
     Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts.
     ``allow_downgrade`` lowers max_length to the up-front threshold instead of
@@ -172,7 +175,7 @@ def submit_request(
     _enqueue(conn, row)
     view = request_view(row)
     possible = any(can_serve(w, view) for w in _online_workers(conn, now, rules))
-    return req, possible
+    return req, view, possible
 
 
 def _check_upfront(
@@ -258,15 +261,26 @@ def request_status(conn: Connection, request_id: str, kind: str, now: float, rul
 
 
 def _queue_position(conn: Connection, req: RowMapping) -> int:
-    """Waiting requests ahead of this one that compete for its models."""
-    ahead = or_(
-        queue.c.anonymous < req["anonymous"],
-        and_(queue.c.anonymous == req["anonymous"], queue.c.prio_key > req["prio_key"]),
-    )
-    q = select(func.count(func.distinct(queue.c.request_id))).where(ahead)
-    if req["models"]:
-        q = q.where(queue.c.model.in_([*req["models"], ""]))
-    return int(conn.execute(q).scalar_one())
+    """Waiting requests ahead of this one that compete for its models.
+
+    Counted per model along ix_queue_order, so the cost follows the position,
+    not the length of the queue; a request listing several models ahead of
+    this one counts once per shared model.
+    """
+    anon, key = req["anonymous"], req["prio_key"]
+
+    def ahead(table: Any, *where: Any) -> int:
+        better = table.c.prio_key > key
+        q = select(func.count()).select_from(table).where(*where, table.c.anonymous == anon, better)
+        count = int(conn.execute(q).scalar_one())
+        if anon:  # every registered request comes first
+            q = select(func.count()).select_from(table).where(*where, table.c.anonymous.is_(False))
+            count += int(conn.execute(q).scalar_one())
+        return count
+
+    if not req["models"]:
+        return ahead(requests, requests.c.state == "waiting", requests.c.remaining > 0)
+    return sum(ahead(queue, queue.c.model == m) for m in [*req["models"], ""])
 
 
 def cancel_request(
@@ -412,7 +426,7 @@ class PoppedJob:
 
 @dataclasses.dataclass(frozen=True)
 class PopResult:
-    worker_id: str
+    worker: WorkerView
     job: PoppedJob | None
     skipped: dict[str, int]
 
@@ -434,7 +448,7 @@ def pop_job(
     worker = _worker_view({**row, "trusted": user["trusted"]})
     job = _claim(conn, worker, user["id"], now, rules, skip_locked)
     skipped = _skipped(conn, worker) if job is None and with_skipped else {}
-    return PopResult(worker.id, job, skipped)
+    return PopResult(worker, job, skipped)
 
 
 def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Select[Any]:
