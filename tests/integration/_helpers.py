@@ -1,0 +1,52 @@
+"""Small client-side helpers shared by the integration tests (over real HTTP)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+
+async def submit_text(
+    client: httpx.AsyncClient,
+    api_key: str,
+    prompt: str,
+    *,
+    models: Sequence[str] = (),
+    **params: Any,
+) -> str:
+    """Queue a text request; returns its id (fails the test on a refusal)."""
+    body: dict[str, Any] = {"prompt": prompt, "params": params, "models": list(models)}
+    response = await client.post(
+        "/api/v2/generate/text/async", headers={"apikey": api_key}, json=body
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+async def text_status(client: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
+    response = await client.get(f"/api/v2/generate/text/status/{request_id}")
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+async def kudos_of(client: httpx.AsyncClient, api_key: str) -> float:
+    response = await client.get("/api/v2/find_user", headers={"apikey": api_key})
+    assert response.status_code == 200, response.text
+    return float(response.json()["kudos"])
+
+
+async def worker_id(client: httpx.AsyncClient, name: str) -> str:
+    response = await client.get(f"/api/v2/workers/name/{name}")
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+def assert_refused(response: httpx.Response, status: int, rc: str) -> None:
+    """The response is the AI Horde error envelope with this status and return code."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["rc"] == rc, body
+    assert isinstance(body["message"], str)
+    assert body["message"]

@@ -1,0 +1,182 @@
+"""Leases, expiries, the online window, maintenance and cancel, on a moved clock."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from hordelite.testing import FakeTextWorker, ManualClock, open_horde
+from tests.integration._helpers import assert_refused, submit_text, text_status, worker_id
+
+pytestmark = pytest.mark.anyio
+
+# From the specification.
+JOB_TTL = 150
+REQUEST_EXPIRY = 1200
+WORKER_ONLINE = 300
+MAINTENANCE_ABORTS = 20  # more than this many aborts in an hour
+MAX_FAULTS = 2  # more than this many faulted jobs end a request
+
+
+async def test_a_job_past_its_ttl_is_requeued_and_its_late_submit_is_AbortedGen() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        slow_owner = await horde.create_key("slow")
+        fast_owner = await horde.create_key("fast")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, slow_owner, name="slow", models=["m1"]) as slow,
+            FakeTextWorker(horde.url, fast_owner, name="fast", models=["m1"]) as fast,
+        ):
+            request_id = await submit_text(client, requester, "Lease me", models=["m1"])
+            first = await slow.pop()
+            assert first["id"] is not None
+
+            clock.advance(JOB_TTL - 1)
+            await horde.sweep()
+            assert (await text_status(client, request_id))["restarted"] == 0
+            assert (await fast.pop())["id"] is None  # still leased
+
+            clock.advance(2)
+            await horde.sweep()
+            assert (await text_status(client, request_id))["restarted"] == 1
+            second = await fast.pop()
+            assert second["id"] not in (None, first["id"])
+            assert second["payload"]["prompt"] == "Lease me"
+
+            late = await slow.client.post(
+                "/generate/text/submit",
+                json={"id": first["id"], "generation": "too late", "state": "ok"},
+            )
+            assert_refused(late, 400, "AbortedGen")
+            await fast.submit(second["id"], "in time")
+            status = await text_status(client, request_id)
+            assert status["done"] is True
+            assert [g["worker_name"] for g in status["generations"]] == ["fast"]
+
+
+async def test_a_request_nobody_pops_expires_request_expiry_after_creation() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
+        ):
+            request_id = await submit_text(client, requester, "Anyone?", models=["m1"])
+            clock.advance(REQUEST_EXPIRY - 1)
+            await horde.sweep()
+            assert (await text_status(client, request_id))["faulted"] is False
+            clock.advance(2)
+            await horde.sweep()
+            assert (await text_status(client, request_id))["faulted"] is True
+            assert (await worker.pop())["id"] is None
+
+
+async def test_a_request_expires_request_expiry_after_its_last_pop() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
+        ):
+            request_id = await submit_text(client, requester, "Try me", models=["m1"])
+            clock.advance(1000)
+            job = await worker.pop()  # pushes the expiry to 1000 + REQUEST_EXPIRY
+            await worker.submit(job["id"], "", state="faulted")  # back in the queue
+            clock.advance(REQUEST_EXPIRY - 100)  # past creation + expiry
+            await horde.sweep()
+            assert (await text_status(client, request_id))["faulted"] is False
+            clock.advance(101)  # past last pop + expiry
+            await horde.sweep()
+            assert (await text_status(client, request_id))["faulted"] is True
+            assert (await worker.pop())["id"] is None
+
+
+async def test_a_worker_is_online_for_300_seconds_after_its_last_pop() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde:
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, name="w-online", models=["m1"]) as worker,
+        ):
+            await worker.pop()
+            wid = await worker_id(client, "w-online")
+            clock.advance(WORKER_ONLINE - 1)
+            assert (await client.get(f"/api/v2/workers/{wid}")).json()["online"] is True
+            clock.advance(2)
+            assert (await client.get(f"/api/v2/workers/{wid}")).json()["online"] is False
+
+
+async def test_over_20_aborts_in_an_hour_mean_maintenance_until_the_owner_clears_it() -> None:
+    clock = ManualClock()
+    faulted_submits = 11
+    lease_expiries = MAINTENANCE_ABORTS + 1 - faulted_submits
+    async with open_horde(clock=clock) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        other = await horde.create_key("mallory")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, name="flaky", models=["m1"]) as worker,
+        ):
+            # Enough requests to absorb every faulted job without all ending.
+            for i in range(faulted_submits // (MAX_FAULTS + 1) + 1):
+                await submit_text(client, requester, f"request {i}", models=["m1"])
+            start = clock.now()
+            # Every pop up to the 21st abort is served: 20 aborts are tolerated.
+            for _ in range(faulted_submits):
+                job = await worker.pop()
+                assert job["id"] is not None
+                await worker.submit(job["id"], "", state="faulted")
+            for _ in range(lease_expiries):
+                job = await worker.pop()
+                assert job["id"] is not None
+                clock.advance(JOB_TTL + 1)
+                await horde.sweep()
+            assert clock.now() - start < 3600  # all within the hour
+
+            refused = await worker.client.post("/generate/text/pop", json=worker.pop_body())
+            assert_refused(refused, 403, "WorkerMaintenance")
+            wid = await worker_id(client, "flaky")
+            assert (await client.get(f"/api/v2/workers/{wid}")).json()["maintenance_mode"] is True
+
+            put = await client.put(
+                f"/api/v2/workers/{wid}", headers={"apikey": other}, json={"maintenance": False}
+            )
+            assert_refused(put, 403, "WrongCredentials")
+            refused = await worker.client.post("/generate/text/pop", json=worker.pop_body())
+            assert_refused(refused, 403, "WorkerMaintenance")
+
+            put = await client.put(
+                f"/api/v2/workers/{wid}", headers={"apikey": owner}, json={"maintenance": False}
+            )
+            assert put.status_code == 200, put.text
+            assert (await worker.pop())["id"] is not None
+
+
+async def test_cancel_refuses_the_job_in_flight_with_AbortedGen_and_stops_popping() -> None:
+    async with open_horde() as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
+        ):
+            # n 2: one job in flight, one still waiting in the queue.
+            request_id = await submit_text(client, requester, "Never mind", models=["m1"], n=2)
+            job = await worker.pop()
+            assert job["id"] is not None
+            cancel = await client.delete(f"/api/v2/generate/text/status/{request_id}")
+            assert cancel.status_code == 200, cancel.text
+            late = await worker.client.post(
+                "/generate/text/submit",
+                json={"id": job["id"], "generation": "unwanted", "state": "ok"},
+            )
+            assert_refused(late, 400, "AbortedGen")
+            assert (await worker.pop())["id"] is None
