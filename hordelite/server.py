@@ -57,6 +57,20 @@ async def serve_timers(
             await stop.wait()
 
 
+async def _serve_http_until(
+    app: object,
+    config: Config,
+    shutdown: anyio.Event,
+    stopped: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    try:
+        await serve_http(app, config.server, shutdown, task_status=task_status)
+    finally:
+        stopped.set()
+
+
 @contextlib.asynccontextmanager
 async def open_server(
     config: Config, *, clock: Clock | None = None, signals: Signals | None = None
@@ -67,15 +81,27 @@ async def open_server(
         await anyio.to_thread.run_sync(horde.migrate)
         app = create_app(horde, current_backend())
         shutdown = anyio.Event()
+        stopped = anyio.Event()
+        error: Exception | None = None
         async with anyio.create_task_group() as tg:
-            url = await tg.start(serve_http, app, config.server, shutdown)
+            url = await tg.start(_serve_http_until, app, config, shutdown, stopped)
             await tg.start(serve_timers, horde, shutdown)
             try:
                 yield RunningHorde(url, horde)
+            except Exception as exc:
+                # Re-raised below, outside the task group, so that the
+                # caller gets its own exception, not a group around it.
+                error = exc
             finally:
                 shutdown.set()
-                # Hypercorn drains within the grace period; this bounds the rest.
-                tg.cancel_scope.deadline = anyio.current_time() + config.server.grace_period + 1
+                # Let Hypercorn drain (it cancels what is still open after
+                # the grace period) before anything is cancelled, also when
+                # the block raised: the exception then propagates after.
+                with anyio.move_on_after(config.server.grace_period + 1, shield=True):
+                    await stopped.wait()
+                tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(db.dispose)

@@ -95,7 +95,8 @@ async def status_models() -> Response:
 
 @native.get("/workers")
 async def workers() -> Response:
-    if request.args.get("type", "text") != "text":
+    # An empty type means every type (horde_sdk's default listing sends ``type=``).
+    if request.args.get("type", "text") not in ("text", ""):
         return json_response([])
     return json_response(await horde().workers())
 
