@@ -19,7 +19,16 @@ def _v1(conn: Connection) -> None:
     schema.metadata.create_all(conn, checkfirst=True)
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
+def _v2(conn: Connection) -> None:
+    # ix_queue_order in the pop's order (prio_key descending): with every
+    # column ascending, the pop sorted a model's whole queue for each pop.
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_queue_order")
+    conn.exec_driver_sql(
+        "CREATE INDEX ix_queue_order ON queue (model, anonymous, prio_key DESC, created)"
+    )
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2]
 LATEST = len(MIGRATIONS)
 
 

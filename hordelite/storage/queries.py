@@ -506,6 +506,12 @@ def _claim(
     exclude: set[str] = set()
     for _ in range(4):
         cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude)
+        if cand is None and skip_locked:
+            # Skipping passed over requests that other pops hold locked. A
+            # request with n > 1 may still have jobs once their claim commits:
+            # look again without the lock; the conditional update below then
+            # waits for that claim instead of answering "no job".
+            cand = _best_candidate(conn, worker, owner_id, False, exclude)
         if cand is None:
             return None
         claimed = conn.execute(
@@ -761,7 +767,8 @@ def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
     rows = conn.execute(
         select(
             queue.c.model,
-            func.count(),
+            # Jobs, not requests: a request with n = 3 waits for 3 jobs.
+            func.coalesce(func.sum(requests.c.remaining), 0),
             func.coalesce(func.sum(requests.c.remaining * requests.c.max_length), 0),
         )
         .join(requests, requests.c.id == queue.c.request_id)

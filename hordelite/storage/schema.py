@@ -140,10 +140,12 @@ queue = Table(
     Column("nsfw", Boolean, nullable=False),
     # 0: any worker; 1: only the listed workers; 2: any but the listed ones.
     Column("worker_filter", Integer, nullable=False),
-    Index("ix_queue_order", "model", "anonymous", "prio_key", "created"),
     # A worker's owner's own requests are looked up apart, first.
     Index("ix_queue_user", "user_id", "model"),
 )
+# In the pop's order, prio_key descending, so that the walk reads rows in
+# order and stops at the first it can take: no sort of a model's whole queue.
+Index("ix_queue_order", queue.c.model, queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created)
 
 request_workers = Table(
     "request_workers",

@@ -1,0 +1,98 @@
+"""Small builders shared by the storage tests: users, bodies, and the calls
+the service makes, with explicit times."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from typing import Any
+
+from hordelite.contract.text import (
+    JobSubmit,
+    PopRequest,
+    TextRequest,
+    parse_job_submit,
+    parse_pop_request,
+    parse_text_request,
+)
+from hordelite.storage import queries
+from hordelite.storage.database import Database
+
+NOW = 1_000_000.0
+ANONYMOUS_HASH = hashlib.sha256(b"0000000000").hexdigest()
+
+RULES = queries.Rules(
+    job_ttl=150.0,
+    request_expiry=1200.0,
+    retention=1800.0,
+    worker_online=300.0,
+    max_faults=2,
+    maintenance_aborts=20,
+    concurrency=30,
+    anonymous_concurrency=100,
+    allow_anonymous=True,
+)
+
+# What submit_job is told a model is worth, in billions of parameters.
+MODEL_BILLIONS = 7.0
+
+
+def billions(model: str) -> float:
+    return MODEL_BILLIONS
+
+
+def new_key_hash() -> str:
+    return hashlib.sha256(secrets.token_bytes(16)).hexdigest()
+
+
+async def create_user(db: Database, name: str, kudos: float = 0.0, now: float = NOW) -> str:
+    """A new user; returns its key hash (what the queries take)."""
+    key_hash = new_key_hash()
+    await db.write(queries.create_user, name, key_hash, kudos, False, False, now)
+    return key_hash
+
+
+def text_request(prompt: str = "Once upon a time", **body: Any) -> TextRequest:
+    params = body.pop("params", {"max_length": 80})
+    return parse_text_request({"prompt": prompt, "params": params, **body})
+
+
+def pop_request(name: str, models: list[str], **body: Any) -> PopRequest:
+    return parse_pop_request({"name": name, "models": models, **body}, max_wait=60)
+
+
+def job_submit(job_id: str, generation: str, state: str = "ok") -> JobSubmit:
+    return parse_job_submit({"id": job_id, "generation": generation, "state": state, "seed": 1})
+
+
+def _quote(req: TextRequest) -> float:
+    return 0.0
+
+
+async def submit(db: Database, key_hash: str, req: TextRequest, now: float = NOW) -> str:
+    """Queue ``req``; returns the new request's id."""
+    request_id = str(uuid.uuid4())
+    await db.write(
+        queries.submit_request, key_hash, req, request_id, now, RULES, _quote, 512, "test:1:test"
+    )
+    return request_id
+
+
+async def pop(
+    db: Database, key_hash: str, name: str, models: list[str], now: float = NOW, **body: Any
+) -> queries.PopResult:
+    """One pop, as the service runs it (skip-locked on PostgreSQL)."""
+    return await db.write(
+        queries.pop_job,
+        key_hash,
+        pop_request(name, models, **body),
+        now,
+        RULES,
+        False,
+        not db.is_sqlite,
+    )
+
+
+async def status(db: Database, request_id: str, now: float = NOW) -> dict[str, Any]:
+    return await db.read(queries.request_status, request_id, "text", now, RULES)

@@ -1,0 +1,260 @@
+"""The request cycle at query level: users, submit, pop, submit a job, status,
+cancel, the sweep's lease expiry and the purge after retention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from sqlalchemy import Connection, func, select
+
+from hordelite.errors import RC, HordeError
+from hordelite.storage import queries
+from hordelite.storage.database import Database
+from hordelite.storage.schema import jobs, users
+from tests.storage.helpers import (
+    ANONYMOUS_HASH,
+    MODEL_BILLIONS,
+    NOW,
+    RULES,
+    billions,
+    create_user,
+    job_submit,
+    pop,
+    status,
+    submit,
+    text_request,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def _anonymous_users(conn: Connection) -> int:
+    return int(conn.execute(select(func.count()).where(users.c.anonymous.is_(True))).scalar_one())
+
+
+def _jobs_of(conn: Connection, request_id: str) -> int:
+    return int(
+        conn.execute(select(func.count()).where(jobs.c.request_id == request_id)).scalar_one()
+    )
+
+
+async def test_ensure_anonymous_creates_the_anonymous_user_once(database: Database) -> None:
+    # The fixture already ran it once.
+    await database.write(queries.ensure_anonymous, ANONYMOUS_HASH, NOW + 1)
+
+    assert await database.read(_anonymous_users) == 1
+    anonymous = await database.read(queries.user_by_key, ANONYMOUS_HASH, RULES)
+    assert anonymous["id"] == 0
+    assert anonymous["anonymous"] is True
+
+
+async def test_created_users_get_distinct_ids_and_are_found_by_their_key_hash(
+    database: Database,
+) -> None:
+    alice = await create_user(database, "alice", kudos=10)
+    bob = await create_user(database, "bob")
+
+    found_alice = await database.read(queries.user_by_key, alice, RULES)
+    found_bob = await database.read(queries.user_by_key, bob, RULES)
+
+    assert found_alice["id"] != found_bob["id"]
+    assert 0 not in (found_alice["id"], found_bob["id"])
+    assert (found_alice["username"], found_alice["kudos"], found_alice["anonymous"]) == (
+        "alice",
+        10,
+        False,
+    )
+    assert (found_bob["username"], found_bob["kudos"]) == ("bob", 0)
+
+
+async def test_a_submitted_request_is_popped_by_a_worker_of_its_model_with_its_prompt(
+    database: Database,
+) -> None:
+    requester = await create_user(database, "alice")
+    owner = await create_user(database, "bob")
+    request_id = await submit(database, requester, text_request("Hello there", models=["m1"]))
+
+    result = await pop(database, owner, "w1", ["m1"], now=NOW + 5)
+
+    assert result.job is not None
+    assert result.job.request_id == request_id
+    assert result.job.model == "m1"
+    assert result.job.payload["prompt"] == "Hello there"
+    assert result.job.ttl == RULES.job_ttl
+    parts = await status(database, request_id, now=NOW + 5)
+    assert parts["request"]["state"] == "waiting"
+    assert parts["request"]["remaining"] == 0
+    assert [(j["id"], j["state"], j["worker_name"]) for j in parts["jobs"]] == [
+        (result.job.id, "processing", "w1")
+    ]
+
+
+async def test_a_worker_of_another_model_gets_no_job(database: Database) -> None:
+    requester = await create_user(database, "alice")
+    owner = await create_user(database, "bob")
+    await submit(database, requester, text_request(models=["m1"]))
+
+    result = await pop(database, owner, "w1", ["m2"])
+
+    assert result.job is None
+
+
+async def test_submitting_a_job_charges_the_requester_reward_plus_one_and_rewards_the_owner(
+    database: Database,
+) -> None:
+    requester = await create_user(database, "alice", kudos=100)
+    owner = await create_user(database, "bob")
+    request_id = await submit(
+        database, requester, text_request(models=["m1"], params={"max_length": 80})
+    )
+    popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
+    assert popped.job is not None
+    generation = "x" * 200
+
+    result = await database.write(
+        queries.submit_job, owner, job_submit(popped.job.id, generation), NOW + 11, RULES, billions
+    )
+
+    # The AI Horde text formula: tokens = min(max_length, max(20, ceil(chars / 4))),
+    # reward = tokens x billions / 21, the requester pays reward + 1.
+    tokens = min(80, max(20, math.ceil(len(generation) / 4)))
+    reward = round(tokens * MODEL_BILLIONS / 21, 2)
+    assert result.reward == pytest.approx(reward)
+    assert result.request_ended is True
+    payer = await database.read(queries.user_by_key, requester, RULES)
+    earner = await database.read(queries.user_by_key, owner, RULES)
+    assert payer["kudos"] == pytest.approx(100 - (reward + 1))
+    assert payer["kudos_spent"] == pytest.approx(reward + 1)
+    assert earner["kudos"] == pytest.approx(reward)
+    assert earner["kudos_earned"] == pytest.approx(reward)
+    parts = await status(database, request_id, now=NOW + 11)
+    assert parts["request"]["state"] == "done"
+    assert parts["request"]["finished"] == 1
+    assert parts["request"]["kudos"] == pytest.approx(reward + 1)
+    [job] = parts["jobs"]
+    assert (job["state"], job["text"], job["tokens"]) == ("done", generation, tokens)
+
+
+async def test_a_job_cannot_be_submitted_twice(database: Database) -> None:
+    requester = await create_user(database, "alice", kudos=100)
+    owner = await create_user(database, "bob")
+    await submit(database, requester, text_request(models=["m1"]))
+    popped = await pop(database, owner, "w1", ["m1"])
+    assert popped.job is not None
+    await database.write(
+        queries.submit_job, owner, job_submit(popped.job.id, "hi"), NOW, RULES, billions
+    )
+
+    with pytest.raises(HordeError) as refused:
+        await database.write(
+            queries.submit_job, owner, job_submit(popped.job.id, "hi"), NOW, RULES, billions
+        )
+
+    assert refused.value.rc is RC.DuplicateGen
+    payer = await database.read(queries.user_by_key, requester, RULES)
+    assert payer["kudos_spent"] == pytest.approx(1 + round(20 * MODEL_BILLIONS / 21, 2))
+
+
+async def test_request_status_of_an_unknown_id_is_RequestNotFound(database: Database) -> None:
+    with pytest.raises(HordeError) as refused:
+        await status(database, "00000000-0000-4000-8000-000000000000")
+
+    assert refused.value.rc is RC.RequestNotFound
+
+
+async def test_cancelling_a_waiting_request_ends_it_and_no_worker_gets_it(
+    database: Database,
+) -> None:
+    requester = await create_user(database, "alice")
+    owner = await create_user(database, "bob")
+    request_id = await submit(database, requester, text_request(models=["m1"]))
+
+    before = await database.write(queries.cancel_request, request_id, "text", NOW + 3, RULES)
+
+    assert before["request"]["state"] == "waiting"
+    after = await status(database, request_id, now=NOW + 3)
+    assert after["request"]["state"] == "cancelled"
+    assert after["request"]["ended"] == NOW + 3
+    assert (await pop(database, owner, "w1", ["m1"], now=NOW + 4)).job is None
+
+
+async def test_cancelling_a_request_aborts_its_job_in_progress(database: Database) -> None:
+    requester = await create_user(database, "alice", kudos=50)
+    owner = await create_user(database, "bob")
+    request_id = await submit(database, requester, text_request(models=["m1"]))
+    popped = await pop(database, owner, "w1", ["m1"])
+    assert popped.job is not None
+
+    await database.write(queries.cancel_request, request_id, "text", NOW + 3, RULES)
+
+    with pytest.raises(HordeError) as refused:
+        await database.write(
+            queries.submit_job, owner, job_submit(popped.job.id, "late"), NOW + 4, RULES, billions
+        )
+    assert refused.value.rc is RC.AbortedGen
+    payer = await database.read(queries.user_by_key, requester, RULES)
+    assert payer["kudos"] == 50
+
+
+async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database: Database) -> None:
+    requester = await create_user(database, "alice")
+    owner = await create_user(database, "bob")
+    request_id = await submit(database, requester, text_request(models=["m1"]))
+    popped_at = NOW + 10
+    first = await pop(database, owner, "w1", ["m1"], now=popped_at)
+    assert first.job is not None
+    lease_end = popped_at + RULES.job_ttl
+
+    at_lease_end = await database.write(queries.sweep, lease_end, RULES)
+    assert at_lease_end.expired_jobs == 0
+    assert (await pop(database, owner, "w2", ["m1"], now=lease_end)).job is None
+
+    after = await database.write(queries.sweep, lease_end + 1, RULES)
+
+    assert (after.expired_jobs, after.requeued, after.ended_requests) == (1, 1, [])
+    parts = await status(database, request_id, now=lease_end + 1)
+    assert parts["request"]["remaining"] == 1
+    assert parts["request"]["restarts"] == 1
+    second = await pop(database, owner, "w2", ["m1"], now=lease_end + 2)
+    assert second.job is not None
+    assert second.job.request_id == request_id
+    assert second.job.id != first.job.id
+    with pytest.raises(HordeError) as refused:
+        await database.write(
+            queries.submit_job,
+            owner,
+            job_submit(first.job.id, "late"),
+            lease_end + 3,
+            RULES,
+            billions,
+        )
+    assert refused.value.rc is RC.AbortedGen
+
+
+async def test_an_ended_request_is_purged_with_its_jobs_only_after_the_retention(
+    database: Database,
+) -> None:
+    requester = await create_user(database, "alice", kudos=100)
+    owner = await create_user(database, "bob")
+    request_id = await submit(database, requester, text_request(models=["m1"]))
+    popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
+    assert popped.job is not None
+    ended_at = NOW + 2
+    await database.write(
+        queries.submit_job, owner, job_submit(popped.job.id, "hi"), ended_at, RULES, billions
+    )
+
+    kept = await database.write(queries.sweep, ended_at + RULES.retention, RULES)
+    assert kept.purged_requests == 0
+    assert (await status(database, request_id, now=ended_at + RULES.retention))["request"][
+        "state"
+    ] == "done"
+
+    purged = await database.write(queries.sweep, ended_at + RULES.retention + 1, RULES)
+
+    assert purged.purged_requests == 1
+    with pytest.raises(HordeError) as refused:
+        await status(database, request_id, now=ended_at + RULES.retention + 1)
+    assert refused.value.rc is RC.RequestNotFound
+    assert await database.read(_jobs_of, request_id) == 0
