@@ -265,11 +265,18 @@ class Horde:
     # Users and workers -------------------------------------------------
 
     async def find_user(self, api_key: str) -> dict[str, Any]:
-        user = await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
+        """The key's user; an unknown key is 404 UserNotFound here, as on the AI Horde."""
+        try:
+            user = await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
+        except HordeError as exc:
+            if exc.rc is RC.InvalidAPIKey:
+                raise HordeError(RC.UserNotFound, "No user matches this API key.") from None
+            raise
         return self._render_user(user)
 
     async def user(self, user_id: str) -> dict[str, Any]:
-        if not user_id.isdigit() or len(user_id) > 18:
+        # isascii: str.isdigit() also accepts "²", which int() refuses.
+        if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > 18:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
         return self._render_user(await self.db.read(q.user_by_id, int(user_id)))
 

@@ -23,7 +23,7 @@ import anyio
 import anyio.to_thread
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.pool import QueuePool
 
 from hordelite.errors import StorageUnavailable
@@ -51,7 +51,11 @@ class Database:
             self.engine = _sqlite_engine(self.url, pool_size)
         else:
             self.engine = create_engine(
-                self.url, pool_size=pool_size, max_overflow=0, pool_pre_ping=False
+                self.url,
+                pool_size=pool_size,
+                max_overflow=0,
+                # Every transaction ends in commit or rollback already.
+                pool_reset_on_return=None,
             )
         self._writes = anyio.CapacityLimiter(1 if self.is_sqlite else pool_size)
         self._reads = anyio.CapacityLimiter(pool_size)
@@ -92,6 +96,12 @@ class Database:
                 raise StorageUnavailable(str(exc.orig)) from exc
             except InterfaceError as exc:
                 raise StorageUnavailable(str(exc.orig)) from exc
+            except IntegrityError:
+                # Two transactions inserting the same unique row at once (the
+                # first pops of one new worker name): the retry sees the row.
+                if attempt < _RETRIES - 1:
+                    continue
+                raise
             except DBAPIError as exc:
                 if _retryable(exc) and attempt < _RETRIES - 1:
                     continue
@@ -113,6 +123,8 @@ def _sqlite_engine(url: str, pool_size: int) -> Engine:
         poolclass=QueuePool,
         pool_size=pool_size + 1,
         max_overflow=0,
+        # Every transaction ends in commit or rollback already.
+        pool_reset_on_return=None,
         connect_args={"check_same_thread": False, "timeout": 30},
     )
 

@@ -13,11 +13,24 @@ never wait on each other and never hand one job to two workers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.sql import Select
 
 from hordelite.contract import kudos as kudos_rules
@@ -31,6 +44,78 @@ from hordelite.storage.schema import jobs, queue, request_workers, requests, use
 # ``skipped`` counts: bounded so that an empty pop costs the same with 100 or
 # 100,000 waiting requests.
 SKIPPED_SAMPLE = 100
+
+# Statements on the hot paths (every pop, submit and status) are built once
+# with bind parameters: SQLAlchemy then only binds values, which halves the
+# cost of each statement against building it anew.
+_USER_BY_KEY = select(users).where(users.c.key_hash == bindparam("key_hash"))
+_WORKER_BY_NAME = select(workers).where(workers.c.name == bindparam("name"))
+_INSERT_JOB = insert(jobs)
+_INSERT_QUEUE = insert(queue)
+_INSERT_REQUEST = insert(requests)
+_DEQUEUE = delete(queue).where(queue.c.request_id == bindparam("rid"))
+_HAS_OWN = select(queue.c.id).where(queue.c.user_id == bindparam("owner_id")).limit(1)
+_ONLINE_WORKERS = (
+    select(workers, users.c.trusted)
+    .join(users, users.c.id == workers.c.user_id)
+    .where(workers.c.last_check_in >= bindparam("since"))
+)
+_IN_FLIGHT = select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 0)).where(
+    requests.c.user_id == bindparam("user_id"), requests.c.state == "waiting"
+)
+_CLAIM = (
+    update(requests)
+    .where(requests.c.id == bindparam("rid"), requests.c.state == "waiting", requests.c.remaining > 0)
+    .values(remaining=requests.c.remaining - 1, expires=bindparam("expires"))
+    .returning(requests.c.remaining, requests.c.prompt, requests.c.params, requests.c.softprompt)
+)
+_JOB_WITH_REQUEST = (
+    select(
+        jobs,
+        requests.c.user_id.label("requester_id"),
+        requests.c.state.label("request_state"),
+        requests.c.n,
+        requests.c.finished,
+        requests.c.max_length,
+    )
+    .join(requests, requests.c.id == jobs.c.request_id)
+    .where(jobs.c.id == bindparam("job_id"))
+)
+_FINISH_JOB = update(jobs).where(jobs.c.id == bindparam("job_id"))
+_MOVE_KUDOS = (
+    update(users)
+    .where(users.c.id == bindparam("uid"))
+    .values(
+        kudos=users.c.kudos + bindparam("delta"),
+        kudos_earned=users.c.kudos_earned + bindparam("earned"),
+        kudos_spent=users.c.kudos_spent + bindparam("paid"),
+    )
+)
+_CREDIT_WORKER = (
+    update(workers)
+    .where(workers.c.id == bindparam("wid"))
+    .values(
+        kudos_rewards=workers.c.kudos_rewards + bindparam("reward"),
+        requests_fulfilled=workers.c.requests_fulfilled + 1,
+        tokens_generated=workers.c.tokens_generated + bindparam("tokens"),
+        seconds_generating=workers.c.seconds_generating + bindparam("seconds"),
+    )
+)
+_FINISH_REQUEST = (
+    update(requests)
+    .where(requests.c.id == bindparam("rid"))
+    .values(finished=requests.c.finished + 1, kudos=requests.c.kudos + bindparam("cost"))
+    .returning(requests.c.finished, requests.c.n)
+)
+_REQUEST_BY_ID = select(requests).where(
+    requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind")
+)
+_REQUEST_JOBS = (
+    select(jobs, workers.c.name.label("worker_name"))
+    .join(workers, workers.c.id == jobs.c.worker_id)
+    .where(jobs.c.request_id == bindparam("rid"), jobs.c.state.in_(("done", "processing")))
+    .order_by(jobs.c.submitted)
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +166,7 @@ def create_user(
 
 
 def _user(conn: Connection, key_hash: str, rules: Rules) -> RowMapping:
-    row = conn.execute(select(users).where(users.c.key_hash == key_hash)).mappings().first()
+    row = conn.execute(_USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
     if row is None:
         raise HordeError(RC.InvalidAPIKey)
     if row["anonymous"] and not rules.allow_anonymous:
@@ -167,7 +252,7 @@ def submit_request(
         "proxied_account": req.proxied_account,
         "webhook": req.webhook,
     }
-    conn.execute(insert(requests).values(**row))
+    conn.execute(_INSERT_REQUEST, row)
     if req.workers:
         conn.execute(
             insert(request_workers), [{"request_id": request_id, "worker_id": w} for w in req.workers]
@@ -202,11 +287,7 @@ def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules)
         limit = rules.anonymous_concurrency if user["anonymous"] else rules.concurrency
     if limit <= 0:
         return
-    in_flight = conn.execute(
-        select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 0)).where(
-            requests.c.user_id == user["id"], requests.c.state == "waiting"
-        )
-    ).scalar_one()
+    in_flight = conn.execute(_IN_FLIGHT, {"user_id": user["id"]}).scalar_one()
     if in_flight + n > limit:
         raise HordeError(
             RC.TooManyPrompts,
@@ -229,18 +310,16 @@ def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping) -> None:
         "nsfw": req["nsfw"],
         "worker_filter": (2 if req["worker_blacklist"] else 1) if req["worker_ids"] else 0,
     }
-    conn.execute(insert(queue), [{**base, "model": m} for m in (req["models"] or [""])])
+    conn.execute(_INSERT_QUEUE, [{**base, "model": m} for m in (req["models"] or [""])])
 
 
 def _dequeue(conn: Connection, request_id: str) -> None:
-    conn.execute(delete(queue).where(queue.c.request_id == request_id))
+    conn.execute(_DEQUEUE, {"rid": request_id})
 
 
 def _get_request(conn: Connection, request_id: str, kind: str, lock: bool = False) -> RowMapping:
-    q = select(requests).where(requests.c.id == request_id, requests.c.kind == kind)
-    if lock:
-        q = q.with_for_update()
-    row = conn.execute(q).mappings().first()
+    q = _REQUEST_BY_ID.with_for_update() if lock else _REQUEST_BY_ID
+    row = conn.execute(q, {"rid": request_id, "kind": kind}).mappings().first()
     if row is None:
         raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id}.")
     return row
@@ -249,12 +328,7 @@ def _get_request(conn: Connection, request_id: str, kind: str, lock: bool = Fals
 def request_status(conn: Connection, request_id: str, kind: str, now: float, rules: Rules) -> dict[str, Any]:
     """The raw parts of a status answer (see horde.service for its shape)."""
     req = _get_request(conn, request_id, kind)
-    gens = conn.execute(
-        select(jobs, workers.c.name.label("worker_name"))
-        .join(workers, workers.c.id == jobs.c.worker_id)
-        .where(jobs.c.request_id == request_id, jobs.c.state.in_(("done", "processing")))
-        .order_by(jobs.c.submitted)
-    ).mappings().all()
+    gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings().all()
     online = _online_workers(conn, now, rules) if req["state"] == "waiting" else []
     position = _queue_position(conn, req) if req["state"] == "waiting" and req["remaining"] else 0
     return {"request": req, "jobs": gens, "online": online, "position": position}
@@ -310,15 +384,11 @@ def _end_request(conn: Connection, request_id: str, state: str, now: float) -> N
 
 
 def _online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
-    rows = conn.execute(
-        select(workers, users.c.trusted)
-        .join(users, users.c.id == workers.c.user_id)
-        .where(workers.c.last_check_in >= now - rules.worker_online)
-    ).mappings()
+    rows = conn.execute(_ONLINE_WORKERS, {"since": now - rules.worker_online}).mappings()
     return [_worker_view(r) for r in rows]
 
 
-def _worker_view(row: RowMapping) -> WorkerView:
+def _worker_view(row: RowMapping | dict[str, Any]) -> WorkerView:
     return WorkerView(
         id=row["id"],
         models=tuple(row["models"]),
@@ -338,13 +408,29 @@ def online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerVie
     return _online_workers(conn, now, rules)
 
 
-def _check_in(conn: Connection, user: RowMapping, pop: PopRequest, now: float, rules: Rules) -> RowMapping:
-    """Record the worker's declaration from this pop; create it on first pop.
+def _validate_worker(conn: Connection, user: RowMapping, pop: PopRequest) -> RowMapping | None:
+    """The worker row for this pop's name, or None on its first pop.
 
-    A worker name belongs to the user who first popped with it.
+    A worker name belongs to the user who first popped with it. Read without
+    a lock: the row is updated after the claim (``_touch_worker``), so a pop
+    locks its request before its worker, in the order submits take them.
     """
-    row = conn.execute(select(workers).where(workers.c.name == pop.name).with_for_update()).mappings().first()
-    values = {
+    row = conn.execute(_WORKER_BY_NAME, {"name": pop.name}).mappings().first()
+    if row is None:
+        return None
+    if row["user_id"] != user["id"]:
+        raise HordeError(RC.WrongCredentials, f"The worker name {pop.name!r} belongs to another user.")
+    if row["maintenance"]:
+        raise HordeError(
+            RC.WorkerMaintenance,
+            f"Worker {pop.name!r} is in maintenance mode; its owner can clear it with "
+            f"PUT /api/v2/workers/{row['id']} and maintenance: false.",
+        )
+    return row
+
+
+def _declaration(pop: PopRequest, now: float) -> dict[str, Any]:
+    return {
         "bridge_agent": pop.bridge_agent,
         "models": list(pop.models),
         "max_length": pop.max_length,
@@ -354,23 +440,15 @@ def _check_in(conn: Connection, user: RowMapping, pop: PopRequest, now: float, r
         "extra_slow": pop.extra_slow_worker,
         "last_check_in": now,
     }
-    if row is None:
-        worker_id = str(uuid.uuid4())
-        conn.execute(insert(workers).values(id=worker_id, name=pop.name, user_id=user["id"], created=now, **values))
-        return conn.execute(select(workers).where(workers.c.id == worker_id)).mappings().one()
-    if row["user_id"] != user["id"]:
-        raise HordeError(RC.WrongCredentials, f"The worker name {pop.name!r} belongs to another user.")
-    if row["maintenance"]:
-        raise HordeError(
-            RC.WorkerMaintenance,
-            f"Worker {pop.name!r} is in maintenance mode; its owner can clear it with "
-            f"PUT /api/v2/workers/{row['id']} and maintenance: false.",
-        )
+
+
+def _touch_worker(conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules) -> None:
+    """Store the declaration of this pop: the worker is online from now."""
+    values = _declaration(pop, now)
     gap = now - row["last_check_in"]
     if 0 < gap <= rules.worker_online:
         values["uptime"] = row["uptime"] + gap
     conn.execute(update(workers).where(workers.c.id == row["id"]).values(**values))
-    return {**row, **values}  # type: ignore[return-value]
 
 
 def update_worker(
@@ -444,29 +522,53 @@ def pop_job(
     user = _user(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
-    row = _check_in(conn, user, pop, now, rules)
-    worker = _worker_view({**row, "trusted": user["trusted"]})
+    row = _validate_worker(conn, user, pop)
+    if row is None:
+        # First pop: the worker exists (and is online) from this transaction.
+        values = {"id": str(uuid.uuid4()), "name": pop.name, "user_id": user["id"], "created": now}
+        conn.execute(insert(workers).values(**values, **_declaration(pop, now)))
+        row = conn.execute(_WORKER_BY_NAME, {"name": pop.name}).mappings().one()
+        fresh = True
+    else:
+        fresh = False
+    worker = _worker_view({**row, **_declaration(pop, now), "trusted": user["trusted"]})
     job = _claim(conn, worker, user["id"], now, rules, skip_locked)
+    if not fresh:
+        _touch_worker(conn, row, pop, now, rules)
     skipped = _skipped(conn, worker) if job is None and with_skipped else {}
     return PopResult(worker, job, skipped)
 
 
-def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Select[Any]:
+@functools.lru_cache(maxsize=64)
+def _candidate_statement(trusted: bool, slow: bool, nsfw: bool, skip_locked: bool, own: bool) -> Select[Any]:
+    """The best queue row of one model a worker of this kind may take.
+
+    Built once per combination of the worker's flags; ``model``,
+    ``max_length``, ``max_context_length``, ``worker_id`` (and ``owner_id``
+    when ``own``) are bound at execution.
+    """
     listed = exists().where(
-        request_workers.c.request_id == queue.c.request_id, request_workers.c.worker_id == worker.id
+        request_workers.c.request_id == queue.c.request_id,
+        request_workers.c.worker_id == bindparam("worker_id"),
     )
     q = select(queue.c.request_id, queue.c.model, queue.c.anonymous, queue.c.prio_key, queue.c.created).where(
-        queue.c.model == model,
-        queue.c.max_length <= worker.max_length,
-        queue.c.max_context_length <= worker.max_context_length,
-        or_(queue.c.worker_filter == 0, and_(queue.c.worker_filter == 1, listed), and_(queue.c.worker_filter == 2, ~listed)),
+        queue.c.model == bindparam("model"),
+        queue.c.max_length <= bindparam("max_length"),
+        queue.c.max_context_length <= bindparam("max_context_length"),
+        or_(
+            queue.c.worker_filter == 0,
+            and_(queue.c.worker_filter == 1, listed),
+            and_(queue.c.worker_filter == 2, ~listed),
+        ),
     )
-    if not worker.trusted:
+    if not trusted:
         q = q.where(queue.c.trusted_only.is_(False))
-    if worker.slow:
+    if slow:
         q = q.where(queue.c.fast_only.is_(False))
-    if not worker.nsfw:
+    if not nsfw:
         q = q.where(queue.c.nsfw.is_(False))
+    if own:
+        q = q.where(queue.c.user_id == bindparam("owner_id"))
     if skip_locked:
         # Lock the request, not the queue row: a request has a row per model,
         # and the request row is the one a claim updates.
@@ -476,25 +578,40 @@ def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Selec
     return q.order_by(queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created).limit(1)
 
 
+def _candidate_params(worker: WorkerView, model: str, owner_id: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "max_length": worker.max_length,
+        "max_context_length": worker.max_context_length,
+        "worker_id": worker.id,
+        "owner_id": owner_id,
+    }
+
+
+def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Select[Any]:
+    """The candidate query with this worker's values bound (for inspection)."""
+    stmt = _candidate_statement(worker.trusted, worker.slow, worker.nsfw, skip_locked, False)
+    params = _candidate_params(worker, model, 0)
+    del params["owner_id"]
+    return stmt.params(**params)
+
+
 def _best_candidate(
     conn: Connection, worker: WorkerView, owner_id: int, skip_locked: bool, exclude: set[str]
 ) -> dict[str, Any] | None:
-    models = [*worker.models, ""]
     candidates: list[dict[str, Any]] = []
     # The owner's own requests come first; most owners have none queued.
-    has_own = conn.execute(select(queue.c.id).where(queue.c.user_id == owner_id).limit(1)).first()
-    for model in models:
-        q = _candidate_query(worker, model, skip_locked)
-        if exclude:
-            q = q.where(queue.c.request_id.not_in(exclude))
-        if has_own is not None:
-            own = conn.execute(q.where(queue.c.user_id == owner_id)).mappings().first()
-            if own is not None:
-                candidates.append({**own, "own": 0})
-                continue
-        row = conn.execute(q).mappings().first()
-        if row is not None:
-            candidates.append({**row, "own": 1})
+    has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
+    for model in [*worker.models, ""]:
+        params = _candidate_params(worker, model, owner_id)
+        for own in (True, False) if has_own else (False,):
+            stmt = _candidate_statement(worker.trusted, worker.slow, worker.nsfw, skip_locked, own)
+            if exclude:
+                stmt = stmt.where(queue.c.request_id.not_in(exclude))
+            row = conn.execute(stmt, params).mappings().first()
+            if row is not None:
+                candidates.append({**row, "own": 0 if own else 1})
+                break
     if not candidates:
         return None
     return min(candidates, key=lambda r: (r["own"], r["anonymous"], -r["prio_key"], r["created"]))
@@ -515,12 +632,7 @@ def _claim(
         if cand is None:
             return None
         claimed = conn.execute(
-            update(requests)
-            .where(requests.c.id == cand["request_id"], requests.c.state == "waiting", requests.c.remaining > 0)
-            .values(remaining=requests.c.remaining - 1, expires=now + rules.request_expiry)
-            .returning(
-                requests.c.remaining, requests.c.prompt, requests.c.params, requests.c.softprompt
-            )
+            _CLAIM, {"rid": cand["request_id"], "expires": now + rules.request_expiry}
         ).mappings().first()
         if claimed is None:
             exclude.add(cand["request_id"])
@@ -530,16 +642,17 @@ def _claim(
         model = cand["model"] or worker.models[0]
         job_id = str(uuid.uuid4())
         conn.execute(
-            insert(jobs).values(
-                id=job_id,
-                request_id=cand["request_id"],
-                worker_id=worker.id,
-                owner_id=owner_id,
-                model=model,
-                state="processing",
-                started=now,
-                lease_expires=now + rules.job_ttl,
-            )
+            _INSERT_JOB,
+            {
+                "id": job_id,
+                "request_id": cand["request_id"],
+                "worker_id": worker.id,
+                "owner_id": owner_id,
+                "model": model,
+                "state": "processing",
+                "started": now,
+                "lease_expires": now + rules.job_ttl,
+            },
         )
         payload = {**claimed["params"], "prompt": claimed["prompt"], "n": 1}
         return PoppedJob(job_id, cand["request_id"], model, payload, claimed["softprompt"], rules.job_ttl)
@@ -595,7 +708,8 @@ def submit_job(
     billions: Callable[[str], float],
 ) -> SubmitResult:
     user = _user(conn, key_hash, rules)
-    job = conn.execute(select(jobs).where(jobs.c.id == sub.id).with_for_update()).mappings().first()
+    # Locks the job and its request (PostgreSQL), in that order.
+    job = conn.execute(_JOB_WITH_REQUEST.with_for_update(), {"job_id": sub.id}).mappings().first()
     if job is None:
         raise HordeError(RC.InvalidJobID, f"No job with id {sub.id}.")
     if job["owner_id"] != user["id"]:
@@ -608,64 +722,57 @@ def submit_job(
             "This job was aborted: "
             + ("its lease expired." if job["state"] == "expired" else "its request ended."),
         )
-    req = conn.execute(select(requests).where(requests.c.id == job["request_id"]).with_for_update()).mappings().one()
     if sub.state == "faulted":
+        req = _get_request(conn, job["request_id"], "text")
         requeued, ended = _fault_job(conn, job, req, now, rules)
         return SubmitResult(0.0, req["id"], ended, requeued)
-    tokens = kudos_rules.billed_tokens(len(sub.generation), req["max_length"])
+    tokens = kudos_rules.billed_tokens(len(sub.generation), job["max_length"])
     reward = kudos_rules.job_reward(tokens, billions(job["model"]))
     cost = kudos_rules.job_cost(reward)
     conn.execute(
-        update(jobs)
-        .where(jobs.c.id == job["id"])
-        .values(
-            state="done",
-            submitted=now,
-            text=sub.generation,
-            gen_state=sub.state,
-            seed=sub.seed,
-            gen_metadata=sub.gen_metadata,
-            tokens=tokens,
-            reward=reward,
-            cost=cost,
-        )
+        _FINISH_JOB,
+        {
+            "job_id": job["id"],
+            "state": "done",
+            "submitted": now,
+            "text": sub.generation,
+            "gen_state": sub.state,
+            "seed": sub.seed,
+            "gen_metadata": sub.gen_metadata,
+            "tokens": tokens,
+            "reward": reward,
+            "cost": cost,
+        },
     )
-    _move_kudos(conn, payer=req["user_id"], cost=cost, earner=job["owner_id"], reward=reward)
+    _move_kudos(conn, payer=job["requester_id"], cost=cost, earner=job["owner_id"], reward=reward)
     conn.execute(
-        update(workers)
-        .where(workers.c.id == job["worker_id"])
-        .values(
-            kudos_rewards=workers.c.kudos_rewards + reward,
-            requests_fulfilled=workers.c.requests_fulfilled + 1,
-            tokens_generated=workers.c.tokens_generated + tokens,
-            seconds_generating=workers.c.seconds_generating + max(now - job["started"], 0.001),
-        )
+        _CREDIT_WORKER,
+        {
+            "wid": job["worker_id"],
+            "reward": reward,
+            "tokens": tokens,
+            "seconds": max(now - job["started"], 0.001),
+        },
     )
-    finished = req["finished"] + 1
-    done = finished >= req["n"]
-    values: dict[str, Any] = {"finished": finished, "kudos": requests.c.kudos + cost}
+    counts = conn.execute(_FINISH_REQUEST, {"rid": job["request_id"], "cost": cost}).one()
+    done = counts.finished >= counts.n
     if done:
-        values.update(state="done", ended=now, remaining=0)
-    conn.execute(update(requests).where(requests.c.id == req["id"]).values(**values))
-    return SubmitResult(reward, req["id"], done, False)
+        conn.execute(
+            update(requests)
+            .where(requests.c.id == job["request_id"])
+            .values(state="done", ended=now, remaining=0)
+        )
+    return SubmitResult(reward, job["request_id"], done, False)
 
 
 def _move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: float) -> None:
     # Update the two users in id order so concurrent submits cannot deadlock.
     changes = {payer: (-cost, 0.0, cost)}
-    spent = changes.get(earner, (0.0, 0.0, 0.0))
-    changes[earner] = (spent[0] + reward, reward, spent[2])
+    delta, earned, paid = changes.get(earner, (0.0, 0.0, 0.0))
+    changes[earner] = (delta + reward, earned + reward, paid)
     for user_id in sorted(changes):
         delta, earned, paid = changes[user_id]
-        conn.execute(
-            update(users)
-            .where(users.c.id == user_id)
-            .values(
-                kudos=users.c.kudos + delta,
-                kudos_earned=users.c.kudos_earned + earned,
-                kudos_spent=users.c.kudos_spent + paid,
-            )
-        )
+        conn.execute(_MOVE_KUDOS, {"uid": user_id, "delta": delta, "earned": earned, "paid": paid})
 
 
 def _fault_job(
@@ -731,10 +838,11 @@ def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
     requeued = 0
     ended: list[str] = []
     for job in expired:
+        # Locks in the order submits take them: job, request, worker.
         conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
-        _count_abort(conn, job["worker_id"], now, rules)
         req = conn.execute(select(requests).where(requests.c.id == job["request_id"]).with_for_update()).mappings().one()
         was_requeued, was_ended = _give_back(conn, req, now, rules, faulted=False)
+        _count_abort(conn, job["worker_id"], now, rules)
         requeued += was_requeued
         if was_ended:
             ended.append(req["id"])
