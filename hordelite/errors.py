@@ -44,7 +44,6 @@ class RC(enum.Enum):
     WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
     KudosUpfront = (403, "This request needs kudos up front.")
-    NotAdmin = (403, "Only an administrator can do this.")
     # 404
     RequestNotFound = (404, "No request with this id.")
     InvalidJobID = (404, "No job with this id.")

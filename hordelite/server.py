@@ -93,6 +93,7 @@ async def open_server(
                 # caller gets its own exception, not a group around it.
                 error = exc
             finally:
+                horde.begin_shutdown()
                 shutdown.set()
                 # Let Hypercorn drain (it cancels what is still open after
                 # the grace period) before anything is cancelled, also when

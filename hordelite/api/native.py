@@ -37,7 +37,7 @@ async def json_body() -> Any:
         raise bad_request("body", "is not valid JSON") from None
 
 
-def api_key(required: bool = True) -> str:
+def api_key() -> str:
     key = request.headers.get("apikey")
     if key is None or key == "":
         raise HordeError(RC.InvalidAPIKey, "The apikey header is missing: send your API key, or 0000000000 for anonymous use.")

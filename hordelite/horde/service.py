@@ -72,6 +72,12 @@ class Horde:
             allow_anonymous=h.allow_anonymous,
         )
         self._model_stats: tuple[float, list[dict[str, Any]]] | None = None
+        self._stopping = False
+
+    def begin_shutdown(self) -> None:
+        """Stop holding pops: each waiting pop answers now (a last try, then empty)."""
+        self._stopping = True
+        self.signals.notify_queue()
 
     # Set-up ------------------------------------------------------------
 
@@ -209,7 +215,7 @@ class Horde:
         worker: WorkerView | None = None
         while True:
             with self.signals.queue_waiter(worker) as waiter:
-                last = anyio.current_time() >= deadline
+                last = self._stopping or anyio.current_time() >= deadline
                 result = await self.db.write(
                     q.pop_job, key_hash, pop, self.clock.now(), self.rules, last, not self.db.is_sqlite
                 )

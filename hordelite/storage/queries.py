@@ -337,24 +337,23 @@ def request_status(conn: Connection, request_id: str, kind: str, now: float, rul
 def _queue_position(conn: Connection, req: RowMapping) -> int:
     """Waiting requests ahead of this one that compete for its models.
 
-    Counted per model along ix_queue_order, so the cost follows the position,
-    not the length of the queue; a request listing several models ahead of
-    this one counts once per shared model.
+    Read along ix_queue_order (one range per model), so the cost follows the
+    position, not the length of the queue.
     """
     anon, key = req["anonymous"], req["prio_key"]
-
-    def ahead(table: Any, *where: Any) -> int:
-        better = table.c.prio_key > key
-        q = select(func.count()).select_from(table).where(*where, table.c.anonymous == anon, better)
-        count = int(conn.execute(q).scalar_one())
-        if anon:  # every registered request comes first
-            q = select(func.count()).select_from(table).where(*where, table.c.anonymous.is_(False))
-            count += int(conn.execute(q).scalar_one())
-        return count
-
-    if not req["models"]:
-        return ahead(requests, requests.c.state == "waiting", requests.c.remaining > 0)
-    return sum(ahead(queue, queue.c.model == m) for m in [*req["models"], ""])
+    if req["models"]:
+        table, rid = queue, queue.c.request_id
+        where = [queue.c.model.in_([*req["models"], ""])]
+    else:  # any model: every waiting request competes
+        table, rid = requests, requests.c.id
+        where = [requests.c.state == "waiting", requests.c.remaining > 0]
+    count = func.count(func.distinct(rid))
+    ahead = conn.execute(
+        select(count).where(*where, table.c.anonymous == anon, table.c.prio_key > key)
+    ).scalar_one()
+    if anon:  # every registered request comes first
+        ahead += conn.execute(select(count).where(*where, table.c.anonymous.is_(False))).scalar_one()
+    return int(ahead)
 
 
 def cancel_request(
@@ -365,17 +364,19 @@ def cancel_request(
     req = status["request"]
     if req["state"] == "waiting":
         _end_request(conn, req["id"], "cancelled", now)
-        conn.execute(
-            update(jobs)
-            .where(jobs.c.request_id == req["id"], jobs.c.state == "processing")
-            .values(state="cancelled")
-        )
     return status
 
 
 def _end_request(conn: Connection, request_id: str, state: str, now: float) -> None:
+    """End a request: out of the queue, and its jobs still out are aborted
+    (a late submit gets AbortedGen and charges nobody)."""
     conn.execute(
         update(requests).where(requests.c.id == request_id).values(state=state, ended=now, remaining=0)
+    )
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
+        .values(state="cancelled")
     )
     _dequeue(conn, request_id)
 
@@ -467,7 +468,7 @@ def update_worker(
             changes["aborts_in_window"] = 0
     if changes:
         conn.execute(update(workers).where(workers.c.id == worker_id).values(**changes))
-    return changes
+    return {} if maintenance is None else {"maintenance": maintenance}
 
 
 def worker_details(conn: Connection, worker_id: str | None = None, name: str | None = None) -> RowMapping:
@@ -716,12 +717,11 @@ def submit_job(
         raise HordeError(RC.WrongCredentials, "This job was given to another user's worker.")
     if job["state"] == "done":
         raise HordeError(RC.DuplicateGen)
+    if job["state"] == "expired" or (job["state"] == "processing" and job["lease_expires"] < now):
+        # A lease past its end is refused at once; the sweep requeues it.
+        raise HordeError(RC.AbortedGen, "This job was aborted: its lease expired.")
     if job["state"] != "processing":
-        raise HordeError(
-            RC.AbortedGen,
-            "This job was aborted: "
-            + ("its lease expired." if job["state"] == "expired" else "its request ended."),
-        )
+        raise HordeError(RC.AbortedGen, "This job was aborted: its request ended.")
     if sub.state == "faulted":
         req = _get_request(conn, job["request_id"], "text")
         requeued, ended = _fault_job(conn, job, req, now, rules)

@@ -39,7 +39,7 @@ users = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("username", String(100), nullable=False),
-    # sha256 of the key: keys are 22 random url-safe bytes, so a fast hash
+    # sha256 of the key: keys are 16 random bytes (22 characters), so a fast hash
     # cannot be brute-forced and keeps authentication cheap per request.
     Column("key_hash", String(64), nullable=False, unique=True),
     Column("anonymous", Boolean, nullable=False, default=False),
