@@ -3,6 +3,12 @@
 ``MIGRATIONS[i]`` takes a database from version i to i + 1 inside one
 transaction. A database from an older release keeps its data: a schema
 change is a new function appended here, never an edit of an old one.
+
+schema.py always holds the latest schema, and version 1 creates whatever
+tables of it are missing. So a new database gets the latest schema from
+version 1 and then runs every later migration too: each later migration
+must therefore also be correct on a database that already has its change
+(drop-if-exists then create, add a column only when inspect() lacks it).
 """
 
 from __future__ import annotations
