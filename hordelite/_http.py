@@ -20,7 +20,7 @@ log = logging.getLogger("hordelite.http")
 
 
 def current_backend() -> str:
-    """"trio" or "asyncio": the loop this code runs on."""
+    """ "trio" or "asyncio": the loop this code runs on."""
     return "trio" if sniffio.current_async_library() == "trio" else "asyncio"
 
 

@@ -94,7 +94,16 @@ def _coerce(key: str, kind: type[Any], value: Any) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if isinstance(value, str) and value.lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+            "0",
+            "false",
+            "no",
+            "off",
+        ):
             return value.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{key}: expected true or false, got {value!r}")
     if kind is int:
@@ -123,7 +132,9 @@ def _fail() -> Any:
 def _check(config: Config) -> None:
     s, st, h = config.server, config.storage, config.horde
     if s.backend not in _BACKENDS:
-        raise ConfigError(f"server.backend: must be one of {', '.join(_BACKENDS)}, got {s.backend!r}")
+        raise ConfigError(
+            f"server.backend: must be one of {', '.join(_BACKENDS)}, got {s.backend!r}"
+        )
     if not 0 <= s.port <= 65535:
         raise ConfigError(f"server.port: must be 0 to 65535, got {s.port}")
     if s.max_body_bytes < 1024:
@@ -132,8 +143,12 @@ def _check(config: Config) -> None:
         raise ConfigError(f"server.grace_period: must not be negative, got {s.grace_period}")
     if not st.database.strip():
         raise ConfigError("storage.database: must not be empty")
-    if "://" in st.database and not st.database.startswith(("postgresql://", "postgresql+psycopg://", "sqlite://")):
-        raise ConfigError(f"storage.database: must be a file path or a postgresql:// URL, got {st.database!r}")
+    if "://" in st.database and not st.database.startswith(
+        ("postgresql://", "postgresql+psycopg://", "sqlite://")
+    ):
+        raise ConfigError(
+            f"storage.database: must be a file path or a postgresql:// URL, got {st.database!r}"
+        )
     if not 1 <= st.pool_size <= 64:
         raise ConfigError(f"storage.pool_size: must be 1 to 64, got {st.pool_size}")
     for key in ("job_ttl", "request_expiry", "retention", "worker_online", "sweep_interval"):

@@ -40,7 +40,10 @@ class RC(enum.Enum):
     InvalidAPIKey = (401, "No user matching the sent API key.")
     # 403
     AnonForbiddenWorker = (403, "The anonymous user cannot run a worker: register a key.")
-    AnonymousDisabled = (403, "Anonymous requests are turned off on this horde: send a registered key.")
+    AnonymousDisabled = (
+        403,
+        "Anonymous requests are turned off on this horde: send a registered key.",
+    )
     WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
     KudosUpfront = (403, "This request needs kudos up front.")

@@ -36,7 +36,10 @@ class RunningHorde:
 
 
 async def serve_timers(
-    horde: Horde, stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    horde: Horde,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Sweep leases, expiries and retention every ``sweep_interval`` until ``stop``."""
     task_status.started()

@@ -25,7 +25,9 @@ _HTTP_CODES = {
 
 
 def _error(rc: RC, message: str | None = None, **extra: Any) -> Response:
-    return json_response({"message": message or rc.default_message, "rc": rc.name, **extra}, rc.status)
+    return json_response(
+        {"message": message or rc.default_message, "rc": rc.name, **extra}, rc.status
+    )
 
 
 def create_app(horde: Horde, backend: str = "trio") -> Quart:
@@ -55,7 +57,9 @@ def create_app(horde: Horde, backend: str = "trio") -> Quart:
         rc = _HTTP_CODES.get(exc.code or 500)
         if rc is None:
             status = exc.code or 500
-            return json_response({"message": exc.description or exc.name, "rc": exc.name.replace(" ", "")}, status)
+            return json_response(
+                {"message": exc.description or exc.name, "rc": exc.name.replace(" ", "")}, status
+            )
         return _error(rc)
 
     @app.errorhandler(Exception)

@@ -40,7 +40,10 @@ async def json_body() -> Any:
 def api_key() -> str:
     key = request.headers.get("apikey")
     if key is None or key == "":
-        raise HordeError(RC.InvalidAPIKey, "The apikey header is missing: send your API key, or 0000000000 for anonymous use.")
+        raise HordeError(
+            RC.InvalidAPIKey,
+            "The apikey header is missing: send your API key, or 0000000000 for anonymous use.",
+        )
     if len(key) > 255:
         raise HordeError(RC.InvalidAPIKey, "The apikey header is longer than any key.")
     return key
@@ -48,7 +51,11 @@ def api_key() -> str:
 
 def client_agent() -> str:
     # koboldcpp and most tools send Client-Agent; horde_sdk sends client_agent.
-    return request.headers.get("Client-Agent") or request.headers.get("client_agent") or "unknown:0:unknown"
+    return (
+        request.headers.get("Client-Agent")
+        or request.headers.get("client_agent")
+        or "unknown:0:unknown"
+    )
 
 
 @native.post("/generate/text/async")

@@ -88,7 +88,10 @@ def _serve(config: Config) -> int:
 async def _run(config: Config) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_server(config) as running:
-            print(f"hordelite {running.horde.heartbeat()['version']} serving at {running.url}", flush=True)
+            print(
+                f"hordelite {running.horde.heartbeat()['version']} serving at {running.url}",
+                flush=True,
+            )
             print(f"  database: {config.storage.database}", flush=True)
             print("  create a key: hordelite keys create NAME [--kudos N]", flush=True)
             print("  anonymous key: 0000000000 (Ctrl+C stops)", flush=True)
@@ -103,7 +106,14 @@ def _create_key(config: Config, args: argparse.Namespace) -> int:
         Horde(config, db).migrate()
         key = new_api_key()
         user_id = db.run_sync(
-            queries.create_user, True, args.name, hash_key(key), args.kudos, args.admin, args.trusted, _now()
+            queries.create_user,
+            True,
+            args.name,
+            hash_key(key),
+            args.kudos,
+            args.admin,
+            args.trusted,
+            _now(),
         )
     finally:
         db.dispose()

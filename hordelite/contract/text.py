@@ -13,6 +13,8 @@ from typing import Any
 
 from hordelite.contract import _fields as f
 from hordelite.contract.limits import (
+    DEFAULT_MAX_CONTEXT_LENGTH,
+    DEFAULT_MAX_LENGTH,
     MAX_CONTEXT_LENGTH,
     MAX_MAX_LENGTH,
     MAX_MODELS,
@@ -24,8 +26,6 @@ from hordelite.contract.limits import (
     MAX_WORKER_IDS,
     MIN_CONTEXT_LENGTH,
     MIN_MAX_LENGTH,
-    DEFAULT_MAX_CONTEXT_LENGTH,
-    DEFAULT_MAX_LENGTH,
 )
 from hordelite.errors import RC, HordeError, bad_request
 
@@ -122,7 +122,12 @@ def _parse_params(raw: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "n": f.get_int(params, "n", "params.n", 1, MAX_REQUEST_N, 1),
         "max_length": f.get_int(
-            params, "max_length", "params.max_length", MIN_MAX_LENGTH, MAX_MAX_LENGTH, DEFAULT_MAX_LENGTH
+            params,
+            "max_length",
+            "params.max_length",
+            MIN_MAX_LENGTH,
+            MAX_MAX_LENGTH,
+            DEFAULT_MAX_LENGTH,
         ),
         "max_context_length": f.get_int(
             params,
@@ -212,9 +217,16 @@ def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
     return PopRequest(
         name=name,
         models=tuple(dict.fromkeys(models)),
-        max_length=f.get_int(body, "max_length", "max_length", 1, MAX_MAX_LENGTH, DEFAULT_MAX_LENGTH),
+        max_length=f.get_int(
+            body, "max_length", "max_length", 1, MAX_MAX_LENGTH, DEFAULT_MAX_LENGTH
+        ),
         max_context_length=f.get_int(
-            body, "max_context_length", "max_context_length", 1, MAX_CONTEXT_LENGTH, DEFAULT_MAX_CONTEXT_LENGTH
+            body,
+            "max_context_length",
+            "max_context_length",
+            1,
+            MAX_CONTEXT_LENGTH,
+            DEFAULT_MAX_CONTEXT_LENGTH,
         ),
         nsfw=f.get_bool(body, "nsfw", "nsfw", True),
         threads=f.get_int(body, "threads", "threads", 1, MAX_POP_THREADS, 1),

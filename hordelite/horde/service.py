@@ -25,7 +25,12 @@ from hordelite.contract._fields import parse_uuid
 from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
-from hordelite.contract.text import TextRequest, parse_job_submit, parse_pop_request, parse_text_request
+from hordelite.contract.text import (
+    TextRequest,
+    parse_job_submit,
+    parse_pop_request,
+    parse_text_request,
+)
 from hordelite.errors import RC, HordeError
 from hordelite.signals import LocalSignals, Signals
 from hordelite.storage import queries as q
@@ -164,7 +169,9 @@ class Horde:
         processing = len(jobs) - len(done_jobs)
         waiting_state = req["state"] == "waiting"
         eligible = [w for w in parts["online"] if can_serve(w, q.request_view(req))]
-        wait_time = self._wait_time(req, parts["position"], processing, eligible) if waiting_state else 0
+        wait_time = (
+            self._wait_time(req, parts["position"], processing, eligible) if waiting_state else 0
+        )
         return {
             "finished": len(done_jobs),
             "processing": processing,
@@ -197,8 +204,8 @@ class Horde:
         if not eligible:
             return 0
         throughput = sum(w.speed * w.threads for w in eligible)
-        tokens = (position + req["remaining"] + processing) * req["max_length"]
-        return int(math.ceil(tokens / throughput))
+        tokens: int = (position + req["remaining"] + processing) * req["max_length"]
+        return math.ceil(tokens / throughput)
 
     # Jobs --------------------------------------------------------------
 
@@ -217,7 +224,13 @@ class Horde:
             with self.signals.queue_waiter(worker) as waiter:
                 last = self._stopping or anyio.current_time() >= deadline
                 result = await self.db.write(
-                    q.pop_job, key_hash, pop, self.clock.now(), self.rules, last, not self.db.is_sqlite
+                    q.pop_job,
+                    key_hash,
+                    pop,
+                    self.clock.now(),
+                    self.rules,
+                    last,
+                    not self.db.is_sqlite,
                 )
                 if result.job is not None or last:
                     break
@@ -235,7 +248,13 @@ class Horde:
     @staticmethod
     def _render_pop(result: q.PopResult) -> dict[str, Any]:
         if result.job is None:
-            return {"id": None, "ids": [], "payload": {}, "skipped": result.skipped, "softprompt": None}
+            return {
+                "id": None,
+                "ids": [],
+                "payload": {},
+                "skipped": result.skipped,
+                "softprompt": None,
+            }
         job = result.job
         return {
             "payload": job.payload,
@@ -329,16 +348,30 @@ class Horde:
         if canonical is None:
             raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
         if not isinstance(body, dict):
-            raise HordeError(RC.BadRequest, "body: expected a JSON object", errors={"body": "expected a JSON object"})
+            raise HordeError(
+                RC.BadRequest,
+                "body: expected a JSON object",
+                errors={"body": "expected a JSON object"},
+            )
         maintenance = body.get("maintenance")
         if maintenance is not None and not isinstance(maintenance, bool):
-            raise HordeError(RC.BadRequest, "maintenance: expected true or false", errors={"maintenance": "expected true or false"})
-        changes = await self.db.write(q.update_worker, hash_key(api_key), canonical, maintenance, self.rules)
+            raise HordeError(
+                RC.BadRequest,
+                "maintenance: expected true or false",
+                errors={"maintenance": "expected true or false"},
+            )
+        changes = await self.db.write(
+            q.update_worker, hash_key(api_key), canonical, maintenance, self.rules
+        )
         return changes
 
     def _render_worker(self, row: RowMapping) -> dict[str, Any]:
         now = self.clock.now()
-        speed = row["tokens_generated"] / row["seconds_generating"] if row["seconds_generating"] else 0.0
+        speed = (
+            row["tokens_generated"] / row["seconds_generating"]
+            if row["seconds_generating"]
+            else 0.0
+        )
         return {
             "type": "text",
             "name": row["name"],
@@ -388,7 +421,7 @@ class Horde:
                     "performance": round(entry["speed"] / entry["count"], 1),
                     "queued": tokens,
                     "jobs": jobs,
-                    "eta": int(math.ceil(tokens / entry["speed"])) if entry["speed"] else 0,
+                    "eta": math.ceil(tokens / entry["speed"]) if entry["speed"] else 0,
                     "type": "text",
                 }
             )

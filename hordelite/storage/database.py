@@ -80,9 +80,7 @@ class Database:
             lambda: self.run_sync(fn, False, *args, **kwargs), limiter=self._reads
         )
 
-    def run_sync(
-        self, fn: Callable[..., T], write: bool, *args: Any, **kwargs: Any
-    ) -> T:
+    def run_sync(self, fn: Callable[..., T], write: bool, *args: Any, **kwargs: Any) -> T:
         """The same, in the calling thread (migrations, the CLI)."""
         for attempt in range(_RETRIES):
             try:

@@ -31,7 +31,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.sql import Select
+from sqlalchemy.sql import ColumnElement, Select
 
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
@@ -65,7 +65,9 @@ _IN_FLIGHT = select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 
 )
 _CLAIM = (
     update(requests)
-    .where(requests.c.id == bindparam("rid"), requests.c.state == "waiting", requests.c.remaining > 0)
+    .where(
+        requests.c.id == bindparam("rid"), requests.c.state == "waiting", requests.c.remaining > 0
+    )
     .values(remaining=requests.c.remaining - 1, expires=bindparam("expires"))
     .returning(requests.c.remaining, requests.c.prompt, requests.c.params, requests.c.softprompt)
 )
@@ -147,7 +149,13 @@ def ensure_anonymous(conn: Connection, key_hash: str, now: float) -> None:
 
 
 def create_user(
-    conn: Connection, username: str, key_hash: str, kudos: float, admin: bool, trusted: bool, now: float
+    conn: Connection,
+    username: str,
+    key_hash: str,
+    kudos: float,
+    admin: bool,
+    trusted: bool,
+    now: float,
 ) -> int:
     result = conn.execute(
         insert(users)
@@ -215,7 +223,9 @@ def submit_request(
     """
     user = _user(conn, key_hash, rules)
     if req.workers:
-        found = set(conn.execute(select(workers.c.id).where(workers.c.id.in_(req.workers))).scalars())
+        found = set(
+            conn.execute(select(workers.c.id).where(workers.c.id.in_(req.workers))).scalars()
+        )
         missing = [w for w in req.workers if w not in found]
         if missing:
             raise HordeError(RC.WorkerNotFound, f"workers: no worker with id {missing[0]}.")
@@ -255,7 +265,8 @@ def submit_request(
     conn.execute(_INSERT_REQUEST, row)
     if req.workers:
         conn.execute(
-            insert(request_workers), [{"request_id": request_id, "worker_id": w} for w in req.workers]
+            insert(request_workers),
+            [{"request_id": request_id, "worker_id": w} for w in req.workers],
         )
     _enqueue(conn, row)
     view = request_view(row)
@@ -264,7 +275,10 @@ def submit_request(
 
 
 def _check_upfront(
-    req: TextRequest, user: RowMapping, quote: Callable[[TextRequest], float], upfront_max_length: int
+    req: TextRequest,
+    user: RowMapping,
+    quote: Callable[[TextRequest], float],
+    upfront_max_length: int,
 ) -> TextRequest:
     if req.max_length <= upfront_max_length:
         return req
@@ -325,7 +339,9 @@ def _get_request(conn: Connection, request_id: str, kind: str, lock: bool = Fals
     return row
 
 
-def request_status(conn: Connection, request_id: str, kind: str, now: float, rules: Rules) -> dict[str, Any]:
+def request_status(
+    conn: Connection, request_id: str, kind: str, now: float, rules: Rules
+) -> dict[str, Any]:
     """The raw parts of a status answer (see horde.service for its shape)."""
     req = _get_request(conn, request_id, kind)
     gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings().all()
@@ -343,7 +359,7 @@ def _queue_position(conn: Connection, req: RowMapping) -> int:
     anon, key = req["anonymous"], req["prio_key"]
     if req["models"]:
         table, rid = queue, queue.c.request_id
-        where = [queue.c.model.in_([*req["models"], ""])]
+        where: list[ColumnElement[bool]] = [queue.c.model.in_([*req["models"], ""])]
     else:  # any model: every waiting request competes
         table, rid = requests, requests.c.id
         where = [requests.c.state == "waiting", requests.c.remaining > 0]
@@ -352,7 +368,9 @@ def _queue_position(conn: Connection, req: RowMapping) -> int:
         select(count).where(*where, table.c.anonymous == anon, table.c.prio_key > key)
     ).scalar_one()
     if anon:  # every registered request comes first
-        ahead += conn.execute(select(count).where(*where, table.c.anonymous.is_(False))).scalar_one()
+        ahead += conn.execute(
+            select(count).where(*where, table.c.anonymous.is_(False))
+        ).scalar_one()
     return int(ahead)
 
 
@@ -371,7 +389,9 @@ def _end_request(conn: Connection, request_id: str, state: str, now: float) -> N
     """End a request: out of the queue, and its jobs still out are aborted
     (a late submit gets AbortedGen and charges nobody)."""
     conn.execute(
-        update(requests).where(requests.c.id == request_id).values(state=state, ended=now, remaining=0)
+        update(requests)
+        .where(requests.c.id == request_id)
+        .values(state=state, ended=now, remaining=0)
     )
     conn.execute(
         update(jobs)
@@ -420,7 +440,9 @@ def _validate_worker(conn: Connection, user: RowMapping, pop: PopRequest) -> Row
     if row is None:
         return None
     if row["user_id"] != user["id"]:
-        raise HordeError(RC.WrongCredentials, f"The worker name {pop.name!r} belongs to another user.")
+        raise HordeError(
+            RC.WrongCredentials, f"The worker name {pop.name!r} belongs to another user."
+        )
     if row["maintenance"]:
         raise HordeError(
             RC.WorkerMaintenance,
@@ -443,7 +465,9 @@ def _declaration(pop: PopRequest, now: float) -> dict[str, Any]:
     }
 
 
-def _touch_worker(conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules) -> None:
+def _touch_worker(
+    conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules
+) -> None:
     """Store the declaration of this pop: the worker is online from now."""
     values = _declaration(pop, now)
     gap = now - row["last_check_in"]
@@ -456,7 +480,11 @@ def update_worker(
     conn: Connection, key_hash: str, worker_id: str, maintenance: bool | None, rules: Rules
 ) -> dict[str, Any]:
     user = _user(conn, key_hash, rules)
-    row = conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update()).mappings().first()
+    row = (
+        conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update())
+        .mappings()
+        .first()
+    )
     if row is None:
         raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id}.")
     if row["user_id"] != user["id"] and not user["admin"]:
@@ -471,12 +499,23 @@ def update_worker(
     return {} if maintenance is None else {"maintenance": maintenance}
 
 
-def worker_details(conn: Connection, worker_id: str | None = None, name: str | None = None) -> RowMapping:
-    q = select(workers, users.c.trusted, users.c.username).join(users, users.c.id == workers.c.user_id)
-    q = q.where(workers.c.id == worker_id) if worker_id is not None else q.where(workers.c.name == name)
+def worker_details(
+    conn: Connection, worker_id: str | None = None, name: str | None = None
+) -> RowMapping:
+    q = select(workers, users.c.trusted, users.c.username).join(
+        users, users.c.id == workers.c.user_id
+    )
+    q = (
+        q.where(workers.c.id == worker_id)
+        if worker_id is not None
+        else q.where(workers.c.name == name)
+    )
     row = conn.execute(q).mappings().first()
     if row is None:
-        raise HordeError(RC.WorkerNotFound, f"No worker {'with id ' + worker_id if worker_id else 'named ' + repr(name)}.")
+        raise HordeError(
+            RC.WorkerNotFound,
+            f"No worker {'with id ' + worker_id if worker_id else 'named ' + repr(name)}.",
+        )
     return row
 
 
@@ -541,7 +580,9 @@ def pop_job(
 
 
 @functools.lru_cache(maxsize=64)
-def _candidate_statement(trusted: bool, slow: bool, nsfw: bool, skip_locked: bool, own: bool) -> Select[Any]:
+def _candidate_statement(
+    trusted: bool, slow: bool, nsfw: bool, skip_locked: bool, own: bool
+) -> Select[Any]:
     """The best queue row of one model a worker of this kind may take.
 
     Built once per combination of the worker's flags; ``model``,
@@ -552,7 +593,9 @@ def _candidate_statement(trusted: bool, slow: bool, nsfw: bool, skip_locked: boo
         request_workers.c.request_id == queue.c.request_id,
         request_workers.c.worker_id == bindparam("worker_id"),
     )
-    q = select(queue.c.request_id, queue.c.model, queue.c.anonymous, queue.c.prio_key, queue.c.created).where(
+    q = select(
+        queue.c.request_id, queue.c.model, queue.c.anonymous, queue.c.prio_key, queue.c.created
+    ).where(
         queue.c.model == bindparam("model"),
         queue.c.max_length <= bindparam("max_length"),
         queue.c.max_context_length <= bindparam("max_context_length"),
@@ -632,9 +675,11 @@ def _claim(
             cand = _best_candidate(conn, worker, owner_id, False, exclude)
         if cand is None:
             return None
-        claimed = conn.execute(
-            _CLAIM, {"rid": cand["request_id"], "expires": now + rules.request_expiry}
-        ).mappings().first()
+        claimed = (
+            conn.execute(_CLAIM, {"rid": cand["request_id"], "expires": now + rules.request_expiry})
+            .mappings()
+            .first()
+        )
         if claimed is None:
             exclude.add(cand["request_id"])
             continue
@@ -656,7 +701,9 @@ def _claim(
             },
         )
         payload = {**claimed["params"], "prompt": claimed["prompt"], "n": 1}
-        return PoppedJob(job_id, cand["request_id"], model, payload, claimed["softprompt"], rules.job_ttl)
+        return PoppedJob(
+            job_id, cand["request_id"], model, payload, claimed["softprompt"], rules.job_ttl
+        )
     return None
 
 
@@ -779,12 +826,18 @@ def _fault_job(
     conn: Connection, job: RowMapping, req: RowMapping, now: float, rules: Rules
 ) -> tuple[bool, bool]:
     """A job the worker gave up on. Returns (requeued, request ended)."""
-    conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="faulted", submitted=now, gen_state="faulted"))
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job["id"])
+        .values(state="faulted", submitted=now, gen_state="faulted")
+    )
     _count_abort(conn, job["worker_id"], now, rules)
     return _give_back(conn, req, now, rules, faulted=True)
 
 
-def _give_back(conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool) -> tuple[bool, bool]:
+def _give_back(
+    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool
+) -> tuple[bool, bool]:
     """Return a job's slot to its request: requeue it, or fault the request."""
     if req["state"] != "waiting":
         return False, False
@@ -804,7 +857,11 @@ def _give_back(conn: Connection, req: RowMapping, now: float, rules: Rules, faul
 
 
 def _count_abort(conn: Connection, worker_id: str, now: float, rules: Rules) -> None:
-    row = conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update()).mappings().one()
+    row = (
+        conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update())
+        .mappings()
+        .one()
+    )
     in_window = now - row["abort_window_start"] < ABORT_WINDOW_SECONDS
     aborts = row["aborts_in_window"] + 1 if in_window else 1
     conn.execute(
@@ -832,26 +889,44 @@ class SweepResult:
 
 def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
     """Expire leases and requests, purge ended requests past retention."""
-    expired = conn.execute(
-        select(jobs).where(jobs.c.state == "processing", jobs.c.lease_expires < now).with_for_update(skip_locked=True)
-    ).mappings().all()
+    expired = (
+        conn.execute(
+            select(jobs)
+            .where(jobs.c.state == "processing", jobs.c.lease_expires < now)
+            .with_for_update(skip_locked=True)
+        )
+        .mappings()
+        .all()
+    )
     requeued = 0
     ended: list[str] = []
     for job in expired:
         # Locks in the order submits take them: job, request, worker.
         conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
-        req = conn.execute(select(requests).where(requests.c.id == job["request_id"]).with_for_update()).mappings().one()
+        req = (
+            conn.execute(
+                select(requests).where(requests.c.id == job["request_id"]).with_for_update()
+            )
+            .mappings()
+            .one()
+        )
         was_requeued, was_ended = _give_back(conn, req, now, rules, faulted=False)
         _count_abort(conn, job["worker_id"], now, rules)
         requeued += was_requeued
         if was_ended:
             ended.append(req["id"])
-    stale = conn.execute(
-        select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now)
-    ).scalars().all()
+    stale = (
+        conn.execute(
+            select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now)
+        )
+        .scalars()
+        .all()
+    )
     for request_id in stale:
         busy = conn.execute(
-            select(jobs.c.id).where(jobs.c.request_id == request_id, jobs.c.state == "processing").limit(1)
+            select(jobs.c.id)
+            .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
+            .limit(1)
         ).first()
         if busy is None:
             _end_request(conn, request_id, "expired", now)

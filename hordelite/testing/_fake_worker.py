@@ -81,7 +81,9 @@ class FakeTextWorker:
         response.raise_for_status()
         return response.json()  # type: ignore[no-any-return]
 
-    async def submit(self, job_id: str, generation: str, state: str = "ok", **extra: Any) -> dict[str, Any]:
+    async def submit(
+        self, job_id: str, generation: str, state: str = "ok", **extra: Any
+    ) -> dict[str, Any]:
         body = {"id": job_id, "generation": generation, "state": state, **extra}
         response = await self.client.post("/generate/text/submit", json=body)
         response.raise_for_status()

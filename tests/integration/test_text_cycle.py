@@ -14,13 +14,18 @@ async def test_a_text_request_is_popped_generated_and_done() -> None:
     async with open_horde() as horde:
         requester = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
-        async with httpx.AsyncClient(base_url=horde.url) as client, FakeTextWorker(
-            horde.url, owner, models=["fake-model"]
-        ) as worker:
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, models=["fake-model"]) as worker,
+        ):
             r = await client.post(
                 "/api/v2/generate/text/async",
                 headers={"apikey": requester},
-                json={"prompt": "Once upon", "params": {"max_length": 40}, "models": ["fake-model"]},
+                json={
+                    "prompt": "Once upon",
+                    "params": {"max_length": 40},
+                    "models": ["fake-model"],
+                },
             )
             assert r.status_code == 202, r.text
             request_id = r.json()["id"]
