@@ -35,6 +35,14 @@ class RC(enum.Enum):
     TooManyStopSequences = (400, "Too many stop sequences were given.")
     ExcessiveStopSequence = (400, "A stop sequence is too long.")
     DuplicateGen = (400, "This generation has already been submitted.")
+    UnsupportedChatParameter = (400, "This request uses a parameter this horde does not support.")
+    ChatRequestInvalid = (400, "This chat request is not valid.")
+    ChatDeclarationInvalid = (400, "The chat declaration of this pop is not valid.")
+    ChatSubmitInvalid = (400, "This chat submit is not a valid reply.")
+    ChatSubmitNonconformant = (400, "This reply does not follow the request's contract.")
+    ChatModelMismatch = (400, "The submit names another model than the one the job was assigned.")
+    MaxKudosExceeded = (400, "This request would cost more than its horde.max_kudos.")
+    no_worker_supports_limit = (400, "No online worker serving this model accepts a request this large.")
     AbortedGen = (400, "This generation was aborted: its lease expired or the request ended.")
     # 401
     InvalidAPIKey = (401, "No user matching the sent API key.")
@@ -53,12 +61,18 @@ class RC(enum.Enum):
     WorkerNotFound = (404, "No worker with this id.")
     UserNotFound = (404, "No user with this id.")
     NotFound = (404, "No such route.")
+    model_not_found = (404, "The model does not exist on this horde.")
+    no_worker_supports_features = (404, "No online worker serving this model declares what this request needs.")
     # 405, 413, 429
     MethodNotAllowed = (405, "This method is not allowed on this route.")
+    OperationKeyReused = (409, "This Idempotency-Key was used for a different request.")
     PayloadTooLarge = (413, "The request body is larger than this horde accepts.")
     TooManyPrompts = (429, "You have too many requests in flight.")
     # 5xx
     InternalServerError = (500, "The horde failed unexpectedly.")
+    ChatWorkerFault = (502, "The worker could not serve this request.")
+    no_eligible_worker = (503, "No online worker serves this model.")
+    queue_unavailable = (503, "No eligible worker can take this request soon enough.")
     StorageUnavailable = (503, "The horde's database did not answer; try again shortly.")
 
 

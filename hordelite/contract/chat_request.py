@@ -1,0 +1,863 @@
+"""The chat request contract: an OpenAI chat-completions body plus ``horde``.
+
+One module for the native chat route and the OpenAI front (pure, no I/O):
+
+- ``parse_chat_request(body)`` validates and normalises the body, refusing
+  every unknown or unimplemented top-level key or value with 400
+  UnsupportedChatParameter naming it, and every shape OpenAI refuses with
+  OpenAI's message and ``param``;
+- ``required_chat_features(req)`` derives the capabilities and guarantees the
+  request needs (ADR 0036), computed once at submit and stored;
+- ``flatten_messages`` gives the prompt string the horde's estimates read;
+- ``truncate_oldest`` is the ``context_fit`` rewrite.
+
+A field at its documented default counts as omitted; keys in ``DEFAULT_NO_OPS``
+are dropped whatever their value, since they never change a reply; unknown keys
+inside messages and their parts, tool definitions and the tool_choice object
+are dropped (OpenAI ignores them there), while ``response_format``,
+``stream_options`` and ``horde`` refuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hordelite.contract._fields import parse_uuid
+from hordelite.contract.chat_features import ChatFeature, ChatGuarantee
+from hordelite.contract.limits import (
+    CHARS_PER_TOKEN_ESTIMATE,
+    MAX_CHAT_MESSAGES,
+    MAX_CHAT_STOP,
+    MAX_CHAT_TOOLS,
+    MAX_MAX_LENGTH,
+    MAX_MODELS,
+    MAX_NAME,
+    MAX_WORKER_IDS,
+)
+from hordelite.errors import RC, HordeError
+
+# Keys that never change a reply: dropped whatever their value.
+DEFAULT_NO_OPS = frozenset(
+    {"user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
+)
+
+# Top-level keys that are accepted only at their documented default, which
+# counts as omitted.
+_DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "modalities": (["text"],),
+    "function_call": (),
+    "functions": (),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+    "verbosity": (),
+}
+
+_KNOWN_TOP = frozenset(
+    {
+        "model",
+        "models",
+        "messages",
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "seed",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "stream",
+        "stream_options",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "reasoning_effort",
+        "horde",
+    }
+)
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+CONFORMANCE_MODES = ("strict", "best_effort")
+AVAILABILITY_MODES = ("wait", "fail_fast")
+CONTEXT_FITS = ("none", "truncate_oldest")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+# OpenAI's defaults, sent to every worker where the client left them out
+# (ADR 0033), so that an omission means the same on every backend.
+OPENAI_SAMPLING_DEFAULTS: dict[str, float] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+}
+# Backend samplers OpenAI does not have, neutralised.
+NEUTRAL_BACKEND_SAMPLERS: dict[str, float] = {"rep_pen": 1.0, "top_k": 0, "min_p": 0.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class HordeOptions:
+    """The request's ``horde`` object."""
+
+    conformance: str = "strict"
+    availability_mode: str = "wait"
+    include_reasoning: bool = True
+    max_kudos: float | None = None
+    context_fit: str = "none"
+    openai_guards: bool = False
+    workers: tuple[str, ...] = ()
+    worker_blacklist: bool = False
+    trusted_workers: bool = False
+    slow_workers: bool = True
+
+    @property
+    def strict(self) -> bool:
+        return self.conformance == "strict"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    """A validated chat body. ``messages`` are normalised (developer sent as
+    system, unknown keys dropped); sampling values are the client's, with
+    OpenAI's defaults where it left them out."""
+
+    models: tuple[str, ...]
+    messages: list[dict[str, Any]]
+    sampling: dict[str, float]
+    max_length: int | None  # None: as long as the serving worker allows
+    stop: list[str] | None
+    seed: int | None
+    reasoning_effort: str | None
+    tools: list[dict[str, Any]] | None
+    tool_choice: str | dict[str, Any] | None
+    parallel_tool_calls: bool
+    response_format: dict[str, Any] | None
+    stream: bool
+    include_usage: bool
+    horde: HordeOptions
+    has_images: bool
+
+    @property
+    def forwards_tools(self) -> bool:
+        """Tools reach the worker (ADR 0036 narrowing: none sends no tools)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def named_function(self) -> str | None:
+        if isinstance(self.tool_choice, dict):
+            return str(self.tool_choice["function"]["name"])
+        return None
+
+    @property
+    def response_type(self) -> str:
+        return (self.response_format or {}).get("type", "text")
+
+    def fingerprint(self) -> str:
+        """A digest of what was asked: reordering ``models`` does not change it."""
+        data = dataclasses.asdict(self)
+        data["models"] = sorted(self.models)
+        raw = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form; ``from_json`` reads it back."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ChatRequest:
+        fields = dict(data)
+        fields["models"] = tuple(fields["models"])
+        h = dict(fields["horde"])
+        h["workers"] = tuple(h["workers"])
+        fields["horde"] = HordeOptions(**h)
+        return cls(**fields)
+
+
+# Errors ----------------------------------------------------------------------
+
+
+def unsupported(param: str, message: str | None = None) -> HordeError:
+    """400 UnsupportedChatParameter naming the key."""
+    return HordeError(
+        RC.UnsupportedChatParameter,
+        message or f"Unsupported parameter: {param!r} is not supported by this horde.",
+        param=param,
+    )
+
+
+def invalid(param: str, message: str) -> HordeError:
+    """400 for a value of the wrong type or out of range, naming the key."""
+    return HordeError(RC.BadRequest, message, param=param, errors={param: message})
+
+
+def openai_refusal(param: str | None, message: str) -> HordeError:
+    """A shape OpenAI refuses, with OpenAI's message and param."""
+    return HordeError(RC.ChatRequestInvalid, message, param=param)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+# Parsing ---------------------------------------------------------------------
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validate a chat body; raises HordeError naming the offending key."""
+    if not isinstance(body, Mapping):
+        raise invalid("body", f"Expected a JSON object as the body, got {_type_name(body)}.")
+    for key, value in body.items():
+        if key in DEFAULT_NO_OPS or key in _KNOWN_TOP:
+            continue
+        if key in _DEFAULT_ONLY:
+            if value is None or value in _DEFAULT_ONLY[key]:
+                continue
+            raise unsupported(key, f"Unsupported parameter: {key!r} is supported only at its default.")
+        raise unsupported(key, f"Unrecognized request argument supplied: {key}")
+    messages, has_images = _parse_messages(body.get("messages"))
+    tools = _parse_tools(body.get("tools"))
+    tool_choice = _parse_tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None:
+        if not isinstance(parallel, bool):
+            raise invalid("parallel_tool_calls", "Invalid type for 'parallel_tool_calls': expected a boolean.")
+        if not tools:
+            raise openai_refusal(
+                "parallel_tool_calls",
+                "Invalid value for 'parallel_tool_calls': 'parallel_tool_calls' is only allowed when 'tools' are specified.",
+            )
+    response_format = _parse_response_format(body.get("response_format"))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise invalid("stream", "Invalid type for 'stream': expected a boolean.")
+    include_usage = _parse_stream_options(body.get("stream_options"), bool(stream))
+    horde = _parse_horde(body.get("horde"))
+    req = ChatRequest(
+        models=_parse_models(body),
+        messages=messages,
+        sampling=_parse_sampling(body),
+        max_length=_parse_max_length(body),
+        stop=_parse_stop(body.get("stop")),
+        seed=_parse_seed(body.get("seed")),
+        reasoning_effort=_parse_enum(body, "reasoning_effort", REASONING_EFFORTS),
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=True if parallel is None else parallel,
+        response_format=response_format,
+        stream=bool(stream),
+        include_usage=include_usage,
+        horde=horde,
+        has_images=has_images,
+    )
+    _check_tool_history(messages)
+    if horde.openai_guards and req.response_type == "json_object":
+        if not any("json" in _message_text(m).lower() for m in messages):
+            raise openai_refusal(
+                "messages",
+                "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'.",
+            )
+    return req
+
+
+def _parse_models(body: Mapping[str, Any]) -> tuple[str, ...]:
+    model, models = body.get("model"), body.get("models")
+    if model is not None and models is not None:
+        raise unsupported("models", "Send either 'model' or 'models', not both.")
+    if models is None:
+        if not isinstance(model, str) or not model:
+            raise invalid("model", "'model' is required: a model name.")
+        if len(model) > MAX_NAME:
+            raise invalid("model", f"'model' is longer than {MAX_NAME} characters.")
+        return (model,)
+    if not isinstance(models, list) or not models:
+        raise invalid("models", "'models' must be a non-empty array of model names.")
+    if len(models) > MAX_MODELS:
+        raise invalid("models", f"'models' has more than {MAX_MODELS} entries.")
+    for i, name in enumerate(models):
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+            raise invalid(f"models[{i}]", f"'models[{i}]' must be a model name.")
+    return tuple(dict.fromkeys(models))
+
+
+def _number(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid(key, f"Invalid type for '{key}': expected a number, but got {_type_name(value)} instead.")
+    if not lo <= value <= hi:
+        raise invalid(key, f"Invalid '{key}': {value} is outside {lo} to {hi}.")
+    return float(value)
+
+
+def _parse_sampling(body: Mapping[str, Any]) -> dict[str, float]:
+    bounds = {
+        "temperature": (0.0, 2.0),
+        "top_p": (0.0, 1.0),
+        "frequency_penalty": (-2.0, 2.0),
+        "presence_penalty": (-2.0, 2.0),
+    }
+    sampling = dict(OPENAI_SAMPLING_DEFAULTS)
+    for key, (lo, hi) in bounds.items():
+        value = _number(body, key, lo, hi)
+        if value is not None:
+            sampling[key] = value
+    return sampling
+
+
+def _parse_max_length(body: Mapping[str, Any]) -> int | None:
+    found: list[int] = []
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise invalid(key, f"Invalid type for '{key}': expected an integer, but got {_type_name(value)} instead.")
+        if not 1 <= value <= MAX_MAX_LENGTH:
+            raise invalid(key, f"Invalid '{key}': {value} is outside 1 to {MAX_MAX_LENGTH}.")
+        found.append(value)
+    # Both bound the reply: the smaller one is the budget.
+    return min(found) if found else None
+
+
+def _parse_stop(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop", "Invalid type for 'stop': expected a string or an array of strings.")
+    if len(stops) > MAX_CHAT_STOP:
+        raise invalid("stop", f"Invalid 'stop': at most {MAX_CHAT_STOP} sequences are allowed.")
+    if any(not s or len(s) > 1000 for s in stops):
+        raise invalid("stop", "Invalid 'stop': each sequence must be 1 to 1000 characters.")
+    return stops or None
+
+
+def _parse_seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid("seed", f"Invalid type for 'seed': expected an integer, but got {_type_name(value)} instead.")
+    if not -(2**63) <= value < 2**63:
+        raise invalid("seed", "Invalid 'seed': outside the 64-bit integer range.")
+    return value
+
+
+def _parse_enum(body: Mapping[str, Any], key: str, values: Sequence[str]) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if value not in values:
+        raise unsupported(key, f"Invalid value for '{key}': {value!r}; supported values are {', '.join(values)}.")
+    return str(value)
+
+
+# Messages --------------------------------------------------------------------
+
+
+def _parse_messages(value: Any) -> tuple[list[dict[str, Any]], bool]:
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", "'messages' is required: a non-empty array of messages.")
+    if len(value) > MAX_CHAT_MESSAGES:
+        raise invalid("messages", f"'messages' has more than {MAX_CHAT_MESSAGES} entries.")
+    out: list[dict[str, Any]] = []
+    has_images = False
+    for i, raw in enumerate(value):
+        message, images = _parse_message(raw, f"messages[{i}]")
+        has_images |= images
+        out.append(message)
+    return out, has_images
+
+
+def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
+    if not isinstance(raw, Mapping):
+        raise invalid(where, f"Invalid type for '{where}': expected an object, but got {_type_name(raw)} instead.")
+    role = raw.get("role")
+    if role not in _ROLES:
+        raise invalid(f"{where}.role", f"Invalid value for '{where}.role': {role!r}; expected one of {', '.join(_ROLES)}.")
+    # A developer message is stored and sent as system (ADR 0033).
+    message: dict[str, Any] = {"role": "system" if role == "developer" else role}
+    if raw.get("tool_calls") is not None and role != "assistant":
+        raise openai_refusal(
+            f"{where}.tool_calls",
+            f"Invalid parameter: only messages with role 'assistant' can have 'tool_calls'; '{where}' has role '{role}'.",
+        )
+    has_images = False
+    content = raw.get("content")
+    if role == "assistant":
+        calls = _parse_tool_calls(raw.get("tool_calls"), f"{where}.tool_calls")
+        if calls:
+            message["tool_calls"] = calls
+        if content is None and not calls:
+            raise invalid(f"{where}.content", f"'{where}.content' is required unless 'tool_calls' is given.")
+    elif content is None:
+        raise invalid(f"{where}.content", f"'{where}.content' is required.")
+    if content is not None:
+        message["content"], has_images = _parse_content(content, f"{where}.content", allow_images=role == "user")
+    if role == "tool":
+        call_id = raw.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid(f"{where}.tool_call_id", f"'{where}.tool_call_id' is required for a tool message.")
+        message["tool_call_id"] = call_id
+    name = raw.get("name")
+    if name is not None and role != "tool":
+        if not isinstance(name, str) or len(name) > 64:
+            raise invalid(f"{where}.name", f"'{where}.name' must be a string of at most 64 characters.")
+        message["name"] = name
+    return message, has_images
+
+
+def _parse_content(value: Any, where: str, allow_images: bool) -> tuple[str | list[dict[str, Any]], bool]:
+    if isinstance(value, str):
+        return value, False
+    if not isinstance(value, list):
+        raise invalid(where, f"Invalid type for '{where}': expected a string or an array of parts.")
+    parts: list[dict[str, Any]] = []
+    has_images = False
+    for i, part in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(part, Mapping):
+            raise invalid(at, f"Invalid type for '{at}': expected an object.")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise invalid(f"{at}.text", f"'{at}.text' must be a string.")
+            parts.append({"type": "text", "text": text})
+        elif kind == "image_url" and allow_images:
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, Mapping) else None
+            if not isinstance(url, str) or not url.startswith(("https://", "http://", "data:image/")):
+                raise invalid(f"{at}.image_url.url", f"'{at}.image_url.url' must be an http(s) or data:image/ URL.")
+            entry: dict[str, Any] = {"url": url}
+            detail = image.get("detail")  # type: ignore[union-attr]
+            if detail in ("auto", "low", "high"):
+                entry["detail"] = detail
+            parts.append({"type": "image_url", "image_url": entry})
+            has_images = True
+        else:
+            raise unsupported(f"{at}.type", f"Unsupported content part type {kind!r} in '{at}'.")
+    return parts, has_images
+
+
+def _parse_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid(where, f"Invalid type for '{where}': expected an array.")
+    calls = []
+    for i, call in enumerate(value):
+        at = f"{where}[{i}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(call, Mapping) or not isinstance(function, Mapping):
+            raise invalid(at, f"'{at}' must be an object with a 'function'.")
+        call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments", "")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid(f"{at}.id", f"'{at}.id' is required.")
+        if not isinstance(name, str) or not name:
+            raise invalid(f"{at}.function.name", f"'{at}.function.name' is required.")
+        if not isinstance(arguments, str):
+            raise invalid(f"{at}.function.arguments", f"'{at}.function.arguments' must be a string.")
+        calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+    return calls
+
+
+def _check_tool_history(messages: list[dict[str, Any]]) -> None:
+    """Every call must be answered by tool messages right after its assistant
+    message, and every tool message must answer such a call (OpenAI's rule)."""
+    pending: dict[str, int] = {}
+    opener = -1
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if role == "tool":
+            if message["tool_call_id"] not in pending:
+                raise openai_refusal(
+                    f"messages.[{i}].role",
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.",
+                )
+            del pending[message["tool_call_id"]]
+            continue
+        if pending:
+            raise openai_refusal(
+                f"messages.[{opener}].role",
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(pending)}",
+            )
+        if role == "assistant" and message.get("tool_calls"):
+            pending = {call["id"]: i for call in message["tool_calls"]}
+            opener = i
+    if pending:
+        raise openai_refusal(
+            f"messages.[{opener}].role",
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(pending)}",
+        )
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return ""
+
+
+# Tools and formats -------------------------------------------------------------
+
+
+def _parse_tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise invalid("tools", "Invalid type for 'tools': expected an array.")
+    if len(value) > MAX_CHAT_TOOLS:
+        raise invalid("tools", f"Invalid 'tools': at most {MAX_CHAT_TOOLS} tools are allowed.")
+    tools = []
+    names: set[str] = set()
+    for i, tool in enumerate(value):
+        at = f"tools[{i}]"
+        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+            raise unsupported(f"{at}.type", f"Unsupported tool type in '{at}': only 'function' tools are supported.")
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            raise invalid(f"{at}.function", f"'{at}.function' is required.")
+        name = function.get("name")
+        if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+            raise invalid(f"{at}.function.name", f"Invalid '{at}.function.name': must match ^[a-zA-Z0-9_-]{{1,64}}$.")
+        if name in names:
+            raise openai_refusal(f"{at}.function.name", f"Invalid 'tools': duplicate function name {name!r}.")
+        names.add(name)
+        out: dict[str, Any] = {"name": name}
+        description = function.get("description")
+        if description is not None:
+            if not isinstance(description, str):
+                raise invalid(f"{at}.function.description", f"'{at}.function.description' must be a string.")
+            out["description"] = description
+        parameters = function.get("parameters")
+        if parameters is not None:
+            if not isinstance(parameters, Mapping):
+                raise invalid(f"{at}.function.parameters", f"'{at}.function.parameters' must be a JSON Schema object.")
+            out["parameters"] = dict(parameters)
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise invalid(f"{at}.function.strict", f"'{at}.function.strict' must be a boolean.")
+        if strict:
+            out["strict"] = True
+            _check_strict_schema(
+                out.get("parameters", {}), f"{at}.function.parameters", f"Invalid schema for function '{name}'"
+            )
+        # Unknown keys inside a tool definition are dropped, as OpenAI does.
+        tools.append({"type": "function", "function": out})
+    return tools or None
+
+
+def _parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
+    if value is None:
+        return None
+    if not tools:
+        raise openai_refusal(
+            "tool_choice",
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+        )
+    if value in ("none", "auto", "required"):
+        return str(value)
+    function = value.get("function") if isinstance(value, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(value, Mapping) or value.get("type", "function") != "function" or not isinstance(name, str):
+        raise invalid(
+            "tool_choice",
+            "Invalid 'tool_choice': expected 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}.",
+        )
+    if name not in {t["function"]["name"] for t in tools}:
+        raise openai_refusal(
+            "tool_choice", f"Invalid value for 'tool_choice': no function named {name!r} was specified in 'tools'."
+        )
+    # Unknown keys of the tool_choice object are dropped.
+    return {"type": "function", "function": {"name": name}}
+
+
+def _parse_response_format(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise invalid("response_format", "Invalid type for 'response_format': expected an object.")
+    kind = value.get("type")
+    allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+    if kind not in allowed:
+        raise unsupported("response_format.type", f"Invalid value for 'response_format.type': {kind!r}.")
+    for key in value:
+        if key not in allowed[kind]:
+            raise unsupported(f"response_format.{key}", f"Unrecognized argument 'response_format.{key}'.")
+    if kind == "text":
+        return None  # the default: counts as omitted
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec = value.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise invalid("response_format.json_schema", "'response_format.json_schema' is required for type json_schema.")
+    for key in spec:
+        if key not in ("name", "schema", "strict", "description"):
+            raise unsupported(
+                f"response_format.json_schema.{key}", f"Unrecognized argument 'response_format.json_schema.{key}'."
+            )
+    name = spec.get("name")
+    if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+        raise invalid(
+            "response_format.json_schema.name",
+            "Invalid 'response_format.json_schema.name': must match ^[a-zA-Z0-9_-]{1,64}$.",
+        )
+    out: dict[str, Any] = {"name": name}
+    schema = spec.get("schema")
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            raise invalid("response_format.json_schema.schema", "'response_format.json_schema.schema' must be an object.")
+        out["schema"] = dict(schema)
+    description = spec.get("description")
+    if isinstance(description, str):
+        out["description"] = description
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise invalid("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean.")
+    if strict:
+        out["strict"] = True
+        _check_strict_schema(out.get("schema", {}), "response_format", f"Invalid schema for response_format '{name}'")
+    return {"type": "json_schema", "json_schema": out}
+
+
+def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, ...] = ()) -> None:
+    """OpenAI's strict-mode rules: every object closed, every property required."""
+    if isinstance(schema, list):
+        for item in schema:
+            _check_strict_schema(item, param, prefix, path)
+        return
+    if not isinstance(schema, Mapping):
+        return
+    context = "(" + ", ".join(repr(p) for p in path) + (",)" if len(path) == 1 else ")")
+    is_object = schema.get("type") == "object" or (isinstance(schema.get("type"), list) and "object" in schema["type"])
+    if is_object or "properties" in schema:
+        if schema.get("additionalProperties") is not False:
+            raise openai_refusal(
+                param, f"{prefix}: In context={context}, 'additionalProperties' is required to be supplied and to be false."
+            )
+        properties = schema.get("properties") or {}
+        required = schema.get("required")
+        missing = [key for key in properties if not isinstance(required, list) or key not in required]
+        if missing:
+            raise openai_refusal(
+                param,
+                f"{prefix}: In context={context}, 'required' is required to be supplied and to be an array "
+                f"including every key in properties. Missing '{missing[0]}'.",
+            )
+    for key, sub in schema.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(sub, Mapping):
+            for name, child in sub.items():
+                _check_strict_schema(child, param, prefix, (*path, key, name))
+        elif key in ("items", "anyOf", "allOf", "oneOf", "prefixItems", "not"):
+            _check_strict_schema(sub, param, prefix, (*path, key))
+
+
+def _parse_stream_options(value: Any, stream: bool) -> bool:
+    if value is None:
+        return False
+    if not stream:
+        raise openai_refusal(
+            "stream_options",
+            "Invalid value for 'stream_options': 'stream_options' is only allowed when 'stream' is true.",
+        )
+    if not isinstance(value, Mapping):
+        raise invalid("stream_options", "Invalid type for 'stream_options': expected an object.")
+    for key in value:
+        if key != "include_usage":
+            raise unsupported(f"stream_options.{key}", f"Unrecognized argument 'stream_options.{key}'.")
+    include = value.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise invalid("stream_options.include_usage", "'stream_options.include_usage' must be a boolean.")
+    return include
+
+
+# The horde object ---------------------------------------------------------------
+
+_HORDE_KEYS = frozenset(
+    {
+        "conformance",
+        "availability_mode",
+        "include_reasoning",
+        "max_kudos",
+        "context_fit",
+        "openai_guards",
+        "workers",
+        "worker_blacklist",
+        "trusted_workers",
+        "slow_workers",
+    }
+)
+
+
+def _parse_horde(value: Any) -> HordeOptions:
+    if value is None:
+        return HordeOptions()
+    if not isinstance(value, Mapping):
+        raise invalid("horde", "Invalid type for 'horde': expected an object.")
+    for key in value:
+        if key not in _HORDE_KEYS:
+            raise unsupported(f"horde.{key}", f"Unrecognized request argument supplied: horde.{key}")
+
+    def flag(key: str, default: bool) -> bool:
+        v = value.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise invalid(f"horde.{key}", f"'horde.{key}' must be a boolean.")
+        return v
+
+    def choice(key: str, values: Sequence[str]) -> str:
+        v = value.get(key)
+        if v is None:
+            return values[0]
+        if v not in values:
+            raise unsupported(f"horde.{key}", f"Invalid value for 'horde.{key}': {v!r}; supported values are {', '.join(values)}.")
+        return str(v)
+
+    max_kudos = _number(value, "max_kudos", 0, 1e12)
+    workers = value.get("workers") or []
+    if not isinstance(workers, list) or len(workers) > MAX_WORKER_IDS:
+        raise invalid("horde.workers", f"'horde.workers' must be an array of at most {MAX_WORKER_IDS} worker ids.")
+    ids = []
+    for i, w in enumerate(workers):
+        wid = parse_uuid(w)
+        if wid is None:
+            raise invalid(f"horde.workers[{i}]", f"'horde.workers[{i}]' is not a worker id (a UUID).")
+        ids.append(wid)
+    return HordeOptions(
+        conformance=choice("conformance", CONFORMANCE_MODES),
+        availability_mode=choice("availability_mode", AVAILABILITY_MODES),
+        include_reasoning=flag("include_reasoning", True),
+        max_kudos=max_kudos,
+        context_fit=choice("context_fit", CONTEXT_FITS),
+        openai_guards=flag("openai_guards", False),
+        workers=tuple(dict.fromkeys(ids)),
+        worker_blacklist=flag("worker_blacklist", False),
+        trusted_workers=flag("trusted_workers", False),
+        slow_workers=flag("slow_workers", True),
+    )
+
+
+# Requirements ------------------------------------------------------------------
+
+
+def required_chat_features(req: ChatRequest) -> list[str]:
+    """The capabilities and guarantees a worker must declare (ADR 0036).
+
+    A field at its default is absent. Guarantees are required only under
+    strict; single_tool_call_enforced never is (the horde keeps the first
+    call itself).
+    """
+    needed: list[ChatFeature | ChatGuarantee] = []
+    if req.seed is not None:
+        needed.append(ChatFeature.seed)
+    if req.sampling["presence_penalty"] != 0:
+        needed.append(ChatFeature.presence_penalty)
+    if req.sampling["frequency_penalty"] != 0:
+        needed.append(ChatFeature.frequency_penalty)
+    if req.reasoning_effort is not None:
+        needed.append(ChatFeature.reasoning_effort)
+    if req.has_images:
+        needed.append(ChatFeature.vision)
+    history_has_tools = any(m.get("tool_calls") or m["role"] == "tool" for m in req.messages)
+    if req.forwards_tools or history_has_tools:
+        needed.append(ChatFeature.tools)
+    if req.response_type == "json_object":
+        needed.append(ChatFeature.json_object)
+    if req.response_type == "json_schema":
+        needed.append(ChatFeature.json_schema)
+    if req.forwards_tools and req.response_format is not None:
+        needed.append(ChatFeature.tools_with_response_format)
+    if req.horde.strict:
+        needed.append(ChatGuarantee.prompt_overflow_refused)
+        if req.forwards_tools and (req.tool_choice == "required" or req.named_function):
+            needed.append(ChatGuarantee.tool_choice_enforced)
+        if req.response_type == "json_schema" and req.response_format["json_schema"].get("strict"):  # type: ignore[index]
+            needed.append(ChatGuarantee.structured_output_enforced)
+    return [f.name for f in needed]
+
+
+def tools_temperature(req: ChatRequest) -> float | None:
+    """The temperature a worker's tools_max_temperature is compared with:
+    the request's, when tools reach the worker; None otherwise."""
+    return req.sampling["temperature"] if req.forwards_tools else None
+
+
+# Flattened prompt and context fit ---------------------------------------------------
+
+
+def flatten_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The conversation as one string: what the horde's estimates read.
+
+    Never sent to a worker. Tool definitions count, as templates render them.
+    """
+    lines = []
+    for message in messages:
+        text = _message_text(message)
+        for call in message.get("tool_calls") or ():
+            text += f"\n{call['function']['name']}({call['function']['arguments']})"
+        lines.append(f"{message['role']}: {text}")
+    if tools:
+        lines.append("tools: " + json.dumps(tools, separators=(",", ":")))
+    return "\n".join(lines)
+
+
+def estimate_tokens(text: str) -> int:
+    """The horde's context estimate: 3 characters per token (no tokenizer)."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN_ESTIMATE)
+
+
+def truncate_oldest(
+    messages: list[dict[str, Any]], budget_tokens: int, tools: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]] | None:
+    """Drop the oldest whole turns until the conversation fits ``budget_tokens``.
+
+    Keeps every system message and the latest user turn; a turn is a user
+    message with the assistant and tool messages after it, so a tool call is
+    never separated from its answers. Returns the kept messages, or None when
+    even the minimum does not fit.
+    """
+    turns: list[list[int]] = []
+    for i, message in enumerate(messages):
+        if message["role"] == "system":
+            continue
+        if message["role"] == "user" or not turns:
+            turns.append([i])
+        else:
+            turns[-1].append(i)
+    dropped: set[int] = set()
+    for turn in turns[:-1]:
+        kept = [m for i, m in enumerate(messages) if i not in dropped]
+        if estimate_tokens(flatten_messages(kept, tools)) <= budget_tokens:
+            return kept
+        dropped.update(turn)
+    kept = [m for i, m in enumerate(messages) if i not in dropped]
+    if estimate_tokens(flatten_messages(kept, tools)) <= budget_tokens:
+        return kept
+    return None
