@@ -36,6 +36,10 @@ class StorageConfig:
     database: str = "./hordelite.db"
     # Threads (and connections) running queries.
     pool_size: int = 4
+    # SQLite only: "inline" runs each (sub-millisecond) transaction on the
+    # event loop's thread, "threads" hands each to a thread. PostgreSQL always
+    # uses threads.
+    executor: str = "inline"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +153,8 @@ def _check(config: Config) -> None:
         raise ConfigError(
             f"storage.database: must be a file path or a postgresql:// URL, got {st.database!r}"
         )
+    if st.executor not in ("inline", "threads"):
+        raise ConfigError(f"storage.executor: must be inline or threads, got {st.executor!r}")
     if not 1 <= st.pool_size <= 64:
         raise ConfigError(f"storage.pool_size: must be 1 to 64, got {st.pool_size}")
     for key in ("job_ttl", "request_expiry", "retention", "worker_online", "sweep_interval"):

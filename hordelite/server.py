@@ -78,7 +78,7 @@ async def _serve_http_until(
 async def open_server(
     config: Config, *, clock: Clock | None = None, signals: Signals | None = None
 ) -> AsyncIterator[RunningHorde]:
-    db = Database(config.storage.database, config.storage.pool_size)
+    db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
     try:
         horde = Horde(config, db, clock=clock, signals=signals)
         await anyio.to_thread.run_sync(horde.migrate)

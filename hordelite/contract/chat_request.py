@@ -161,7 +161,7 @@ class ChatRequest:
 
     @property
     def response_type(self) -> str:
-        return (self.response_format or {}).get("type", "text")
+        return str((self.response_format or {}).get("type", "text"))
 
     def fingerprint(self) -> str:
         """A digest of what was asked: reordering ``models`` does not change it."""
@@ -605,7 +605,7 @@ def _parse_response_format(value: Any) -> dict[str, Any] | None:
         raise invalid("response_format", "Invalid type for 'response_format': expected an object.")
     kind = value.get("type")
     allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:
         raise unsupported("response_format.type", f"Invalid value for 'response_format.type': {kind!r}.")
     for key in value:
         if key not in allowed[kind]:
@@ -661,7 +661,7 @@ def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, 
             raise openai_refusal(
                 param, f"{prefix}: In context={context}, 'additionalProperties' is required to be supplied and to be false."
             )
-        properties = schema.get("properties") or {}
+        properties = schema["properties"] if isinstance(schema.get("properties"), Mapping) else {}
         required = schema.get("required")
         missing = [key for key in properties if not isinstance(required, list) or key not in required]
         if missing:

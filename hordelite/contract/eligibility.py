@@ -25,6 +25,14 @@ class WorkerView:
     maintenance: bool
     tokens_generated: float
     seconds_generating: float
+    # The chat declaration (chat_model None: the worker takes no chat jobs).
+    prompt_jobs: bool = True
+    chat_model: str | None = None
+    chat_features: tuple[str, ...] = ()
+    chat_mask: int = 0
+    chat_max_context_length: int = 0
+    chat_max_length: int = 0
+    tools_max_temperature: float | None = None
 
     @property
     def speed(self) -> float:
@@ -48,22 +56,67 @@ class RequestView:
     nsfw: bool
     worker_ids: tuple[str, ...]
     worker_blacklist: bool
+    kind: str = "text"
+    features: int = 0  # required chat features (a mask)
+    context_tokens: int = 0  # the conversation's estimate, for chat
+    tools_temperature: float | None = None  # set when tools reach the worker
+
+
+# Reasons a chat request passes over a worker that serves its model; the
+# status reports the first two kinds as its impossible_reason.
+DECLARATION_GAPS = ("chat_features", "tools_max_temperature")
+LIMIT_GAPS = ("max_context_length", "max_length")
 
 
 def skip_reason(worker: WorkerView, request: RequestView) -> str | None:
     """Why this worker cannot take this request (a ``skipped`` key), or None."""
-    if request.worker_ids:
-        listed = worker.id in request.worker_ids
-        if request.worker_blacklist and listed:
-            return "blacklist"
-        if not request.worker_blacklist and not listed:
-            return "worker_id"
+    reason = _restriction(worker, request)
+    if reason is not None:
+        return reason
+    if request.kind == "chat":
+        return chat_gap(worker, request)
+    if not worker.prompt_jobs:
+        return "prompt_jobs"
     if request.models and not set(request.models) & set(worker.models):
         return "models"
     if request.max_context_length > worker.max_context_length:
         return "max_context_length"
     if request.max_length > worker.max_length:
         return "max_length"
+    return None
+
+
+def chat_gap(worker: WorkerView, request: RequestView) -> str | None:
+    """Why a chat request cannot go to this worker, or None.
+
+    "models": the worker does not serve a model of the request as a chat
+    model; then a declaration gap (DECLARATION_GAPS) before a limit gap
+    (LIMIT_GAPS), as the status reports them.
+    """
+    if worker.chat_model is None or worker.chat_model not in request.models:
+        return "models"
+    if request.features & ~worker.chat_mask:
+        return "chat_features"
+    if (
+        request.tools_temperature is not None
+        and worker.tools_max_temperature is not None
+        and request.tools_temperature > worker.tools_max_temperature
+    ):
+        return "tools_max_temperature"
+    if request.max_length > worker.chat_max_length:
+        return "max_length"
+    if request.context_tokens + request.max_length > worker.chat_max_context_length:
+        return "max_context_length"
+    return None
+
+
+def _restriction(worker: WorkerView, request: RequestView) -> str | None:
+    if request.worker_ids:
+        listed = worker.id in request.worker_ids
+        if request.worker_blacklist and listed:
+            return "blacklist"
+        if not request.worker_blacklist and not listed:
+            return "worker_id"
     if request.trusted_workers and not worker.trusted:
         return "untrusted"
     if request.nsfw and not worker.nsfw:

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from hordelite.contract import _fields as f
+from hordelite.contract.chat_declaration import ChatDeclaration, parse_chat_declaration
 from hordelite.contract.limits import (
     DEFAULT_MAX_CONTEXT_LENGTH,
     DEFAULT_MAX_LENGTH,
@@ -204,6 +205,8 @@ class PopRequest:
     extra_slow_worker: bool
     wait: float  # long-poll seconds; 0 is the AI Horde's immediate answer
     priority_usernames: tuple[str, ...]
+    chat: ChatDeclaration | None = None  # absent: the worker takes no chat jobs
+    prompt_jobs: bool = True  # false: chat jobs only
 
 
 def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
@@ -211,12 +214,13 @@ def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
     name = f.get_str(body, "name", "name", MAX_NAME).strip()
     if not name:
         raise bad_request("name", "must not be empty")
-    models = f.get_str_list(body, "models", "models", MAX_MODELS, MAX_NAME)
+    models = tuple(dict.fromkeys(f.get_str_list(body, "models", "models", MAX_MODELS, MAX_NAME)))
     if not models:
         raise bad_request("models", "must name at least one model")
+    chat, prompt_jobs = parse_chat_declaration(body, models)
     return PopRequest(
         name=name,
-        models=tuple(dict.fromkeys(models)),
+        models=models,
         max_length=f.get_int(
             body, "max_length", "max_length", 1, MAX_MAX_LENGTH, DEFAULT_MAX_LENGTH
         ),
@@ -237,6 +241,8 @@ def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
         priority_usernames=tuple(
             f.get_str_list(body, "priority_usernames", "priority_usernames", 100, MAX_NAME)
         ),
+        chat=chat,
+        prompt_jobs=prompt_jobs,
     )
 
 

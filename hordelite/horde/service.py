@@ -7,11 +7,13 @@ raises HordeError for every refusal; routes only render.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import math
 import secrets
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -39,6 +41,47 @@ from hordelite.storage.migrations import upgrade
 
 # Model statistics are an aggregate over the queue: cached this long.
 MODEL_STATS_TTL = 2.0
+
+
+def new_text_request(
+    req: TextRequest, quote: Callable[[TextRequest], float], operation_key: str | None = None
+) -> q.NewRequest:
+    """What storage queues for a validated text request (and its
+    allow_downgrade alternative at the up-front threshold)."""
+
+    def build(r: TextRequest) -> q.NewRequest:
+        return q.NewRequest(
+            kind="text",
+            prompt=r.prompt,
+            params=r.params,
+            models=r.models,
+            workers=r.workers,
+            worker_blacklist=r.worker_blacklist,
+            trusted_workers=r.trusted_workers,
+            slow_workers=r.slow_workers,
+            nsfw=r.nsfw,
+            n=r.n,
+            max_length=r.max_length,
+            max_context_length=r.max_context_length,
+            quote=quote(r),
+            softprompt=r.softprompt,
+            proxied_account=r.proxied_account,
+            webhook=r.webhook,
+            operation_key=operation_key,
+            fingerprint=_fingerprint(dataclasses.asdict(r)) if operation_key else None,
+        )
+
+    new = build(req)
+    if req.allow_downgrade and req.max_length > UPFRONT_MAX_LENGTH:
+        lowered = {**req.params, "max_length": UPFRONT_MAX_LENGTH}
+        low = dataclasses.replace(req, max_length=UPFRONT_MAX_LENGTH, params=lowered)
+        new = dataclasses.replace(new, downgrade=build(low))
+    return new
+
+
+def _fingerprint(data: Any) -> str:
+    raw = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()
 
 
 def hash_key(api_key: str) -> str:
@@ -109,37 +152,31 @@ class Horde:
         sizes = [self.models.billions(m) for m in req.models] or [self.models.billions("")]
         return kudos_rules.request_quote(req.max_length, req.n, max(sizes))
 
-    async def submit_text(self, api_key: str, body: Any, client_agent: str) -> dict[str, Any]:
-        """Queue a text request; answers the 202 body (or the dry-run quote)."""
+    async def submit_text(
+        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+    ) -> dict[str, Any]:
+        """Queue a text request; answers the 202 body (or the dry-run quote).
+
+        A resubmit with the same ``operation_key`` (Idempotency-Key) answers
+        the first request again and queues and charges nothing.
+        """
         req = parse_text_request(body)
         if req.dry_run:
             await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
             return {"kudos": self.quote(req)}
-        request_id = str(uuid.uuid4())
-        now = self.clock.now()
-        queued, view, possible = await self.db.write(
-            q.submit_request,
-            hash_key(api_key),
-            req,
-            request_id,
-            now,
-            self.rules,
-            self.quote,
-            UPFRONT_MAX_LENGTH,
-            client_agent,
-        )
-        self.signals.notify_queue(view)
-        answer: dict[str, Any] = {"id": request_id, "kudos": self.quote(queued)}
+        new = self._new_text(req, operation_key)
+        submitted = await self._submit(api_key, new, client_agent)
+        answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
         warnings = []
-        if queued.max_length != req.max_length:
+        if submitted.queued.max_length != req.max_length:
             warnings.append(
                 {
                     "code": "MaxLengthDowngraded",
                     "message": f"params.max_length was lowered from {req.max_length} to "
-                    f"{queued.max_length} because of allow_downgrade.",
+                    f"{submitted.queued.max_length} because of allow_downgrade.",
                 }
             )
-        if not possible:
+        if not submitted.possible:
             answer["message"] = (
                 "No worker online can serve this request now; it waits for one "
                 f"and expires {int(self.config.horde.request_expiry)} s after its last chance."
@@ -148,6 +185,24 @@ class Horde:
         if warnings:
             answer["warnings"] = warnings
         return answer
+
+    async def _submit(self, api_key: str, new: q.NewRequest, client_agent: str) -> q.Submitted:
+        submitted = await self.db.write(
+            q.submit_request,
+            hash_key(api_key),
+            new,
+            str(uuid.uuid4()),
+            self.clock.now(),
+            self.rules,
+            UPFRONT_MAX_LENGTH,
+            client_agent,
+        )
+        if not submitted.replayed:
+            self.signals.notify_queue(submitted.view)
+        return submitted
+
+    def _new_text(self, req: TextRequest, operation_key: str | None) -> q.NewRequest:
+        return new_text_request(req, self.quote, operation_key)
 
     async def text_status(self, request_id: str, *, cancel: bool = False) -> dict[str, Any]:
         """The status answer; with ``cancel``, end the request (answering its state before)."""

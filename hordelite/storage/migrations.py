@@ -34,7 +34,45 @@ def _v2(conn: Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2]
+def _add_missing_columns(conn: Connection) -> None:
+    """ALTER TABLE ... ADD COLUMN for every column schema.py has and the database lacks."""
+    inspector = inspect(conn)
+    for table in schema.metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            ddl = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.type.compile(conn.dialect)}"
+            if column.server_default is not None:
+                default = column.server_default.arg  # type: ignore[attr-defined]
+                value = default if isinstance(default, str) else str(default.compile(dialect=conn.dialect))
+                ddl += f" DEFAULT {value if not isinstance(default, str) else repr(default)}"
+            if not column.nullable:
+                ddl += " NOT NULL"
+            conn.exec_driver_sql(ddl)
+
+
+def _recreate_index(conn: Connection, name: str) -> None:
+    conn.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+    for table in schema.metadata.tables.values():
+        for index in table.indexes:
+            if index.name == name:
+                index.create(conn)
+
+
+def _v3(conn: Connection) -> None:
+    # Chat requests: the chat columns, the queue classes, and the queue
+    # walked per (model, kind, features) class; the skipped sample read in
+    # priority order without a sort.
+    _add_missing_columns(conn)
+    schema.metadata.create_all(conn, checkfirst=True)
+    _recreate_index(conn, "ix_queue_order")
+    _recreate_index(conn, "ix_requests_order")
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3]
 LATEST = len(MIGRATIONS)
 
 

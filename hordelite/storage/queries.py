@@ -34,16 +34,29 @@ from sqlalchemy import (
 from sqlalchemy.sql import ColumnElement, Select
 
 from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.chat_declaration import ChatDeclaration
+from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, ChatWorkerLimits
+from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
-from hordelite.contract.text import JobSubmit, PopRequest, TextRequest
+from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.errors import RC, HordeError
-from hordelite.storage.schema import jobs, queue, request_workers, requests, users, workers
+from hordelite.storage.schema import (
+    jobs,
+    queue,
+    queue_classes,
+    request_workers,
+    requests,
+    users,
+    workers,
+)
 
 # How many of the best waiting requests an empty pop examines to fill in its
 # ``skipped`` counts: bounded so that an empty pop costs the same with 100 or
 # 100,000 waiting requests.
 SKIPPED_SAMPLE = 100
+
+_ALL_FEATURE_BITS = sum(f.value for f in ChatFeature) | sum(g.value for g in ChatGuarantee)
 
 # Statements on the hot paths (every pop, submit and status) are built once
 # with bind parameters: SQLAlchemy then only binds values, which halves the
@@ -54,6 +67,17 @@ _INSERT_JOB = insert(jobs)
 _INSERT_QUEUE = insert(queue)
 _INSERT_REQUEST = insert(requests)
 _DEQUEUE = delete(queue).where(queue.c.request_id == bindparam("rid"))
+_CLASS_EXISTS = select(queue_classes.c.model).where(
+    queue_classes.c.model == bindparam("model"),
+    queue_classes.c.kind == bindparam("kind"),
+    queue_classes.c.features == bindparam("features"),
+)
+# The chat classes of a model whose required features a declaration covers.
+_CHAT_CLASSES = select(queue_classes.c.features).where(
+    queue_classes.c.model == bindparam("model"),
+    queue_classes.c.kind == "chat",
+    queue_classes.c.features.op("&")(bindparam("undeclared")) == 0,
+)
 _HAS_OWN = select(queue.c.id).where(queue.c.user_id == bindparam("owner_id")).limit(1)
 _ONLINE_WORKERS = (
     select(workers, users.c.trusted)
@@ -69,7 +93,15 @@ _CLAIM = (
         requests.c.id == bindparam("rid"), requests.c.state == "waiting", requests.c.remaining > 0
     )
     .values(remaining=requests.c.remaining - 1, expires=bindparam("expires"))
-    .returning(requests.c.remaining, requests.c.prompt, requests.c.params, requests.c.softprompt)
+    .returning(
+        requests.c.remaining,
+        requests.c.prompt,
+        requests.c.params,
+        requests.c.softprompt,
+        requests.c.chat,
+        requests.c.max_length,
+        requests.c.max_context_length,
+    )
 )
 _JOB_WITH_REQUEST = (
     select(
@@ -78,7 +110,7 @@ _JOB_WITH_REQUEST = (
         requests.c.state.label("request_state"),
         requests.c.n,
         requests.c.finished,
-        requests.c.max_length,
+        requests.c.max_length.label("request_max_length"),
     )
     .join(requests, requests.c.id == jobs.c.request_id)
     .where(jobs.c.id == bindparam("job_id"))
@@ -201,55 +233,105 @@ def _user_details(conn: Connection, row: RowMapping) -> dict[str, Any]:
 # Requests ------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class NewRequest:
+    """What ``submit_request`` stores: a text or a chat request."""
+
+    kind: str
+    prompt: str  # the text prompt, or the kept conversation flattened
+    params: dict[str, Any]
+    models: tuple[str, ...]
+    workers: tuple[str, ...]
+    worker_blacklist: bool
+    trusted_workers: bool
+    slow_workers: bool
+    nsfw: bool
+    n: int
+    max_length: int
+    max_context_length: int
+    quote: float  # the dry-run price, checked against kudos up front
+    softprompt: str | None = None
+    proxied_account: str | None = None
+    webhook: str | None = None
+    chat: dict[str, Any] | None = None
+    submitted_prompt: str | None = None
+    features: int = 0
+    context_tokens: int = 0
+    tools_temperature: float | None = None
+    context_adjustments: list[dict[str, Any]] | None = None
+    operation_key: str | None = None
+    fingerprint: str | None = None
+    # Queued instead when the kudos up front are missing (allow_downgrade).
+    downgrade: NewRequest | None = None
+    downgrade_field: str = "params.max_length"
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    request_id: str
+    queued: NewRequest
+    view: RequestView
+    possible: bool  # an online worker can serve it now
+    replayed: bool  # an earlier request with the same operation key
+
+
 def submit_request(
     conn: Connection,
     key_hash: str,
-    req: TextRequest,
+    new: NewRequest,
     request_id: str,
     now: float,
     rules: Rules,
-    quote: Callable[[TextRequest], float],
     upfront_max_length: int,
     client_agent: str,
-) -> tuple[TextRequest, RequestView, bool]:
-    """Queue a request.
+) -> Submitted:
+    """Queue a request, or find the one an operation key already queued.
 
-    Returns the request as queued, its eligibility view, and whether an
-    online worker can serve it now.
-
-    Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts.
-    ``allow_downgrade`` lowers max_length to the up-front threshold instead of
-    refusing; the returned request says what was queued.
+    Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
+    OperationKeyReused (the key was used for a different request).
     """
     user = _user(conn, key_hash, rules)
-    if req.workers:
+    if new.operation_key is not None:
+        first = conn.execute(
+            select(requests.c.id, requests.c.fingerprint, requests.c.kind).where(
+                requests.c.user_id == user["id"], requests.c.operation_key == new.operation_key
+            )
+        ).first()
+        if first is not None:
+            if first.fingerprint != new.fingerprint or first.kind != new.kind:
+                raise HordeError(
+                    RC.OperationKeyReused,
+                    "This Idempotency-Key was used for a different request; use a new key.",
+                )
+            return Submitted(first.id, new, _view_of(new), True, True)
+    if new.workers:
         found = set(
-            conn.execute(select(workers.c.id).where(workers.c.id.in_(req.workers))).scalars()
+            conn.execute(select(workers.c.id).where(workers.c.id.in_(new.workers))).scalars()
         )
-        missing = [w for w in req.workers if w not in found]
+        missing = [w for w in new.workers if w not in found]
         if missing:
             raise HordeError(RC.WorkerNotFound, f"workers: no worker with id {missing[0]}.")
-    req = _check_upfront(req, user, quote, upfront_max_length)
-    _check_concurrency(conn, user, req.n, rules)
+    new = _check_upfront(new, user, upfront_max_length)
+    _check_concurrency(conn, user, new.n, rules)
     row = {
         "id": request_id,
-        "kind": "text",
+        "kind": new.kind,
         "user_id": user["id"],
         "state": "waiting",
-        "prompt": req.prompt,
-        "params": {**req.params, "n": req.n},
-        "models": list(req.models),
-        "worker_ids": list(req.workers),
-        "worker_blacklist": req.worker_blacklist,
-        "trusted_workers": req.trusted_workers,
-        "slow_workers": req.slow_workers,
-        "nsfw": req.nsfw,
-        "softprompt": req.softprompt,
-        "n": req.n,
-        "remaining": req.n,
+        "prompt": new.prompt,
+        "params": {**new.params, "n": new.n},
+        "models": list(new.models),
+        "worker_ids": list(new.workers),
+        "worker_blacklist": new.worker_blacklist,
+        "trusted_workers": new.trusted_workers,
+        "slow_workers": new.slow_workers,
+        "nsfw": new.nsfw,
+        "softprompt": new.softprompt,
+        "n": new.n,
+        "remaining": new.n,
         "finished": 0,
-        "max_length": req.max_length,
-        "max_context_length": req.max_context_length,
+        "max_length": new.max_length,
+        "max_context_length": new.max_context_length,
         "anonymous": bool(user["anonymous"]),
         "priority": float(user["kudos"]),
         "prio_key": kudos_rules.priority_key(float(user["kudos"]), now),
@@ -259,39 +341,58 @@ def submit_request(
         "created": now,
         "expires": now + rules.request_expiry,
         "client_agent": client_agent[:1000],
-        "proxied_account": req.proxied_account,
-        "webhook": req.webhook,
+        "proxied_account": new.proxied_account,
+        "webhook": new.webhook,
+        "chat": new.chat,
+        "submitted_prompt": new.submitted_prompt,
+        "features": new.features,
+        "context_tokens": new.context_tokens,
+        "tools_temperature": new.tools_temperature,
+        "context_adjustments": new.context_adjustments,
+        "operation_key": new.operation_key,
+        "fingerprint": new.fingerprint,
     }
     conn.execute(_INSERT_REQUEST, row)
-    if req.workers:
+    if new.workers:
         conn.execute(
             insert(request_workers),
-            [{"request_id": request_id, "worker_id": w} for w in req.workers],
+            [{"request_id": request_id, "worker_id": w} for w in new.workers],
         )
     _enqueue(conn, row)
     view = request_view(row)
     possible = any(can_serve(w, view) for w in _online_workers(conn, now, rules))
-    return req, view, possible
+    return Submitted(request_id, new, view, possible, False)
 
 
-def _check_upfront(
-    req: TextRequest,
-    user: RowMapping,
-    quote: Callable[[TextRequest], float],
-    upfront_max_length: int,
-) -> TextRequest:
-    if req.max_length <= upfront_max_length:
-        return req
-    cost = quote(req)
-    if user["kudos"] >= cost and not user["anonymous"]:
-        return req
-    if req.allow_downgrade:
-        params = {**req.params, "max_length": upfront_max_length}
-        return dataclasses.replace(req, max_length=upfront_max_length, params=params)
+def _view_of(new: NewRequest) -> RequestView:
+    return RequestView(
+        models=new.models,
+        max_length=new.max_length,
+        max_context_length=new.max_context_length,
+        trusted_workers=new.trusted_workers,
+        slow_workers=new.slow_workers,
+        nsfw=new.nsfw,
+        worker_ids=new.workers,
+        worker_blacklist=new.worker_blacklist,
+        kind=new.kind,
+        features=new.features,
+        context_tokens=new.context_tokens,
+        tools_temperature=new.tools_temperature,
+    )
+
+
+def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -> NewRequest:
+    if new.max_length <= upfront_max_length:
+        return new
+    if user["kudos"] >= new.quote and not user["anonymous"]:
+        return new
+    if new.downgrade is not None:
+        return new.downgrade
     raise HordeError(
         RC.KudosUpfront,
-        f"params.max_length {req.max_length} is over {upfront_max_length} and needs {cost} kudos "
-        f"up front; this account has {round(user['kudos'], 2)}. Lower max_length or set allow_downgrade.",
+        f"{new.downgrade_field} {new.max_length} is over {upfront_max_length} and needs {new.quote} "
+        f"kudos up front; this account has {round(user['kudos'], 2)}. Lower it"
+        + (" or set allow_downgrade." if new.kind == "text" else "."),
     )
 
 
@@ -310,7 +411,7 @@ def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules)
 
 
 def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping) -> None:
-    """The queue rows of a request that has jobs to hand out."""
+    """The queue rows of a request that has jobs to hand out (one per model)."""
     base = {
         "request_id": req["id"],
         "user_id": req["user_id"],
@@ -323,8 +424,18 @@ def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping) -> None:
         "fast_only": not req["slow_workers"],
         "nsfw": req["nsfw"],
         "worker_filter": (2 if req["worker_blacklist"] else 1) if req["worker_ids"] else 0,
+        "kind": req["kind"],
+        "features": req["features"],
+        "context_tokens": req["context_tokens"],
+        "tools_temperature": req["tools_temperature"],
     }
-    conn.execute(_INSERT_QUEUE, [{**base, "model": m} for m in (req["models"] or [""])])
+    models = req["models"] or [""]
+    conn.execute(_INSERT_QUEUE, [{**base, "model": m} for m in models])
+    if req["kind"] == "chat":
+        for model in models:
+            key = {"model": model, "kind": "chat", "features": req["features"]}
+            if conn.execute(_CLASS_EXISTS, key).first() is None:
+                conn.execute(insert(queue_classes).values(**key))
 
 
 def _dequeue(conn: Connection, request_id: str) -> None:
@@ -422,7 +533,29 @@ def _worker_view(row: RowMapping | dict[str, Any]) -> WorkerView:
         maintenance=row["maintenance"],
         tokens_generated=row["tokens_generated"],
         seconds_generating=row["seconds_generating"],
+        prompt_jobs=bool(row["prompt_jobs"]),
+        **_chat_view(row["chat"]),
     )
+
+
+def _chat_view(chat: dict[str, Any] | None) -> dict[str, Any]:
+    """WorkerView's chat fields from a stored (or popped) declaration."""
+    if not chat:
+        return {}
+    declaration = ChatDeclaration(
+        model_id=chat["model_id"],
+        features=tuple(chat["features"]),
+        limits=ChatWorkerLimits(**chat["limits"]),
+        image_transports=tuple(chat["image_transports"]),
+    )
+    return {
+        "chat_model": declaration.model_id,
+        "chat_features": declaration.features,
+        "chat_mask": declaration.mask,
+        "chat_max_context_length": declaration.limits.max_context_length,
+        "chat_max_length": declaration.limits.max_length,
+        "tools_max_temperature": declaration.limits.tools_max_temperature,
+    }
 
 
 def online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
@@ -462,6 +595,10 @@ def _declaration(pop: PopRequest, now: float) -> dict[str, Any]:
         "threads": pop.threads,
         "extra_slow": pop.extra_slow_worker,
         "last_check_in": now,
+        # Stored from every pop: a pop without chat_jobs withdraws it.
+        "chat": pop.chat.to_json() if pop.chat else None,
+        "chat_model": pop.chat.model_id if pop.chat else None,
+        "prompt_jobs": pop.prompt_jobs,
     }
 
 
@@ -540,6 +677,7 @@ class PoppedJob:
     payload: dict[str, Any]
     softprompt: str | None
     ttl: float
+    chat: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -579,15 +717,25 @@ def pop_job(
     return PopResult(worker, job, skipped)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def _candidate_statement(
-    trusted: bool, slow: bool, nsfw: bool, skip_locked: bool, own: bool
+    kind: str,
+    trusted: bool,
+    slow: bool,
+    nsfw: bool,
+    skip_locked: bool,
+    own: bool,
+    tools_limit: bool = False,
 ) -> Select[Any]:
-    """The best queue row of one model a worker of this kind may take.
+    """The best queue row of one (model, kind, features) class a worker of
+    this kind may take.
 
-    Built once per combination of the worker's flags; ``model``,
-    ``max_length``, ``max_context_length``, ``worker_id`` (and ``owner_id``
-    when ``own``) are bound at execution.
+    Built once per combination of flags; ``model``, ``features``,
+    ``max_length``, ``max_context_length``, ``worker_id`` (``owner_id``
+    when ``own``, ``tools_max_temperature`` when ``tools_limit``) are bound
+    at execution. The three equalities are the prefix of ix_queue_order, so
+    the walk reads the class in priority order and stops at the first row
+    the worker can take.
     """
     listed = exists().where(
         request_workers.c.request_id == queue.c.request_id,
@@ -597,14 +745,33 @@ def _candidate_statement(
         queue.c.request_id, queue.c.model, queue.c.anonymous, queue.c.prio_key, queue.c.created
     ).where(
         queue.c.model == bindparam("model"),
-        queue.c.max_length <= bindparam("max_length"),
-        queue.c.max_context_length <= bindparam("max_context_length"),
+        queue.c.kind == kind,
+        queue.c.features == bindparam("features"),
         or_(
             queue.c.worker_filter == 0,
             and_(queue.c.worker_filter == 1, listed),
             and_(queue.c.worker_filter == 2, ~listed),
         ),
     )
+    if kind == "text":
+        q = q.where(
+            queue.c.max_length <= bindparam("max_length"),
+            queue.c.max_context_length <= bindparam("max_context_length"),
+        )
+    else:
+        # A chat worker's limits: its reply length, and the conversation's
+        # estimate plus the reply within its context.
+        q = q.where(
+            queue.c.max_length <= bindparam("max_length"),
+            queue.c.context_tokens + queue.c.max_length <= bindparam("max_context_length"),
+        )
+        if tools_limit:
+            q = q.where(
+                or_(
+                    queue.c.tools_temperature.is_(None),
+                    queue.c.tools_temperature <= bindparam("tools_max_temperature"),
+                )
+            )
     if not trusted:
         q = q.where(queue.c.trusted_only.is_(False))
     if slow:
@@ -622,22 +789,53 @@ def _candidate_statement(
     return q.order_by(queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created).limit(1)
 
 
-def _candidate_params(worker: WorkerView, model: str, owner_id: int) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Class:
+    """One walk of the queue: a model, a kind and a required feature set."""
+
+    kind: str
+    model: str
+    features: int
+
+
+def _classes(conn: Connection, worker: WorkerView) -> list[_Class]:
+    """The queue classes this worker's declaration covers."""
+    classes = []
+    if worker.prompt_jobs:
+        classes += [_Class("text", m, 0) for m in [*worker.models, ""]]
+    if worker.chat_model is not None:
+        undeclared = ~worker.chat_mask & _ALL_FEATURE_BITS
+        rows = conn.execute(_CHAT_CLASSES, {"model": worker.chat_model, "undeclared": undeclared})
+        classes += [_Class("chat", worker.chat_model, f) for f in rows.scalars()]
+    return classes
+
+
+def _candidate_params(worker: WorkerView, cls: _Class, owner_id: int) -> dict[str, Any]:
+    chat = cls.kind == "chat"
     return {
-        "model": model,
-        "max_length": worker.max_length,
-        "max_context_length": worker.max_context_length,
+        "model": cls.model,
+        "features": cls.features,
+        "max_length": worker.chat_max_length if chat else worker.max_length,
+        "max_context_length": worker.chat_max_context_length if chat else worker.max_context_length,
         "worker_id": worker.id,
         "owner_id": owner_id,
+        "tools_max_temperature": worker.tools_max_temperature,
     }
 
 
+def _statement_for(worker: WorkerView, cls: _Class, skip_locked: bool, own: bool) -> Select[Any]:
+    tools_limit = cls.kind == "chat" and worker.tools_max_temperature is not None
+    return _candidate_statement(
+        cls.kind, worker.trusted, worker.slow, worker.nsfw, skip_locked, own, tools_limit
+    )
+
+
 def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Select[Any]:
-    """The candidate query with this worker's values bound (for inspection)."""
-    stmt = _candidate_statement(worker.trusted, worker.slow, worker.nsfw, skip_locked, False)
-    params = _candidate_params(worker, model, 0)
-    del params["owner_id"]
-    return stmt.params(**params)
+    """The text candidate query with this worker's values bound (for inspection)."""
+    cls = _Class("text", model, 0)
+    params = _candidate_params(worker, cls, 0)
+    del params["owner_id"], params["tools_max_temperature"]
+    return _statement_for(worker, cls, skip_locked, False).params(**params)
 
 
 def _best_candidate(
@@ -646,15 +844,15 @@ def _best_candidate(
     candidates: list[dict[str, Any]] = []
     # The owner's own requests come first; most owners have none queued.
     has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
-    for model in [*worker.models, ""]:
-        params = _candidate_params(worker, model, owner_id)
+    for cls in _classes(conn, worker):
+        params = _candidate_params(worker, cls, owner_id)
         for own in (True, False) if has_own else (False,):
-            stmt = _candidate_statement(worker.trusted, worker.slow, worker.nsfw, skip_locked, own)
+            stmt = _statement_for(worker, cls, skip_locked, own)
             if exclude:
                 stmt = stmt.where(queue.c.request_id.not_in(exclude))
             row = conn.execute(stmt, params).mappings().first()
             if row is not None:
-                candidates.append({**row, "own": 0 if own else 1})
+                candidates.append({**row, "own": 0 if own else 1, "kind": cls.kind})
                 break
     if not candidates:
         return None
@@ -685,26 +883,57 @@ def _claim(
             continue
         if claimed["remaining"] == 0:
             _dequeue(conn, cand["request_id"])
-        model = cand["model"] or worker.models[0]
-        job_id = str(uuid.uuid4())
-        conn.execute(
-            _INSERT_JOB,
-            {
-                "id": job_id,
-                "request_id": cand["request_id"],
-                "worker_id": worker.id,
-                "owner_id": owner_id,
-                "model": model,
-                "state": "processing",
-                "started": now,
-                "lease_expires": now + rules.job_ttl,
-            },
-        )
-        payload = {**claimed["params"], "prompt": claimed["prompt"], "n": 1}
-        return PoppedJob(
-            job_id, cand["request_id"], model, payload, claimed["softprompt"], rules.job_ttl
-        )
+        return _assign(conn, worker, owner_id, cand, claimed, now, rules)
     return None
+
+
+def _assign(
+    conn: Connection,
+    worker: WorkerView,
+    owner_id: int,
+    cand: dict[str, Any],
+    claimed: RowMapping,
+    now: float,
+    rules: Rules,
+) -> PoppedJob:
+    """The job row and the payload the worker receives.
+
+    A chat job records the model and the budgets of the declaration it was
+    assigned under, so a later change of declaration does not change it.
+    """
+    chat = cand["kind"] == "chat"
+    model = cand["model"] or worker.models[0]
+    max_length = claimed["max_length"]
+    max_context_length = worker.chat_max_context_length if chat else claimed["max_context_length"]
+    job_id = str(uuid.uuid4())
+    conn.execute(
+        _INSERT_JOB,
+        {
+            "id": job_id,
+            "request_id": cand["request_id"],
+            "worker_id": worker.id,
+            "owner_id": owner_id,
+            "model": model,
+            "state": "processing",
+            "started": now,
+            "lease_expires": now + rules.job_ttl,
+            "kind": cand["kind"],
+            "max_length": max_length,
+            "max_context_length": max_context_length,
+        },
+    )
+    if chat:
+        from hordelite.contract.chat_reply import build_worker_chat_extras
+
+        request = ChatRequest.from_json(claimed["chat"])
+        payload = build_worker_chat_extras(
+            request, frozenset(worker.chat_features), max_length, max_context_length
+        )
+    else:
+        payload = {**claimed["params"], "prompt": claimed["prompt"], "n": 1}
+    return PoppedJob(
+        job_id, cand["request_id"], model, payload, claimed["softprompt"], rules.job_ttl, chat
+    )
 
 
 def _skipped(conn: Connection, worker: WorkerView) -> dict[str, int]:
@@ -733,6 +962,10 @@ def request_view(row: RowMapping | dict[str, Any]) -> RequestView:
         nsfw=row["nsfw"],
         worker_ids=tuple(row["worker_ids"]),
         worker_blacklist=row["worker_blacklist"],
+        kind=row["kind"],
+        features=row["features"],
+        context_tokens=row["context_tokens"],
+        tools_temperature=row["tools_temperature"],
     )
 
 
@@ -773,7 +1006,7 @@ def submit_job(
         req = _get_request(conn, job["request_id"], "text")
         requeued, ended = _fault_job(conn, job, req, now, rules)
         return SubmitResult(0.0, req["id"], ended, requeued)
-    tokens = kudos_rules.billed_tokens(len(sub.generation), job["max_length"])
+    tokens = kudos_rules.billed_tokens(len(sub.generation), job["request_max_length"])
     reward = kudos_rules.job_reward(tokens, billions(job["model"]))
     cost = kudos_rules.job_cost(reward)
     conn.execute(

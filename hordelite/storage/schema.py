@@ -24,6 +24,8 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
+    true,
 )
 
 metadata = MetaData()
@@ -79,6 +81,11 @@ workers = Table(
     # Measured speed: billed tokens over seconds from pop to submit.
     Column("tokens_generated", Float, nullable=False, default=0.0),
     Column("seconds_generating", Float, nullable=False, default=0.0),
+    # The chat declaration of the last pop (null: no chat jobs).
+    Column("chat", JSON, nullable=True),
+    Column("chat_model", String(255), nullable=True, index=True),
+    Column("prompt_jobs", Boolean, nullable=False, default=True, server_default=true()),
+    Column("nonconformant_replies", Integer, nullable=False, default=0, server_default="0"),
 )
 
 requests = Table(
@@ -116,10 +123,27 @@ requests = Table(
     Column("client_agent", String(1000), nullable=False, default=""),
     Column("proxied_account", String(255), nullable=True),
     Column("webhook", String(1024), nullable=True),
+    # Chat requests: the validated request (its kept messages included), the
+    # full flattened submission (``prompt`` holds the kept conversation
+    # flattened), what a worker must declare, and the sizes routing reads.
+    Column("chat", JSON, nullable=True),
+    Column("submitted_prompt", Text, nullable=True),
+    Column("features", Integer, nullable=False, default=0, server_default="0"),
+    Column("context_tokens", Integer, nullable=False, default=0, server_default="0"),
+    Column("tools_temperature", Float, nullable=True),
+    Column("context_adjustments", JSON, nullable=True),
+    # Why the request faulted, as the client is told.
+    Column("fault_rc", String(64), nullable=True),
+    Column("fault_message", Text, nullable=True),
+    # A resubmit with the same Idempotency-Key returns this request.
+    Column("operation_key", String(255), nullable=True),
+    Column("fingerprint", String(64), nullable=True),
     Index("ix_requests_state_expires", "state", "expires"),
-    Index("ix_requests_order", "state", "anonymous", "prio_key"),
+    Index("ix_requests_order", "state", "anonymous", text("prio_key DESC")),
     Index("ix_requests_user_state", "user_id", "state"),
     Index("ix_requests_ended", "ended"),
+    # NULL keys are distinct, so only requests with a key are constrained.
+    Index("ix_requests_operation", "user_id", "operation_key", unique=True),
 )
 
 queue = Table(
@@ -140,12 +164,38 @@ queue = Table(
     Column("nsfw", Boolean, nullable=False),
     # 0: any worker; 1: only the listed workers; 2: any but the listed ones.
     Column("worker_filter", Integer, nullable=False),
+    # text or chat; a chat row also carries what its worker must declare.
+    Column("kind", String(8), nullable=False, default="text", server_default="text"),
+    Column("features", Integer, nullable=False, default=0, server_default="0"),
+    Column("context_tokens", Integer, nullable=False, default=0, server_default="0"),
+    Column("tools_temperature", Float, nullable=True),
     # A worker's owner's own requests are looked up apart, first.
     Index("ix_queue_user", "user_id", "model"),
 )
-# In the pop's order, prio_key descending, so that the walk reads rows in
-# order and stops at the first it can take: no sort of a model's whole queue.
-Index("ix_queue_order", queue.c.model, queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created)
+# One walk per (model, kind, required features) class, in the pop's order
+# (prio_key descending), so that the walk reads rows in order and stops at
+# the first it can take: no sort, and classes a worker's declaration does not
+# cover are never read.
+Index(
+    "ix_queue_order",
+    queue.c.model,
+    queue.c.kind,
+    queue.c.features,
+    queue.c.anonymous,
+    queue.c.prio_key.desc(),
+    queue.c.created,
+)
+
+# The (model, kind, features) classes that have, or recently had, queue rows:
+# a chat pop reads the few classes its declaration covers here, then walks
+# each one's index range. The sweep removes classes left empty.
+queue_classes = Table(
+    "queue_classes",
+    metadata,
+    Column("model", String(255), primary_key=True),
+    Column("kind", String(8), primary_key=True),
+    Column("features", Integer, primary_key=True),
+)
 
 request_workers = Table(
     "request_workers",
@@ -174,5 +224,15 @@ jobs = Table(
     Column("tokens", Integer, nullable=True),
     Column("reward", Float, nullable=True),
     Column("cost", Float, nullable=True),
+    # Chat jobs: the budgets assigned at pop, the verified reply, and the
+    # last refusal of a reply (its code decides how a later fault counts).
+    Column("kind", String(8), nullable=False, default="text", server_default="text"),
+    Column("max_length", Integer, nullable=True),
+    Column("max_context_length", Integer, nullable=True),
+    Column("reply", JSON, nullable=True),
+    Column("refusal_rc", String(64), nullable=True),
+    Column("refusal_message", Text, nullable=True),
+    Column("fault_reason", String(64), nullable=True),
+    Column("charge_basis", String(32), nullable=True),
     Index("ix_jobs_state_lease", "state", "lease_expires"),
 )

@@ -16,6 +16,7 @@ from hordelite.contract.text import (
     parse_pop_request,
     parse_text_request,
 )
+from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 
@@ -74,7 +75,14 @@ async def submit(db: Database, key_hash: str, req: TextRequest, now: float = NOW
     """Queue ``req``; returns the new request's id."""
     request_id = str(uuid.uuid4())
     await db.write(
-        queries.submit_request, key_hash, req, request_id, now, RULES, _quote, 512, "test:1:test"
+        queries.submit_request,
+        key_hash,
+        new_text_request(req, _quote),
+        request_id,
+        now,
+        RULES,
+        512,
+        "test:1:test",
     )
     return request_id
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, insert
 
 from hordelite.contract.eligibility import WorkerView
+from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import queue, requests, users
@@ -144,11 +145,10 @@ def test_a_pop_finds_its_model_job_behind_two_thousand_requests_for_another_mode
             queries.submit_request(
                 conn,
                 key_hash,
-                text_request(models=[model]),
+                new_text_request(text_request(models=[model]), lambda req: 0.0),
                 request_id,
                 now,
                 unlimited,
-                lambda req: 0.0,
                 512,
                 "test:1:test",
             )
