@@ -42,7 +42,10 @@ class RC(enum.Enum):
     ChatSubmitNonconformant = (400, "This reply does not follow the request's contract.")
     ChatModelMismatch = (400, "The submit names another model than the one the job was assigned.")
     MaxKudosExceeded = (400, "This request would cost more than its horde.max_kudos.")
-    no_worker_supports_limit = (400, "No online worker serving this model accepts a request this large.")
+    no_worker_supports_limit = (
+        400,
+        "No online worker serving this model accepts a request this large.",
+    )
     AbortedGen = (400, "This generation was aborted: its lease expired or the request ended.")
     # 401
     InvalidAPIKey = (401, "No user matching the sent API key.")
@@ -62,7 +65,10 @@ class RC(enum.Enum):
     UserNotFound = (404, "No user with this id.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")
-    no_worker_supports_features = (404, "No online worker serving this model declares what this request needs.")
+    no_worker_supports_features = (
+        404,
+        "No online worker serving this model declares what this request needs.",
+    )
     # 405, 413, 429
     MethodNotAllowed = (405, "This method is not allowed on this route.")
     OperationKeyReused = (409, "This Idempotency-Key was used for a different request.")

@@ -58,11 +58,36 @@ def client_agent() -> str:
     )
 
 
+def operation_key() -> str | None:
+    """The Idempotency-Key header: a resubmit with the same key returns the first request."""
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise bad_request("Idempotency-Key", "must be 1 to 255 characters")
+    return key
+
+
 @native.post("/generate/text/async")
 async def text_async() -> Response:
     body = await json_body()
-    answer = await horde().submit_text(api_key(), body, client_agent())
+    answer = await horde().submit_text(api_key(), body, client_agent(), operation_key())
     return json_response(answer, 202 if "id" in answer else 200)
+
+
+@native.post("/generate/chat/async")
+async def chat_async() -> Response:
+    body = await json_body()
+    answer = await horde().submit_chat(api_key(), body, client_agent(), operation_key())
+    return json_response(answer, 202)
+
+
+@native.get("/generate/chat/status/<request_id>")
+async def chat_status(request_id: str) -> Response:
+    return json_response(await horde().chat_status(request_id))
+
+
+@native.delete("/generate/chat/status/<request_id>")
+async def chat_cancel(request_id: str) -> Response:
+    return json_response(await horde().chat_status(request_id, cancel=True))
 
 
 @native.get("/generate/text/status/<request_id>")

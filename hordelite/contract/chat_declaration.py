@@ -57,7 +57,9 @@ def _positive_int(value: Any, field: str, hi: int) -> int:
     return value
 
 
-def parse_chat_declaration(body: Mapping[str, Any], models: tuple[str, ...]) -> tuple[ChatDeclaration | None, bool]:
+def parse_chat_declaration(
+    body: Mapping[str, Any], models: tuple[str, ...]
+) -> tuple[ChatDeclaration | None, bool]:
     """(the chat declaration or None, prompt_jobs) of a pop body.
 
     Raises 400 ChatDeclarationInvalid naming the field: chat_jobs without
@@ -87,7 +89,10 @@ def parse_chat_declaration(body: Mapping[str, Any], models: tuple[str, ...]) -> 
         raise _refuse("model_id", f"{model_id!r} must be one of models")
     raw_limits = body.get("chat_limits")
     if not isinstance(raw_limits, Mapping):
-        raise _refuse("chat_limits", "is required with chat_jobs: an object with max_context_length and max_length")
+        raise _refuse(
+            "chat_limits",
+            "is required with chat_jobs: an object with max_context_length and max_length",
+        )
     temperature = raw_limits.get("tools_max_temperature")
     if temperature is not None:
         if (
@@ -100,9 +105,13 @@ def parse_chat_declaration(body: Mapping[str, Any], models: tuple[str, ...]) -> 
         temperature = float(temperature)
     limits = ChatWorkerLimits(
         max_context_length=_positive_int(
-            raw_limits.get("max_context_length"), "chat_limits.max_context_length", MAX_CONTEXT_LENGTH
+            raw_limits.get("max_context_length"),
+            "chat_limits.max_context_length",
+            MAX_CONTEXT_LENGTH,
         ),
-        max_length=_positive_int(raw_limits.get("max_length"), "chat_limits.max_length", MAX_MAX_LENGTH),
+        max_length=_positive_int(
+            raw_limits.get("max_length"), "chat_limits.max_length", MAX_MAX_LENGTH
+        ),
         tools_max_temperature=temperature,
     )
     features = body.get("chat_features") or []

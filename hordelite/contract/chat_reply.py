@@ -305,7 +305,7 @@ def _parse_count(body: Mapping[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise submit_invalid(key, f"expected an integer, got {_kind(value)}")
     if not 0 <= value <= MAX_REPORTED_TOKENS:
-        raise submit_invalid(key, f"{value} is outside 0 to {MAX_REPORTED_TOKENS:,}")
+        raise submit_invalid(key, f"{_clip(str(value))} is outside 0 to {MAX_REPORTED_TOKENS:,}")
     return value
 
 

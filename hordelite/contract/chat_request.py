@@ -233,7 +233,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         if key in _DEFAULT_ONLY:
             if value is None or value in _DEFAULT_ONLY[key]:
                 continue
-            raise unsupported(key, f"Unsupported parameter: {key!r} is supported only at its default.")
+            raise unsupported(
+                key, f"Unsupported parameter: {key!r} is supported only at its default."
+            )
         raise unsupported(key, f"Unrecognized request argument supplied: {key}")
     messages, has_images = _parse_messages(body.get("messages"))
     tools = _parse_tools(body.get("tools"))
@@ -241,7 +243,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     parallel = body.get("parallel_tool_calls")
     if parallel is not None:
         if not isinstance(parallel, bool):
-            raise invalid("parallel_tool_calls", "Invalid type for 'parallel_tool_calls': expected a boolean.")
+            raise invalid(
+                "parallel_tool_calls", "Invalid type for 'parallel_tool_calls': expected a boolean."
+            )
         if not tools:
             raise openai_refusal(
                 "parallel_tool_calls",
@@ -304,8 +308,15 @@ def _number(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float | 
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise invalid(key, f"Invalid type for '{key}': expected a number, but got {_type_name(value)} instead.")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
+        raise invalid(
+            key,
+            f"Invalid type for '{key}': expected a number, but got {_type_name(value)} instead.",
+        )
     if not lo <= value <= hi:
         raise invalid(key, f"Invalid '{key}': {value} is outside {lo} to {hi}.")
     return float(value)
@@ -333,7 +344,10 @@ def _parse_max_length(body: Mapping[str, Any]) -> int | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            raise invalid(key, f"Invalid type for '{key}': expected an integer, but got {_type_name(value)} instead.")
+            raise invalid(
+                key,
+                f"Invalid type for '{key}': expected an integer, but got {_type_name(value)} instead.",
+            )
         if not 1 <= value <= MAX_MAX_LENGTH:
             raise invalid(key, f"Invalid '{key}': {value} is outside 1 to {MAX_MAX_LENGTH}.")
         found.append(value)
@@ -358,7 +372,10 @@ def _parse_seed(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid("seed", f"Invalid type for 'seed': expected an integer, but got {_type_name(value)} instead.")
+        raise invalid(
+            "seed",
+            f"Invalid type for 'seed': expected an integer, but got {_type_name(value)} instead.",
+        )
     if not -(2**63) <= value < 2**63:
         raise invalid("seed", "Invalid 'seed': outside the 64-bit integer range.")
     return value
@@ -369,7 +386,9 @@ def _parse_enum(body: Mapping[str, Any], key: str, values: Sequence[str]) -> str
     if value is None:
         return None
     if value not in values:
-        raise unsupported(key, f"Invalid value for '{key}': {value!r}; supported values are {', '.join(values)}.")
+        raise unsupported(
+            key, f"Invalid value for '{key}': {value!r}; supported values are {', '.join(values)}."
+        )
     return str(value)
 
 
@@ -392,10 +411,16 @@ def _parse_messages(value: Any) -> tuple[list[dict[str, Any]], bool]:
 
 def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
     if not isinstance(raw, Mapping):
-        raise invalid(where, f"Invalid type for '{where}': expected an object, but got {_type_name(raw)} instead.")
+        raise invalid(
+            where,
+            f"Invalid type for '{where}': expected an object, but got {_type_name(raw)} instead.",
+        )
     role = raw.get("role")
     if role not in _ROLES:
-        raise invalid(f"{where}.role", f"Invalid value for '{where}.role': {role!r}; expected one of {', '.join(_ROLES)}.")
+        raise invalid(
+            f"{where}.role",
+            f"Invalid value for '{where}.role': {role!r}; expected one of {', '.join(_ROLES)}.",
+        )
     # A developer message is stored and sent as system (ADR 0033).
     message: dict[str, Any] = {"role": "system" if role == "developer" else role}
     if raw.get("tool_calls") is not None and role != "assistant":
@@ -410,25 +435,35 @@ def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
         if calls:
             message["tool_calls"] = calls
         if content is None and not calls:
-            raise invalid(f"{where}.content", f"'{where}.content' is required unless 'tool_calls' is given.")
+            raise invalid(
+                f"{where}.content", f"'{where}.content' is required unless 'tool_calls' is given."
+            )
     elif content is None:
         raise invalid(f"{where}.content", f"'{where}.content' is required.")
     if content is not None:
-        message["content"], has_images = _parse_content(content, f"{where}.content", allow_images=role == "user")
+        message["content"], has_images = _parse_content(
+            content, f"{where}.content", allow_images=role == "user"
+        )
     if role == "tool":
         call_id = raw.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
-            raise invalid(f"{where}.tool_call_id", f"'{where}.tool_call_id' is required for a tool message.")
+            raise invalid(
+                f"{where}.tool_call_id", f"'{where}.tool_call_id' is required for a tool message."
+            )
         message["tool_call_id"] = call_id
     name = raw.get("name")
     if name is not None and role != "tool":
         if not isinstance(name, str) or len(name) > 64:
-            raise invalid(f"{where}.name", f"'{where}.name' must be a string of at most 64 characters.")
+            raise invalid(
+                f"{where}.name", f"'{where}.name' must be a string of at most 64 characters."
+            )
         message["name"] = name
     return message, has_images
 
 
-def _parse_content(value: Any, where: str, allow_images: bool) -> tuple[str | list[dict[str, Any]], bool]:
+def _parse_content(
+    value: Any, where: str, allow_images: bool
+) -> tuple[str | list[dict[str, Any]], bool]:
     if isinstance(value, str):
         return value, False
     if not isinstance(value, list):
@@ -448,8 +483,13 @@ def _parse_content(value: Any, where: str, allow_images: bool) -> tuple[str | li
         elif kind == "image_url" and allow_images:
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, Mapping) else None
-            if not isinstance(url, str) or not url.startswith(("https://", "http://", "data:image/")):
-                raise invalid(f"{at}.image_url.url", f"'{at}.image_url.url' must be an http(s) or data:image/ URL.")
+            if not isinstance(url, str) or not url.startswith(
+                ("https://", "http://", "data:image/")
+            ):
+                raise invalid(
+                    f"{at}.image_url.url",
+                    f"'{at}.image_url.url' must be an http(s) or data:image/ URL.",
+                )
             entry: dict[str, Any] = {"url": url}
             detail = image.get("detail")  # type: ignore[union-attr]
             if detail in ("auto", "low", "high"):
@@ -472,14 +512,22 @@ def _parse_tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(call, Mapping) or not isinstance(function, Mapping):
             raise invalid(at, f"'{at}' must be an object with a 'function'.")
-        call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments", "")
+        call_id, name, arguments = (
+            call.get("id"),
+            function.get("name"),
+            function.get("arguments", ""),
+        )
         if not isinstance(call_id, str) or not call_id:
             raise invalid(f"{at}.id", f"'{at}.id' is required.")
         if not isinstance(name, str) or not name:
             raise invalid(f"{at}.function.name", f"'{at}.function.name' is required.")
         if not isinstance(arguments, str):
-            raise invalid(f"{at}.function.arguments", f"'{at}.function.arguments' must be a string.")
-        calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            raise invalid(
+                f"{at}.function.arguments", f"'{at}.function.arguments' must be a string."
+            )
+        calls.append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
     return calls
 
 
@@ -539,26 +587,39 @@ def _parse_tools(value: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(value):
         at = f"tools[{i}]"
         if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
-            raise unsupported(f"{at}.type", f"Unsupported tool type in '{at}': only 'function' tools are supported.")
+            raise unsupported(
+                f"{at}.type",
+                f"Unsupported tool type in '{at}': only 'function' tools are supported.",
+            )
         function = tool.get("function")
         if not isinstance(function, Mapping):
             raise invalid(f"{at}.function", f"'{at}.function' is required.")
         name = function.get("name")
         if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
-            raise invalid(f"{at}.function.name", f"Invalid '{at}.function.name': must match ^[a-zA-Z0-9_-]{{1,64}}$.")
+            raise invalid(
+                f"{at}.function.name",
+                f"Invalid '{at}.function.name': must match ^[a-zA-Z0-9_-]{{1,64}}$.",
+            )
         if name in names:
-            raise openai_refusal(f"{at}.function.name", f"Invalid 'tools': duplicate function name {name!r}.")
+            raise openai_refusal(
+                f"{at}.function.name", f"Invalid 'tools': duplicate function name {name!r}."
+            )
         names.add(name)
         out: dict[str, Any] = {"name": name}
         description = function.get("description")
         if description is not None:
             if not isinstance(description, str):
-                raise invalid(f"{at}.function.description", f"'{at}.function.description' must be a string.")
+                raise invalid(
+                    f"{at}.function.description", f"'{at}.function.description' must be a string."
+                )
             out["description"] = description
         parameters = function.get("parameters")
         if parameters is not None:
             if not isinstance(parameters, Mapping):
-                raise invalid(f"{at}.function.parameters", f"'{at}.function.parameters' must be a JSON Schema object.")
+                raise invalid(
+                    f"{at}.function.parameters",
+                    f"'{at}.function.parameters' must be a JSON Schema object.",
+                )
             out["parameters"] = dict(parameters)
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
@@ -566,14 +627,18 @@ def _parse_tools(value: Any) -> list[dict[str, Any]] | None:
         if strict:
             out["strict"] = True
             _check_strict_schema(
-                out.get("parameters", {}), f"{at}.function.parameters", f"Invalid schema for function '{name}'"
+                out.get("parameters", {}),
+                f"{at}.function.parameters",
+                f"Invalid schema for function '{name}'",
             )
         # Unknown keys inside a tool definition are dropped, as OpenAI does.
         tools.append({"type": "function", "function": out})
     return tools or None
 
 
-def _parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
+def _parse_tool_choice(
+    value: Any, tools: list[dict[str, Any]] | None
+) -> str | dict[str, Any] | None:
     if value is None:
         return None
     if not tools:
@@ -585,14 +650,19 @@ def _parse_tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | 
         return str(value)
     function = value.get("function") if isinstance(value, Mapping) else None
     name = function.get("name") if isinstance(function, Mapping) else None
-    if not isinstance(value, Mapping) or value.get("type", "function") != "function" or not isinstance(name, str):
+    if (
+        not isinstance(value, Mapping)
+        or value.get("type", "function") != "function"
+        or not isinstance(name, str)
+    ):
         raise invalid(
             "tool_choice",
             "Invalid 'tool_choice': expected 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}.",
         )
     if name not in {t["function"]["name"] for t in tools}:
         raise openai_refusal(
-            "tool_choice", f"Invalid value for 'tool_choice': no function named {name!r} was specified in 'tools'."
+            "tool_choice",
+            f"Invalid value for 'tool_choice': no function named {name!r} was specified in 'tools'.",
         )
     # Unknown keys of the tool_choice object are dropped.
     return {"type": "function", "function": {"name": name}}
@@ -606,21 +676,29 @@ def _parse_response_format(value: Any) -> dict[str, Any] | None:
     kind = value.get("type")
     allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
     if not isinstance(kind, str) or kind not in allowed:
-        raise unsupported("response_format.type", f"Invalid value for 'response_format.type': {kind!r}.")
+        raise unsupported(
+            "response_format.type", f"Invalid value for 'response_format.type': {kind!r}."
+        )
     for key in value:
         if key not in allowed[kind]:
-            raise unsupported(f"response_format.{key}", f"Unrecognized argument 'response_format.{key}'.")
+            raise unsupported(
+                f"response_format.{key}", f"Unrecognized argument 'response_format.{key}'."
+            )
     if kind == "text":
         return None  # the default: counts as omitted
     if kind == "json_object":
         return {"type": "json_object"}
     spec = value.get("json_schema")
     if not isinstance(spec, Mapping):
-        raise invalid("response_format.json_schema", "'response_format.json_schema' is required for type json_schema.")
+        raise invalid(
+            "response_format.json_schema",
+            "'response_format.json_schema' is required for type json_schema.",
+        )
     for key in spec:
         if key not in ("name", "schema", "strict", "description"):
             raise unsupported(
-                f"response_format.json_schema.{key}", f"Unrecognized argument 'response_format.json_schema.{key}'."
+                f"response_format.json_schema.{key}",
+                f"Unrecognized argument 'response_format.json_schema.{key}'.",
             )
     name = spec.get("name")
     if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
@@ -632,17 +710,25 @@ def _parse_response_format(value: Any) -> dict[str, Any] | None:
     schema = spec.get("schema")
     if schema is not None:
         if not isinstance(schema, Mapping):
-            raise invalid("response_format.json_schema.schema", "'response_format.json_schema.schema' must be an object.")
+            raise invalid(
+                "response_format.json_schema.schema",
+                "'response_format.json_schema.schema' must be an object.",
+            )
         out["schema"] = dict(schema)
     description = spec.get("description")
     if isinstance(description, str):
         out["description"] = description
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise invalid("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean.")
+        raise invalid(
+            "response_format.json_schema.strict",
+            "'response_format.json_schema.strict' must be a boolean.",
+        )
     if strict:
         out["strict"] = True
-        _check_strict_schema(out.get("schema", {}), "response_format", f"Invalid schema for response_format '{name}'")
+        _check_strict_schema(
+            out.get("schema", {}), "response_format", f"Invalid schema for response_format '{name}'"
+        )
     return {"type": "json_schema", "json_schema": out}
 
 
@@ -655,15 +741,20 @@ def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, 
     if not isinstance(schema, Mapping):
         return
     context = "(" + ", ".join(repr(p) for p in path) + (",)" if len(path) == 1 else ")")
-    is_object = schema.get("type") == "object" or (isinstance(schema.get("type"), list) and "object" in schema["type"])
+    is_object = schema.get("type") == "object" or (
+        isinstance(schema.get("type"), list) and "object" in schema["type"]
+    )
     if is_object or "properties" in schema:
         if schema.get("additionalProperties") is not False:
             raise openai_refusal(
-                param, f"{prefix}: In context={context}, 'additionalProperties' is required to be supplied and to be false."
+                param,
+                f"{prefix}: In context={context}, 'additionalProperties' is required to be supplied and to be false.",
             )
         properties = schema["properties"] if isinstance(schema.get("properties"), Mapping) else {}
         required = schema.get("required")
-        missing = [key for key in properties if not isinstance(required, list) or key not in required]
+        missing = [
+            key for key in properties if not isinstance(required, list) or key not in required
+        ]
         if missing:
             raise openai_refusal(
                 param,
@@ -671,7 +762,9 @@ def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, 
                 f"including every key in properties. Missing '{missing[0]}'.",
             )
     for key, sub in schema.items():
-        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(sub, Mapping):
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
+            sub, Mapping
+        ):
             for name, child in sub.items():
                 _check_strict_schema(child, param, prefix, (*path, key, name))
         elif key in ("items", "anyOf", "allOf", "oneOf", "prefixItems", "not"):
@@ -690,10 +783,14 @@ def _parse_stream_options(value: Any, stream: bool) -> bool:
         raise invalid("stream_options", "Invalid type for 'stream_options': expected an object.")
     for key in value:
         if key != "include_usage":
-            raise unsupported(f"stream_options.{key}", f"Unrecognized argument 'stream_options.{key}'.")
+            raise unsupported(
+                f"stream_options.{key}", f"Unrecognized argument 'stream_options.{key}'."
+            )
     include = value.get("include_usage", False)
     if not isinstance(include, bool):
-        raise invalid("stream_options.include_usage", "'stream_options.include_usage' must be a boolean.")
+        raise invalid(
+            "stream_options.include_usage", "'stream_options.include_usage' must be a boolean."
+        )
     return include
 
 
@@ -722,7 +819,9 @@ def _parse_horde(value: Any) -> HordeOptions:
         raise invalid("horde", "Invalid type for 'horde': expected an object.")
     for key in value:
         if key not in _HORDE_KEYS:
-            raise unsupported(f"horde.{key}", f"Unrecognized request argument supplied: horde.{key}")
+            raise unsupported(
+                f"horde.{key}", f"Unrecognized request argument supplied: horde.{key}"
+            )
 
     def flag(key: str, default: bool) -> bool:
         v = value.get(key)
@@ -737,18 +836,26 @@ def _parse_horde(value: Any) -> HordeOptions:
         if v is None:
             return values[0]
         if v not in values:
-            raise unsupported(f"horde.{key}", f"Invalid value for 'horde.{key}': {v!r}; supported values are {', '.join(values)}.")
+            raise unsupported(
+                f"horde.{key}",
+                f"Invalid value for 'horde.{key}': {v!r}; supported values are {', '.join(values)}.",
+            )
         return str(v)
 
     max_kudos = _number(value, "max_kudos", 0, 1e12)
     workers = value.get("workers") or []
     if not isinstance(workers, list) or len(workers) > MAX_WORKER_IDS:
-        raise invalid("horde.workers", f"'horde.workers' must be an array of at most {MAX_WORKER_IDS} worker ids.")
+        raise invalid(
+            "horde.workers",
+            f"'horde.workers' must be an array of at most {MAX_WORKER_IDS} worker ids.",
+        )
     ids = []
     for i, w in enumerate(workers):
         wid = parse_uuid(w)
         if wid is None:
-            raise invalid(f"horde.workers[{i}]", f"'horde.workers[{i}]' is not a worker id (a UUID).")
+            raise invalid(
+                f"horde.workers[{i}]", f"'horde.workers[{i}]' is not a worker id (a UUID)."
+            )
         ids.append(wid)
     return HordeOptions(
         conformance=choice("conformance", CONFORMANCE_MODES),
@@ -812,7 +919,9 @@ def tools_temperature(req: ChatRequest) -> float | None:
 # Flattened prompt and context fit ---------------------------------------------------
 
 
-def flatten_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+def flatten_messages(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+) -> str:
     """The conversation as one string: what the horde's estimates read.
 
     Never sent to a worker. Tool definitions count, as templates render them.
@@ -834,7 +943,9 @@ def estimate_tokens(text: str) -> int:
 
 
 def truncate_oldest(
-    messages: list[dict[str, Any]], budget_tokens: int, tools: Sequence[Mapping[str, Any]] | None = None
+    messages: list[dict[str, Any]],
+    budget_tokens: int,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]] | None:
     """Drop the oldest whole turns until the conversation fits ``budget_tokens``.
 

@@ -28,9 +28,6 @@ MAX_CHAT_STOP: Final = 4
 MAX_CHAT_TOOLS: Final = 128
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3
-# A chat request without max_tokens gets the largest max_length the online
-# workers serving its model declare, or this when none declares one.
-DEFAULT_CHAT_MAX_LENGTH: Final = 512
 # Reply bounds a chat submit must keep (004 "Submit refusals").
 MAX_NATIVE_FINISH_REASON: Final = 32
 MAX_REASONING_BYTES: Final = 1024 * 1024

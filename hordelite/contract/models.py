@@ -45,6 +45,11 @@ class ModelReference:
             raise ConfigError(f"horde.model_reference: cannot read {str(file)!r}: {exc}") from None
         return cls.from_json(data, str(file))
 
+    def knows(self, model: str) -> bool:
+        """Whether the reference lists this model (by the same matching)."""
+        name = model.split("::", 1)[0].lower()
+        return name in self._billions or ("/" in name and name.rsplit("/", 1)[1] in self._billions)
+
     def billions(self, model: str) -> float:
         """The model's size in billions of parameters (1 when unknown)."""
         name = model.split("::", 1)[0].lower()

@@ -24,6 +24,8 @@ from hordelite.clock import Clock, SystemClock
 from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
+from hordelite.contract.chat_reply import is_chat_submit, parse_chat_submit
+from hordelite.contract.chat_request import parse_chat_request
 from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
@@ -34,6 +36,7 @@ from hordelite.contract.text import (
     parse_text_request,
 )
 from hordelite.errors import RC, HordeError
+from hordelite.horde import chat
 from hordelite.signals import LocalSignals, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
@@ -204,17 +207,46 @@ class Horde:
     def _new_text(self, req: TextRequest, operation_key: str | None) -> q.NewRequest:
         return new_text_request(req, self.quote, operation_key)
 
+    async def submit_chat(
+        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+    ) -> dict[str, Any]:
+        """Queue a chat request (see horde.chat.admit for what is refused)."""
+        req = parse_chat_request(body)
+        online, known = await self.db.read(
+            q.chat_pool, hash_key(api_key), req.models, self.clock.now(), self.rules
+        )
+        new = chat.admit(req, online, known, self.models, operation_key)
+        submitted = await self._submit(api_key, new, client_agent)
+        answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
+        if submitted.queued.context_adjustments:
+            answer["context_adjustments"] = submitted.queued.context_adjustments
+        if not submitted.possible:
+            reason = chat.impossible_reason(submitted.view, online)
+            answer["message"] = (
+                reason["message"] if reason else "No worker online can take this request now."
+            ) + " It waits for one."
+            answer["warnings"] = [{"code": "NoAvailableWorker", "message": answer["message"]}]
+        return answer
+
     async def text_status(self, request_id: str, *, cancel: bool = False) -> dict[str, Any]:
         """The status answer; with ``cancel``, end the request (answering its state before)."""
+        return await self._status("text", request_id, cancel)
+
+    async def chat_status(self, request_id: str, *, cancel: bool = False) -> dict[str, Any]:
+        """A chat request's status: the text fields, the structured replies,
+        impossible_reason while no online worker can take it, and the fault."""
+        return await self._status("chat", request_id, cancel)
+
+    async def _status(self, kind: str, request_id: str, cancel: bool) -> dict[str, Any]:
         canonical = parse_uuid(request_id)
         if canonical is None:
-            raise HordeError(RC.RequestNotFound, f"No text request with id {request_id[:64]!r}.")
+            raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id[:64]!r}.")
         now = self.clock.now()
         if cancel:
-            parts = await self.db.write(q.cancel_request, canonical, "text", now, self.rules)
+            parts = await self.db.write(q.cancel_request, canonical, kind, now, self.rules)
             self.signals.notify_request(canonical)
         else:
-            parts = await self.db.read(q.request_status, canonical, "text", now, self.rules)
+            parts = await self.db.read(q.request_status, canonical, kind, now, self.rules)
         return self._render_status(parts)
 
     def _render_status(self, parts: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +259,7 @@ class Horde:
         wait_time = (
             self._wait_time(req, parts["position"], processing, eligible) if waiting_state else 0
         )
-        return {
+        status: dict[str, Any] = {
             "finished": len(done_jobs),
             "processing": processing,
             "restarted": req["restarts"],
@@ -238,18 +270,35 @@ class Horde:
             "queue_position": parts["position"],
             "kudos": round(req["kudos"], 2),
             "is_possible": bool(eligible) if waiting_state else True,
-            "generations": [
-                {
-                    "text": j["text"],
-                    "seed": j["seed"] if j["seed"] is not None else 0,
-                    "gen_metadata": j["gen_metadata"] or [],
-                    "worker_id": j["worker_id"],
-                    "worker_name": j["worker_name"],
-                    "model": j["model"],
-                    "state": j["gen_state"],
-                }
-                for j in done_jobs
-            ],
+            "generations": [self._render_generation(j) for j in done_jobs],
+        }
+        if req["kind"] == "chat":
+            if waiting_state and not eligible:
+                reason = chat.impossible_reason(q.request_view(req), parts["online"])
+                if reason is not None:
+                    status["impossible_reason"] = reason
+            if req["context_adjustments"]:
+                status["context_adjustments"] = req["context_adjustments"]
+        if status["faulted"]:
+            status["fault"] = {
+                "rc": req["fault_rc"] or RC.RequestNotFound.name,
+                "message": req["fault_message"]
+                or f"The request expired: no worker took it within {int(self.config.horde.request_expiry)} s.",
+            }
+        return status
+
+    @staticmethod
+    def _render_generation(job: RowMapping) -> dict[str, Any]:
+        if job["kind"] == "chat":
+            return chat.render_generation(job)
+        return {
+            "text": job["text"],
+            "seed": job["seed"] if job["seed"] is not None else 0,
+            "gen_metadata": job["gen_metadata"] or [],
+            "worker_id": job["worker_id"],
+            "worker_name": job["worker_name"],
+            "model": job["model"],
+            "state": job["gen_state"],
         }
 
     def _wait_time(
@@ -321,13 +370,26 @@ class Horde:
             "softprompt": job.softprompt,
             "messages": [],
             "extra_source_images": None,
+            # Only chat jobs carry the key: a text job's answer is unchanged.
+            **({"chat": True} if job.chat else {}),
         }
 
     async def submit(self, api_key: str, body: Any) -> dict[str, Any]:
-        sub = parse_job_submit(body)
+        """A worker's answer to a job: a text generation, a chat reply or a fault.
+
+        A refused chat reply is recorded on its job (a fault that follows is
+        counted by it) and then refused: the refusal is raised after commit.
+        """
+        sub = (
+            parse_chat_submit(body)
+            if isinstance(body, dict) and is_chat_submit(body)
+            else parse_job_submit(body)
+        )
         result = await self.db.write(
             q.submit_job, hash_key(api_key), sub, self.clock.now(), self.rules, self.models.billions
         )
+        if result.refusal is not None:
+            raise result.refusal
         if result.requeued:
             self.signals.notify_queue()
         self.signals.notify_request(result.request_id)

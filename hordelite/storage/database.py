@@ -112,9 +112,7 @@ class Database:
         """The same, in the calling thread (migrations, the CLI)."""
         return self._run(self.engine, fn, write, args, kwargs)
 
-    def _run(
-        self, engine: Engine, fn: Callable[..., T], write: bool, args: Any, kwargs: Any
-    ) -> T:
+    def _run(self, engine: Engine, fn: Callable[..., T], write: bool, args: Any, kwargs: Any) -> T:
         inline = engine is not self.engine
         for attempt in range(_RETRIES):
             try:

@@ -47,7 +47,11 @@ def _add_missing_columns(conn: Connection) -> None:
             ddl = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.type.compile(conn.dialect)}"
             if column.server_default is not None:
                 default = column.server_default.arg  # type: ignore[attr-defined]
-                value = default if isinstance(default, str) else str(default.compile(dialect=conn.dialect))
+                value = (
+                    default
+                    if isinstance(default, str)
+                    else str(default.compile(dialect=conn.dialect))
+                )
                 ddl += f" DEFAULT {value if not isinstance(default, str) else repr(default)}"
             if not column.nullable:
                 ddl += " NOT NULL"

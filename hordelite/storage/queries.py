@@ -36,6 +36,13 @@ from sqlalchemy.sql import ColumnElement, Select
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, ChatWorkerLimits
+from hordelite.contract.chat_reply import (
+    FAULT_REASONS,
+    ChatSubmit,
+    build_worker_chat_extras,
+    output_estimate_chars,
+    verify_chat_reply,
+)
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
@@ -111,6 +118,7 @@ _JOB_WITH_REQUEST = (
         requests.c.n,
         requests.c.finished,
         requests.c.max_length.label("request_max_length"),
+        requests.c.chat,
     )
     .join(requests, requests.c.id == jobs.c.request_id)
     .where(jobs.c.id == bindparam("job_id"))
@@ -558,6 +566,21 @@ def _chat_view(chat: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def chat_pool(
+    conn: Connection, key_hash: str, models: Sequence[str], now: float, rules: Rules
+) -> tuple[list[WorkerView], set[str]]:
+    """For a chat submission: the online workers, and which of ``models`` any
+    worker ever declared as its chat model (the horde knows them).
+
+    Authenticates first, so an unknown key is refused before anything else.
+    """
+    _user(conn, key_hash, rules)
+    known = conn.execute(
+        select(workers.c.chat_model).distinct().where(workers.c.chat_model.in_(list(models)))
+    ).scalars()
+    return _online_workers(conn, now, rules), set(known)
+
+
 def online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
     return _online_workers(conn, now, rules)
 
@@ -923,8 +946,6 @@ def _assign(
         },
     )
     if chat:
-        from hordelite.contract.chat_reply import build_worker_chat_extras
-
         request = ChatRequest.from_json(claimed["chat"])
         payload = build_worker_chat_extras(
             request, frozenset(worker.chat_features), max_length, max_context_length
@@ -978,16 +999,20 @@ class SubmitResult:
     request_id: str
     request_ended: bool  # done or faulted: waiters can be told
     requeued: bool  # a faulted job went back to the queue
+    # A refused chat reply: recorded on the job (a later fault counts by it),
+    # then raised by the service once this transaction has committed.
+    refusal: HordeError | None = None
 
 
 def submit_job(
     conn: Connection,
     key_hash: str,
-    sub: JobSubmit,
+    sub: JobSubmit | ChatSubmit,
     now: float,
     rules: Rules,
     billions: Callable[[str], float],
 ) -> SubmitResult:
+    """Store a worker's answer to a job: a text generation, a chat reply, or a fault."""
     user = _user(conn, key_hash, rules)
     # Locks the job and its request (PostgreSQL), in that order.
     job = conn.execute(_JOB_WITH_REQUEST.with_for_update(), {"job_id": sub.id}).mappings().first()
@@ -1003,10 +1028,73 @@ def submit_job(
     if job["state"] != "processing":
         raise HordeError(RC.AbortedGen, "This job was aborted: its request ended.")
     if sub.state == "faulted":
-        req = _get_request(conn, job["request_id"], "text")
-        requeued, ended = _fault_job(conn, job, req, now, rules)
-        return SubmitResult(0.0, req["id"], ended, requeued)
+        reason = sub.fault_reason if isinstance(sub, ChatSubmit) else None
+        return _fault_job(conn, job, now, rules, reason)
+    if job["kind"] == "chat":
+        if not isinstance(sub, ChatSubmit):
+            raise HordeError(
+                RC.ChatSubmitInvalid,
+                "This is a chat job: answer it with message, finish_reason and model_id, not generation.",
+            )
+        return _accept_chat_reply(conn, job, sub, now, billions)
+    if isinstance(sub, ChatSubmit):
+        raise HordeError(
+            RC.ChatSubmitInvalid, "This is a text job: answer it with generation, not message."
+        )
     tokens = kudos_rules.billed_tokens(len(sub.generation), job["request_max_length"])
+    values = {
+        "text": sub.generation,
+        "gen_state": sub.state,
+        "seed": sub.seed,
+        "gen_metadata": sub.gen_metadata,
+    }
+    return _settle(conn, job, tokens, values, now, billions)
+
+
+def _accept_chat_reply(
+    conn: Connection,
+    job: RowMapping,
+    sub: ChatSubmit,
+    now: float,
+    billions: Callable[[str], float],
+) -> SubmitResult:
+    assert sub.reply is not None
+    try:
+        if sub.model_id != job["model"]:
+            raise HordeError(
+                RC.ChatModelMismatch,
+                f"model_id {sub.model_id!r} is not the model this job was assigned: {job['model']!r}.",
+            )
+        reply = verify_chat_reply(ChatRequest.from_json(job["chat"]), sub.reply)
+    except HordeError as refusal:
+        conn.execute(
+            _FINISH_JOB,
+            {
+                "job_id": job["id"],
+                "refusal_rc": refusal.rc.name,
+                "refusal_message": refusal.message,
+            },
+        )
+        return SubmitResult(0.0, job["request_id"], False, False, refusal)
+    tokens = kudos_rules.billed_tokens(output_estimate_chars(reply), job["request_max_length"])
+    values = {
+        "text": reply.content,
+        "gen_state": sub.state,
+        "reply": reply.to_json(),
+        "charge_basis": "output_estimate",
+    }
+    return _settle(conn, job, tokens, values, now, billions)
+
+
+def _settle(
+    conn: Connection,
+    job: RowMapping,
+    tokens: int,
+    values: dict[str, Any],
+    now: float,
+    billions: Callable[[str], float],
+) -> SubmitResult:
+    """Store a finished job: reward its worker's owner, charge the requester."""
     reward = kudos_rules.job_reward(tokens, billions(job["model"]))
     cost = kudos_rules.job_cost(reward)
     conn.execute(
@@ -1015,13 +1103,10 @@ def submit_job(
             "job_id": job["id"],
             "state": "done",
             "submitted": now,
-            "text": sub.generation,
-            "gen_state": sub.state,
-            "seed": sub.seed,
-            "gen_metadata": sub.gen_metadata,
             "tokens": tokens,
             "reward": reward,
             "cost": cost,
+            **values,
         },
     )
     _move_kudos(conn, payer=job["requester_id"], cost=cost, earner=job["owner_id"], reward=reward)
@@ -1056,33 +1141,68 @@ def _move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: 
 
 
 def _fault_job(
-    conn: Connection, job: RowMapping, req: RowMapping, now: float, rules: Rules
-) -> tuple[bool, bool]:
-    """A job the worker gave up on. Returns (requeued, request ended)."""
+    conn: Connection, job: RowMapping, now: float, rules: Rules, reason: str | None
+) -> SubmitResult:
+    """A job the worker gave up on: back to the queue, or the request faults.
+
+    A fault right after a nonconformant reply counts in the worker's
+    nonconformant_replies instead of its aborted jobs: the refusal was the
+    horde's, and such faults must not lead to maintenance. The message the
+    client will read is the refusal's when the worker reports reply_refused,
+    else the fixed sentence of its reason.
+    """
     conn.execute(
         update(jobs)
         .where(jobs.c.id == job["id"])
-        .values(state="faulted", submitted=now, gen_state="faulted")
+        .values(state="faulted", submitted=now, gen_state="faulted", fault_reason=reason)
     )
-    _count_abort(conn, job["worker_id"], now, rules)
-    return _give_back(conn, req, now, rules, faulted=True)
+    if job["refusal_rc"] == RC.ChatSubmitNonconformant.name:
+        conn.execute(
+            update(workers)
+            .where(workers.c.id == job["worker_id"])
+            .values(nonconformant_replies=workers.c.nonconformant_replies + 1)
+        )
+    else:
+        _count_abort(conn, job["worker_id"], now, rules)
+    if reason == "reply_refused" and job["refusal_message"]:
+        message = job["refusal_message"]
+    elif reason is not None:
+        message = FAULT_REASONS[reason]
+    else:
+        message = _NO_REASON
+    req = _get_request(conn, job["request_id"], job["kind"])
+    requeued, ended = _give_back(conn, req, now, rules, faulted=True, message=message)
+    return SubmitResult(0.0, req["id"], ended, requeued)
+
+
+_NO_REASON = "A worker could not serve this request and gave no reason."
+_LEASE_EXPIRED = "A worker took this request and did not answer before its job's lease ran out."
 
 
 def _give_back(
-    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool
+    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool, message: str
 ) -> tuple[bool, bool]:
-    """Return a job's slot to its request: requeue it, or fault the request."""
+    """Return a job's slot to its request: requeue it, or fault the request.
+
+    ``message`` is kept as the request's last fault, which its status shows
+    (rc ChatWorkerFault) once the request ends faulted.
+    """
     if req["state"] != "waiting":
         return False, False
     faults = req["faults"] + (1 if faulted else 0)
+    fault = {"fault_rc": RC.ChatWorkerFault.name, "fault_message": message}
     if faults > rules.max_faults:
-        conn.execute(update(requests).where(requests.c.id == req["id"]).values(faults=faults))
+        conn.execute(
+            update(requests).where(requests.c.id == req["id"]).values(faults=faults, **fault)
+        )
         _end_request(conn, req["id"], "faulted", now)
         return False, True
     conn.execute(
         update(requests)
         .where(requests.c.id == req["id"])
-        .values(faults=faults, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1)
+        .values(
+            faults=faults, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **fault
+        )
     )
     if req["remaining"] == 0:
         _enqueue(conn, req)
@@ -1143,7 +1263,9 @@ def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
             .mappings()
             .one()
         )
-        was_requeued, was_ended = _give_back(conn, req, now, rules, faulted=False)
+        was_requeued, was_ended = _give_back(
+            conn, req, now, rules, faulted=False, message=_LEASE_EXPIRED
+        )
         _count_abort(conn, job["worker_id"], now, rules)
         requeued += was_requeued
         if was_ended:

@@ -1,0 +1,186 @@
+"""Chat requests in the horde service: admission at submit, and the parts of
+a chat status that text requests do not have."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import RowMapping
+
+from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.chat_features import to_mask
+from hordelite.contract.chat_reply import ChatReply
+from hordelite.contract.chat_request import (
+    ChatRequest,
+    estimate_tokens,
+    flatten_messages,
+    required_chat_features,
+    tools_temperature,
+    truncate_oldest,
+)
+from hordelite.contract.eligibility import (
+    DECLARATION_GAPS,
+    LIMIT_GAPS,
+    RequestView,
+    WorkerView,
+    skip_reason,
+)
+from hordelite.contract.models import ModelReference
+from hordelite.errors import RC, HordeError
+from hordelite.storage import queries as q
+
+
+def serving(online: Sequence[WorkerView], models: Sequence[str]) -> list[WorkerView]:
+    """Online chat workers (not in maintenance) whose chat model is one of ``models``."""
+    return [w for w in online if not w.maintenance and w.chat_model in models]
+
+
+def admit(
+    req: ChatRequest,
+    online: Sequence[WorkerView],
+    known: set[str],
+    reference: ModelReference,
+    operation_key: str | None,
+) -> q.NewRequest:
+    """What to queue for a chat request, or a refusal before anything is queued.
+
+    Refuses an unknown model (404 model_not_found), a model without an online
+    chat worker (503 no_eligible_worker), a conversation over every serving
+    worker's context (400 no_worker_supports_limit, unless context_fit
+    truncate_oldest makes it fit) and a quote over horde.max_kudos. Lowers a
+    max_tokens over every serving worker's max_length to the largest, and says
+    so in context_adjustments.
+    """
+    unknown = [m for m in req.models if m not in known and not reference.knows(m)]
+    if unknown:
+        raise HordeError(
+            RC.model_not_found,
+            f"The model {unknown[0]!r} does not exist on this horde.",
+            param="model",
+        )
+    pool = serving(online, req.models)
+    if not pool:
+        raise HordeError(
+            RC.no_eligible_worker,
+            f"No online chat worker serves {' or '.join(repr(m) for m in req.models)}; nothing was queued.",
+        )
+    adjustments: list[dict[str, Any]] = []
+    # Without max_tokens a reply may be as long as a serving worker allows.
+    longest = max(w.chat_max_length for w in pool)
+    max_length = req.max_length or longest
+    if req.max_length is not None and req.max_length > longest:
+        max_length = longest
+        adjustments.append(
+            {
+                "field": "max_tokens",
+                "requested": req.max_length,
+                "applied": longest,
+                "reason": "the largest max_length the online workers serving this model declare",
+            }
+        )
+    messages = req.messages
+    context = estimate_tokens(flatten_messages(messages, req.tools))
+    widest = max(w.chat_max_context_length for w in pool)
+    if context + max_length > widest:
+        kept = None
+        if req.horde.context_fit == "truncate_oldest":
+            kept = truncate_oldest(messages, widest - max_length, req.tools)
+        if kept is None:
+            raise HordeError(
+                RC.no_worker_supports_limit,
+                f"The conversation (about {context} tokens) plus max_tokens ({max_length}) is over "
+                f"the largest context an online worker serving this model declares ({widest}).",
+                param="messages",
+            )
+        adjustments.append(
+            {
+                "field": "messages",
+                "requested": len(messages),
+                "applied": len(kept),
+                "reason": "context_fit truncate_oldest dropped the oldest turns to fit "
+                f"a context of {widest} tokens",
+            }
+        )
+        messages = kept
+        context = estimate_tokens(flatten_messages(messages, req.tools))
+    queued = ChatRequest.from_json(
+        {**req.to_json(), "messages": messages, "max_length": max_length}
+    )
+    billions = max(reference.billions(m) for m in req.models)
+    quote = kudos_rules.request_quote(max_length, 1, billions)
+    if req.horde.max_kudos is not None and quote > req.horde.max_kudos:
+        raise HordeError(
+            RC.MaxKudosExceeded,
+            f"This request may cost up to {quote} kudos (max_tokens {max_length} in full), "
+            f"over its horde.max_kudos of {req.horde.max_kudos}; nothing was queued.",
+            param="horde.max_kudos",
+        )
+    return q.NewRequest(
+        kind="chat",
+        prompt=flatten_messages(messages, req.tools),
+        params={},
+        models=req.models,
+        workers=req.horde.workers,
+        worker_blacklist=req.horde.worker_blacklist,
+        trusted_workers=req.horde.trusted_workers,
+        slow_workers=req.horde.slow_workers,
+        nsfw=False,
+        n=1,
+        max_length=max_length,
+        max_context_length=context + max_length,
+        quote=quote,
+        chat=queued.to_json(),
+        submitted_prompt=flatten_messages(req.messages, req.tools),
+        features=to_mask(required_chat_features(queued)),
+        context_tokens=context,
+        tools_temperature=tools_temperature(queued),
+        context_adjustments=adjustments or None,
+        operation_key=operation_key,
+        fingerprint=req.fingerprint() if operation_key else None,
+        downgrade_field="max_tokens",
+    )
+
+
+def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> dict[str, str] | None:
+    """Why no online worker can take this chat request, or None when one can.
+
+    A declaration gap (a feature, a guarantee or the tools temperature) comes
+    before a limit gap; neither is reported when only restrictions the client
+    chose (worker lists, trusted workers) stand in the way.
+    """
+    pool = serving(online, view.models)
+    if not pool:
+        return {"rc": RC.no_eligible_worker.name, "message": RC.no_eligible_worker.default_message}
+    gaps = [skip_reason(w, view) for w in pool]
+    if None in gaps:
+        return None
+    if any(g in DECLARATION_GAPS for g in gaps):
+        return {
+            "rc": RC.no_worker_supports_features.name,
+            "message": RC.no_worker_supports_features.default_message,
+        }
+    if all(g in LIMIT_GAPS for g in gaps):
+        return {
+            "rc": RC.no_worker_supports_limit.name,
+            "message": RC.no_worker_supports_limit.default_message,
+        }
+    return None
+
+
+def render_generation(job: RowMapping) -> dict[str, Any]:
+    reply = ChatReply.from_json(job["reply"])
+    return {
+        "message": reply.message(),
+        "finish_reason": reply.finish_reason,
+        "native_finish_reason": reply.native_finish_reason,
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+        "reasoning_tokens": reply.reasoning_tokens,
+        "worker_id": job["worker_id"],
+        "worker_name": job["worker_name"],
+        "model": job["model"],
+        "state": job["gen_state"],
+        "kudos": job["cost"],
+        "charge_basis": job["charge_basis"],
+    }
