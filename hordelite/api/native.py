@@ -122,7 +122,8 @@ async def status_models() -> Response:
     # The AI Horde defaults type to image; hordelite serves text only.
     if request.args.get("type", "text") != "text":
         return json_response([])
-    return json_response(await horde().model_stats())
+    with_chat = request.args.get("chat", "false").lower() in ("true", "1", "yes")
+    return json_response(await horde().model_stats(with_chat))
 
 
 @native.get("/workers")

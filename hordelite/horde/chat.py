@@ -168,6 +168,26 @@ def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> dict[s
     return None
 
 
+def chat_summary(online: Sequence[WorkerView]) -> dict[str, dict[str, Any]]:
+    """Per chat model: its online chat workers, their largest limits, the
+    sorted union of their features (the ``chat`` object of the model list)."""
+    summary: dict[str, dict[str, Any]] = {}
+    for w in online:
+        if w.maintenance or w.chat_model is None:
+            continue
+        entry = summary.setdefault(
+            w.chat_model,
+            {"workers": 0, "max_context_length": 0, "max_length": 0, "features": set()},
+        )
+        entry["workers"] += 1
+        entry["max_context_length"] = max(entry["max_context_length"], w.chat_max_context_length)
+        entry["max_length"] = max(entry["max_length"], w.chat_max_length)
+        entry["features"].update(w.chat_features)
+    for entry in summary.values():
+        entry["features"] = sorted(entry["features"])
+    return summary
+
+
 def render_generation(job: RowMapping) -> dict[str, Any]:
     reply = ChatReply.from_json(job["reply"])
     return {

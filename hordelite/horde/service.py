@@ -122,7 +122,9 @@ class Horde:
             anonymous_concurrency=h.anonymous_concurrency,
             allow_anonymous=h.allow_anonymous,
         )
-        self._model_stats: tuple[float, list[dict[str, Any]]] | None = None
+        self._model_stats: (
+            tuple[float, tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]] | None
+        ) = None
         self._stopping = False
 
     def begin_shutdown(self) -> None:
@@ -511,13 +513,33 @@ class Horde:
             "max_context_length": row["max_context_length"],
             "info": None,
             "owner": row["username"],
+            "accepts_chat_jobs": row["chat"] is not None,
+            "accepts_prompt_jobs": bool(row["prompt_jobs"]),
+            "nonconformant_replies": row["nonconformant_replies"],
+            # The declaration of the last pop, as sent (unknown names dropped).
+            **({"chat": row["chat"]} if row["chat"] is not None else {}),
         }
 
-    async def model_stats(self) -> list[dict[str, Any]]:
-        """The models of online workers with their queues (cached for MODEL_STATS_TTL)."""
+    async def model_stats(self, with_chat: bool = False) -> list[dict[str, Any]]:
+        """The models of online workers with their queues (cached for MODEL_STATS_TTL).
+
+        ``with_chat`` adds each model's ``chat`` object: its online chat
+        workers, their largest limits and the sorted union of their features.
+        """
         now = self.clock.now()
-        if self._model_stats is not None and now - self._model_stats[0] < MODEL_STATS_TTL:
-            return self._model_stats[1]
+        if self._model_stats is None or now - self._model_stats[0] >= MODEL_STATS_TTL:
+            self._model_stats = (now, await self._compute_model_stats(now))
+        answer, chat_summary = self._model_stats[1]
+        if not with_chat:
+            return answer
+        return [
+            {**e, "chat": chat_summary[e["name"]]} if e["name"] in chat_summary else e
+            for e in answer
+        ]
+
+    async def _compute_model_stats(
+        self, now: float
+    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
         online = await self.db.read(q.online_workers, now, self.rules)
         queued = await self.db.read(q.model_queue_stats)
         stats: dict[str, dict[str, Any]] = {}
@@ -542,8 +564,7 @@ class Horde:
                     "type": "text",
                 }
             )
-        self._model_stats = (now, answer)
-        return answer
+        return answer, chat.chat_summary(online)
 
     def heartbeat(self) -> dict[str, Any]:
         return {"message": "OK", "version": __version__}
