@@ -7,7 +7,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from hordelite.contract.chat_features import ChatWorkerLimits, known_features, to_mask
+from hordelite.contract.chat_features import (
+    ChatWorkerLimits,
+    known_features,
+    to_mask,
+    transport_mask,
+)
 from hordelite.contract.limits import MAX_CONTEXT_LENGTH, MAX_MAX_LENGTH, MAX_NAME
 from hordelite.errors import RC, HordeError
 
@@ -28,7 +33,9 @@ class ChatDeclaration:
         names = set(self.features)
         if not {"url", "base64"} & set(self.image_transports):
             names.discard("vision")
-        return to_mask(names)
+        if "vision" not in names:
+            return to_mask(names)
+        return to_mask(names) | transport_mask(self.image_transports)
 
     def to_json(self) -> dict[str, Any]:
         limits: dict[str, Any] = {

@@ -47,6 +47,17 @@ def known_features(names: Iterable[str]) -> list[str]:
     return [name for name in ALL_NAMES if name in given]
 
 
+# Internal bits, never declared by name: how a request's images can reach a
+# worker. hordelite forwards an image part as the client sent it, so an
+# http(s) image needs a worker that fetches URLs ("url") and a data: image
+# one that reads inline bytes ("base64").
+IMAGE_TRANSPORT_BITS = {"url": 1 << 24, "base64": 1 << 25}
+
+
+def transport_mask(transports: Iterable[str]) -> int:
+    return sum(IMAGE_TRANSPORT_BITS.get(t, 0) for t in set(transports))
+
+
 def to_mask(names: Iterable[str]) -> int:
     mask = 0
     for name in names:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hordelite.contract._fields import parse_uuid
-from hordelite.contract.chat_features import ChatFeature, ChatGuarantee
+from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, to_mask, transport_mask
 from hordelite.contract.limits import (
     CHARS_PER_TOKEN_ESTIMATE,
     MAX_CHAT_MESSAGES,
@@ -908,6 +908,23 @@ def required_chat_features(req: ChatRequest) -> list[str]:
         if req.response_type == "json_schema" and req.response_format["json_schema"].get("strict"):  # type: ignore[index]
             needed.append(ChatGuarantee.structured_output_enforced)
     return [f.name for f in needed]
+
+
+def image_transports_needed(req: ChatRequest) -> set[str]:
+    """How the request's images must reach a worker: "base64" for data:
+    URLs, "url" for http(s) URLs (they are forwarded as sent)."""
+    needed = set()
+    for message in req.messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            if part["type"] == "image_url":
+                needed.add("base64" if part["image_url"]["url"].startswith("data:") else "url")
+    return needed
+
+
+def required_mask(req: ChatRequest) -> int:
+    """The stored eligibility mask: required features, guarantees and image transports."""
+    return to_mask(required_chat_features(req)) | transport_mask(image_transports_needed(req))
 
 
 def tools_temperature(req: ChatRequest) -> float | None:

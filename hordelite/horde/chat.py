@@ -9,13 +9,12 @@ from typing import Any
 from sqlalchemy import RowMapping
 
 from hordelite.contract import kudos as kudos_rules
-from hordelite.contract.chat_features import to_mask
 from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.chat_request import (
     ChatRequest,
     estimate_tokens,
     flatten_messages,
-    required_chat_features,
+    required_mask,
     tools_temperature,
     truncate_oldest,
 )
@@ -132,7 +131,7 @@ def admit(
         quote=quote,
         chat=queued.to_json(),
         submitted_prompt=flatten_messages(req.messages, req.tools),
-        features=to_mask(required_chat_features(queued)),
+        features=required_mask(queued),
         context_tokens=context,
         tools_temperature=tools_temperature(queued),
         context_adjustments=adjustments or None,

@@ -35,7 +35,12 @@ from sqlalchemy.sql import ColumnElement, Select
 
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_declaration import ChatDeclaration
-from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, ChatWorkerLimits
+from hordelite.contract.chat_features import (
+    IMAGE_TRANSPORT_BITS,
+    ChatFeature,
+    ChatGuarantee,
+    ChatWorkerLimits,
+)
 from hordelite.contract.chat_reply import (
     FAULT_REASONS,
     ChatSubmit,
@@ -63,7 +68,11 @@ from hordelite.storage.schema import (
 # 100,000 waiting requests.
 SKIPPED_SAMPLE = 100
 
-_ALL_FEATURE_BITS = sum(f.value for f in ChatFeature) | sum(g.value for g in ChatGuarantee)
+_ALL_FEATURE_BITS = (
+    sum(f.value for f in ChatFeature)
+    | sum(g.value for g in ChatGuarantee)
+    | sum(IMAGE_TRANSPORT_BITS.values())
+)
 
 # Statements on the hot paths (every pop, submit and status) are built once
 # with bind parameters: SQLAlchemy then only binds values, which halves the
