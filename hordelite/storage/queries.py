@@ -1296,7 +1296,18 @@ def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
             _end_request(conn, request_id, "expired", now)
             ended.append(request_id)
     purged = _purge(conn, now - rules.retention)
+    _drop_empty_classes(conn)
     return SweepResult(len(expired), requeued, ended, purged)
+
+
+def _drop_empty_classes(conn: Connection) -> None:
+    """Forget queue classes without queue rows, so chat pops stop visiting them."""
+    rows = exists().where(
+        queue.c.model == queue_classes.c.model,
+        queue.c.kind == queue_classes.c.kind,
+        queue.c.features == queue_classes.c.features,
+    )
+    conn.execute(delete(queue_classes).where(~rows))
 
 
 def _purge(conn: Connection, before: float) -> int:
