@@ -83,11 +83,13 @@ _INSERT_JOB = insert(jobs)
 _INSERT_QUEUE = insert(queue)
 _INSERT_REQUEST = insert(requests)
 _DEQUEUE = delete(queue).where(queue.c.request_id == bindparam("rid"))
-_CLASS_EXISTS = select(queue_classes.c.model).where(
+_CLASS_LAST_USED = select(queue_classes.c.last_used).where(
     queue_classes.c.model == bindparam("model"),
     queue_classes.c.kind == bindparam("kind"),
     queue_classes.c.features == bindparam("features"),
 )
+CLASS_REFRESH_SECONDS = 60.0
+CLASS_IDLE_SECONDS = 3600.0
 # The chat classes of a model whose required features a declaration covers.
 _CHAT_CLASSES = select(queue_classes.c.features).where(
     queue_classes.c.model == bindparam("model"),
@@ -375,7 +377,7 @@ def submit_request(
             insert(request_workers),
             [{"request_id": request_id, "worker_id": w} for w in new.workers],
         )
-    _enqueue(conn, row)
+    _enqueue(conn, row, now)
     view = request_view(row)
     possible = any(can_serve(w, view) for w in _online_workers(conn, now, rules))
     return Submitted(request_id, new, view, possible, False)
@@ -427,7 +429,7 @@ def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules)
         )
 
 
-def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping) -> None:
+def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping, now: float) -> None:
     """The queue rows of a request that has jobs to hand out (one per model)."""
     base = {
         "request_id": req["id"],
@@ -450,9 +452,29 @@ def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping) -> None:
     conn.execute(_INSERT_QUEUE, [{**base, "model": m} for m in models])
     if req["kind"] == "chat":
         for model in models:
-            key = {"model": model, "kind": "chat", "features": req["features"]}
-            if conn.execute(_CLASS_EXISTS, key).first() is None:
-                conn.execute(insert(queue_classes).values(**key))
+            _use_class(conn, {"model": model, "kind": "chat", "features": req["features"]}, now)
+
+
+def _use_class(conn: Connection, key: dict[str, Any], now: float) -> None:
+    """Make sure a chat pop will visit this class (see queue_classes.last_used)."""
+    last_used = conn.execute(_CLASS_LAST_USED, key).scalar()
+    if last_used is not None and last_used >= now - CLASS_REFRESH_SECONDS:
+        return
+    if last_used is not None:
+        touched = conn.execute(
+            update(queue_classes).where(*_class_key()).values(last_used=now), key
+        ).rowcount
+        if touched:
+            return
+    conn.execute(insert(queue_classes).values(**key, last_used=now))
+
+
+def _class_key() -> list[ColumnElement[bool]]:
+    return [
+        queue_classes.c.model == bindparam("model"),
+        queue_classes.c.kind == bindparam("kind"),
+        queue_classes.c.features == bindparam("features"),
+    ]
 
 
 def _dequeue(conn: Connection, request_id: str) -> None:
@@ -1214,7 +1236,7 @@ def _give_back(
         )
     )
     if req["remaining"] == 0:
-        _enqueue(conn, req)
+        _enqueue(conn, req, now)
     return True, False
 
 
@@ -1296,18 +1318,20 @@ def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
             _end_request(conn, request_id, "expired", now)
             ended.append(request_id)
     purged = _purge(conn, now - rules.retention)
-    _drop_empty_classes(conn)
+    _drop_idle_classes(conn, now)
     return SweepResult(len(expired), requeued, ended, purged)
 
 
-def _drop_empty_classes(conn: Connection) -> None:
-    """Forget queue classes without queue rows, so chat pops stop visiting them."""
+def _drop_idle_classes(conn: Connection, now: float) -> None:
+    """Forget queue classes idle for an hour and empty, so chat pops stop visiting them."""
     rows = exists().where(
         queue.c.model == queue_classes.c.model,
         queue.c.kind == queue_classes.c.kind,
         queue.c.features == queue_classes.c.features,
     )
-    conn.execute(delete(queue_classes).where(~rows))
+    conn.execute(
+        delete(queue_classes).where(queue_classes.c.last_used < now - CLASS_IDLE_SECONDS, ~rows)
+    )
 
 
 def _purge(conn: Connection, before: float) -> int:

@@ -195,6 +195,10 @@ queue_classes = Table(
     Column("model", String(255), primary_key=True),
     Column("kind", String(8), primary_key=True),
     Column("features", Integer, primary_key=True),
+    # Refreshed by submits at most once a minute; the sweep forgets a class
+    # only when it has been idle an hour and has no rows, so a submit and
+    # the sweep never race over a class in use.
+    Column("last_used", Float, nullable=False, default=0.0, server_default="0"),
 )
 
 request_workers = Table(
