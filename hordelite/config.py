@@ -70,10 +70,31 @@ class HordeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FrontConfig:
+    # Seconds an OpenAI call may wait for its reply (the front's budget); past
+    # it the call gets 408 and the horde request is cancelled.
+    timeout: float = 300.0
+    # Seconds a call waits while no online worker can take its request before
+    # it gets 503 no_eligible_worker (and the request is cancelled).
+    no_worker_grace: float = 60.0
+    # Open calls the front holds at once, in all and per client address;
+    # more get 503 FrontAtCapacity before anything is read or queued.
+    max_open_calls: int = 10000
+    max_open_per_source: int = 1000
+    # Seconds between fallback status re-checks of a waiting call (each call
+    # picks a random offset, so re-checks are spread out); the completion
+    # signal normally wakes the call first.
+    recheck_interval: float = 10.0
+    # Seconds between SSE keep-alive comments while a streamed call waits.
+    keepalive_interval: float = 15.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
     horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
+    front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
         """A copy with some keys of some sections changed, validated."""
@@ -89,6 +110,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "server": ServerConfig,
     "storage": StorageConfig,
     "horde": HordeConfig,
+    "front": FrontConfig,
 }
 
 _BACKENDS = ("trio", "asyncio")
@@ -165,6 +187,13 @@ def _check(config: Config) -> None:
             raise ConfigError(f"horde.{key}: must not be negative, got {getattr(h, key)}")
     if not 0 <= h.max_pop_wait <= 300:
         raise ConfigError(f"horde.max_pop_wait: must be 0 to 300, got {h.max_pop_wait}")
+    fr = config.front
+    for key in ("timeout", "no_worker_grace", "recheck_interval", "keepalive_interval"):
+        if getattr(fr, key) <= 0:
+            raise ConfigError(f"front.{key}: must be positive, got {getattr(fr, key)}")
+    for key in ("max_open_calls", "max_open_per_source"):
+        if getattr(fr, key) < 1:
+            raise ConfigError(f"front.{key}: must be at least 1, got {getattr(fr, key)}")
     if h.model_reference and not Path(h.model_reference).is_file():
         raise ConfigError(f"horde.model_reference: no such file {h.model_reference!r}")
 

@@ -71,13 +71,16 @@ class RC(enum.Enum):
     )
     # 405, 413, 429
     MethodNotAllowed = (405, "This method is not allowed on this route.")
+    RequestTimeout = (408, "The request did not complete within the time allowed.")
     OperationKeyReused = (409, "This Idempotency-Key was used for a different request.")
     PayloadTooLarge = (413, "The request body is larger than this horde accepts.")
     TooManyPrompts = (429, "You have too many requests in flight.")
     # 5xx
     InternalServerError = (500, "The horde failed unexpectedly.")
     ChatWorkerFault = (502, "The worker could not serve this request.")
+    ChatRequestFaulted = (502, "The request faulted: its workers could not serve it.")
     no_eligible_worker = (503, "No online worker serves this model.")
+    FrontAtCapacity = (503, "The front holds as many open calls as it may; try again shortly.")
     queue_unavailable = (503, "No eligible worker can take this request soon enough.")
     StorageUnavailable = (503, "The horde's database did not answer; try again shortly.")
 

@@ -13,6 +13,8 @@ from werkzeug.exceptions import HTTPException
 
 from hordelite.api.native import json_response, native
 from hordelite.errors import RC, HordeError, StorageUnavailable
+from hordelite.front._errors import error_response
+from hordelite.front.openai import Admission, front
 from hordelite.horde.service import Horde
 
 log = logging.getLogger("hordelite.api")
@@ -20,11 +22,15 @@ log = logging.getLogger("hordelite.api")
 _HTTP_CODES = {
     404: RC.NotFound,
     405: RC.MethodNotAllowed,
+    408: RC.RequestTimeout,
     413: RC.PayloadTooLarge,
 }
 
 
 def _error(rc: RC, message: str | None = None, **extra: Any) -> Response:
+    """A refusal in the envelope of the route family: OpenAI's under /v1."""
+    if request.path.startswith("/v1"):
+        return error_response(HordeError(rc, message, **extra))
     return json_response(
         {"message": message or rc.default_message, "rc": rc.name, **extra}, rc.status
     )
@@ -42,6 +48,8 @@ def create_app(horde: Horde, backend: str = "trio") -> Quart:
     # Quart answers 408 itself when a body does not arrive in time.
     app.config["BODY_TIMEOUT"] = 60
     app.register_blueprint(native)
+    app.register_blueprint(front)
+    app.config["FRONT_ADMISSION"] = Admission(horde.config.front)
 
     @app.errorhandler(HordeError)
     async def _horde_error(exc: HordeError) -> Response:

@@ -25,6 +25,7 @@ from hordelite.contract.eligibility import (
     WorkerView,
     skip_reason,
 )
+from hordelite.contract.limits import UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
 from hordelite.errors import RC, HordeError
 from hordelite.storage import queries as q
@@ -65,9 +66,12 @@ def admit(
             f"No online chat worker serves {' or '.join(repr(m) for m in req.models)}; nothing was queued.",
         )
     adjustments: list[dict[str, Any]] = []
-    # Without max_tokens a reply may be as long as a serving worker allows.
+    # Without max_tokens a reply may be as long as a serving worker allows,
+    # up to the length that needs no kudos up front, so that a plain OpenAI
+    # call from an account without kudos is not refused for a field it never
+    # sent.
     longest = max(w.chat_max_length for w in pool)
-    max_length = req.max_length or longest
+    max_length = req.max_length or min(longest, UPFRONT_MAX_LENGTH)
     if req.max_length is not None and req.max_length > longest:
         max_length = longest
         adjustments.append(

@@ -25,7 +25,7 @@ from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
 from hordelite.contract.chat_reply import is_chat_submit, parse_chat_submit
-from hordelite.contract.chat_request import parse_chat_request
+from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
@@ -213,7 +213,12 @@ class Horde:
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
     ) -> dict[str, Any]:
         """Queue a chat request (see horde.chat.admit for what is refused)."""
-        req = parse_chat_request(body)
+        return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
+
+    async def queue_chat(
+        self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
+    ) -> dict[str, Any]:
+        """Queue a validated chat request; answers the 202 body."""
         online, known = await self.db.read(
             q.chat_pool, hash_key(api_key), req.models, self.clock.now(), self.rules
         )

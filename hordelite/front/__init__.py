@@ -1,0 +1,1 @@
+"""The OpenAI-compatible front: /v1 routes in the same app and process."""

@@ -1,0 +1,120 @@
+"""One OpenAI call after its submission: the first status read, the wait, and
+the cancellation of the horde request on every exit but an answer or a fault.
+
+The wait sleeps on the request's completion signal; a fallback re-check at a
+random point of each ``recheck_interval`` catches a lost signal without
+synchronising the re-checks of many open calls.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from hordelite.config import FrontConfig
+from hordelite.contract.chat_request import ChatRequest
+from hordelite.errors import RC, HordeError
+from hordelite.horde.service import Horde
+
+# What the wait yields while nothing happened (a stream sends a comment).
+TICK = object()
+# Seconds a cancellation of the horde request may take while the call ends.
+_CANCEL_BUDGET = 5.0
+
+
+class Call:
+    def __init__(
+        self, horde: Horde, config: FrontConfig, request_id: str, req: ChatRequest, started: float
+    ) -> None:
+        self.horde = horde
+        self.config = config
+        self.request_id = request_id
+        self.req = req
+        self.deadline = started + config.timeout
+        self.settled = False  # answered or faulted: nothing to cancel
+
+    async def first_read(self) -> dict[str, Any]:
+        """The first status read: refusals that come before any stream opens.
+
+        A declaration gap is 404 no_worker_supports_features, a limit gap 400
+        no_worker_supports_limit; under availability_mode fail_fast, no
+        eligible worker or a wait_time over the budget left is 503
+        queue_unavailable with Retry-After.
+        """
+        status = await self.horde.chat_status(self.request_id)
+        reason = status.get("impossible_reason")
+        if reason and reason["rc"] in (
+            RC.no_worker_supports_features.name,
+            RC.no_worker_supports_limit.name,
+        ):
+            raise HordeError(RC[reason["rc"]], reason["message"])
+        if self.req.horde.availability_mode == "fail_fast" and not status["done"]:
+            budget = self.deadline - anyio.current_time()
+            if not status["is_possible"] or status["wait_time"] > budget:
+                retry = max(1, min(int(status["wait_time"]) or 30, 120))
+                raise HordeError(
+                    RC.queue_unavailable,
+                    "No eligible worker can take this request within the time left "
+                    f"(estimated wait {status['wait_time']} s, budget {int(budget)} s); "
+                    "it was cancelled. Try again later.",
+                    retry_after=retry,
+                )
+        return status
+
+    async def wait(self, keepalive: float | None = None) -> AsyncIterator[Any]:
+        """Yields TICK every ``keepalive`` seconds while waiting, then the
+        final status with its generation; raises HordeError for a fault (502),
+        the deadline (408) or no eligible worker past the grace period (503)."""
+        impossible_since: float | None = None
+        next_tick = anyio.current_time() + keepalive if keepalive else float("inf")
+        while True:
+            woken = self.horde.signals.request_waiter(self.request_id)
+            status = await self.horde.chat_status(self.request_id)
+            now = anyio.current_time()
+            if status["faulted"]:
+                self.settled = True
+                fault = status.get("fault") or {}
+                raise HordeError(
+                    RC.ChatRequestFaulted,
+                    fault.get("message") or RC.ChatRequestFaulted.default_message,
+                    worker_rc=fault.get("rc"),
+                )
+            if status["done"]:
+                if not status["generations"]:
+                    raise HordeError(RC.ChatRequestFaulted, "The request ended without a reply.")
+                self.settled = True
+                yield status
+                return
+            if status["is_possible"]:
+                impossible_since = None
+            elif impossible_since is None:
+                impossible_since = now
+            elif now - impossible_since > self.config.no_worker_grace:
+                raise HordeError(
+                    RC.no_eligible_worker,
+                    f"No online worker could take this request for {int(self.config.no_worker_grace)} s; "
+                    "it was cancelled.",
+                )
+            if now >= self.deadline:
+                raise HordeError(
+                    RC.RequestTimeout,
+                    f"No reply within {int(self.config.timeout)} s; the request was cancelled.",
+                )
+            recheck = self.config.recheck_interval * random.uniform(0.5, 1.0)
+            timeout = min(self.deadline - now, recheck, next_tick - now)
+            with anyio.move_on_after(max(timeout, 0)):
+                await woken.wait()
+            if anyio.current_time() >= next_tick:
+                next_tick = anyio.current_time() + (keepalive or 0)
+                yield TICK
+
+    async def cancel(self) -> None:
+        """Cancel the horde request unless it was answered or faulted; shielded."""
+        if self.settled:
+            return
+        self.settled = True
+        with anyio.move_on_after(_CANCEL_BUDGET, shield=True):
+            await self.horde.chat_status(self.request_id, cancel=True)

@@ -1,0 +1,148 @@
+"""OpenAI response shapes built from a chat status: the completion, and the
+chunks of a stream served from a finished reply."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from hordelite.contract.limits import CHARS_PER_TOKEN_PRICING
+
+
+def _estimate(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN_PRICING)
+
+
+def usage(generation: dict[str, Any], prompt_chars: int) -> tuple[dict[str, Any], bool]:
+    """OpenAI's usage from the worker's counts; counts it did not report are
+    estimated from the text (4 characters a token). Returns (usage, estimated)."""
+    message = generation["message"]
+    calls = message.get("tool_calls") or []
+    reasoning = message.get("reasoning_content") or ""
+    out_chars = len(message.get("content") or "") + len(reasoning)
+    out_chars += sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) for c in calls)
+    prompt = generation.get("prompt_tokens")
+    completion = generation.get("completion_tokens")
+    reasoning_tokens = generation.get("reasoning_tokens")
+    estimated = prompt is None or completion is None or (reasoning and reasoning_tokens is None)
+    if prompt is None:
+        prompt = _estimate(prompt_chars)
+    if completion is None:
+        completion = _estimate(out_chars)
+    if reasoning_tokens is None:
+        reasoning_tokens = _estimate(len(reasoning)) if reasoning else 0
+    return (
+        {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        },
+        bool(estimated),
+    )
+
+
+def _message(generation: dict[str, Any], include_reasoning: bool) -> dict[str, Any]:
+    source = generation["message"]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": source.get("content"),
+        "refusal": None,
+    }
+    if source.get("tool_calls"):
+        message["tool_calls"] = source["tool_calls"]
+    if include_reasoning and source.get("reasoning_content"):
+        message["reasoning_content"] = source["reasoning_content"]
+    return message
+
+
+def x_horde(request_id: str, status: dict[str, Any], estimated: bool) -> dict[str, Any]:
+    generation = status["generations"][0]
+    return {
+        "request_id": request_id,
+        "kudos": status["kudos"],
+        "charge_basis": generation.get("charge_basis"),
+        "worker": {"id": generation["worker_id"], "name": generation["worker_name"]},
+        "model": generation["model"],
+        "estimated_usage": estimated,
+    }
+
+
+def completion(
+    request_id: str, status: dict[str, Any], prompt_chars: int, include_reasoning: bool
+) -> dict[str, Any]:
+    """The non-streamed answer: ``chat.completion`` with usage and x_horde."""
+    generation = status["generations"][0]
+    used, estimated = usage(generation, prompt_chars)
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": generation["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": _message(generation, include_reasoning),
+                "finish_reason": generation["finish_reason"],
+                "logprobs": None,
+            }
+        ],
+        "usage": used,
+        "x_horde": x_horde(request_id, status, estimated),
+    }
+
+
+def sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def chunks(
+    request_id: str,
+    status: dict[str, Any],
+    prompt_chars: int,
+    include_reasoning: bool,
+    include_usage: bool,
+) -> Iterator[bytes]:
+    """A finished reply as a stream: a role chunk, the reasoning and content
+    chunks, a tool-call chunk when there are calls, a finish chunk, the usage
+    chunk when asked for, then [DONE]."""
+    generation = status["generations"][0]
+    message = _message(generation, include_reasoning)
+    base = {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": generation["model"],
+    }
+    tail = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return sse({**base, "choices": [choice], **tail})
+
+    yield chunk({"role": "assistant", "content": ""})
+    if message.get("reasoning_content"):
+        yield chunk({"reasoning_content": message["reasoning_content"]})
+    if message.get("content"):
+        yield chunk({"content": message["content"]})
+    if message.get("tool_calls"):
+        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        yield chunk({"tool_calls": calls})
+    yield chunk({}, generation["finish_reason"])
+    if include_usage:
+        used, estimated = usage(generation, prompt_chars)
+        yield sse(
+            {
+                **base,
+                "choices": [],
+                "usage": used,
+                "x_horde": x_horde(request_id, status, estimated),
+            }
+        )
+    yield DONE

@@ -1,0 +1,196 @@
+"""The OpenAI-compatible routes: /v1/chat/completions and /v1/models.
+
+A call moves through the states of the specification's front diagram:
+admitted (per-source and global caps), validated (the chat contract the
+native route uses), submitted (in-process, with an operation key), the first
+status read, the wait, then an answer, a fault, or a cancellation of the horde
+request. Every error once the horde may hold the request says
+``x-should-retry: false``, so SDKs do not create a second charged request.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from quart import Blueprint, Response, current_app, request
+
+from hordelite.api.native import client_agent, horde, json_body
+from hordelite.config import FrontConfig
+from hordelite.contract.chat_request import flatten_messages, parse_chat_request
+from hordelite.contract.limits import ANONYMOUS_API_KEY
+from hordelite.errors import RC, HordeError
+from hordelite.front import _shape
+from hordelite.front._call import TICK, Call
+from hordelite.front._errors import envelope, error_response
+
+front = Blueprint("front", __name__, url_prefix="/v1")
+
+
+class Admission:
+    """Open calls, in all and per client address."""
+
+    def __init__(self, config: FrontConfig) -> None:
+        self.config = config
+        self.open = 0
+        self.by_source: collections.Counter[str] = collections.Counter()
+
+    def admit(self, source: str) -> Callable[[], None]:
+        """Count a call in; returns its release. 503 FrontAtCapacity when full."""
+        if self.open >= self.config.max_open_calls:
+            raise HordeError(RC.FrontAtCapacity)
+        if self.by_source[source] >= self.config.max_open_per_source:
+            raise HordeError(
+                RC.FrontAtCapacity,
+                "This address holds as many open calls as it may; try again shortly.",
+            )
+        self.open += 1
+        self.by_source[source] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.open -= 1
+                self.by_source[source] -= 1
+                if not self.by_source[source]:
+                    del self.by_source[source]
+
+        return release
+
+
+def _admission() -> Admission:
+    return current_app.config["FRONT_ADMISSION"]  # type: ignore[no-any-return]
+
+
+def bearer_key() -> str:
+    """The key of ``Authorization: Bearer``; none is the anonymous key."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return ANONYMOUS_API_KEY
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key or len(key) > 255:
+        raise HordeError(RC.InvalidAPIKey, "The Authorization header must be 'Bearer <API key>'.")
+    return key
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data), status=status, content_type="application/json")
+
+
+@front.post("/chat/completions")
+async def chat_completions() -> Response:
+    release = _admission().admit(request.remote_addr or "unknown")
+    handed_over = False
+    try:
+        req = parse_chat_request(await json_body())
+        for model in req.models:
+            # The front reserves the colon (e.g. for provider suffixes).
+            if ":" in model:
+                raise HordeError(
+                    RC.model_not_found,
+                    f"The model {model!r} does not exist on this front.",
+                    param="model",
+                )
+        started = anyio.current_time()
+        answer = await horde().queue_chat(bearer_key(), req, client_agent(), str(uuid.uuid4()))
+        call = Call(horde(), current_app.config["HORDE"].config.front, answer["id"], req, started)
+        prompt_chars = len(flatten_messages(req.messages, req.tools))
+        try:
+            status = await call.first_read()
+            if req.stream:
+                handed_over = True
+                return _stream(call, status, prompt_chars, release)
+            async for final in call.wait():
+                status = final
+            return _json(
+                _shape.completion(
+                    call.request_id, status, prompt_chars, req.horde.include_reasoning
+                )
+            )
+        except HordeError as exc:
+            await call.cancel()
+            return error_response(exc, held=True, metadata={"request_id": call.request_id})
+        finally:
+            if not handed_over:
+                await call.cancel()
+    except HordeError as exc:
+        return error_response(exc)
+    finally:
+        if not handed_over:
+            release()
+
+
+def _stream(
+    call: Call, status: dict[str, Any], prompt_chars: int, release: Callable[[], None]
+) -> Response:
+    """The SSE answer; its headers go out now, so later errors are events."""
+    req = call.req
+    keepalive = current_app.config["HORDE"].config.front.keepalive_interval
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for item in call.wait(keepalive):
+                if item is TICK:
+                    yield b": waiting for a worker\n\n"
+                else:
+                    for chunk in _shape.chunks(
+                        call.request_id,
+                        item,
+                        prompt_chars,
+                        req.horde.include_reasoning,
+                        req.include_usage,
+                    ):
+                        yield chunk
+        except HordeError as exc:
+            await call.cancel()
+            yield _shape.sse(envelope(exc, {"request_id": call.request_id}))
+            yield _shape.DONE
+        finally:
+            await call.cancel()
+            release()
+
+    response = Response(events(), status=200, content_type="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["x-should-retry"] = "false"
+    response.timeout = None  # the front's own deadline bounds the stream
+    return response
+
+
+@front.get("/models")
+async def models() -> Response:
+    return _json({"object": "list", "data": await _chat_models()})
+
+
+@front.get("/models/<path:model>")
+async def model(model: str) -> Response:
+    for entry in await _chat_models():
+        if entry["id"] == model:
+            return _json(entry)
+    return error_response(
+        HordeError(
+            RC.model_not_found, f"The model {model!r} does not exist on this front.", param="model"
+        )
+    )
+
+
+async def _chat_models() -> list[dict[str, Any]]:
+    """Models with an online chat worker, in OpenAI's shape, each with its
+    chat declaration summary (ids with a colon cannot be reached here)."""
+    return [
+        {
+            "id": e["name"],
+            "object": "model",
+            "created": 0,
+            "owned_by": "hordelite",
+            "chat": e["chat"],
+        }
+        for e in await horde().model_stats(with_chat=True)
+        if "chat" in e and ":" not in e["name"]
+    ]
