@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import sniffio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import wrap_app
@@ -54,6 +55,16 @@ async def serve_http(
 
         await trio_serve(wrapped, config, sockets=sockets, shutdown_trigger=shutdown.wait)
     else:
+        import asyncio
+
         from hypercorn.asyncio.run import worker_serve as asyncio_serve
 
-        await asyncio_serve(wrapped, config, sockets=sockets, shutdown_trigger=shutdown.wait)
+        try:
+            await asyncio_serve(wrapped, config, sockets=sockets, shutdown_trigger=shutdown.wait)
+        except asyncio.InvalidStateError:
+            # Hypercorn's asyncio worker_serve, when cancelled, fails in its
+            # own cleanup with this instead of letting the cancellation
+            # through: raise the cancellation it hides (a checkpoint in a
+            # cancelled scope does), or the error if it was not one.
+            await anyio.lowlevel.checkpoint()
+            raise

@@ -56,6 +56,10 @@ async def serve_timers(
                 )
         except StorageUnavailable as exc:
             log.warning("sweep skipped, storage unavailable: %s", exc)
+        except Exception:
+            # A failing sweep must not take the horde down with it: requests
+            # are still served, and the next sweep tries again.
+            log.exception("sweep failed")
         with anyio.move_on_after(interval):
             await stop.wait()
 

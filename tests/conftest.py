@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
 
@@ -18,3 +22,24 @@ def postgres_url() -> str:
     if not url:
         pytest.skip("HORDELITE_TEST_POSTGRES_URL is not set: the PostgreSQL suite is skipped")
     return url
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` with libpq's ``options`` set so that every connection uses ``schema``."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "options"]
+    query.append(("options", f"-csearch_path={schema}"))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """A postgresql:// URL whose connections live in a fresh, empty schema."""
+    schema = f"hl_{secrets.token_hex(8)}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield with_search_path(postgres_url, schema)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -7,39 +7,15 @@ other test runs may share the same database at the same time.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import psycopg
 import pytest
 
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import upgrade
 from tests.storage.helpers import ANONYMOUS_HASH, NOW
-
-
-def with_search_path(url: str, schema: str) -> str:
-    """``url`` with libpq's ``options`` set so that every connection uses ``schema``."""
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "options"]
-    query.append(("options", f"-csearch_path={schema}"))
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-@pytest.fixture
-def postgres_schema_url(postgres_url: str) -> Iterator[str]:
-    """A postgresql:// URL whose connections live in a fresh, empty schema."""
-    schema = f"hl_{secrets.token_hex(8)}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield with_search_path(postgres_url, schema)
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -37,7 +37,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "postgresql":
-        return request.getfixturevalue("postgres_url")  # type: ignore[no-any-return]
+        return request.getfixturevalue("postgres_schema_url")  # type: ignore[no-any-return]
     return str(tmp_path / "cli.db")
 
 
