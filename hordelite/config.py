@@ -84,7 +84,7 @@ class FrontConfig:
     # Seconds between fallback status re-checks of a waiting call (each call
     # picks a random offset, so re-checks are spread out); the completion
     # signal normally wakes the call first.
-    recheck_interval: float = 10.0
+    recheck_interval: float = 30.0
     # Seconds between SSE keep-alive comments while a streamed call waits.
     keepalive_interval: float = 15.0
 
