@@ -81,6 +81,7 @@ class RC(enum.Enum):
     ChatRequestFaulted = (502, "The request faulted: its workers could not serve it.")
     no_eligible_worker = (503, "No online worker serves this model.")
     FrontAtCapacity = (503, "The front holds as many open calls as it may; try again shortly.")
+    ShuttingDown = (503, "The horde is stopping.")
     queue_unavailable = (503, "No eligible worker can take this request soon enough.")
     StorageUnavailable = (503, "The horde's database did not answer; try again shortly.")
 

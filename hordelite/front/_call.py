@@ -98,6 +98,10 @@ class Call:
                     f"No online worker could take this request for {int(self.config.no_worker_grace)} s; "
                     "it was cancelled.",
                 )
+            if self.horde.stopping:
+                raise HordeError(
+                    RC.ShuttingDown, "The horde is stopping; this request was cancelled."
+                )
             if now >= self.deadline:
                 raise HordeError(
                     RC.RequestTimeout,

@@ -38,6 +38,7 @@ _FRONT: dict[RC, tuple[int, str]] = {
     RC.no_eligible_worker: (503, "service_unavailable"),
     RC.queue_unavailable: (503, "service_unavailable"),
     RC.StorageUnavailable: (503, "service_unavailable"),
+    RC.ShuttingDown: (503, "service_unavailable"),
 }
 
 

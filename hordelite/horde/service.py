@@ -24,12 +24,13 @@ from hordelite.clock import Clock, SystemClock
 from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
-from hordelite.contract.chat_reply import is_chat_submit, parse_chat_submit
+from hordelite.contract.chat_reply import ChatSubmit, is_chat_submit, parse_chat_submit
 from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
 from hordelite.contract.text import (
+    JobSubmit,
     TextRequest,
     parse_job_submit,
     parse_pop_request,
@@ -127,10 +128,16 @@ class Horde:
         ) = None
         self._stopping = False
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def begin_shutdown(self) -> None:
-        """Stop holding pops: each waiting pop answers now (a last try, then empty)."""
+        """Stop holding waits: each waiting pop answers now (a last try, then
+        empty), each waiting OpenAI call gets its final answer."""
         self._stopping = True
         self.signals.notify_queue()
+        self.signals.notify_all_requests()
 
     # Set-up ------------------------------------------------------------
 
@@ -387,11 +394,10 @@ class Horde:
         A refused chat reply is recorded on its job (a fault that follows is
         counted by it) and then refused: the refusal is raised after commit.
         """
-        sub = (
-            parse_chat_submit(body)
-            if isinstance(body, dict) and is_chat_submit(body)
-            else parse_job_submit(body)
-        )
+        if isinstance(body, dict) and is_chat_submit(body):
+            sub: JobSubmit | ChatSubmit = await self._parse_chat_submit(api_key, body)
+        else:
+            sub = parse_job_submit(body)
         result = await self.db.write(
             q.submit_job, hash_key(api_key), sub, self.clock.now(), self.rules, self.models.billions
         )
@@ -401,6 +407,17 @@ class Horde:
             self.signals.notify_queue()
         self.signals.notify_request(result.request_id)
         return {"reward": result.reward}
+
+    async def _parse_chat_submit(self, api_key: str, body: dict[str, Any]) -> ChatSubmit:
+        """The parsed chat submit; a malformed reply is recorded on its job
+        (for the message of a reply_refused fault) and then refused."""
+        try:
+            return parse_chat_submit(body)
+        except HordeError as refusal:
+            job_id = parse_uuid(body.get("id"))
+            if refusal.rc is RC.ChatSubmitInvalid and job_id is not None:
+                await self.db.write(q.record_refusal, hash_key(api_key), job_id, refusal)
+            raise
 
     async def sweep(self) -> q.SweepResult:
         """One pass of the timers: expired leases, expired requests, purge."""

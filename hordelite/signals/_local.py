@@ -33,6 +33,8 @@ class Signals(Protocol):
 
     def notify_request(self, request_id: str) -> None: ...
 
+    def notify_all_requests(self) -> None: ...
+
 
 class LocalSignals:
     """Signals within one process.
@@ -75,4 +77,10 @@ class LocalSignals:
     def notify_request(self, request_id: str) -> None:
         event = self._requests.pop(request_id, None)
         if event is not None:
+            event.set()
+
+    def notify_all_requests(self) -> None:
+        """Wake every waiter of every request (the process is stopping)."""
+        events, self._requests = self._requests, {}
+        for event in events.values():
             event.set()

@@ -1035,6 +1035,23 @@ class SubmitResult:
     refusal: HordeError | None = None
 
 
+def record_refusal(conn: Connection, key_hash: str, job_id: str, refusal: HordeError) -> None:
+    """Record on its chat job a reply refused before it reached the job (a
+    malformed structured submit), as the checks against the request record
+    theirs: a fault with reply_refused then reports this refusal's message.
+    Records nothing for an unknown key, another user's job or a job no longer
+    processing; the caller raises the refusal either way."""
+    user = conn.execute(_USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
+    if user is None:
+        return
+    conn.execute(
+        _FINISH_JOB.where(
+            jobs.c.owner_id == user["id"], jobs.c.state == "processing", jobs.c.kind == "chat"
+        ),
+        {"job_id": job_id, "refusal_rc": refusal.rc.name, "refusal_message": refusal.message},
+    )
+
+
 def submit_job(
     conn: Connection,
     key_hash: str,
