@@ -87,6 +87,10 @@ class FrontConfig:
     recheck_interval: float = 30.0
     # Seconds between SSE keep-alive comments while a streamed call waits.
     keepalive_interval: float = 15.0
+    # Spread each progress post's text over the time until the next post
+    # (a steady flow, at most about one post interval later); false relays
+    # each post as it arrives.
+    pace_progress: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,11 @@ class RC(enum.Enum):
     ChatSubmitInvalid = (400, "This chat submit is not a valid reply.")
     ChatSubmitNonconformant = (400, "This reply does not follow the request's contract.")
     ChatModelMismatch = (400, "The submit names another model than the one the job was assigned.")
+    ChatProgressOutOfSequence = (409, "This progress post is out of sequence.")
+    ChatProgressNotStreaming = (404, "This job does not stream progress.")
+    ChatJobAborted = (404, "This job has ended: stop generating and do not submit.")
+    ChatProgressCapReached = (413, "This job has posted all the progress it may.")
+    ChatProgressUnavailable = (503, "Progress cannot be recorded right now; keep generating.")
     MaxKudosExceeded = (400, "This request would cost more than its horde.max_kudos.")
     no_worker_supports_limit = (
         400,
@@ -79,6 +84,7 @@ class RC(enum.Enum):
     InternalServerError = (500, "The horde failed unexpectedly.")
     ChatWorkerFault = (502, "The worker could not serve this request.")
     ChatRequestFaulted = (502, "The request faulted: its workers could not serve it.")
+    ChatStreamDiverged = (502, "The final reply differs from the text already streamed.")
     no_eligible_worker = (503, "No online worker serves this model.")
     FrontAtCapacity = (503, "The front holds as many open calls as it may; try again shortly.")
     ShuttingDown = (503, "The horde is stopping.")

@@ -106,6 +106,12 @@ async def text_pop() -> Response:
     return json_response(await horde().pop(api_key(), body))
 
 
+@native.post("/generate/text/progress")
+async def text_progress() -> Response:
+    body = await json_body()
+    return json_response(await horde().post_progress(api_key(), body))
+
+
 @native.post("/generate/text/submit")
 async def text_submit() -> Response:
     body = await json_body()

@@ -62,7 +62,11 @@ def get_number(
         if default is _MISSING:
             raise bad_request(field, "is required")
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         raise bad_request(field, f"expected a number, got {_kind(value)}")
     if not lo <= value <= hi:
         raise bad_request(field, f"{value} is outside {lo} to {hi}")

@@ -363,7 +363,7 @@ def _check_tool_choice(req: ChatRequest, calls: list[dict[str, Any]]) -> None:
         raise nonconformant(
             "message.tool_calls",
             f"the request's tool_choice is 'none', but the reply calls "
-            f"{calls[0]['function']['name']!r}",
+            f"{calls[0]['function']['name']!r:.80}",
         )
     if (choice == "required" or named is not None) and not calls:
         forced = f"the function {named!r}" if named is not None else "'required'"
@@ -375,7 +375,7 @@ def _check_tool_choice(req: ChatRequest, calls: list[dict[str, Any]]) -> None:
         if named is not None and call["function"]["name"] != named:
             raise nonconformant(
                 f"message.tool_calls[{i}].function.name",
-                f"the reply calls {call['function']['name']!r}, but the request's tool_choice "
+                f"the reply calls {call['function']['name']!r:.80}, but the request's tool_choice "
                 f"names the function {named!r}",
             )
 

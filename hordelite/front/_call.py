@@ -35,6 +35,7 @@ class Call:
         self.req = req
         self.deadline = started + config.timeout
         self.settled = False  # answered or faulted: nothing to cancel
+        self._impossible_since: float | None = None
 
     async def first_read(self) -> dict[str, Any]:
         """The first status read: refusals that come before any stream opens.
@@ -64,55 +65,67 @@ class Call:
                 )
         return status
 
+    async def poll(self) -> dict[str, Any] | None:
+        """Read the status once: the final status when a generation landed,
+        None while the request waits; raises HordeError for a fault (502),
+        the deadline (408), no eligible worker past the grace period (503)
+        or a stopping horde (503)."""
+        status = await self.horde.chat_status(self.request_id)
+        now = anyio.current_time()
+        if status["faulted"]:
+            self.settled = True
+            fault = status.get("fault") or {}
+            raise HordeError(
+                RC.ChatRequestFaulted,
+                fault.get("message") or RC.ChatRequestFaulted.default_message,
+                worker_rc=fault.get("rc"),
+            )
+        if status["done"]:
+            if not status["generations"]:
+                raise HordeError(RC.ChatRequestFaulted, "The request ended without a reply.")
+            self.settled = True
+            return status
+        if status["is_possible"]:
+            self._impossible_since = None
+        elif self._impossible_since is None:
+            self._impossible_since = now
+        elif now - self._impossible_since > self.config.no_worker_grace:
+            raise HordeError(
+                RC.no_eligible_worker,
+                f"No online worker could take this request for {int(self.config.no_worker_grace)} s; "
+                "it was cancelled.",
+            )
+        if self.horde.stopping:
+            raise HordeError(RC.ShuttingDown, "The horde is stopping; this request was cancelled.")
+        if now >= self.deadline:
+            raise HordeError(
+                RC.RequestTimeout,
+                f"No reply within {int(self.config.timeout)} s; the request was cancelled.",
+            )
+        return None
+
+    def next_recheck(self) -> float:
+        """When to re-read the status without a signal: a random point of the
+        interval, so many open calls do not re-check together."""
+        now = anyio.current_time()
+        return min(self.deadline, now + self.config.recheck_interval * random.uniform(0.5, 1.0))
+
     async def wait(self, keepalive: float | None = None) -> AsyncIterator[Any]:
         """Yields TICK every ``keepalive`` seconds while waiting, then the
-        final status with its generation; raises HordeError for a fault (502),
-        the deadline (408) or no eligible worker past the grace period (503)."""
-        impossible_since: float | None = None
+        final status (see ``poll`` for what it raises)."""
         next_tick = anyio.current_time() + keepalive if keepalive else float("inf")
         while True:
             woken = self.horde.signals.request_waiter(self.request_id)
-            status = await self.horde.chat_status(self.request_id)
-            now = anyio.current_time()
-            if status["faulted"]:
-                self.settled = True
-                fault = status.get("fault") or {}
-                raise HordeError(
-                    RC.ChatRequestFaulted,
-                    fault.get("message") or RC.ChatRequestFaulted.default_message,
-                    worker_rc=fault.get("rc"),
-                )
-            if status["done"]:
-                if not status["generations"]:
-                    raise HordeError(RC.ChatRequestFaulted, "The request ended without a reply.")
-                self.settled = True
+            status = await self.poll()
+            if status is not None:
                 yield status
                 return
-            if status["is_possible"]:
-                impossible_since = None
-            elif impossible_since is None:
-                impossible_since = now
-            elif now - impossible_since > self.config.no_worker_grace:
-                raise HordeError(
-                    RC.no_eligible_worker,
-                    f"No online worker could take this request for {int(self.config.no_worker_grace)} s; "
-                    "it was cancelled.",
-                )
-            if self.horde.stopping:
-                raise HordeError(
-                    RC.ShuttingDown, "The horde is stopping; this request was cancelled."
-                )
-            if now >= self.deadline:
-                raise HordeError(
-                    RC.RequestTimeout,
-                    f"No reply within {int(self.config.timeout)} s; the request was cancelled.",
-                )
-            recheck = self.config.recheck_interval * random.uniform(0.5, 1.0)
-            timeout = min(self.deadline - now, recheck, next_tick - now)
-            with anyio.move_on_after(max(timeout, 0)):
+            with anyio.move_on_after(
+                max(min(self.next_recheck(), next_tick) - anyio.current_time(), 0)
+            ):
                 await woken.wait()
-            if anyio.current_time() >= next_tick:
-                next_tick = anyio.current_time() + (keepalive or 0)
+            if keepalive and anyio.current_time() >= next_tick:
+                next_tick = anyio.current_time() + keepalive
                 yield TICK
 
     async def cancel(self) -> None:

@@ -34,6 +34,7 @@ _FRONT: dict[RC, tuple[int, str]] = {
     RC.InternalServerError: (500, "server_error"),
     RC.ChatRequestFaulted: (502, "upstream_error"),
     RC.ChatWorkerFault: (502, "upstream_error"),
+    RC.ChatStreamDiverged: (502, "upstream_error"),
     RC.FrontAtCapacity: (503, "service_unavailable"),
     RC.no_eligible_worker: (503, "service_unavailable"),
     RC.queue_unavailable: (503, "service_unavailable"),

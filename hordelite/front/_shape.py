@@ -102,6 +102,20 @@ def sse(data: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
+def chunk_base(request_id: str, model: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+
+
+def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None, usage: bool) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    return sse({**base, "choices": [choice], **({"usage": None} if usage else {})})
+
+
 def chunks(
     request_id: str,
     status: dict[str, Any],
@@ -110,31 +124,29 @@ def chunks(
     include_usage: bool,
 ) -> Iterator[bytes]:
     """A finished reply as a stream: a role chunk, the reasoning and content
-    chunks, a tool-call chunk when there are calls, a finish chunk, the usage
-    chunk when asked for, then [DONE]."""
+    chunks, a tool-call chunk when there are calls, then ``finish_chunks``."""
     generation = status["generations"][0]
     message = _message(generation, include_reasoning)
-    base = {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": generation["model"],
-    }
-    tail = {"usage": None} if include_usage else {}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return sse({**base, "choices": [choice], **tail})
-
-    yield chunk({"role": "assistant", "content": ""})
+    base = chunk_base(request_id, generation["model"])
+    yield _chunk(base, {"role": "assistant", "content": ""}, None, include_usage)
     if message.get("reasoning_content"):
-        yield chunk({"reasoning_content": message["reasoning_content"]})
+        yield _chunk(base, {"reasoning_content": message["reasoning_content"]}, None, include_usage)
     if message.get("content"):
-        yield chunk({"content": message["content"]})
+        yield _chunk(base, {"content": message["content"]}, None, include_usage)
     if message.get("tool_calls"):
         calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        yield chunk({"tool_calls": calls})
-    yield chunk({}, generation["finish_reason"])
+        yield _chunk(base, {"tool_calls": calls}, None, include_usage)
+    yield from finish_chunks(request_id, status, prompt_chars, include_usage)
+
+
+def finish_chunks(
+    request_id: str, status: dict[str, Any], prompt_chars: int, include_usage: bool
+) -> Iterator[bytes]:
+    """The end of every stream: the finish chunk, the usage chunk when asked
+    for, then [DONE]."""
+    generation = status["generations"][0]
+    base = chunk_base(request_id, generation["model"])
+    yield _chunk(base, {}, generation["finish_reason"], include_usage)
     if include_usage:
         used, estimated = usage(generation, prompt_chars)
         yield sse(

@@ -23,10 +23,12 @@ from hordelite.api.native import client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import flatten_messages, parse_chat_request
 from hordelite.contract.limits import ANONYMOUS_API_KEY
+from hordelite.contract.progress import streams_progress
 from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
 from hordelite.front._errors import envelope, error_response
+from hordelite.front._relay import relay
 
 front = Blueprint("front", __name__, url_prefix="/v1")
 
@@ -132,22 +134,31 @@ def _stream(
 ) -> Response:
     """The SSE answer; its headers go out now, so later errors are events."""
     req = call.req
-    keepalive = current_app.config["HORDE"].config.front.keepalive_interval
+    config = current_app.config["HORDE"].config.front
+    keepalive = config.keepalive_interval
+
+    async def finished_reply() -> AsyncIterator[bytes]:
+        async for item in call.wait(keepalive):
+            if item is TICK:
+                yield b": waiting for a worker\n\n"
+            else:
+                for chunk in _shape.chunks(
+                    call.request_id,
+                    item,
+                    prompt_chars,
+                    req.horde.include_reasoning,
+                    req.include_usage,
+                ):
+                    yield chunk
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            async for item in call.wait(keepalive):
-                if item is TICK:
-                    yield b": waiting for a worker\n\n"
-                else:
-                    for chunk in _shape.chunks(
-                        call.request_id,
-                        item,
-                        prompt_chars,
-                        req.horde.include_reasoning,
-                        req.include_usage,
-                    ):
-                        yield chunk
+            if streams_progress(req):
+                source = relay(call, prompt_chars, config.pace_progress, keepalive)
+            else:
+                source = finished_reply()
+            async for piece in source:
+                yield piece
         except HordeError as exc:
             await call.cancel()
             yield _shape.sse(envelope(exc, {"request_id": call.request_id}))

@@ -52,6 +52,9 @@ def admit(
     max_tokens over every serving worker's max_length to the largest, and says
     so in context_adjustments.
     """
+    # Known: in the model reference, declared by a chat worker once, or
+    # served by an online worker (a text worker's model gets 503, not 404).
+    known = known | {m for w in online for m in w.models}
     unknown = [m for m in req.models if m not in known and not reference.knows(m)]
     if unknown:
         raise HordeError(

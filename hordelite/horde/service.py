@@ -29,6 +29,7 @@ from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
+from hordelite.contract.progress import Lease, accept, parse_progress
 from hordelite.contract.text import (
     JobSubmit,
     TextRequest,
@@ -38,7 +39,7 @@ from hordelite.contract.text import (
 )
 from hordelite.errors import RC, HordeError
 from hordelite.horde import chat
-from hordelite.signals import LocalSignals, Signals
+from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import upgrade
@@ -257,7 +258,15 @@ class Horde:
             raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id[:64]!r}.")
         now = self.clock.now()
         if cancel:
-            parts = await self.db.write(q.cancel_request, canonical, kind, now, self.rules)
+            # Streamed jobs are settled on what their workers posted.
+            leases = self.signals.request_leases(canonical)
+            posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
+            parts = await self.db.write(
+                q.cancel_request, canonical, kind, now, self.rules, posted, self.models.billions
+            )
+            if parts["request"]["state"] == "waiting":
+                for lease in leases:
+                    lease.cancelled = True  # the next progress answer says so
             self.signals.notify_request(canonical)
         else:
             parts = await self.db.read(q.request_status, canonical, kind, now, self.rules)
@@ -361,7 +370,54 @@ class Horde:
                         # Woken for a job we will not pop: pass it on.
                         self.signals.notify_queue()
                     raise
+        job = result.job
+        if job is not None and job.stream:
+            assert result.worker is not None
+            self.signals.put_lease(
+                Lease.at_pop(
+                    job_id=job.id,
+                    request_id=job.request_id,
+                    key_hash=key_hash,
+                    worker_id=result.worker.id,
+                    worker_name=pop.name,
+                    model=job.model,
+                    gen=job.gen,
+                    now=self.clock.now(),
+                    ttl=job.ttl,
+                    trusted=result.worker.trusted,
+                    max_length=job.max_length,
+                )
+            )
         return self._render_pop(result)
+
+    async def post_progress(self, api_key: str, body: Any) -> dict[str, Any]:
+        """A streamed job's progress post, answered from its lease: no
+        database read on this path (004 "Streaming progress")."""
+        post = parse_progress(body)
+        lease = self.signals.lease(post.job_id)
+        if lease is None:
+            if self.signals.ended(post.job_id):
+                raise HordeError(RC.ChatJobAborted)
+            raise HordeError(
+                RC.ChatProgressNotStreaming,
+                "This job was not popped with stream_progress (or is unknown): stop posting.",
+            )
+        if hash_key(api_key) != lease.key_hash:
+            raise HordeError(RC.WrongCredentials, "This job was given to another user's worker.")
+        accepted = accept(lease, post, self.clock.now())
+        if accepted.appended:
+            self.signals.append_progress(
+                lease.request_id,
+                ProgressEntry(
+                    gen=lease.gen,
+                    seq=post.seq,
+                    content=post.content,
+                    reasoning_content=post.reasoning_content,
+                    worker=lease.worker_name,
+                    model=lease.model,
+                ),
+            )
+        return accepted.answer
 
     @staticmethod
     def _render_pop(result: q.PopResult) -> dict[str, Any]:
@@ -398,11 +454,21 @@ class Horde:
             sub: JobSubmit | ChatSubmit = await self._parse_chat_submit(api_key, body)
         else:
             sub = parse_job_submit(body)
+        lease = self.signals.lease(sub.id)
+        now = self.clock.now()
         result = await self.db.write(
-            q.submit_job, hash_key(api_key), sub, self.clock.now(), self.rules, self.models.billions
+            q.submit_job,
+            hash_key(api_key),
+            sub,
+            now,
+            self.rules,
+            self.models.billions,
+            lease.expires if lease else None,
         )
         if result.refusal is not None:
             raise result.refusal
+        if lease is not None and not lease.cancelled:
+            self.signals.end_lease(sub.id, now)  # the submit ends its posts
         if result.requeued:
             self.signals.notify_queue()
         self.signals.notify_request(result.request_id)
@@ -421,11 +487,16 @@ class Horde:
 
     async def sweep(self) -> q.SweepResult:
         """One pass of the timers: expired leases, expired requests, purge."""
-        result = await self.db.write(q.sweep, self.clock.now(), self.rules)
+        now = self.clock.now()
+        extended = self.signals.lease_ends()
+        result = await self.db.write(q.sweep, now, self.rules, extended)
+        for job_id in result.expired_job_ids:
+            self.signals.end_lease(job_id, now)
         if result.requeued:
             self.signals.notify_queue()
         for request_id in result.ended_requests:
             self.signals.notify_request(request_id)
+        self.signals.sweep_progress(now, result.ended_requests)
         return result
 
     # Users and workers -------------------------------------------------

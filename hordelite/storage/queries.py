@@ -51,6 +51,7 @@ from hordelite.contract.chat_reply import (
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
+from hordelite.contract.progress import streams_progress
 from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.errors import RC, HordeError
 from hordelite.storage.schema import (
@@ -119,6 +120,7 @@ _CLAIM = (
         requests.c.chat,
         requests.c.max_length,
         requests.c.max_context_length,
+        requests.c.restarts,
     )
 )
 _JOB_WITH_REQUEST = (
@@ -525,12 +527,36 @@ def _queue_position(conn: Connection, req: RowMapping) -> int:
 
 
 def cancel_request(
-    conn: Connection, request_id: str, kind: str, now: float, rules: Rules
+    conn: Connection,
+    request_id: str,
+    kind: str,
+    now: float,
+    rules: Rules,
+    posted: dict[str, int] | None = None,
+    billions: Callable[[str], float] | None = None,
 ) -> dict[str, Any]:
-    """End a waiting request; returns its status parts as they were before."""
+    """End a waiting request; returns its status parts as they were before.
+
+    ``posted`` maps the request's streamed jobs to the characters of content
+    and reasoning their workers posted: each is settled on them (the worker
+    rewarded, the requester charged, no dropped job). A job that does not
+    stream is not settled.
+    """
     status = request_status(conn, request_id, kind, now, rules)
     req = status["request"]
     if req["state"] == "waiting":
+        for job_id, chars in (posted or {}).items():
+            job = (
+                conn.execute(_JOB_WITH_REQUEST.with_for_update(), {"job_id": job_id})
+                .mappings()
+                .first()
+            )
+            if job is None or job["state"] != "processing" or billions is None:
+                continue
+            tokens = kudos_rules.billed_tokens(chars, job["request_max_length"])
+            _settle(
+                conn, job, tokens, {"charge_basis": "output_estimate"}, now, billions, "cancelled"
+            )
         _end_request(conn, req["id"], "cancelled", now)
     return status
 
@@ -732,6 +758,9 @@ class PoppedJob:
     softprompt: str | None
     ttl: float
     chat: bool = False
+    stream: bool = False  # popped with stream_progress: it gets a progress lease
+    gen: int = 0  # the attempt of the request (its restarts so far)
+    max_length: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -976,15 +1005,30 @@ def _assign(
             "max_context_length": max_context_length,
         },
     )
+    stream = False
     if chat:
         request = ChatRequest.from_json(claimed["chat"])
+        stream = streams_progress(request)
         payload = build_worker_chat_extras(
-            request, frozenset(worker.chat_features), max_length, max_context_length
+            request,
+            frozenset(worker.chat_features),
+            max_length,
+            max_context_length,
+            stream_progress=stream,
         )
     else:
         payload = {**claimed["params"], "prompt": claimed["prompt"], "n": 1}
     return PoppedJob(
-        job_id, cand["request_id"], model, payload, claimed["softprompt"], rules.job_ttl, chat
+        job_id,
+        cand["request_id"],
+        model,
+        payload,
+        claimed["softprompt"],
+        rules.job_ttl,
+        chat,
+        stream,
+        claimed["restarts"],
+        max_length,
     )
 
 
@@ -1059,8 +1103,13 @@ def submit_job(
     now: float,
     rules: Rules,
     billions: Callable[[str], float],
+    lease_until: float | None = None,
 ) -> SubmitResult:
-    """Store a worker's answer to a job: a text generation, a chat reply, or a fault."""
+    """Store a worker's answer to a job: a text generation, a chat reply, or a fault.
+
+    ``lease_until``: the end of the job's progress lease, which progress
+    posts may have extended past the stored one.
+    """
     user = _user(conn, key_hash, rules)
     # Locks the job and its request (PostgreSQL), in that order.
     job = conn.execute(_JOB_WITH_REQUEST.with_for_update(), {"job_id": sub.id}).mappings().first()
@@ -1070,7 +1119,8 @@ def submit_job(
         raise HordeError(RC.WrongCredentials, "This job was given to another user's worker.")
     if job["state"] == "done":
         raise HordeError(RC.DuplicateGen)
-    if job["state"] == "expired" or (job["state"] == "processing" and job["lease_expires"] < now):
+    lease_end = max(job["lease_expires"], lease_until or 0)
+    if job["state"] == "expired" or (job["state"] == "processing" and lease_end < now):
         # A lease past its end is refused at once; the sweep requeues it.
         raise HordeError(RC.AbortedGen, "This job was aborted: its lease expired.")
     if job["state"] != "processing":
@@ -1141,15 +1191,19 @@ def _settle(
     values: dict[str, Any],
     now: float,
     billions: Callable[[str], float],
+    state: str = "done",
 ) -> SubmitResult:
-    """Store a finished job: reward its worker's owner, charge the requester."""
+    """Store a finished job: reward its worker's owner, charge the requester.
+
+    A job settled at a cancel ends ``cancelled``: paid, not a generation.
+    """
     reward = kudos_rules.job_reward(tokens, billions(job["model"]))
     cost = kudos_rules.job_cost(reward)
     conn.execute(
         _FINISH_JOB,
         {
             "job_id": job["id"],
-            "state": "done",
+            "state": state,
             "submitted": now,
             "tokens": tokens,
             "reward": reward,
@@ -1167,6 +1221,13 @@ def _settle(
             "seconds": max(now - job["started"], 0.001),
         },
     )
+    if state != "done":
+        conn.execute(
+            update(requests)
+            .where(requests.c.id == job["request_id"])
+            .values(kudos=requests.c.kudos + cost)
+        )
+        return SubmitResult(reward, job["request_id"], False, False)
     counts = conn.execute(_FINISH_REQUEST, {"rid": job["request_id"], "cost": cost}).one()
     done = counts.finished >= counts.n
     if done:
@@ -1286,10 +1347,18 @@ class SweepResult:
     requeued: int
     ended_requests: list[str]
     purged_requests: int
+    expired_job_ids: list[str] = dataclasses.field(default_factory=list)
 
 
-def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
-    """Expire leases and requests, purge ended requests past retention."""
+def sweep(
+    conn: Connection, now: float, rules: Rules, extended: dict[str, float] | None = None
+) -> SweepResult:
+    """Expire leases and requests, purge ended requests past retention.
+
+    ``extended`` holds the progress leases of streamed jobs: a job whose
+    progress lease still runs has its stored lease moved to that end instead.
+    """
+    extended = extended or {}
     expired = (
         conn.execute(
             select(jobs)
@@ -1301,6 +1370,12 @@ def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
     )
     requeued = 0
     ended: list[str] = []
+    still = [j for j in expired if extended.get(j["id"], 0) >= now]
+    for job in still:
+        conn.execute(
+            update(jobs).where(jobs.c.id == job["id"]).values(lease_expires=extended[job["id"]])
+        )
+    expired = [j for j in expired if extended.get(j["id"], 0) < now]
     for job in expired:
         # Locks in the order submits take them: job, request, worker.
         conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
@@ -1336,7 +1411,7 @@ def sweep(conn: Connection, now: float, rules: Rules) -> SweepResult:
             ended.append(request_id)
     purged = _purge(conn, now - rules.retention)
     _drop_idle_classes(conn, now)
-    return SweepResult(len(expired), requeued, ended, purged)
+    return SweepResult(len(expired), requeued, ended, purged, [j["id"] for j in expired])
 
 
 def _drop_idle_classes(conn: Connection, now: float) -> None:

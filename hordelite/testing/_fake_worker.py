@@ -4,7 +4,7 @@ import functools
 import ssl
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -54,7 +54,7 @@ class FakeTextWorker:
             verify=_tls(),
         )
 
-    async def __aenter__(self) -> FakeTextWorker:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

@@ -1,0 +1,144 @@
+"""Relaying a plain streamed request's progress as SSE deltas (000 "Streaming").
+
+The worker posts about once a second; each post's text is spread evenly over
+the estimated interval until the next post, so the client sees a steady flow
+and pacing adds at most about one interval of latency. The final reply then
+reconciles: a reply equal to or extending what was relayed completes the
+stream with the remainder; one that diverges ends it with an error event.
+A stream lost or never posted still ends with the full reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from hordelite.errors import RC, HordeError
+from hordelite.front import _shape
+from hordelite.front._call import Call
+
+# A slice of buffered text leaves every TICK seconds; the interval between
+# posts is estimated as a moving average, bounded.
+TICK = 0.05
+FIRST_INTERVAL = 1.0
+MIN_INTERVAL, MAX_INTERVAL = 0.05, 5.0
+
+
+class Pacer:
+    """Text waiting to leave, and the time by which it must all have left."""
+
+    def __init__(self, paced: bool) -> None:
+        self.paced = paced
+        self.pending = ""
+        self.sent = ""
+        self.due = 0.0
+        self.interval = FIRST_INTERVAL
+        self.last_post: float | None = None
+
+    def add(self, text: str, now: float) -> None:
+        if not text:
+            return
+        if self.last_post is not None:
+            gap = min(max(now - self.last_post, MIN_INTERVAL), MAX_INTERVAL)
+            self.interval = 0.5 * self.interval + 0.5 * gap
+        self.last_post = now
+        self.pending += text
+        self.due = now + self.interval
+
+    def take(self, now: float) -> str:
+        """The slice to send now: all of it unpaced or when due, else its
+        share of the time left."""
+        if not self.pending:
+            return ""
+        left = self.due - now
+        if not self.paced or left <= TICK:
+            text, self.pending = self.pending, ""
+        else:
+            share = max(1, round(len(self.pending) * TICK / left))
+            text, self.pending = self.pending[:share], self.pending[share:]
+        self.sent += text
+        return text
+
+    def rest_of(self, final: str) -> str | None:
+        """What of ``final`` the client has not had, or None when ``final``
+        does not extend what was relayed (pending text counts as relayed)."""
+        relayed = self.sent + self.pending
+        if not final.startswith(relayed):
+            return None
+        rest = self.pending + final[len(relayed) :]
+        self.sent, self.pending = final, ""
+        return rest
+
+
+async def relay(
+    call: Call, prompt_chars: int, paced: bool, keepalive: float
+) -> AsyncIterator[bytes]:
+    """The SSE bytes of a plain streamed request: deltas as posted, then the
+    reconciled end. Raises HordeError as ``Call.poll`` does, and
+    ChatStreamDiverged when the final reply contradicts the relayed text."""
+    req, signals, rid = call.req, call.horde.signals, call.request_id
+    include_reasoning = req.horde.include_reasoning
+    content, reasoning = Pacer(paced), Pacer(paced)
+    position, gen, model = 0, None, req.models[0]
+    base = _shape.chunk_base(rid, model)
+    tail = {"usage": None} if req.include_usage else {}
+
+    def chunk(delta: dict[str, Any]) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
+        return _shape.sse({**base, "model": model, "choices": [choice], **tail})
+
+    yield chunk({"role": "assistant", "content": ""})
+    status: dict[str, Any] | None = None
+    recheck = 0.0  # read the status at once: it may have ended already
+    next_keepalive = anyio.current_time() + keepalive
+    # Taken before each status read, kept until the next one: a generation
+    # that lands in between sets it.
+    finished = signals.request_waiter(rid)
+    while status is None:
+        posted = signals.progress_waiter(rid)
+        now = anyio.current_time()
+        for entry in signals.read_progress(rid, position):
+            position += 1
+            gen = entry["gen"] if gen is None else gen
+            if entry["gen"] == gen:  # a later attempt is reconciled at the end
+                model = entry["model"]
+                content.add(entry["content"], now)
+                if include_reasoning:
+                    reasoning.add(entry["reasoning_content"], now)
+        if finished.is_set() or now >= recheck:
+            finished = signals.request_waiter(rid)
+            status = await call.poll()
+            recheck = call.next_recheck()
+            if status is not None:
+                break
+        for pacer, key in ((reasoning, "reasoning_content"), (content, "content")):
+            text = pacer.take(now)
+            if text:
+                yield chunk({key: text})
+        if now >= next_keepalive:
+            next_keepalive = now + keepalive
+            yield b": waiting for the worker\n\n"
+        busy = bool(content.pending or reasoning.pending)
+        until = now + TICK if busy else min(recheck, next_keepalive)
+        with anyio.move_on_after(max(until - anyio.current_time(), 0)):
+            await posted.wait()
+    generation = status["generations"][0]
+    model = generation["model"]
+    message = generation["message"]
+    if include_reasoning:
+        rest = reasoning.rest_of(message.get("reasoning_content") or "")
+        if rest:
+            yield chunk({"reasoning_content": rest})
+    rest = content.rest_of(message.get("content") or "")
+    if rest is None:
+        raise HordeError(
+            RC.ChatStreamDiverged,
+            "The final reply differs from the text already streamed, so the stream ends here; "
+            "the whole reply is on the request's status.",
+        )
+    if rest:
+        yield chunk({"content": rest})
+    for piece in _shape.finish_chunks(rid, status, prompt_chars, req.include_usage):
+        yield piece
