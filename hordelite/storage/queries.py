@@ -809,6 +809,7 @@ def _candidate_statement(
     skip_locked: bool,
     own: bool,
     tools_limit: bool = False,
+    capped: bool = False,
 ) -> Select[Any]:
     """The best queue row of one (model, kind, features) class a worker of
     this kind may take.
@@ -848,6 +849,10 @@ def _candidate_statement(
             queue.c.max_length <= bindparam("max_length"),
             queue.c.context_tokens + queue.c.max_length <= bindparam("max_context_length"),
         )
+        if capped:
+            # A slow worker, while a faster one serves the model: only what
+            # it generates within the job lease preference (``slow_cap``).
+            q = q.where(queue.c.max_length <= bindparam("slow_cap"))
         if tools_limit:
             q = q.where(
                 or_(
@@ -896,6 +901,7 @@ def _classes(conn: Connection, worker: WorkerView) -> list[_Class]:
 def _candidate_params(worker: WorkerView, cls: _Class, owner_id: int) -> dict[str, Any]:
     chat = cls.kind == "chat"
     return {
+        "slow_cap": int(worker.speed * PREFERRED_SECONDS),
         "model": cls.model,
         "features": cls.features,
         "max_length": worker.chat_max_length if chat else worker.max_length,
@@ -906,10 +912,41 @@ def _candidate_params(worker: WorkerView, cls: _Class, owner_id: int) -> dict[st
     }
 
 
-def _statement_for(worker: WorkerView, cls: _Class, skip_locked: bool, own: bool) -> Select[Any]:
+def _statement_for(
+    worker: WorkerView, cls: _Class, skip_locked: bool, own: bool, capped: bool = False
+) -> Select[Any]:
     tools_limit = cls.kind == "chat" and worker.tools_max_temperature is not None
     return _candidate_statement(
-        cls.kind, worker.trusted, worker.slow, worker.nsfw, skip_locked, own, tools_limit
+        cls.kind,
+        worker.trusted,
+        worker.slow,
+        worker.nsfw,
+        skip_locked,
+        own,
+        tools_limit,
+        capped and cls.kind == "chat",
+    )
+
+
+# The job lease preference (004 "Streaming progress"): a chat job goes to a
+# worker whose measured speed generates its max_length within this many
+# seconds; a slower worker gets it only when no faster chat worker serving
+# the model is online.
+PREFERRED_SECONDS = 120.0
+
+
+def _slower_than_another(conn: Connection, worker: WorkerView, now: float, rules: Rules) -> bool:
+    """Whether this chat worker may be passed over: it cannot generate its own
+    max_length within PREFERRED_SECONDS, and a faster chat worker serving
+    its model is online. Fast workers (the usual case) cost no query."""
+    if worker.chat_model is None or worker.speed * PREFERRED_SECONDS >= worker.chat_max_length:
+        return False
+    return any(
+        w.id != worker.id
+        and w.chat_model == worker.chat_model
+        and not w.maintenance
+        and w.speed > worker.speed
+        for w in _online_workers(conn, now, rules)
     )
 
 
@@ -922,7 +959,12 @@ def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Selec
 
 
 def _best_candidate(
-    conn: Connection, worker: WorkerView, owner_id: int, skip_locked: bool, exclude: set[str]
+    conn: Connection,
+    worker: WorkerView,
+    owner_id: int,
+    skip_locked: bool,
+    exclude: set[str],
+    capped: bool = False,
 ) -> dict[str, Any] | None:
     candidates: list[dict[str, Any]] = []
     # The owner's own requests come first; most owners have none queued.
@@ -930,7 +972,7 @@ def _best_candidate(
     for cls in _classes(conn, worker):
         params = _candidate_params(worker, cls, owner_id)
         for own in (True, False) if has_own else (False,):
-            stmt = _statement_for(worker, cls, skip_locked, own)
+            stmt = _statement_for(worker, cls, skip_locked, own, capped)
             if exclude:
                 stmt = stmt.where(queue.c.request_id.not_in(exclude))
             row = conn.execute(stmt, params).mappings().first()
@@ -946,14 +988,15 @@ def _claim(
     conn: Connection, worker: WorkerView, owner_id: int, now: float, rules: Rules, skip_locked: bool
 ) -> PoppedJob | None:
     exclude: set[str] = set()
+    capped = _slower_than_another(conn, worker, now, rules)
     for _ in range(4):
-        cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude)
+        cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude, capped)
         if cand is None and skip_locked:
             # Skipping passed over requests that other pops hold locked. A
             # request with n > 1 may still have jobs once their claim commits:
             # look again without the lock; the conditional update below then
             # waits for that claim instead of answering "no job".
-            cand = _best_candidate(conn, worker, owner_id, False, exclude)
+            cand = _best_candidate(conn, worker, owner_id, False, exclude, capped)
         if cand is None:
             return None
         claimed = (
