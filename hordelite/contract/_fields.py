@@ -18,11 +18,12 @@ _MISSING: Any = object()
 
 def expect_object(value: Any, field: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise bad_request(field, f"expected a JSON object, got {_kind(value)}")
+        raise bad_request(field, f"expected a JSON object, got {kind_name(value)}")
     return value
 
 
-def _kind(value: Any) -> str:
+def kind_name(value: Any) -> str:
+    """How an error message names the JSON type of ``value``."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -48,7 +49,7 @@ def get_int(
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(field, f"expected an integer, got {_kind(value)}")
+        raise bad_request(field, f"expected an integer, got {kind_name(value)}")
     if not lo <= value <= hi:
         raise bad_request(field, f"{value} is outside {lo} to {hi}")
     return value
@@ -67,7 +68,7 @@ def get_number(
         or not isinstance(value, int | float)
         or (isinstance(value, float) and not math.isfinite(value))
     ):
-        raise bad_request(field, f"expected a number, got {_kind(value)}")
+        raise bad_request(field, f"expected a number, got {kind_name(value)}")
     if not lo <= value <= hi:
         raise bad_request(field, f"{value} is outside {lo} to {hi}")
     return value
@@ -78,7 +79,7 @@ def get_bool(body: Mapping[str, Any], key: str, field: str, default: bool) -> bo
     if value is _MISSING or value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(field, f"expected true or false, got {_kind(value)}")
+        raise bad_request(field, f"expected true or false, got {kind_name(value)}")
     return value
 
 
@@ -91,7 +92,7 @@ def get_str(
             raise bad_request(field, "is required")
         return default
     if not isinstance(value, str):
-        raise bad_request(field, f"expected a string, got {_kind(value)}")
+        raise bad_request(field, f"expected a string, got {kind_name(value)}")
     if len(value) > max_len:
         raise bad_request(field, f"is longer than {max_len} characters")
     return value
@@ -104,12 +105,12 @@ def get_str_list(
     if value is None:
         return []
     if not isinstance(value, list):
-        raise bad_request(field, f"expected an array of strings, got {_kind(value)}")
+        raise bad_request(field, f"expected an array of strings, got {kind_name(value)}")
     if len(value) > max_items:
         raise bad_request(field, f"has more than {max_items} entries")
     for i, item in enumerate(value):
         if not isinstance(item, str):
-            raise bad_request(f"{field}.{i}", f"expected a string, got {_kind(item)}")
+            raise bad_request(f"{field}.{i}", f"expected a string, got {kind_name(item)}")
         if len(item) > max_len:
             raise bad_request(f"{field}.{i}", f"is longer than {max_len} characters")
     return list(value)

@@ -26,7 +26,7 @@ import referencing
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from hordelite.contract._fields import parse_uuid
+from hordelite.contract._fields import kind_name, parse_uuid
 from hordelite.contract.chat_request import NEUTRAL_BACKEND_SAMPLERS, ChatRequest
 from hordelite.contract.limits import (
     MAX_NAME,
@@ -117,20 +117,6 @@ def nonconformant(field: str, why: str) -> HordeError:
     return HordeError(RC.ChatSubmitNonconformant, f"{field}: {why}", errors={field: why})
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
 def _clip(text: str) -> str:
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
 
@@ -153,7 +139,7 @@ def parse_chat_submit(body: Any) -> ChatSubmit:
     fault_reason the horde does not know is ignored.
     """
     if not isinstance(body, Mapping):
-        raise submit_invalid("body", f"expected a JSON object, got {_kind(body)}")
+        raise submit_invalid("body", f"expected a JSON object, got {kind_name(body)}")
     job_id = _parse_id(body)
     state = _parse_state(body)
     model_id = _parse_model_id(body)
@@ -204,7 +190,7 @@ def _parse_reply(body: Mapping[str, Any]) -> ChatReply:
     if not isinstance(message, Mapping):
         why = "is required: the assistant message, sent in place of generation"
         raise submit_invalid(
-            "message", why if message is None else f"expected an object, got {_kind(message)}"
+            "message", why if message is None else f"expected an object, got {kind_name(message)}"
         )
     if message.get("role") != "assistant":
         raise submit_invalid(
@@ -217,7 +203,9 @@ def _parse_reply(body: Mapping[str, Any]) -> ChatReply:
             "message.content", "may be null only when message.tool_calls holds calls"
         )
     if content is not None and not isinstance(content, str):
-        raise submit_invalid("message.content", f"expected a string or null, got {_kind(content)}")
+        raise submit_invalid(
+            "message.content", f"expected a string or null, got {kind_name(content)}"
+        )
     finish_reason = _parse_finish_reason(body, calls)
     return ChatReply(
         content=content,
@@ -235,13 +223,13 @@ def _parse_tool_calls(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise submit_invalid("message.tool_calls", f"expected an array, got {_kind(value)}")
+        raise submit_invalid("message.tool_calls", f"expected an array, got {kind_name(value)}")
     return [_parse_tool_call(call, f"message.tool_calls[{i}]") for i, call in enumerate(value)]
 
 
 def _parse_tool_call(call: Any, at: str) -> dict[str, Any]:
     if not isinstance(call, Mapping):
-        raise submit_invalid(at, f"expected an object, got {_kind(call)}")
+        raise submit_invalid(at, f"expected an object, got {kind_name(call)}")
     call_id = call.get("id")
     if not isinstance(call_id, str) or not call_id:
         raise submit_invalid(f"{at}.id", "is required: the call id the backend minted")
@@ -255,7 +243,7 @@ def _parse_tool_call(call: Any, at: str) -> dict[str, Any]:
         raise submit_invalid(f"{at}.function.name", "is required: the called function's name")
     if not isinstance(arguments, str):
         raise submit_invalid(
-            f"{at}.function.arguments", f"expected a string, got {_kind(arguments)}"
+            f"{at}.function.arguments", f"expected a string, got {kind_name(arguments)}"
         )
     # Unknown keys of a call are dropped, as in a request's tool history.
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -265,7 +253,9 @@ def _parse_reasoning(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise submit_invalid("message.reasoning_content", f"expected a string, got {_kind(value)}")
+        raise submit_invalid(
+            "message.reasoning_content", f"expected a string, got {kind_name(value)}"
+        )
     if len(value.encode("utf-8", "surrogatepass")) > MAX_REASONING_BYTES:
         raise submit_invalid(
             "message.reasoning_content", f"is larger than {MAX_REASONING_BYTES} bytes of UTF-8"
@@ -287,7 +277,7 @@ def _parse_native_finish_reason(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise submit_invalid("native_finish_reason", f"expected a string, got {_kind(value)}")
+        raise submit_invalid("native_finish_reason", f"expected a string, got {kind_name(value)}")
     if len(value) > MAX_NATIVE_FINISH_REASON:
         raise submit_invalid(
             "native_finish_reason", f"is longer than {MAX_NATIVE_FINISH_REASON} characters"
@@ -303,7 +293,7 @@ def _parse_count(body: Mapping[str, Any], key: str) -> int | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # JSON has one number type: 21.0 is 21
     if isinstance(value, bool) or not isinstance(value, int):
-        raise submit_invalid(key, f"expected an integer, got {_kind(value)}")
+        raise submit_invalid(key, f"expected an integer, got {kind_name(value)}")
     if not 0 <= value <= MAX_REPORTED_TOKENS:
         raise submit_invalid(key, f"{_clip(str(value))} is outside 0 to {MAX_REPORTED_TOKENS:,}")
     return value
@@ -396,7 +386,7 @@ def _check_format(req: ChatRequest, reply: ChatReply) -> None:
     if not isinstance(instance, dict):
         raise nonconformant(
             "message.content",
-            f"the request's response_format is {label}, but the content is {_kind(instance)}, not a JSON object",
+            f"the request's response_format is {label}, but the content is {kind_name(instance)}, not a JSON object",
         )
 
 

@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hordelite.contract._fields import parse_uuid
+from hordelite.contract._fields import kind_name, parse_uuid
 from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, to_mask, transport_mask
 from hordelite.contract.limits import (
     CHARS_PER_TOKEN_ESTIMATE,
@@ -206,27 +206,13 @@ def openai_refusal(param: str | None, message: str) -> HordeError:
     return HordeError(RC.ChatRequestInvalid, message, param=param)
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
 # Parsing ---------------------------------------------------------------------
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
     """Validate a chat body; raises HordeError naming the offending key."""
     if not isinstance(body, Mapping):
-        raise invalid("body", f"Expected a JSON object as the body, got {_type_name(body)}.")
+        raise invalid("body", f"Expected a JSON object as the body, got {kind_name(body)}.")
     for key, value in body.items():
         if key in DEFAULT_NO_OPS or key in _KNOWN_TOP:
             continue
@@ -315,7 +301,7 @@ def _number(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float | 
     ):
         raise invalid(
             key,
-            f"Invalid type for '{key}': expected a number, but got {_type_name(value)} instead.",
+            f"Invalid type for '{key}': expected a number, but got {kind_name(value)} instead.",
         )
     if not lo <= value <= hi:
         raise invalid(key, f"Invalid '{key}': {value} is outside {lo} to {hi}.")
@@ -346,7 +332,7 @@ def _parse_max_length(body: Mapping[str, Any]) -> int | None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise invalid(
                 key,
-                f"Invalid type for '{key}': expected an integer, but got {_type_name(value)} instead.",
+                f"Invalid type for '{key}': expected an integer, but got {kind_name(value)} instead.",
             )
         if not 1 <= value <= MAX_MAX_LENGTH:
             raise invalid(key, f"Invalid '{key}': {value} is outside 1 to {MAX_MAX_LENGTH}.")
@@ -374,7 +360,7 @@ def _parse_seed(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(
             "seed",
-            f"Invalid type for 'seed': expected an integer, but got {_type_name(value)} instead.",
+            f"Invalid type for 'seed': expected an integer, but got {kind_name(value)} instead.",
         )
     if not -(2**63) <= value < 2**63:
         raise invalid("seed", "Invalid 'seed': outside the 64-bit integer range.")
@@ -413,7 +399,7 @@ def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
     if not isinstance(raw, Mapping):
         raise invalid(
             where,
-            f"Invalid type for '{where}': expected an object, but got {_type_name(raw)} instead.",
+            f"Invalid type for '{where}': expected an object, but got {kind_name(raw)} instead.",
         )
     role = raw.get("role")
     if role not in _ROLES:
