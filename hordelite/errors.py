@@ -77,6 +77,9 @@ class RC(enum.Enum):
     # 405, 413, 429
     MethodNotAllowed = (405, "This method is not allowed on this route.")
     RequestTimeout = (408, "The request did not complete within the time allowed.")
+    # Shown in a status's fault (not answered as an error): no worker took
+    # the request before it expired.
+    RequestExpired = (408, "No worker took this request before it expired.")
     OperationKeyReused = (409, "This Idempotency-Key was used for a different request.")
     PayloadTooLarge = (413, "The request body is larger than this horde accepts.")
     TooManyPrompts = (429, "You have too many requests in flight.")

@@ -290,8 +290,12 @@ def _parse_models(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(models))
 
 
-def _number(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float | None:
+def _number(
+    body: Mapping[str, Any], key: str, lo: float, hi: float, name: str | None = None
+) -> float | None:
+    """``body[key]`` as a number within bounds; errors name it ``name`` (default ``key``)."""
     value = body.get(key)
+    key = name or key
     if value is None:
         return None
     if (
@@ -828,7 +832,7 @@ def _parse_horde(value: Any) -> HordeOptions:
             )
         return str(v)
 
-    max_kudos = _number(value, "max_kudos", 0, 1e12)
+    max_kudos = _number(value, "max_kudos", 0, 1e12, "horde.max_kudos")
     workers = value.get("workers") or []
     if not isinstance(workers, list) or len(workers) > MAX_WORKER_IDS:
         raise invalid(

@@ -226,7 +226,22 @@ class Horde:
     async def queue_chat(
         self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
     ) -> dict[str, Any]:
-        """Queue a validated chat request; answers the 202 body."""
+        """Queue a validated chat request; answers the 202 body.
+
+        A resubmit with the same operation key answers the first request
+        before anything else is checked: the workers may have changed since.
+        """
+        if operation_key is not None:
+            first = await self.db.read(q.find_operation, hash_key(api_key), operation_key)
+            if first is not None:
+                if first["kind"] != "chat" or first["fingerprint"] != req.fingerprint():
+                    raise HordeError(
+                        RC.OperationKeyReused,
+                        "This Idempotency-Key was used for a different request; use a new key.",
+                    )
+                billions = max(self.models.billions(m) for m in first["models"])
+                quote = kudos_rules.request_quote(first["max_length"], 1, billions)
+                return {"id": first["id"], "kudos": quote}
         online, known = await self.db.read(
             q.chat_pool, hash_key(api_key), req.models, self.clock.now(), self.rules
         )
@@ -304,7 +319,7 @@ class Horde:
                 status["context_adjustments"] = req["context_adjustments"]
         if status["faulted"]:
             status["fault"] = {
-                "rc": req["fault_rc"] or RC.RequestNotFound.name,
+                "rc": req["fault_rc"] or RC.RequestExpired.name,
                 "message": req["fault_message"]
                 or f"The request expired: no worker took it within {int(self.config.horde.request_expiry)} s.",
             }

@@ -464,19 +464,17 @@ def _use_class(conn: Connection, key: dict[str, Any], now: float) -> None:
         return
     if last_used is not None:
         touched = conn.execute(
-            update(queue_classes).where(*_class_key()).values(last_used=now), key
+            update(queue_classes)
+            .where(
+                queue_classes.c.model == key["model"],
+                queue_classes.c.kind == key["kind"],
+                queue_classes.c.features == key["features"],
+            )
+            .values(last_used=now)
         ).rowcount
         if touched:
             return
     conn.execute(insert(queue_classes).values(**key, last_used=now))
-
-
-def _class_key() -> list[ColumnElement[bool]]:
-    return [
-        queue_classes.c.model == bindparam("model"),
-        queue_classes.c.kind == bindparam("kind"),
-        queue_classes.c.features == bindparam("features"),
-    ]
 
 
 def _dequeue(conn: Connection, request_id: str) -> None:
@@ -621,6 +619,26 @@ def _chat_view(chat: dict[str, Any] | None) -> dict[str, Any]:
         "chat_max_length": declaration.limits.max_length,
         "tools_max_temperature": declaration.limits.tools_max_temperature,
     }
+
+
+def find_operation(conn: Connection, key_hash: str, operation_key: str) -> RowMapping | None:
+    """The request an operation key already queued for this key's user, if any."""
+    user = conn.execute(_USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
+    if user is None:
+        return None
+    return (
+        conn.execute(
+            select(
+                requests.c.id,
+                requests.c.kind,
+                requests.c.fingerprint,
+                requests.c.max_length,
+                requests.c.models,
+            ).where(requests.c.user_id == user["id"], requests.c.operation_key == operation_key)
+        )
+        .mappings()
+        .first()
+    )
 
 
 def chat_pool(

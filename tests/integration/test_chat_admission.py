@@ -346,3 +346,32 @@ async def test_a_shape_openai_refuses_is_refused_with_openais_message_and_param(
         assert refusal["message"] == message
         assert refusal["param"] == param
         await pop_nothing(worker)
+
+
+async def test_a_resubmit_with_the_same_idempotency_key_returns_the_first_request_after_its_workers_left() -> (
+    None
+):
+    clock = ManualClock()
+    async with open_chat_horde(clock=clock) as env:
+        await env.chat_worker("w")
+        key = {"Idempotency-Key": "op-offline"}
+        first = await env.queue(chat_body(), headers=key)
+        clock.advance(WORKER_ONLINE_SECONDS + 1)
+        # Without its key the same body is refused now: no worker is online.
+        assert_refused(await env.submit(chat_body()), 503, "no_eligible_worker")
+        assert await env.queue(chat_body(), headers=key) == first
+
+
+async def test_a_chat_request_in_a_class_idle_for_over_a_minute_is_queued_and_popped() -> None:
+    # A submit refreshes its queue class at most once a minute; the refresh
+    # must keep working after that minute.
+    clock = ManualClock()
+    async with open_chat_horde(clock=clock) as env:
+        worker = await env.chat_worker("w")
+        await env.queue(chat_body("first"))
+        await pop_job(worker)
+        clock.advance(61)
+        second = await env.queue(chat_body("second"))
+        job = await pop_job(worker)
+        assert job["payload"]["messages"][-1]["content"] == "second"
+        assert (await env.status(second))["processing"] == 1
