@@ -113,10 +113,14 @@ async def relay(
             recheck = call.next_recheck()
             if status is not None:
                 break
-        for pacer, key in ((reasoning, "reasoning_content"), (content, "content")):
-            text = pacer.take(now)
-            if text:
-                yield chunk({key: text})
+        text = reasoning.take(now)
+        if text:
+            yield chunk({"reasoning_content": text})
+        # Content waits until the reasoning before it has left: OpenAI-style
+        # clients expect all the reasoning first.
+        text = "" if reasoning.pending else content.take(now)
+        if text:
+            yield chunk({"content": text})
         if now >= next_keepalive:
             next_keepalive = now + keepalive
             yield b": waiting for the worker\n\n"

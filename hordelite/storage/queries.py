@@ -555,23 +555,30 @@ def cancel_request(
             _settle(
                 conn, job, tokens, {"charge_basis": "output_estimate"}, now, billions, "cancelled"
             )
-        _end_request(conn, req["id"], "cancelled", now)
+        _end_request(conn, req["id"], "cancelled", now, abort_jobs=False)
     return status
 
 
-def _end_request(conn: Connection, request_id: str, state: str, now: float) -> None:
-    """End a request: out of the queue, and its jobs still out are aborted
-    (a late submit gets AbortedGen and charges nobody)."""
+def _end_request(
+    conn: Connection, request_id: str, state: str, now: float, abort_jobs: bool = True
+) -> None:
+    """End a request: out of the queue; with ``abort_jobs`` its jobs still
+    out are aborted (a late submit gets AbortedGen and charges nobody).
+
+    A client's cancel does not abort them (004 step 7): a job that does not
+    stream is submitted as usual and rewarded for its reply.
+    """
     conn.execute(
         update(requests)
         .where(requests.c.id == request_id)
         .values(state=state, ended=now, remaining=0)
     )
-    conn.execute(
-        update(jobs)
-        .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
-        .values(state="cancelled")
-    )
+    if abort_jobs:
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
+            .values(state="cancelled")
+        )
     _dequeue(conn, request_id)
 
 
@@ -1292,9 +1299,10 @@ def _settle(
     counts = conn.execute(_FINISH_REQUEST, {"rid": job["request_id"], "cost": cost}).one()
     done = counts.finished >= counts.n
     if done:
+        # A cancelled request stays cancelled when its last job comes in.
         conn.execute(
             update(requests)
-            .where(requests.c.id == job["request_id"])
+            .where(requests.c.id == job["request_id"], requests.c.state == "waiting")
             .values(state="done", ended=now, remaining=0)
         )
     return SubmitResult(reward, job["request_id"], done, False)

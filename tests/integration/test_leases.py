@@ -160,7 +160,7 @@ async def test_over_20_aborts_in_an_hour_mean_maintenance_until_the_owner_clears
             assert (await worker.pop())["id"] is not None
 
 
-async def test_cancel_refuses_the_job_in_flight_with_AbortedGen_and_stops_popping() -> None:
+async def test_cancel_stops_popping_and_a_job_in_flight_is_still_submitted_and_rewarded() -> None:
     async with open_horde() as horde:
         requester = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
@@ -174,9 +174,15 @@ async def test_cancel_refuses_the_job_in_flight_with_AbortedGen_and_stops_poppin
             assert job["id"] is not None
             cancel = await client.delete(f"/api/v2/generate/text/status/{request_id}")
             assert cancel.status_code == 200, cancel.text
+            assert (await worker.pop())["id"] is None
+            # 004 step 7: a job that does not stream is not settled at the
+            # cancel; submitted as usual, it is rewarded for its reply.
             late = await worker.client.post(
                 "/generate/text/submit",
                 json={"id": job["id"], "generation": "unwanted", "state": "ok"},
             )
-            assert_refused(late, 400, "AbortedGen")
-            assert (await worker.pop())["id"] is None
+            assert late.status_code == 200, late.text
+            assert late.json()["reward"] > 0
+            status = (await client.get(f"/api/v2/generate/text/status/{request_id}")).json()
+            assert [g["text"] for g in status["generations"]] == ["unwanted"]
+            assert status["done"] is True
