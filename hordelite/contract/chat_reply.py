@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -404,6 +405,15 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Draft202012Validator:
+    """A validator per distinct schema, checked against the metaschema once:
+    that check costs about a millisecond, the validation itself far less."""
+    schema = json.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, registry=referencing.Registry())
+
+
 def _check_schema(instance: Any, schema: Any, label: str) -> bool:
     """Validate against a strict schema (Draft 2020-12; ``format`` is an
     annotation, as the draft's default vocabulary says).
@@ -418,8 +428,7 @@ def _check_schema(instance: Any, schema: Any, label: str) -> bool:
     references are never fetched (an empty registry): verification does no I/O.
     """
     try:
-        Draft202012Validator.check_schema(schema)
-        validator = Draft202012Validator(schema, registry=referencing.Registry())
+        validator = _validator(json.dumps(schema, sort_keys=True))
         error: ValidationError | None = best_match(validator.iter_errors(instance))
     except Exception:
         # SchemaError, Unresolvable, RecursionError, re.error...: the

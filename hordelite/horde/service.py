@@ -228,30 +228,39 @@ class Horde:
     ) -> dict[str, Any]:
         """Queue a validated chat request; answers the 202 body.
 
-        A resubmit with the same operation key answers the first request
-        before anything else is checked: the workers may have changed since.
+        One transaction: a resubmit with the same operation key answers the
+        first request before anything else is checked (the workers may have
+        changed since); otherwise admission (horde.chat.admit) and queueing.
         """
-        if operation_key is not None:
-            first = await self.db.read(q.find_operation, hash_key(api_key), operation_key)
-            if first is not None:
-                if first["kind"] != "chat" or first["fingerprint"] != req.fingerprint():
-                    raise HordeError(
-                        RC.OperationKeyReused,
-                        "This Idempotency-Key was used for a different request; use a new key.",
-                    )
-                billions = max(self.models.billions(m) for m in first["models"])
-                quote = kudos_rules.request_quote(first["max_length"], 1, billions)
-                return {"id": first["id"], "kudos": quote}
-        online, known = await self.db.read(
-            q.chat_pool, hash_key(api_key), req.models, self.clock.now(), self.rules
+        fingerprint = req.fingerprint()
+
+        def admit(online: list[WorkerView], known: set[str]) -> q.NewRequest:
+            return chat.admit(req, online, known, self.models, operation_key)
+
+        outcome = await self.db.write(
+            q.submit_chat_request,
+            hash_key(api_key),
+            req.models,
+            operation_key,
+            fingerprint,
+            admit,
+            str(uuid.uuid4()),
+            self.clock.now(),
+            self.rules,
+            UPFRONT_MAX_LENGTH,
+            client_agent,
         )
-        new = chat.admit(req, online, known, self.models, operation_key)
-        submitted = await self._submit(api_key, new, client_agent)
+        if not isinstance(outcome, q.Submitted):
+            billions = max(self.models.billions(m) for m in outcome["models"])
+            quote = kudos_rules.request_quote(outcome["max_length"], 1, billions)
+            return {"id": outcome["id"], "kudos": quote}
+        submitted = outcome
+        self.signals.notify_queue(submitted.view)
         answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
         if submitted.queued.context_adjustments:
             answer["context_adjustments"] = submitted.queued.context_adjustments
         if not submitted.possible:
-            reason = chat.impossible_reason(submitted.view, online)
+            reason = chat.impossible_reason(submitted.view, submitted.online or [])
             answer["message"] = (
                 reason["message"] if reason else "No worker online can take this request now."
             ) + " It waits for one."

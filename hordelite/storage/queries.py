@@ -97,6 +97,27 @@ _CHAT_CLASSES = select(queue_classes.c.features).where(
     queue_classes.c.kind == "chat",
     queue_classes.c.features.op("&")(bindparam("undeclared")) == 0,
 )
+# The best waiting requests, with only what eligibility reads (not their
+# prompts or conversations).
+_SKIPPED_SAMPLE = (
+    select(
+        requests.c.models,
+        requests.c.max_length,
+        requests.c.max_context_length,
+        requests.c.trusted_workers,
+        requests.c.slow_workers,
+        requests.c.nsfw,
+        requests.c.worker_ids,
+        requests.c.worker_blacklist,
+        requests.c.kind,
+        requests.c.features,
+        requests.c.context_tokens,
+        requests.c.tools_temperature,
+    )
+    .where(requests.c.state == "waiting", requests.c.remaining > 0)
+    .order_by(requests.c.state, requests.c.anonymous, requests.c.prio_key.desc())
+    .limit(SKIPPED_SAMPLE)
+)
 _HAS_OWN = select(queue.c.id).where(queue.c.user_id == bindparam("owner_id")).limit(1)
 _ONLINE_WORKERS = (
     select(workers, users.c.trusted)
@@ -294,6 +315,7 @@ class Submitted:
     view: RequestView
     possible: bool  # an online worker can serve it now
     replayed: bool  # an earlier request with the same operation key
+    online: list[WorkerView] | None = None  # the online workers it was checked against
 
 
 def submit_request(
@@ -313,18 +335,86 @@ def submit_request(
     """
     user = _user(conn, key_hash, rules)
     if new.operation_key is not None:
-        first = conn.execute(
-            select(requests.c.id, requests.c.fingerprint, requests.c.kind).where(
-                requests.c.user_id == user["id"], requests.c.operation_key == new.operation_key
-            )
-        ).first()
+        first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
         if first is not None:
-            if first.fingerprint != new.fingerprint or first.kind != new.kind:
-                raise HordeError(
-                    RC.OperationKeyReused,
-                    "This Idempotency-Key was used for a different request; use a new key.",
-                )
-            return Submitted(first.id, new, _view_of(new), True, True)
+            return Submitted(first["id"], new, _view_of(new), True, True)
+    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, None)
+
+
+def submit_chat_request(
+    conn: Connection,
+    key_hash: str,
+    models: Sequence[str],
+    operation_key: str | None,
+    fingerprint: str,
+    admit: Callable[[list[WorkerView], set[str]], NewRequest],
+    request_id: str,
+    now: float,
+    rules: Rules,
+    upfront_max_length: int,
+    client_agent: str,
+) -> Submitted | RowMapping:
+    """A chat submission in one transaction: authenticate, answer a resubmit
+    of an operation key with its first request (a RowMapping with its id,
+    max_length and models), else admit against the online workers
+    (``admit(online, known models)`` raises the refusals) and queue.
+
+    The models the horde knows: declared by any worker as its chat model once.
+    """
+    user = _user(conn, key_hash, rules)
+    if operation_key is not None:
+        first = _first_request(conn, user, operation_key, "chat", fingerprint)
+        if first is not None:
+            return first
+    known = set(
+        conn.execute(
+            select(workers.c.chat_model).distinct().where(workers.c.chat_model.in_(list(models)))
+        ).scalars()
+    )
+    online = _online_workers(conn, now, rules)
+    new = admit(online, known)
+    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
+
+
+def _first_request(
+    conn: Connection, user: RowMapping, operation_key: str, kind: str, fingerprint: str | None
+) -> RowMapping | None:
+    """The request this user queued under ``operation_key``; 409 OperationKeyReused
+    when that was a different request."""
+    first = (
+        conn.execute(
+            select(
+                requests.c.id,
+                requests.c.kind,
+                requests.c.fingerprint,
+                requests.c.max_length,
+                requests.c.models,
+            ).where(requests.c.user_id == user["id"], requests.c.operation_key == operation_key)
+        )
+        .mappings()
+        .first()
+    )
+    if first is not None and (first["fingerprint"] != fingerprint or first["kind"] != kind):
+        raise HordeError(
+            RC.OperationKeyReused,
+            "This Idempotency-Key was used for a different request; use a new key.",
+        )
+    return first
+
+
+def _store(
+    conn: Connection,
+    user: RowMapping,
+    new: NewRequest,
+    request_id: str,
+    now: float,
+    rules: Rules,
+    upfront_max_length: int,
+    client_agent: str,
+    online: list[WorkerView] | None,
+) -> Submitted:
+    """Check what storing needs (worker ids, kudos up front, concurrency) and
+    queue the request; ``online`` saves reading the online workers again."""
     if new.workers:
         found = set(
             conn.execute(select(workers.c.id).where(workers.c.id.in_(new.workers))).scalars()
@@ -381,8 +471,10 @@ def submit_request(
         )
     _enqueue(conn, row, now)
     view = request_view(row)
-    possible = any(can_serve(w, view) for w in _online_workers(conn, now, rules))
-    return Submitted(request_id, new, view, possible, False)
+    if online is None:
+        online = _online_workers(conn, now, rules)
+    possible = any(can_serve(w, view) for w in online)
+    return Submitted(request_id, new, view, possible, False, online)
 
 
 def _view_of(new: NewRequest) -> RequestView:
@@ -626,41 +718,6 @@ def _chat_view(chat: dict[str, Any] | None) -> dict[str, Any]:
         "chat_max_length": declaration.limits.max_length,
         "tools_max_temperature": declaration.limits.tools_max_temperature,
     }
-
-
-def find_operation(conn: Connection, key_hash: str, operation_key: str) -> RowMapping | None:
-    """The request an operation key already queued for this key's user, if any."""
-    user = conn.execute(_USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
-    if user is None:
-        return None
-    return (
-        conn.execute(
-            select(
-                requests.c.id,
-                requests.c.kind,
-                requests.c.fingerprint,
-                requests.c.max_length,
-                requests.c.models,
-            ).where(requests.c.user_id == user["id"], requests.c.operation_key == operation_key)
-        )
-        .mappings()
-        .first()
-    )
-
-
-def chat_pool(
-    conn: Connection, key_hash: str, models: Sequence[str], now: float, rules: Rules
-) -> tuple[list[WorkerView], set[str]]:
-    """For a chat submission: the online workers, and which of ``models`` any
-    worker ever declared as its chat model (the horde knows them).
-
-    Authenticates first, so an unknown key is refused before anything else.
-    """
-    _user(conn, key_hash, rules)
-    known = conn.execute(
-        select(workers.c.chat_model).distinct().where(workers.c.chat_model.in_(list(models)))
-    ).scalars()
-    return _online_workers(conn, now, rules), set(known)
 
 
 def online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
@@ -1102,12 +1159,7 @@ def _assign(
 
 def _skipped(conn: Connection, worker: WorkerView) -> dict[str, int]:
     """Why the best waiting requests were passed over, counted by reason."""
-    rows = conn.execute(
-        select(requests)
-        .where(requests.c.state == "waiting", requests.c.remaining > 0)
-        .order_by(requests.c.state, requests.c.anonymous, requests.c.prio_key.desc())
-        .limit(SKIPPED_SAMPLE)
-    ).mappings()
+    rows = conn.execute(_SKIPPED_SAMPLE).mappings()
     counts: dict[str, int] = {}
     for row in rows:
         reason = skip_reason(worker, request_view(row))
