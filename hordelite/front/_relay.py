@@ -19,9 +19,11 @@ from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import Call
 
-# A slice of buffered text leaves every TICK seconds; the interval between
-# posts is estimated as a moving average, bounded.
-TICK = 0.05
+# Each post leaves in about SLICES_PER_POST slices spread over the estimated
+# interval until the next post (a moving average, bounded), at most one
+# slice every MIN_TICK seconds: a steady flow without an event per character.
+SLICES_PER_POST = 4
+MIN_TICK = 0.05
 FIRST_INTERVAL = 1.0
 MIN_INTERVAL, MAX_INTERVAL = 0.05, 5.0
 
@@ -36,6 +38,7 @@ class Pacer:
         self.due = 0.0
         self.interval = FIRST_INTERVAL
         self.last_post: float | None = None
+        self.last_slice = float("-inf")
 
     def add(self, text: str, now: float) -> None:
         if not text:
@@ -47,17 +50,25 @@ class Pacer:
         self.pending += text
         self.due = now + self.interval
 
+    @property
+    def tick(self) -> float:
+        """Seconds between slices."""
+        return max(MIN_TICK, self.interval / SLICES_PER_POST)
+
     def take(self, now: float) -> str:
         """The slice to send now: all of it unpaced or when due, else its
         share of the time left."""
         if not self.pending:
             return ""
         left = self.due - now
-        if not self.paced or left <= TICK:
+        if not self.paced or left <= self.tick:
             text, self.pending = self.pending, ""
+        elif now - self.last_slice < self.tick:
+            return ""  # at most one slice a tick, however often asked
         else:
-            share = max(1, round(len(self.pending) * TICK / left))
+            share = max(1, round(len(self.pending) * self.tick / left))
             text, self.pending = self.pending[:share], self.pending[share:]
+        self.last_slice = now
         self.sent += text
         return text
 
@@ -125,7 +136,7 @@ async def relay(
             next_keepalive = now + keepalive
             yield b": waiting for the worker\n\n"
         busy = bool(content.pending or reasoning.pending)
-        until = now + TICK if busy else min(recheck, next_keepalive)
+        until = now + content.tick if busy else min(recheck, next_keepalive)
         with anyio.move_on_after(max(until - anyio.current_time(), 0)):
             await posted.wait()
     generation = status["generations"][0]

@@ -282,15 +282,16 @@ class Horde:
             raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id[:64]!r}.")
         now = self.clock.now()
         if cancel:
-            # Streamed jobs are settled on what their workers posted.
+            # Streamed jobs are settled on what their workers posted before
+            # the cancel: their leases take no more text from here on, and
+            # the next progress answer says cancelled.
             leases = self.signals.request_leases(canonical)
+            for lease in leases:
+                lease.cancelled = True
             posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
             parts = await self.db.write(
                 q.cancel_request, canonical, kind, now, self.rules, posted, self.models.billions
             )
-            if parts["request"]["state"] == "waiting":
-                for lease in leases:
-                    lease.cancelled = True  # the next progress answer says so
             self.signals.notify_request(canonical)
         else:
             parts = await self.db.read(q.request_status, canonical, kind, now, self.rules)

@@ -934,7 +934,10 @@ def _candidate_statement(
         if capped:
             # A slow worker, while a faster one serves the model: only what
             # it generates within the job lease preference (``slow_cap``).
-            q = q.where(queue.c.max_length <= bindparam("slow_cap"))
+            # Requests naming their workers are exempt: only they may serve them.
+            q = q.where(
+                or_(queue.c.max_length <= bindparam("slow_cap"), queue.c.worker_filter == 1)
+            )
         if tools_limit:
             q = q.where(
                 or_(
@@ -1023,12 +1026,29 @@ def _slower_than_another(conn: Connection, worker: WorkerView, now: float, rules
     its model is online. Fast workers (the usual case) cost no query."""
     if worker.chat_model is None or worker.speed * PREFERRED_SECONDS >= worker.chat_max_length:
         return False
-    return any(
-        w.id != worker.id
-        and w.chat_model == worker.chat_model
-        and not w.maintenance
-        and w.speed > worker.speed
-        for w in _online_workers(conn, now, rules)
+    return any(_covers(w, worker) for w in _online_workers(conn, now, rules))
+
+
+def _covers(other: WorkerView, worker: WorkerView) -> bool:
+    """Whether ``other`` is faster and can take every chat job ``worker``
+    can: so passing ``worker`` over never strands a request."""
+    return (
+        other.id != worker.id
+        and other.chat_model == worker.chat_model
+        and not other.maintenance
+        and other.speed > worker.speed
+        and other.chat_mask & worker.chat_mask == worker.chat_mask
+        and other.chat_max_length >= worker.chat_max_length
+        and other.chat_max_context_length >= worker.chat_max_context_length
+        and (
+            other.tools_max_temperature is None
+            or (
+                worker.tools_max_temperature is not None
+                and other.tools_max_temperature >= worker.tools_max_temperature
+            )
+        )
+        and (other.trusted or not worker.trusted)
+        and (other.nsfw or not worker.nsfw)
     )
 
 

@@ -303,9 +303,9 @@ def test_a_paced_post_leaves_in_several_even_slices_all_by_the_due_time() -> Non
     assert 0 < interval
     slices = drain(pacer, 0.0, interval)
     assert "".join(s for _, s in slices) == text
-    assert len(slices) >= 5
+    assert len(slices) >= 3
     # Evenly: no slice carries a large part of the post.
-    assert max(len(s) for _, s in slices) <= len(text) / 4
+    assert max(len(s) for _, s in slices) <= len(text) / 3
     # Spread over the interval, not sent at its start.
     assert slices[-1][0] >= interval / 2
     assert pacer.pending == ""
