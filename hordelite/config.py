@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from hordelite.contract.chat_features import ALL_NAMES
+from hordelite.contract.limits import MAX_CONTEXT_LENGTH, MAX_MAX_LENGTH, MAX_NAME, MAX_POP_THREADS
 from hordelite.errors import ConfigError
 
 
@@ -94,11 +96,62 @@ class FrontConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """``hordelite worker``: the reference worker (its command-line flags
+    override these keys)."""
+
+    # The horde's base URL and the worker owner's API key.
+    horde: str = "http://127.0.0.1:7001"
+    key: str = ""
+    # The worker's name on the horde.
+    name: str = ""
+    # The backend's base URL (an OpenAI-compatible server), or "fake".
+    backend: str = ""
+    # Jobs served at once, each in its own pop loop.
+    threads: int = 1
+    # Optional chat features and guarantees the backend implements,
+    # comma-separated (prompt_overflow_refused is the worker's own to declare).
+    features: str = ""
+    # The model id declared to the horde; empty: the backend's.
+    model_id: str = ""
+    # Context size in tokens; 0: what the backend reports.
+    context: int = 0
+    # Most tokens generated for one reply.
+    max_length: int = 512
+    # The highest temperature the backend applies while tools are present;
+    # negative: no clamp is declared.
+    tools_max_temperature: float = -1.0
+    # Tokens the byte-length fit bound adds for a request with tools.
+    template_overhead: int = 0
+    # Seconds a pop long-polls for a job.
+    wait: float = 30.0
+    # Seconds the jobs in hand get at SIGINT/SIGTERM before they are faulted.
+    grace_period: float = 30.0
+    # Seconds between progress posts of a streamed job.
+    progress_interval: float = 1.0
+    # Seconds between summary log lines.
+    summary_interval: float = 300.0
+    # Retry delays (horde unreachable, backend down): the first, and the cap.
+    backoff_initial: float = 1.0
+    backoff_max: float = 60.0
+    # Nonconformant refusals implicating a declared feature before it is withdrawn.
+    nonconformant_limit: int = 3
+    # Seconds one backend request may take.
+    backend_timeout: float = 600.0
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The ``features`` list, split and stripped."""
+        return tuple(dict.fromkeys(f.strip() for f in self.features.split(",") if f.strip()))
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
     horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
+    worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
         """A copy with some keys of some sections changed, validated."""
@@ -115,6 +168,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "storage": StorageConfig,
     "horde": HordeConfig,
     "front": FrontConfig,
+    "worker": WorkerConfig,
 }
 
 _BACKENDS = ("trio", "asyncio")
@@ -200,6 +254,74 @@ def _check(config: Config) -> None:
             raise ConfigError(f"front.{key}: must be at least 1, got {getattr(fr, key)}")
     if h.model_reference and not Path(h.model_reference).is_file():
         raise ConfigError(f"horde.model_reference: no such file {h.model_reference!r}")
+    _check_worker(config.worker)
+
+
+# Features a worker's operator may not declare: the worker declares
+# prompt_overflow_refused itself when its fit check is backed, and it carries
+# no images.
+_WORKER_OWN_FEATURES = {
+    "prompt_overflow_refused": "is declared by the worker itself when its fit check is backed",
+    "vision": "is not served by the reference worker (it declares no image transport)",
+}
+
+
+def _check_worker(w: WorkerConfig) -> None:
+    if not w.horde.startswith(("http://", "https://")):
+        raise ConfigError(f"worker.horde: must be an http:// or https:// URL, got {w.horde!r}")
+    if len(w.key) > 255:
+        raise ConfigError("worker.key: is longer than any API key")
+    if len(w.name) > MAX_NAME or len(w.model_id) > MAX_NAME:
+        key = "name" if len(w.name) > MAX_NAME else "model_id"
+        raise ConfigError(f"worker.{key}: must be at most {MAX_NAME} characters")
+    if w.backend not in ("", "fake") and not w.backend.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"worker.backend: must be an http:// or https:// URL or fake, got {w.backend!r}"
+        )
+    if not 1 <= w.threads <= MAX_POP_THREADS:
+        raise ConfigError(f"worker.threads: must be 1 to {MAX_POP_THREADS}, got {w.threads}")
+    for name in w.feature_names:
+        if name not in ALL_NAMES:
+            raise ConfigError(
+                f"worker.features: unknown feature {name!r}; known: {', '.join(ALL_NAMES)}"
+            )
+        if name in _WORKER_OWN_FEATURES:
+            raise ConfigError(f"worker.features: {name} {_WORKER_OWN_FEATURES[name]}")
+    if not 0 <= w.context <= MAX_CONTEXT_LENGTH:
+        raise ConfigError(f"worker.context: must be 0 to {MAX_CONTEXT_LENGTH}, got {w.context}")
+    if not 1 <= w.max_length <= MAX_MAX_LENGTH:
+        raise ConfigError(f"worker.max_length: must be 1 to {MAX_MAX_LENGTH}, got {w.max_length}")
+    if w.context and w.max_length > w.context:
+        raise ConfigError(
+            f"worker.max_length: {w.max_length} does not fit worker.context ({w.context})"
+        )
+    if w.tools_max_temperature != w.tools_max_temperature:  # NaN
+        raise ConfigError("worker.tools_max_temperature: must be a number")
+    if w.template_overhead < 0:
+        raise ConfigError(
+            f"worker.template_overhead: must not be negative, got {w.template_overhead}"
+        )
+    if not 0 <= w.wait <= 300:
+        raise ConfigError(f"worker.wait: must be 0 to 300, got {w.wait}")
+    if w.grace_period < 0:
+        raise ConfigError(f"worker.grace_period: must not be negative, got {w.grace_period}")
+    for key in (
+        "progress_interval",
+        "summary_interval",
+        "backoff_initial",
+        "backoff_max",
+        "backend_timeout",
+    ):
+        if not getattr(w, key) > 0:
+            raise ConfigError(f"worker.{key}: must be positive, got {getattr(w, key)}")
+    if w.backoff_max < w.backoff_initial:
+        raise ConfigError(
+            f"worker.backoff_max: must be at least worker.backoff_initial ({w.backoff_initial})"
+        )
+    if w.nonconformant_limit < 1:
+        raise ConfigError(
+            f"worker.nonconformant_limit: must be at least 1, got {w.nonconformant_limit}"
+        )
 
 
 def build_config(raw: Mapping[str, Any]) -> Config:

@@ -1,4 +1,4 @@
-"""The ``hordelite`` command: serve, keys, db."""
+"""The ``hordelite`` command: serve, worker, keys, db."""
 
 from hordelite.cli._main import main
 

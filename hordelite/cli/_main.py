@@ -15,6 +15,7 @@ from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.server import open_server
 from hordelite.storage import queries
 from hordelite.storage.database import Database
+from hordelite.worker import Worker, WorkerError
 
 DEFAULT_CONFIG = "hordelite.toml"
 
@@ -42,11 +43,45 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--trusted", action="store_true")
     create.add_argument("--database", help="SQLite file or postgresql:// URL")
 
+    _worker_parser(commands)
+
     db = commands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_commands.add_parser("upgrade", help="run pending schema migrations")
     upgrade.add_argument("--database", help="SQLite file or postgresql:// URL")
     return parser
+
+
+# The worker's flags: (flag, type, [worker] key, help).
+_WORKER_FLAGS: tuple[tuple[str, type, str, str], ...] = (
+    ("--horde", str, "horde", "the horde's base URL"),
+    ("--key", str, "key", "the worker owner's API key"),
+    ("--name", str, "name", "the worker's name on the horde"),
+    ("--backend", str, "backend", "the backend's base URL (OpenAI-compatible), or fake"),
+    ("--threads", int, "threads", "jobs served at once"),
+    ("--features", str, "features", "optional chat features the backend implements, a,b,c"),
+    ("--model-id", str, "model_id", "the model id to declare (default: the backend's)"),
+    ("--context", int, "context", "context size in tokens (default: the backend's)"),
+    ("--max-length", int, "max_length", "most tokens generated for one reply"),
+    ("--tools-max-temperature", float, "tools_max_temperature", "declare a temperature clamp"),
+    ("--template-overhead", int, "template_overhead", "tokens of a tool preamble"),
+    ("--wait", float, "wait", "seconds a pop long-polls"),
+    ("--grace-period", float, "grace_period", "seconds jobs get at SIGINT/SIGTERM"),
+)
+
+
+def _worker_parser(commands: Any) -> None:
+    worker = commands.add_parser(
+        "worker", help="serve chat and text jobs from an OpenAI-compatible backend"
+    )
+    for flag, kind, key, text in _WORKER_FLAGS:
+        worker.add_argument(
+            flag,
+            type=kind,
+            dest=f"worker_{key}",
+            metavar=key.upper(),
+            help=f"{text} (worker.{key})",
+        )
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -59,7 +94,12 @@ def _config(args: argparse.Namespace) -> Config:
         if getattr(args, key, None) is not None:
             server[key] = getattr(args, key)
     storage = {"database": args.database} if getattr(args, "database", None) else {}
-    return config.replace(server=server, storage=storage)
+    worker = {
+        key: getattr(args, f"worker_{key}")
+        for _, _, key, _ in _WORKER_FLAGS
+        if getattr(args, f"worker_{key}", None) is not None
+    }
+    return config.replace(server=server, storage=storage, worker=worker)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(config)
         if args.command == "keys":
             return _create_key(config, args)
+        if args.command == "worker":
+            return _work(config)
         return _upgrade(config)
     except ConfigError as exc:
         print(f"hordelite: configuration error: {exc}", file=sys.stderr)
@@ -98,6 +140,46 @@ async def _run(config: Config) -> None:
             async for signum in signals:
                 print(f"hordelite: {signal.Signals(signum).name}, stopping", flush=True)
                 break
+
+
+def _work(config: Config) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    try:
+        worker = Worker(config.worker)
+    except WorkerError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        anyio.run(_run_worker, worker, backend=config.server.backend)
+    except WorkerError as exc:
+        print(f"hordelite worker: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _run_worker(worker: Worker) -> None:
+    """Serve until SIGINT/SIGTERM, then let the jobs in hand finish within
+    the grace period (a second signal faults them at once)."""
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signals, worker)
+            await worker.serve()
+            tg.cancel_scope.cancel()
+    except* WorkerError as group:
+        raise group.exceptions[0] from None
+
+
+async def _stop_on_signals(worker: Worker) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        received = 0
+        async for signum in signals:
+            received += 1
+            name = signal.Signals(signum).name
+            if received == 1:
+                print(f"hordelite worker: {name}, stopping (again: fault the jobs now)", flush=True)
+                worker.stop()
+            else:
+                worker.stop(0)
 
 
 def _create_key(config: Config, args: argparse.Namespace) -> int:

@@ -94,7 +94,12 @@ def hash_key(api_key: str) -> str:
 
 
 def new_api_key() -> str:
-    return secrets.token_urlsafe(16)
+    """16 random bytes, url-safe; never starting with "-", which command
+    lines would read as a flag (``--key -abc``)."""
+    while True:
+        key = secrets.token_urlsafe(16)
+        if not key.startswith("-"):
+            return key
 
 
 class Horde:

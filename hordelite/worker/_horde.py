@@ -1,0 +1,93 @@
+"""The worker's one interface to the horde: pop, submit, progress."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from hordelite import __version__
+from hordelite.worker._transport import Transport
+
+BRIDGE_AGENT = f"hordelite-worker:{__version__}:hordelite"
+# Seconds to connect to the horde, and past a pop's long-poll to wait for its answer.
+_CONNECT = 10.0
+_MARGIN = 30.0
+
+
+class HordeUnavailable(Exception):
+    """The horde did not answer (a connection error, a timeout) or answered 5xx."""
+
+
+class HordeRefusal(Exception):
+    """The horde refused the request: its status, ``rc`` and message."""
+
+    def __init__(self, status: int, rc: str, message: str, body: Mapping[str, Any]) -> None:
+        super().__init__(f"{status} {rc}: {message}")
+        self.status = status
+        self.rc = rc
+        self.message = message
+        self.body = body
+
+
+class HordeClient:
+    """The native routes a worker calls, with the owner's key."""
+
+    def __init__(self, url: str, api_key: str, request_timeout: float = 60.0) -> None:
+        self.client = httpx.AsyncClient(
+            base_url=url.rstrip("/") + "/api/v2",
+            headers={"apikey": api_key, "Client-Agent": BRIDGE_AGENT},
+            timeout=httpx.Timeout(request_timeout, connect=_CONNECT),
+            transport=Transport(),
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def pop(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The pop answer; a long-polled pop (``wait``) gets that much longer."""
+        wait = float(body.get("wait", 0))
+        timeout = httpx.Timeout(wait + _MARGIN, connect=_CONNECT)
+        response = await self._post("/generate/text/pop", body, timeout)
+        return _answer(response)
+
+    async def submit(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return _answer(await self._post("/generate/text/submit", body))
+
+    async def progress(self, job_id: str, seq: int, content: str, reasoning: str) -> httpx.Response:
+        """One progress post; the raw answer (the caller reads its status)."""
+        delta: dict[str, str] = {"content": content}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        return await self._post(
+            "/generate/text/progress", {"id": job_id, "seq": seq, "delta": delta}
+        )
+
+    async def _post(
+        self, path: str, body: Mapping[str, Any], limit: httpx.Timeout | None = None
+    ) -> httpx.Response:
+        try:
+            if limit is None:
+                return await self.client.post(path, json=body)
+            return await self.client.post(path, json=body, timeout=limit)
+        except httpx.TransportError as exc:
+            raise HordeUnavailable(f"POST {path}: {exc!r}") from exc
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 500:
+        raise HordeUnavailable(f"{response.status_code}: {response.text[:200]}")
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    if not response.is_success:
+        raise refusal(response.status_code, body)
+    return body
+
+
+def refusal(status: int, body: Mapping[str, Any]) -> HordeRefusal:
+    return HordeRefusal(status, str(body.get("rc", "")), str(body.get("message", "")), body)

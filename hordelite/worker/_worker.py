@@ -1,0 +1,667 @@
+"""The reference worker: pop, fit, generate, stream progress, submit.
+
+One process, one task group: ``threads`` slots, each its own long-polled pop
+loop serving one job at a time, and a summary logger. ``Worker.stop()``
+cancels the pops in flight and gives the jobs in hand the grace period;
+a job still running then is faulted, so the horde gives it to another
+worker at once instead of after its lease.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import math
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from hordelite.config import WorkerConfig
+from hordelite.contract.progress import PROGRESS_CAP_TRUSTED
+from hordelite.worker._backend import Backend, BackendError, Counter
+from hordelite.worker._backoff import Backoff
+from hordelite.worker._declare import Declaration, WorkerError, declare
+from hordelite.worker._horde import (
+    BRIDGE_AGENT,
+    HordeClient,
+    HordeRefusal,
+    HordeUnavailable,
+)
+from hordelite.worker._progress import ProgressPoster
+from hordelite.worker._reply import (
+    StreamedChat,
+    chat_completion_body,
+    chat_reply_fields,
+    reported_counts,
+    text_completion_body,
+)
+
+log = logging.getLogger("hordelite.worker")
+
+# Seconds a fault sent at shutdown (or on cancellation) may take.
+_LAST_FAULT = 5.0
+# Seconds between pops when the horde answers an empty pop at once (it does
+# not long-poll, or it is stopping).
+_IDLE_POLL = 1.0
+# Pop refusals that pass (maintenance lifted by the operator, a busy horde):
+# retried with backoff. Any other (a wrong key, an invalid declaration) stops
+# the worker.
+_RETRYABLE_POP_REFUSALS = ("WorkerMaintenance", "TooManyPrompts")
+# Submit refusals meaning the job has ended on the horde: nothing more to send.
+_ENDED = ("AbortedGen", "InvalidJobID")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatistics:
+    """What the worker has done since it started. Each job ends in exactly
+    one of done, faulted, refused, cancelled, aborted and lost."""
+
+    pops: int  # pops the horde answered
+    jobs: int  # jobs received
+    done: int  # replies the horde accepted
+    faulted: int  # jobs faulted: overflow, backend failure, shutdown
+    overflows: int  # of which with prompt_overflow
+    refused: int  # replies the horde refused, then faulted with reply_refused
+    cancelled: int  # streamed jobs the client cancelled (nothing submitted)
+    aborted: int  # jobs that had ended on the horde when submitted
+    lost: int  # jobs whose submit found the horde unreachable until their lease ended
+    tokens: int  # completion tokens the backend reported
+    kudos: float  # rewards of the accepted replies
+    horde_errors: int  # horde requests that got no answer (or a 5xx)
+    backend_errors: int  # jobs the backend failed
+    progress_posts: int  # progress posts the horde accepted
+    withdrawn: tuple[str, ...]  # features withdrawn after nonconformant refusals
+
+
+@dataclasses.dataclass
+class _Run:
+    """One job in hand."""
+
+    job: dict[str, Any]
+    started: float
+    outcome: str = "unsettled"
+    category: str = "lost"  # one of WorkerStatistics' job outcomes
+    settled: bool = False  # submitted, faulted, or not to be submitted
+    tokens: int | None = None
+
+    @property
+    def id(self) -> str:
+        return str(self.job["id"])
+
+    @property
+    def chat(self) -> bool:
+        return bool(self.job.get("chat"))
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = self.job.get("payload") or {}
+        return payload
+
+    @property
+    def expires(self) -> float:
+        """When retrying its submit stops making sense: the job's lease, or
+        the longest a streamed job's lease can be extended to."""
+        ttl = float(self.job.get("ttl") or 150)
+        if self.payload.get("stream_progress"):
+            ttl = max(ttl, PROGRESS_CAP_TRUSTED)
+        return self.started + ttl
+
+    def settle(self, category: str, outcome: str | None = None) -> None:
+        self.category = category
+        self.outcome = outcome or category
+        self.settled = True
+
+
+class Worker:
+    """A horde worker in front of one OpenAI-compatible backend.
+
+    ``await worker.serve()`` runs it until ``worker.stop()``;
+    ``worker.statistics()`` tells what it did. ``rng`` feeds the backoff's
+    jitter (a test may pin it).
+    """
+
+    def __init__(self, config: WorkerConfig, *, rng: Callable[[], float] = random.random) -> None:
+        for key in ("key", "name", "backend"):
+            if not getattr(config, key):
+                raise WorkerError(f"worker.{key} is required (--{key.replace('_', '-')})")
+        self.config = config
+        self.backoff = Backoff(config.backoff_initial, config.backoff_max, rng)
+        self.declaration: Declaration | None = None
+        self._wait = config.wait  # lowered to 0 if the horde allows no such long-poll
+        self._counter: Counter | None = None
+        self._backend: Backend | None = None
+        self._horde: HordeClient | None = None
+        self._backend_lock: anyio.Lock | None = None
+        self._backend_up = True
+        self._stopping = False
+        self._drain_deadline = math.inf
+        self._start_scope: anyio.CancelScope | None = None
+        self._pop_scopes: set[anyio.CancelScope] = set()
+        self._job_scopes: set[anyio.CancelScope] = set()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._kudos = 0.0
+        self._nonconformant: collections.Counter[str] = collections.Counter()
+        self._withdrawn: list[str] = []
+
+    # Running --------------------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[Declaration] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Probe the backend (waiting for it to answer), report the
+        declaration as started, then pop and serve jobs until ``stop()``.
+
+        Returns once the jobs in hand are settled. Raises WorkerError when
+        the backend proves too little or the horde refuses the worker's pops.
+        Cancelled, it faults the jobs in hand (shielded, briefly) and exits.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            backend_url = await self._backend_url(stack)
+            self._backend = Backend(backend_url, self.config.backend_timeout)
+            stack.push_async_callback(self._backend.aclose)
+            self._horde = HordeClient(self.config.horde, self.config.key)
+            stack.push_async_callback(self._horde.aclose)
+            self._backend_lock = anyio.Lock()
+            with anyio.CancelScope() as self._start_scope:
+                if self._stopping:
+                    self._start_scope.cancel()
+                self.declaration, self._counter = await self._declare()
+            if self.declaration is None:
+                return  # stopped before the backend answered
+            task_status.started(self.declaration)
+            await self._serve_slots()
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop popping; the jobs in hand get ``grace`` seconds (default
+        ``grace_period``) to finish, then they are faulted. A later call may
+        shorten the grace. Call it from a task of the worker's event loop."""
+        grace = self.config.grace_period if grace is None else grace
+        self._drain_deadline = min(self._drain_deadline, anyio.current_time() + grace)
+        if not self._stopping:
+            log.info(
+                "stopping: no more pops; %d job(s) in hand get %g s to finish",
+                len(self._job_scopes),
+                grace,
+            )
+        self._stopping = True
+        if self._start_scope is not None:
+            self._start_scope.cancel()
+        for scope in self._pop_scopes:
+            scope.cancel()
+        for scope in self._job_scopes:
+            scope.deadline = min(scope.deadline, self._drain_deadline)
+
+    def statistics(self) -> WorkerStatistics:
+        c = self._counts
+        return WorkerStatistics(
+            pops=c["pops"],
+            jobs=c["jobs"],
+            done=c["done"],
+            faulted=c["faulted"],
+            overflows=c["overflows"],
+            refused=c["refused"],
+            cancelled=c["cancelled"],
+            aborted=c["aborted"],
+            lost=c["lost"],
+            tokens=c["tokens"],
+            kudos=self._kudos,
+            horde_errors=c["horde_errors"],
+            backend_errors=c["backend_errors"],
+            progress_posts=c["progress_posts"],
+            withdrawn=tuple(self._withdrawn),
+        )
+
+    def pop_body(self) -> dict[str, Any]:
+        """The body of every pop: the text limits and the chat declaration."""
+        d = self.declaration
+        assert d is not None
+        return {
+            "name": self.config.name,
+            "models": [d.model_id],
+            "max_length": d.max_length,
+            "max_context_length": d.context,
+            "threads": self.config.threads,
+            "bridge_agent": BRIDGE_AGENT,
+            "wait": self._wait,
+            **d.chat_fields(self._withdrawn),
+        }
+
+    async def _backend_url(self, stack: contextlib.AsyncExitStack) -> str:
+        if self.config.backend != "fake":
+            return self.config.backend
+        from hordelite.testing import open_fake_backend
+
+        fake = await stack.enter_async_context(open_fake_backend())
+        log.info("serving from the fake backend at %s (no model: replies are echoes)", fake.url)
+        return fake.url
+
+    async def _declare(self) -> tuple[Declaration, Counter]:
+        """The declaration, once the backend answers (retried with backoff)."""
+        assert self._backend is not None
+        attempt = 0
+        while True:
+            try:
+                return await declare(self._backend, self.config)
+            except BackendError as exc:
+                if not exc.down:
+                    raise WorkerError(f"the backend refused the start probe: {exc}") from exc
+                delay = self.backoff.delay(attempt)
+                attempt += 1
+                log.warning("the backend does not answer (%s); trying again in %.1f s", exc, delay)
+                await anyio.sleep(delay)
+
+    async def _serve_slots(self) -> None:
+        log.info(
+            "worker %r serving %r at %s with %d thread(s)",
+            self.config.name,
+            self.declaration.model_id if self.declaration else "",
+            self.config.horde,
+            self.config.threads,
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._summaries)
+                async with anyio.create_task_group() as slots:
+                    for index in range(self.config.threads):
+                        slots.start_soon(self._slot, index)
+                tg.cancel_scope.cancel()
+        except* WorkerError as group:
+            # One slot's fatal error (a refused key, say) stops the worker:
+            # raise it as itself, not in a group.
+            raise group.exceptions[0] from None
+        finally:
+            self._log_summary("final summary")
+
+    async def _summaries(self) -> None:
+        while True:
+            await anyio.sleep(self.config.summary_interval)
+            self._log_summary("summary")
+
+    def _log_summary(self, title: str) -> None:
+        s = self.statistics()
+        log.info(
+            "%s: %d jobs (%d done, %d faulted of which %d prompt_overflow, %d refused, "
+            "%d cancelled, %d aborted, %d lost), %d tokens, %.1f kudos; "
+            "%d horde errors, %d backend errors%s",
+            title,
+            s.jobs,
+            s.done,
+            s.faulted,
+            s.overflows,
+            s.refused,
+            s.cancelled,
+            s.aborted,
+            s.lost,
+            s.tokens,
+            s.kudos,
+            s.horde_errors,
+            s.backend_errors,
+            f"; withdrawn: {', '.join(s.withdrawn)}" if s.withdrawn else "",
+        )
+
+    # Popping --------------------------------------------------------------------
+
+    async def _slot(self, index: int) -> None:
+        """One pop loop: a job at a time until the worker stops."""
+        failures = 0
+        while not self._stopping:
+            job = None
+            with anyio.CancelScope() as scope:
+                self._pop_scopes.add(scope)
+                try:
+                    await self._backend_ready()
+                    job, failures = await self._pop(failures)
+                finally:
+                    self._pop_scopes.discard(scope)
+            if job is not None:
+                await self._serve(job)
+
+    async def _backend_ready(self) -> None:
+        """Return at once while the backend is up; after a failure, once it
+        answers its health check again (checked with backoff)."""
+        if self._backend_up:
+            return
+        assert self._backend_lock is not None
+        assert self._backend is not None
+        async with self._backend_lock:
+            attempt = 0
+            while not self._backend_up:
+                if await self._backend.healthy():
+                    self._backend_up = True
+                    log.info("the backend answers again: popping resumes")
+                    break
+                await anyio.sleep(self.backoff.delay(attempt))
+                attempt += 1
+
+    async def _pop(self, failures: int) -> tuple[dict[str, Any] | None, int]:
+        """(a job or None, the failures in a row after this pop)."""
+        assert self._horde is not None
+        started = anyio.current_time()
+        try:
+            answer = await self._horde.pop(self.pop_body())
+        except HordeUnavailable as exc:
+            self._counts["horde_errors"] += 1
+            delay = self.backoff.delay(failures)
+            log.warning("the horde does not answer (%s); popping again in %.2f s", exc, delay)
+            await anyio.sleep(delay)
+            return None, failures + 1
+        except HordeRefusal as exc:
+            errors = exc.body.get("errors")
+            if self._wait and isinstance(errors, dict) and "wait" in errors:
+                log.warning(
+                    "the horde refuses a %g s long-poll (%s); polling instead", self._wait, exc
+                )
+                self._wait = 0
+                return None, failures
+            if exc.rc not in _RETRYABLE_POP_REFUSALS:
+                raise WorkerError(f"the horde refuses this worker's pops: {exc}") from exc
+            delay = self.backoff.delay(failures)
+            log.warning("the horde refuses the pop (%s); popping again in %.1f s", exc, delay)
+            await anyio.sleep(delay)
+            return None, failures + 1
+        if failures:
+            log.info("the horde answers again")
+        self._counts["pops"] += 1
+        if answer.get("id") is None:
+            if anyio.current_time() - started < self._wait / 2 or not self._wait:
+                await anyio.sleep(_IDLE_POLL)  # the horde did not hold the pop
+            return None, 0
+        return answer, 0
+
+    # Serving a job ----------------------------------------------------------------
+
+    async def _serve(self, job: dict[str, Any]) -> None:
+        run = _Run(job, anyio.current_time())
+        self._counts["jobs"] += 1
+        try:
+            with anyio.CancelScope(deadline=self._drain_deadline) as scope:
+                self._job_scopes.add(scope)
+                try:
+                    await self._run(run)
+                finally:
+                    self._job_scopes.discard(scope)
+            if not run.settled:  # the grace period ran out
+                with anyio.move_on_after(_LAST_FAULT):
+                    await self._fault(run, None, "faulted (shutdown)")
+        except anyio.get_cancelled_exc_class():
+            if not run.settled:
+                with anyio.move_on_after(_LAST_FAULT, shield=True):
+                    await self._fault(run, None, "faulted (cancelled)")
+            raise
+        finally:
+            self._finish(run)
+
+    def _finish(self, run: _Run) -> None:
+        self._counts[run.category] += 1
+        self._counts["tokens"] += run.tokens or 0
+        log.info(
+            "job %s %s model=%s tokens=%s seconds=%.2f outcome=%s",
+            run.id,
+            "chat" if run.chat else "text",
+            run.job.get("model"),
+            "-" if run.tokens is None else run.tokens,
+            anyio.current_time() - run.started,
+            run.outcome,
+        )
+
+    async def _run(self, run: _Run) -> None:
+        try:
+            if run.chat:
+                await self._chat_job(run)
+            else:
+                await self._text_job(run)
+        except BackendError as exc:
+            self._counts["backend_errors"] += 1
+            if exc.down and self._backend_up:
+                log.warning("the backend failed (%s): no pops until it answers again", exc)
+                self._backend_up = False
+            log.info("job %s: the backend failed: %s", run.id, exc)
+            # A backend refusing an overflowing prompt (vLLM's 400) refused
+            # it rather than trimming it: the reason holds.
+            overflow = exc.code == "context_length_exceeded"
+            await self._fault(run, "prompt_overflow" if overflow else None)
+        except HordeUnavailable as exc:
+            log.warning("job %s: the horde did not answer its submit in time: %s", run.id, exc)
+            run.settle("lost")
+        except Exception:
+            # A job this worker cannot handle (a payload it does not
+            # understand, say) must not stop the others: fault it.
+            log.exception("job %s: failed", run.id)
+            if not run.settled:
+                await self._fault(run, None)
+
+    async def _text_job(self, run: _Run) -> None:
+        assert self._backend is not None
+        assert self.declaration is not None
+        d = self.declaration
+        body = text_completion_body(run.payload, d.backend_model, d.backend_kind)
+        answer = await self._backend.complete(body)
+        choice = _first_choice(answer)
+        run.tokens = reported_counts(answer.get("usage")).get("completion_tokens")
+        text = choice.get("text")
+        await self._submit_reply(
+            run, {"id": run.id, "state": "ok", "generation": text if isinstance(text, str) else ""}
+        )
+
+    async def _chat_job(self, run: _Run) -> None:
+        assert self._backend is not None
+        assert self.declaration is not None
+        d = self.declaration
+        body = chat_completion_body(run.payload, d.backend_model, d.backend_kind)
+        if await self._overflows(run, body):
+            return
+        if run.payload.get("stream_progress"):
+            fields = await self._streamed(run, body)
+            if fields is None:
+                return  # cancelled: nothing to submit
+        else:
+            answer = await self._backend.chat(body)
+            choice = _first_choice(answer)
+            message = choice.get("message")
+            fields = chat_reply_fields(
+                message if isinstance(message, Mapping) else {},
+                choice.get("finish_reason"),
+                answer.get("usage"),
+            )
+        run.tokens = fields.get("completion_tokens")
+        await self._submit_reply(
+            run, {"id": run.id, "model_id": run.job["model"], "state": "ok", **fields}
+        )
+
+    async def _overflows(self, run: _Run, body: dict[str, Any]) -> bool:
+        """Fault the job with prompt_overflow when the conversation plus
+        max_length does not fit (never trim it); True when it did."""
+        assert self._counter is not None
+        assert self.declaration is not None
+        try:
+            counted = await self._counter.count(body)
+        except BackendError as exc:
+            if exc.down:
+                raise
+            log.info("job %s: the conversation cannot be rendered: %s", run.id, exc)
+            await self._fault(run, "template_error")
+            return True
+        if body.get("tools"):
+            counted += self.config.template_overhead
+        limit = min(int(run.payload["max_context_length"]), self.declaration.context)
+        needed = counted + int(run.payload["max_length"])
+        if needed <= limit:
+            return False
+        log.info(
+            "job %s: %d prompt tokens + max_length %d exceed the context of %d",
+            run.id,
+            counted,
+            run.payload["max_length"],
+            limit,
+        )
+        await self._fault(run, "prompt_overflow")
+        return True
+
+    async def _streamed(self, run: _Run, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Generate while posting progress about every ``progress_interval``;
+        the reply's fields, or None when the job was cancelled."""
+        assert self._backend is not None
+        assert self._horde is not None
+        backend = self._backend
+        answer = StreamedChat()
+        poster = ProgressPoster(self._horde, run.id)
+        finished = anyio.Event()
+        failure: list[BackendError] = []
+        ended: list[bool] = []
+
+        async def generate() -> None:
+            try:
+                ended.append(await backend.stream_chat(body, answer.feed))
+            except BackendError as exc:
+                failure.append(exc)
+            finally:
+                finished.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generate)
+            while not finished.is_set():
+                with anyio.move_on_after(self.config.progress_interval):
+                    await finished.wait()
+                if finished.is_set():
+                    break
+                await poster.post(*answer.visible())
+                if poster.cancelled:
+                    tg.cancel_scope.cancel()
+        self._counts["progress_posts"] += poster.posts
+        if poster.cancelled:
+            run.settle("cancelled", f"cancelled ({poster.reason})")
+            return None
+        if failure:
+            raise failure[0]
+        if not (ended and ended[0]) and not answer.finished:
+            raise BackendError("the stream ended before its finish", down=True)
+        return answer.reply_fields()
+
+    # Submitting -------------------------------------------------------------------
+
+    async def _submit(self, run: _Run, body: dict[str, Any]) -> dict[str, Any]:
+        """Submit, retrying with backoff while the horde does not answer and
+        the job's lease may still hold; raises HordeRefusal, or
+        HordeUnavailable past the lease."""
+        assert self._horde is not None
+        attempt = 0
+        while True:
+            try:
+                return await self._horde.submit(body)
+            except HordeUnavailable as exc:
+                self._counts["horde_errors"] += 1
+                if anyio.current_time() >= run.expires:
+                    raise
+                delay = self.backoff.delay(attempt)
+                attempt += 1
+                log.warning(
+                    "job %s: the horde does not answer the submit (%s); again in %.1f s",
+                    run.id,
+                    exc,
+                    delay,
+                )
+                await anyio.sleep(delay)
+
+    async def _submit_reply(self, run: _Run, body: dict[str, Any]) -> None:
+        try:
+            answer = await self._submit(run, body)
+        except HordeRefusal as exc:
+            await self._refused(run, exc)
+            return
+        reward = answer.get("reward")
+        self._kudos += float(reward) if isinstance(reward, int | float) else 0.0
+        run.settle("done")
+
+    async def _refused(self, run: _Run, exc: HordeRefusal) -> None:
+        """A refused reply: nothing more for a job that ended; otherwise a
+        fault with reply_refused, the reply never resubmitted."""
+        if exc.rc in _ENDED:
+            run.settle("aborted", f"aborted ({exc.rc})")
+            return
+        if exc.rc == "DuplicateGen":
+            run.settle("done", "done (already submitted)")
+            return
+        log.warning("job %s: the horde refused the reply: %s", run.id, exc)
+        if exc.rc == "ChatSubmitNonconformant":
+            self._note_nonconformant(run, exc)
+        await self._fault(run, "reply_refused", f"refused ({exc.rc})", category="refused")
+
+    def _note_nonconformant(self, run: _Run, exc: HordeRefusal) -> None:
+        """Count the refusal against the declared features it implicates;
+        withdraw one refused ``nonconformant_limit`` times."""
+        declared = self.declaration.features if self.declaration else ()
+        for name in implicated_features(run.payload, exc.body):
+            if name not in declared or name in self._withdrawn:
+                continue
+            self._nonconformant[name] += 1
+            if self._nonconformant[name] >= self.config.nonconformant_limit:
+                self._withdrawn.append(name)
+                log.warning(
+                    "withdrawing %s from the declaration: the horde refused %d replies "
+                    "as nonconformant to it (the backend does not keep it)",
+                    name,
+                    self._nonconformant[name],
+                )
+
+    async def _fault(
+        self,
+        run: _Run,
+        reason: str | None,
+        outcome: str | None = None,
+        *,
+        category: str = "faulted",
+    ) -> None:
+        """Fault the job (with ``reason`` for a chat job); settles it."""
+        body: dict[str, Any] = {"id": run.id, "state": "faulted"}
+        if run.chat:
+            body["model_id"] = run.job["model"]
+            if reason is not None:
+                body["fault_reason"] = reason
+        else:
+            body["generation"] = ""
+        if reason == "prompt_overflow":
+            self._counts["overflows"] += 1
+        outcome = outcome or (f"faulted ({reason})" if reason else "faulted")
+        try:
+            await self._submit(run, body)
+        except HordeRefusal as exc:
+            log.info("job %s: the fault was refused: %s", run.id, exc)
+        except HordeUnavailable:
+            run.settle("lost", f"{outcome}, not delivered")
+            return
+        run.settle(category, outcome)
+
+
+def _first_choice(answer: Any) -> Mapping[str, Any]:
+    choices = answer.get("choices") if isinstance(answer, Mapping) else None
+    if not choices or not isinstance(choices[0], Mapping):
+        raise BackendError("the answer has no choice", down=False)
+    choice: Mapping[str, Any] = choices[0]
+    return choice
+
+
+def implicated_features(payload: Mapping[str, Any], refusal: Mapping[str, Any]) -> list[str]:
+    """The declared features a ChatSubmitNonconformant refusal shows the
+    backend did not keep, from the fields it names: a forced tool choice not
+    followed breaks tool_choice_enforced; content outside a strict schema
+    structured_output_enforced, outside a plain json_schema or json_object
+    request that capability."""
+    errors = refusal.get("errors")
+    fields = list(errors) if isinstance(errors, Mapping) else []
+    names = []
+    if any(str(f).startswith("message.tool_calls") for f in fields):
+        names.append("tool_choice_enforced")
+    if any(str(f).startswith("message.content") for f in fields):
+        fmt = payload.get("response_format")
+        kind = fmt.get("type") if isinstance(fmt, Mapping) else None
+        spec = fmt.get("json_schema") if isinstance(fmt, Mapping) else None
+        if kind == "json_schema" and isinstance(spec, Mapping) and spec.get("strict"):
+            names.append("structured_output_enforced")
+        elif kind in ("json_schema", "json_object"):
+            names.append(str(kind))
+    return names
