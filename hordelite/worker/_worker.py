@@ -273,7 +273,10 @@ class Worker:
         except* WorkerError as group:
             # One slot's fatal error (a refused key, say) stops the worker:
             # raise it as itself, not in a group.
-            raise group.exceptions[0] from None
+            first: BaseException = group
+            while isinstance(first, BaseExceptionGroup):  # nested task groups nest groups
+                first = first.exceptions[0]
+            raise first from None
         finally:
             self._log_summary("final summary")
 
