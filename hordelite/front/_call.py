@@ -70,7 +70,8 @@ class Call:
         None while the request waits; raises HordeError for a fault (502),
         the deadline (408), no eligible worker past the grace period (503)
         or a stopping horde (503)."""
-        status = await self.horde.chat_status(self.request_id)
+        # The re-checks do not need the queue position, the costly part.
+        status = await self.horde.chat_status(self.request_id, with_position=False)
         now = anyio.current_time()
         if status["faulted"]:
             self.settled = True

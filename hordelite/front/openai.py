@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,13 +25,14 @@ from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import flatten_messages, parse_chat_request
 from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.contract.progress import streams_progress
-from hordelite.errors import RC, HordeError
+from hordelite.errors import RC, HordeError, StorageUnavailable
 from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
 from hordelite.front._errors import envelope, error_response
 from hordelite.front._relay import relay
 
 front = Blueprint("front", __name__, url_prefix="/v1")
+log = logging.getLogger("hordelite.front")
 
 
 class Admission:
@@ -68,6 +70,18 @@ class Admission:
 
 def _admission() -> Admission:
     return current_app.config["FRONT_ADMISSION"]  # type: ignore[no-any-return]
+
+
+def _as_horde_error(exc: Exception) -> HordeError:
+    """Any failure once the horde may hold the request, as a refusal: the
+    caller answers it with x-should-retry: false (a retry would be a second
+    charged request)."""
+    if isinstance(exc, HordeError):
+        return exc
+    if isinstance(exc, StorageUnavailable):
+        return HordeError(RC.StorageUnavailable)
+    log.exception("unexpected error in an OpenAI call")
+    return HordeError(RC.InternalServerError)
 
 
 def bearer_key() -> str:
@@ -116,9 +130,11 @@ async def chat_completions() -> Response:
                     call.request_id, status, prompt_chars, req.horde.include_reasoning
                 )
             )
-        except HordeError as exc:
+        except Exception as exc:
             await call.cancel()
-            return error_response(exc, held=True, metadata={"request_id": call.request_id})
+            return error_response(
+                _as_horde_error(exc), held=True, metadata={"request_id": call.request_id}
+            )
         finally:
             if not handed_over:
                 await call.cancel()
@@ -159,9 +175,9 @@ def _stream(
                 source = finished_reply()
             async for piece in source:
                 yield piece
-        except HordeError as exc:
+        except Exception as exc:
             await call.cancel()
-            yield _shape.sse(envelope(exc, {"request_id": call.request_id}))
+            yield _shape.sse(envelope(_as_horde_error(exc), {"request_id": call.request_id}))
             yield _shape.DONE
         finally:
             await call.cancel()

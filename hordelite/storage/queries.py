@@ -582,13 +582,24 @@ def _get_request(conn: Connection, request_id: str, kind: str, lock: bool = Fals
 
 
 def request_status(
-    conn: Connection, request_id: str, kind: str, now: float, rules: Rules
+    conn: Connection,
+    request_id: str,
+    kind: str,
+    now: float,
+    rules: Rules,
+    with_position: bool = True,
 ) -> dict[str, Any]:
-    """The raw parts of a status answer (see horde.service for its shape)."""
+    """The raw parts of a status answer (see horde.service for its shape).
+
+    ``with_position`` False skips the queue position (a count that follows
+    the position): a waiting OpenAI call re-checking its request needs only
+    whether it ended and whether it is possible.
+    """
     req = _get_request(conn, request_id, kind)
     gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings().all()
     online = _online_workers(conn, now, rules) if req["state"] == "waiting" else []
-    position = _queue_position(conn, req) if req["state"] == "waiting" and req["remaining"] else 0
+    counted = with_position and req["state"] == "waiting" and req["remaining"]
+    position = _queue_position(conn, req) if counted else 0
     return {"request": req, "jobs": gens, "online": online, "position": position}
 
 
