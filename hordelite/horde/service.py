@@ -317,7 +317,8 @@ class Horde:
         jobs: Sequence[RowMapping] = parts["jobs"]
         done_jobs = [j for j in jobs if j["state"] == "done"]
         processing = len(jobs) - len(done_jobs)
-        waiting_state = req["state"] == "waiting"
+        # Waiting for a worker to take a job (not only for jobs in progress).
+        waiting_state = req["state"] == "waiting" and req["remaining"] > 0
         eligible = [w for w in parts["online"] if can_serve(w, q.request_view(req))]
         wait_time = (
             self._wait_time(req, parts["position"], processing, eligible) if waiting_state else 0
@@ -326,7 +327,7 @@ class Horde:
             "finished": len(done_jobs),
             "processing": processing,
             "restarted": req["restarts"],
-            "waiting": req["remaining"] if waiting_state else 0,
+            "waiting": req["remaining"] if req["state"] == "waiting" else 0,
             "done": req["state"] in ("done", "cancelled"),
             "faulted": req["state"] in ("faulted", "expired"),
             "wait_time": wait_time,

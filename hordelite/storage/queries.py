@@ -597,8 +597,11 @@ def request_status(
     """
     req = _get_request(conn, request_id, kind)
     gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings().all()
-    online = _online_workers(conn, now, rules) if req["state"] == "waiting" else []
-    counted = with_position and req["state"] == "waiting" and req["remaining"]
+    # Once every job is in a worker's hands, eligibility and the queue ahead
+    # no longer matter: the status skips both reads.
+    queued = req["state"] == "waiting" and req["remaining"] > 0
+    online = _online_workers(conn, now, rules) if queued else []
+    counted = with_position and queued
     position = _queue_position(conn, req) if counted else 0
     return {"request": req, "jobs": gens, "online": online, "position": position}
 
