@@ -107,8 +107,13 @@ class Call:
 
     def next_recheck(self) -> float:
         """When to re-read the status without a signal: a random point of the
-        interval, so many open calls do not re-check together."""
+        interval, so many open calls do not re-check together. A request no
+        online worker can take is re-read when its grace period ends: until
+        a worker takes it (which signals), nothing else can change."""
         now = anyio.current_time()
+        if self._impossible_since is not None:
+            grace_end = self._impossible_since + self.config.no_worker_grace
+            return min(self.deadline, max(grace_end, now) + random.uniform(0.0, 1.0))
         return min(self.deadline, now + self.config.recheck_interval * random.uniform(0.5, 1.0))
 
     async def wait(self, keepalive: float | None = None) -> AsyncIterator[Any]:
