@@ -711,19 +711,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--drain-timeout", type=float, default=180.0, help="seconds to answer them all in (b)"
     )
-    p.add_argument(
-        "--client-backend",
-        choices=["trio", "asyncio"],
-        default="asyncio",
-        help="event loop of the load generator (default asyncio)",
-    )
-    p.add_argument(
-        "--server-backend",
-        choices=["trio", "asyncio"],
-        default="trio",
-        help="server.backend of the server (default trio, as hordelite serve)",
-    )
-    p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    tc.add_common_arguments(p)
     # The native run is chat_cycle's, which picks its client by this.
     p.set_defaults(client="lean")
     return p
@@ -740,10 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             run_cycle_phase(workdir, args, report)
         if "b" in args.phases:
             run_held_phase(workdir, args, report)
-    tc.print_report(report, args)
-    if args.json:
-        args.json.write_text(json.dumps(report.figures, indent=2))
-    return 1 if any(row[3] == "MISS" for row in report.rows) else 0
+    return tc.finish(report, args)
 
 
 if __name__ == "__main__":

@@ -649,19 +649,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--drain-timeout", type=float, default=60.0, help="seconds for every stream to end in (b)"
     )
-    p.add_argument(
-        "--client-backend",
-        choices=["trio", "asyncio"],
-        default="asyncio",
-        help="event loop of the load generator (default asyncio)",
-    )
-    p.add_argument(
-        "--server-backend",
-        choices=["trio", "asyncio"],
-        default="trio",
-        help="server.backend of the server (default trio, as hordelite serve)",
-    )
-    p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    tc.add_common_arguments(p)
     p.set_defaults(client="lean")  # for tc.print_report
     return p
 
@@ -678,10 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         if "b" in args.phases:
             for paced in {"off": (False,), "on": (True,), "both": (False, True)}[args.pacing]:
                 run_load_phase(workdir, args, report, paced)
-    tc.print_report(report, args)
-    if args.json:
-        args.json.write_text(json.dumps(report.figures, indent=2))
-    return 1 if any(row[3] == "MISS" for row in report.rows) else 0
+    return tc.finish(report, args)
 
 
 if __name__ == "__main__":

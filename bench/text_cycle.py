@@ -918,6 +918,12 @@ def parser() -> argparse.ArgumentParser:
         default="lean",
         help="HTTP client: lean (a minimal keep-alive client, the default) or httpx",
     )
+    add_common_arguments(p)
+    return p
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags every benchmark takes: the event loops and --json."""
     p.add_argument(
         "--client-backend",
         choices=["trio", "asyncio"],
@@ -931,7 +937,14 @@ def parser() -> argparse.ArgumentParser:
         help="server.backend of the server (default trio, as hordelite serve)",
     )
     p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    return p
+
+
+def finish(report: Report, args: argparse.Namespace) -> int:
+    """Print the report, write --json, and exit 1 when a target was missed."""
+    print_report(report, args)
+    if args.json:
+        args.json.write_text(json.dumps(report.figures, indent=2))
+    return 1 if any(row[3] == "MISS" for row in report.rows) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -948,10 +961,7 @@ def main(argv: list[str] | None = None) -> int:
             run_pop_phase(workdir, args, report, servable=True)
         if "c" in args.phases:
             run_wake_phase(workdir, args, report)
-    print_report(report, args)
-    if args.json:
-        args.json.write_text(json.dumps(report.figures, indent=2))
-    return 1 if any(row[3] == "MISS" for row in report.rows) else 0
+    return finish(report, args)
 
 
 if __name__ == "__main__":
