@@ -67,10 +67,6 @@ def to_mask(names: Iterable[str]) -> int:
     return mask
 
 
-def from_mask(mask: int) -> list[str]:
-    return [name for name, member in _BY_NAME.items() if mask & member.value]
-
-
 @dataclasses.dataclass(frozen=True)
 class ChatWorkerLimits:
     """What a chat worker applies as sent: its context, its reply length, and

@@ -76,36 +76,35 @@ class Database:
         self._writes = anyio.CapacityLimiter(1 if self.is_sqlite else pool_size)
         self._reads = anyio.CapacityLimiter(pool_size)
 
-    @property
-    def dialect(self) -> str:
-        return "sqlite" if self.is_sqlite else "postgresql"
-
     async def write(
         self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``fn(conn, ...)`` in one write transaction; returns its result."""
-        if self.inline:
-            await anyio.lowlevel.checkpoint()
-            try:
-                return self._run(self._inline_engine, fn, True, args, kwargs)
-            except _Busy:
-                pass
-        return await anyio.to_thread.run_sync(
-            lambda: self.run_sync(fn, True, *args, **kwargs), limiter=self._writes
-        )
+        return await self._execute(fn, True, self._writes, args, kwargs)
 
     async def read(
         self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``fn(conn, ...)`` in one read transaction; returns its result."""
+        return await self._execute(fn, False, self._reads, args, kwargs)
+
+    async def _execute(
+        self,
+        fn: Callable[..., T],
+        write: bool,
+        limiter: anyio.CapacityLimiter,
+        args: Any,
+        kwargs: Any,
+    ) -> T:
+        """Inline when allowed and the file is free, else in a thread."""
         if self.inline:
             await anyio.lowlevel.checkpoint()
             try:
-                return self._run(self._inline_engine, fn, False, args, kwargs)
+                return self._run(self._inline_engine, fn, write, args, kwargs)
             except _Busy:
                 pass
         return await anyio.to_thread.run_sync(
-            lambda: self.run_sync(fn, False, *args, **kwargs), limiter=self._reads
+            lambda: self._run(self.engine, fn, write, args, kwargs), limiter=limiter
         )
 
     def run_sync(self, fn: Callable[..., T], write: bool, *args: Any, **kwargs: Any) -> T:

@@ -63,10 +63,6 @@ class Declaration:
     fit: str  # what the fit check counts with
     guarantee: str  # why prompt_overflow_refused is declared or withheld
 
-    @property
-    def overflow_refused(self) -> bool:
-        return OVERFLOW_REFUSED in self.features
-
     def chat_fields(self, withdrawn: Collection[str] = ()) -> dict[str, Any]:
         """The five chat fields of a pop body (less the withdrawn features)."""
         limits: dict[str, Any] = {"max_context_length": self.context, "max_length": self.max_length}
