@@ -587,3 +587,19 @@ async def test_users_by_id_is_UserNotFound_for_unknown_and_non_numeric_ids(user_
     async with open_horde() as horde, client_for(horde) as client:
         await horde.create_key("dave")
         assert_refused(await client.get(f"/api/v2/users/{user_id}"), 404, "UserNotFound")
+
+
+async def test_a_text_resubmit_with_the_same_idempotency_key_returns_the_first_request() -> None:
+    async with open_horde() as horde:
+        key = await horde.create_key("alice", kudos=100)
+        async with httpx.AsyncClient(base_url=horde.url, headers={"apikey": key}) as client:
+            body = {"prompt": "Once", "params": {"max_length": 32}}
+            headers = {"Idempotency-Key": "text-op-1"}
+            first = await client.post("/api/v2/generate/text/async", json=body, headers=headers)
+            again = await client.post("/api/v2/generate/text/async", json=body, headers=headers)
+            assert first.status_code == again.status_code == 202
+            assert again.json()["id"] == first.json()["id"]
+            other = {**body, "prompt": "Twice"}
+            reused = await client.post("/api/v2/generate/text/async", json=other, headers=headers)
+            assert reused.status_code == 409
+            assert reused.json()["rc"] == "OperationKeyReused"
