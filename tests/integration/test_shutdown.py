@@ -14,7 +14,10 @@ pytestmark = pytest.mark.anyio
 async def _until_online(client: httpx.AsyncClient, name: str) -> None:
     """The pop checked its worker in before it began to wait: poll the listing."""
     with anyio.fail_after(10):
-        while not any(w["name"] == name for w in (await client.get("/api/v2/workers")).json()):
+        while True:
+            listed = (await client.get("/api/v2/workers")).json()
+            if any(w["name"] == name for w in listed):
+                return
             await anyio.sleep(0.01)
 
 
@@ -61,7 +64,9 @@ async def test_an_open_openai_call_gets_a_final_503_and_its_request_is_cancelled
                 # The call is held once its request is queued (status/models
                 # counts it, within its 2 s cache).
                 with anyio.fail_after(10):
-                    while not (await client.get("/api/v2/status/models")).json()[0]["jobs"]:
+                    while True:
+                        if (await client.get("/api/v2/status/models")).json()[0]["jobs"]:
+                            break
                         await anyio.sleep(0.05)
     (answer,) = answers
     assert answer.status_code == 503
