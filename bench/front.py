@@ -68,7 +68,6 @@ import os
 import platform
 import resource
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -718,17 +717,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if profile_dir := os.environ.get(tc.PROFILE_ENV):
-        Path(profile_dir).mkdir(parents=True, exist_ok=True)
-    report = tc.Report()
-    with tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp:
-        workdir = Path(tmp)
-        if "a" in args.phases:
-            run_cycle_phase(workdir, args, report)
-        if "b" in args.phases:
-            run_held_phase(workdir, args, report)
-    return tc.finish(report, args)
+    return tc.run_phases(parser().parse_args(argv), {"a": run_cycle_phase, "b": run_held_phase})
 
 
 if __name__ == "__main__":

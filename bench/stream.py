@@ -58,11 +58,9 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -655,18 +653,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if profile_dir := os.environ.get(tc.PROFILE_ENV):
-        Path(profile_dir).mkdir(parents=True, exist_ok=True)
-    report = tc.Report()
-    with tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp:
-        workdir = Path(tmp)
-        if "a" in args.phases:
-            run_latency_phase(workdir, args, report)
-        if "b" in args.phases:
-            for paced in {"off": (False,), "on": (True,), "both": (False, True)}[args.pacing]:
-                run_load_phase(workdir, args, report, paced)
-    return tc.finish(report, args)
+    def load(workdir: Path, args: argparse.Namespace, report: tc.Report) -> None:
+        for paced in {"off": (False,), "on": (True,), "both": (False, True)}[args.pacing]:
+            run_load_phase(workdir, args, report, paced)
+
+    return tc.run_phases(parser().parse_args(argv), {"a": run_latency_phase, "b": load})
 
 
 if __name__ == "__main__":

@@ -947,21 +947,30 @@ def finish(report: Report, args: argparse.Namespace) -> int:
     return 1 if any(row[3] == "MISS" for row in report.rows) else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def run_phases(
+    args: argparse.Namespace, phases: dict[str, Callable[[Path, argparse.Namespace, Report], None]]
+) -> int:
+    """Run the phases ``args.phases`` names, each in a shared temporary folder,
+    then print the report (``finish``); the exit status says whether a target
+    was missed."""
     if profile_dir := os.environ.get(PROFILE_ENV):
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
     report = Report()
     with tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp:
-        workdir = Path(tmp)
-        if "a" in args.phases:
-            run_cycle_phase(workdir, args, report)
-        if "b" in args.phases:
-            run_pop_phase(workdir, args, report, servable=False)
-            run_pop_phase(workdir, args, report, servable=True)
-        if "c" in args.phases:
-            run_wake_phase(workdir, args, report)
+        for name, phase in phases.items():
+            if name in args.phases:
+                phase(Path(tmp), args, report)
     return finish(report, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    def pops(workdir: Path, args: argparse.Namespace, report: Report) -> None:
+        run_pop_phase(workdir, args, report, servable=False)
+        run_pop_phase(workdir, args, report, servable=True)
+
+    return run_phases(
+        parser().parse_args(argv), {"a": run_cycle_phase, "b": pops, "c": run_wake_phase}
+    )
 
 
 if __name__ == "__main__":
