@@ -809,7 +809,8 @@ def update_worker(
             changes["aborts_in_window"] = 0
     if changes:
         conn.execute(update(workers).where(workers.c.id == worker_id).values(**changes))
-    return {} if maintenance is None else {"maintenance": maintenance}
+    # The answer lists what changed: clearing maintenance also reset the count.
+    return changes
 
 
 def worker_details(
