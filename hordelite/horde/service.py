@@ -89,6 +89,16 @@ def _fingerprint(data: Any) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+def _scoped_operation_key(api_key: str, operation_key: str | None) -> str | None:
+    """The operation key a submit is stored under: None for the anonymous user.
+
+    Keys are scoped to the user, and every anonymous caller is the same
+    user: a key would let one anonymous caller get another's request (or
+    its 409) back by guessing or reusing the key, so it is ignored there.
+    """
+    return None if api_key == ANONYMOUS_API_KEY else operation_key
+
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
 
@@ -176,13 +186,14 @@ class Horde:
         """Queue a text request; answers the 202 body (or the dry-run quote).
 
         A resubmit with the same ``operation_key`` (Idempotency-Key) answers
-        the first request again and queues and charges nothing.
+        the first request again and queues and charges nothing (ignored for
+        the anonymous user).
         """
         req = parse_text_request(body)
         if req.dry_run:
             await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
             return {"kudos": self.quote(req)}
-        new = self._new_text(req, operation_key)
+        new = self._new_text(req, _scoped_operation_key(api_key, operation_key))
         submitted = await self._submit(api_key, new, client_agent)
         answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
         warnings = []
@@ -238,6 +249,7 @@ class Horde:
         changed since); otherwise admission (horde.chat.admit) and queueing.
         """
         fingerprint = req.fingerprint()
+        operation_key = _scoped_operation_key(api_key, operation_key)
 
         def admit(online: list[WorkerView], known: set[str]) -> q.NewRequest:
             return chat.admit(req, online, known, self.models, operation_key)
