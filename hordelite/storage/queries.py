@@ -63,6 +63,7 @@ from hordelite.storage.schema import (
     users,
     workers,
 )
+from hordelite.unicode_rules import unsendable
 
 # How many of the best waiting requests an empty pop examines to fill in its
 # ``skipped`` counts: bounded so that an empty pop costs the same with 100 or
@@ -1415,12 +1416,22 @@ def _fault_job(
     horde's, and such faults must not lead to maintenance. The message the
     client will read is the refusal's when the worker reports reply_refused,
     else the fixed sentence of its reason.
+
+    A request holding text no worker can send to its backend (``unsendable``:
+    a lone surrogate, stored before the boundary refused them) ends faulted
+    at its first fault, and the fault is not the worker's abort: the horde
+    finds the cause in the request itself, without trusting the worker's
+    reason, which never changes how a fault counts.
     """
     conn.execute(
         update(jobs)
         .where(jobs.c.id == job["id"])
         .values(state="faulted", submitted=now, gen_state="faulted", fault_reason=reason)
     )
+    req = _get_request(conn, job["request_id"], job["kind"])
+    if _holds_unsendable(req):
+        _fault_request(conn, req, now, _UNSENDABLE)
+        return SubmitResult(0.0, req["id"], True, False)
     if job["refusal_rc"] == RC.ChatSubmitNonconformant.name:
         conn.execute(
             update(workers)
@@ -1435,12 +1446,32 @@ def _fault_job(
         message = FAULT_REASONS[reason]
     else:
         message = _NO_REASON
-    req = _get_request(conn, job["request_id"], job["kind"])
     requeued, ended = _give_back(conn, req, now, rules, faulted=True, message=message)
     return SubmitResult(0.0, req["id"], ended, requeued)
 
 
+def _holds_unsendable(req: RowMapping) -> bool:
+    """The request's text or parameters hold what no worker can encode."""
+    return unsendable([req["prompt"], req["params"], req["chat"]]) is not None
+
+
+def _fault_request(conn: Connection, req: RowMapping, now: float, message: str) -> None:
+    """End a waiting request faulted at once, with ``message`` as its fault."""
+    if req["state"] != "waiting":
+        return
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == req["id"])
+        .values(faults=req["faults"] + 1, fault_rc=RC.ChatWorkerFault.name, fault_message=message)
+    )
+    _end_request(conn, req["id"], "faulted", now)
+
+
 _NO_REASON = "A worker could not serve this request and gave no reason."
+_UNSENDABLE = (
+    "This request holds text that is not valid Unicode (a lone surrogate) or a number "
+    "JSON cannot carry, which no worker can send to its backend."
+)
 _LEASE_EXPIRED = "A worker took this request and did not answer before its job's lease ran out."
 
 
