@@ -43,6 +43,7 @@ from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import upgrade
+from hordelite.unicode_rules import worker_name_key
 
 # Model statistics are an aggregate over the queue: cached this long.
 MODEL_STATS_TTL = 2.0
@@ -397,6 +398,7 @@ class Horde:
         (or the only one, without ``wait``) also counts what was skipped.
         """
         pop = parse_pop_request(body, self.config.horde.max_pop_wait)
+        worker_name_key(pop.name)  # a name no worker can have is refused before the key is read
         key_hash = hash_key(api_key)
         deadline = anyio.current_time() + pop.wait
         worker: WorkerView | None = None
@@ -597,12 +599,22 @@ class Horde:
 
     async def worker(self, worker_id: str) -> dict[str, Any]:
         canonical = parse_uuid(worker_id)
-        if canonical is None:
+        row = None if canonical is None else await self.db.read(q.worker_details, canonical)
+        if row is None:
             raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
-        return self._render_worker(await self.db.read(q.worker_details, canonical))
+        return self._render_worker(row)
 
     async def worker_by_name(self, name: str) -> dict[str, Any]:
-        return self._render_worker(await self.db.read(q.worker_details, None, name[:255]))
+        """The worker whose name has the same key (``worker_name_key``): any
+        case or look-alike spelling of its name finds it."""
+        try:
+            key = worker_name_key(name)
+        except HordeError:
+            key = None  # no worker can be named so (a control character, say)
+        row = None if key is None else await self.db.read(q.worker_details, None, key)
+        if row is None:
+            raise HordeError(RC.WorkerNotFound, f"No worker named {name[:64]!r}.")
+        return self._render_worker(row)
 
     async def workers(self) -> list[dict[str, Any]]:
         rows = await self.db.read(q.list_workers, self.clock.now(), self.rules)
