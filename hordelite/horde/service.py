@@ -37,13 +37,13 @@ from hordelite.contract.text import (
     parse_pop_request,
     parse_text_request,
 )
+from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError
 from hordelite.horde import chat
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import upgrade
-from hordelite.unicode_rules import worker_name_key
 
 # Model statistics are an aggregate over the queue: cached this long.
 MODEL_STATS_TTL = 2.0

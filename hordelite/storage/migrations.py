@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, func, insert, inspect, select, update
 
+from hordelite.contract.unicode_rules import MAX_NAME_KEY, fold_name
 from hordelite.storage import schema
-from hordelite.unicode_rules import MAX_NAME_KEY, fold_name
 
 
 def _v1(conn: Connection) -> None:

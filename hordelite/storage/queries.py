@@ -53,6 +53,7 @@ from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, s
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
 from hordelite.contract.progress import streams_progress
 from hordelite.contract.text import JobSubmit, PopRequest
+from hordelite.contract.unicode_rules import unsendable, worker_name_key
 from hordelite.errors import RC, HordeError
 from hordelite.storage.schema import (
     jobs,
@@ -63,7 +64,6 @@ from hordelite.storage.schema import (
     users,
     workers,
 )
-from hordelite.unicode_rules import unsendable, worker_name_key
 
 # How many of the best waiting requests an empty pop examines to fill in its
 # ``skipped`` counts: bounded so that an empty pop costs the same with 100 or

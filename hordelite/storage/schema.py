@@ -61,7 +61,7 @@ workers = Table(
     Column("id", String(36), primary_key=True),
     # The name as first popped with, shown everywhere.
     Column("name", String(255), nullable=False, unique=True),
-    # What names are compared by (hordelite.unicode_rules.worker_name_key):
+    # What names are compared by (hordelite.contract.unicode_rules.worker_name_key):
     # names that differ only in case or look-alike characters are one worker.
     # Set on every insert; nullable only because migration 4 added it to
     # tables that had rows (it fills them in).

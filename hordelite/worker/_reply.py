@@ -22,7 +22,7 @@ from typing import Any
 
 from hordelite.contract.chat_reply import FINISH_REASONS
 from hordelite.contract.limits import MAX_NATIVE_FINISH_REASON, MAX_REPORTED_TOKENS
-from hordelite.unicode_rules import unsendable
+from hordelite.contract.unicode_rules import unsendable
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from hordelite.contract.unicode_rules import MAX_NAME_KEY, fold_name, unsendable, worker_name_key
 from hordelite.errors import RC, HordeError
-from hordelite.unicode_rules import MAX_NAME_KEY, fold_name, unsendable, worker_name_key
 from hordelite.worker._reply import UnsendableJob, chat_completion_body, check_sendable
 
 # Text no worker can send --------------------------------------------------------------
