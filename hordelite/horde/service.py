@@ -306,6 +306,7 @@ class Horde:
                 q.cancel_request, canonical, kind, now, self.rules, posted, self.models.billions
             )
             self.signals.notify_request(canonical)
+            self.signals.end_stream(canonical, now)
         else:
             parts = await self.db.read(
                 q.request_status, canonical, kind, now, self.rules, with_position
@@ -513,6 +514,8 @@ class Horde:
         if result.requeued:
             self.signals.notify_queue()
         self.signals.notify_request(result.request_id)
+        if result.request_ended:
+            self.signals.end_stream(result.request_id, now)
         return {"reward": result.reward}
 
     async def _parse_chat_submit(self, api_key: str, body: dict[str, Any]) -> ChatSubmit:
