@@ -946,6 +946,11 @@ def _message_line(message: Mapping[str, Any]) -> str:
     return f"{message['role']}: {text}"
 
 
+def conversation_chars(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The characters of the messages' text (a cheap measure of their size)."""
+    return sum(len(_message_text(message)) for message in messages)
+
+
 def _tools_line(tools: Sequence[Mapping[str, Any]]) -> str:
     return "tools: " + json.dumps(tools, separators=(",", ":"))
 
