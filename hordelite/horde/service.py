@@ -56,6 +56,11 @@ from hordelite.storage.migrations import upgrade
 P = ParamSpec("P")
 T = TypeVar("T")
 
+# Chat admission outside the write transaction: tries before admitting
+# inside it, and how many sets of models keep their last capacity.
+ADMISSION_TRIES = 3
+CAPACITY_CACHE = 256
+
 # Model statistics are an aggregate over the queue: cached this long.
 MODEL_STATS_TTL = 2.0
 
@@ -103,6 +108,15 @@ async def run_pure(heavy: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.k
     if not heavy:
         return fn(*args, **kwargs)
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+class _Replan(Exception):
+    """Chat admission was worked out for another capacity than the write
+    transaction finds: roll back (nothing is written yet), admit again."""
+
+    def __init__(self, capacity: chat.Capacity) -> None:
+        super().__init__("the capacity changed")
+        self.capacity = capacity
 
 
 def _admission(
@@ -164,6 +178,8 @@ class Horde:
             tuple[float, tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]] | None
         ) = None
         self._stopping = False
+        # The capacity each set of chat models last had (chat admission).
+        self._capacities: dict[tuple[str, ...], chat.Capacity] = {}
 
     @property
     def stopping(self) -> bool:
@@ -272,50 +288,54 @@ class Horde:
         fingerprint = req.fingerprint()
         key_hash = hash_key(api_key)
         # Admission is pure work over the whole conversation: it runs before
-        # the write transaction, against the workers read just before, so
-        # that the write lock is not held while it runs. The transaction
-        # reads the workers again and uses the outcome when they give the
-        # same capacity (nearly always); otherwise it admits again there.
-        view = await self.db.read(
-            q.chat_admission_view,
-            key_hash,
-            req.models,
-            operation_key,
-            fingerprint,
-            self.clock.now(),
-            self.rules,
-        )
-        planned: tuple[chat.Capacity, q.NewRequest | HordeError] | None = None
-        if view is not None:
-            cap = chat.capacity(req, *view, self.models)
-            planned = (
-                cap,
-                await run_pure(
-                    chat.heavy_to_admit(req), _admission, req, cap, self.models, operation_key
-                ),
-            )
+        # the write transaction, against the capacity the last transaction
+        # for these models saw. The transaction reads the workers anyway and
+        # uses the outcome when their capacity is the same (nearly always);
+        # otherwise it gives up before writing anything, and admission runs
+        # again outside it against what it saw. The last try admits inside.
+        outcome: q.Submitted | RowMapping | None = None
+        for attempt in range(ADMISSION_TRIES):
+            last = attempt == ADMISSION_TRIES - 1
+            seen = self._capacities.get(req.models)
+            planned = None
+            if seen is not None:
+                heavy = chat.heavy_to_admit(req)
+                planned = await run_pure(heavy, _admission, req, seen, self.models, operation_key)
 
-        def admit(online: list[WorkerView], known: set[str]) -> q.NewRequest:
-            cap = chat.capacity(req, online, known, self.models)
-            if planned is None or planned[0] != cap:
-                return chat.admit_within(req, cap, self.models, operation_key)
-            if isinstance(planned[1], HordeError):
-                raise planned[1]
-            return planned[1]
+            def admit(
+                online: list[WorkerView],
+                known: set[str],
+                seen: chat.Capacity | None = seen,
+                planned: q.NewRequest | HordeError | None = planned,
+                last: bool = last,
+            ) -> q.NewRequest:
+                cap = chat.capacity(req, online, known, self.models)
+                if planned is None or cap != seen:
+                    if not last:
+                        raise _Replan(cap)
+                    return chat.admit_within(req, cap, self.models, operation_key)
+                if isinstance(planned, HordeError):
+                    raise planned
+                return planned
 
-        outcome = await self.db.write(
-            q.submit_chat_request,
-            key_hash,
-            req.models,
-            operation_key,
-            fingerprint,
-            admit,
-            str(uuid.uuid4()),
-            self.clock.now(),
-            self.rules,
-            UPFRONT_MAX_LENGTH,
-            client_agent,
-        )
+            try:
+                outcome = await self.db.write(
+                    q.submit_chat_request,
+                    key_hash,
+                    req.models,
+                    operation_key,
+                    fingerprint,
+                    admit,
+                    str(uuid.uuid4()),
+                    self.clock.now(),
+                    self.rules,
+                    UPFRONT_MAX_LENGTH,
+                    client_agent,
+                )
+                break
+            except _Replan as replan:
+                self._remember_capacity(req.models, replan.capacity)
+        assert outcome is not None
         if not isinstance(outcome, q.Submitted):
             billions = max(self.models.billions(m) for m in outcome["models"])
             quote = kudos_rules.request_quote(outcome["max_length"], 1, billions)
@@ -332,6 +352,13 @@ class Horde:
             ) + " It waits for one."
             answer["warnings"] = [{"code": "NoAvailableWorker", "message": answer["message"]}]
         return answer
+
+    def _remember_capacity(self, models: tuple[str, ...], cap: chat.Capacity) -> None:
+        self._capacities.pop(models, None)
+        self._capacities[models] = cap
+        if len(self._capacities) > CAPACITY_CACHE:
+            # Model names are the clients': keep only the latest sets.
+            del self._capacities[next(iter(self._capacities))]
 
     async def text_status(self, request_id: str, *, cancel: bool = False) -> dict[str, Any]:
         """The status answer; with ``cancel``, end the request (answering its state before)."""

@@ -371,27 +371,6 @@ def submit_chat_request(
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
 
 
-def chat_admission_view(
-    conn: Connection,
-    key_hash: str,
-    models: Sequence[str],
-    operation_key: str | None,
-    fingerprint: str,
-    now: float,
-    rules: Rules,
-) -> tuple[list[WorkerView], set[str]] | None:
-    """What submit_chat_request will admit against, read ahead of it so that
-    admission runs outside the write transaction: the online workers and the
-    known chat models; None for a resubmit of an operation key (nothing to
-    admit). Raises what submit_chat_request raises first (the key, the
-    operation key reused)."""
-    user = _user(conn, key_hash, rules)
-    if operation_key is not None:
-        if _first_request(conn, user, operation_key, "chat", fingerprint) is not None:
-            return None
-    return _online_workers(conn, now, rules), _known_chat_models(conn, models)
-
-
 def _known_chat_models(conn: Connection, models: Sequence[str]) -> set[str]:
     """Which of ``models`` a worker has declared as its chat model, ever."""
     return set(
