@@ -229,3 +229,19 @@ async def test_on_postgresql_a_reply_is_verified_while_its_job_is_not_locked(
         )
         await reply_to(env, chat_body(response_format=COLOUR_SCHEMA), '{"colour": "blue"}')
         assert seen == [True]
+
+
+async def test_a_request_is_admitted_against_the_workers_as_they_are_at_its_transaction() -> None:
+    # Admission is worked out ahead from the capacity the last submit for the
+    # same model saw; a worker that changed its limits since is still obeyed.
+    async with open_chat_horde() as env:
+        worker = await env.chat_worker(
+            "w1", ALL_NAMES, limits={"max_context_length": 2048, "max_length": 256}
+        )
+        for applied in (256, 128, 128):
+            response = await env.submit(chat_body(max_tokens=1000))
+            assert response.status_code == 202, response.text
+            [adjustment] = response.json()["context_adjustments"]
+            assert adjustment["applied"] == applied
+            worker.chat_limits = {"max_context_length": 2048, "max_length": 128}
+            await worker.pop()
