@@ -9,6 +9,8 @@ Pure functions, no I/O (004 steps 2, 4, 6 and 7; ADR 0036):
 - ``verify_chat_reply(req, reply)`` checks what the reply proves against the
   stored request (400 ChatSubmitInvalid under both conformance modes, 400
   ChatSubmitNonconformant under strict) and returns the reply as stored;
+  ``judge_chat_reply`` adds the model check and keeps the outcome, so that
+  the horde can judge a reply before its write transaction;
 - ``output_estimate_chars(reply)`` is what the charge and the reward price;
 - ``build_worker_chat_extras(...)`` is the chat job payload, narrowed as the
   contract allows.
@@ -301,6 +303,51 @@ def _parse_count(body: Mapping[str, Any], key: str) -> int | None:
 
 
 # Verifying the reply against the request ----------------------------------------------
+
+# A reply with more text than this (content and reasoning, in characters) is
+# judged in a worker thread: parsing and validating it takes long enough to
+# hold up the event loop.
+HEAVY_REPLY_CHARS = 32_768
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A chat reply judged against its job: the reply as stored, or the
+    refusal. ``job_id`` and ``model`` say what it was judged against."""
+
+    job_id: str
+    model: str
+    reply: ChatReply | None
+    refusal: HordeError | None
+
+
+def judge_chat_reply(job_id: str, model: str, req: ChatRequest, sub: ChatSubmit) -> Verdict:
+    """The model check, then ``verify_chat_reply``: the verdict on a reply to
+    the job ``job_id`` of ``model`` for the stored request ``req``."""
+    assert sub.reply is not None
+    try:
+        if sub.model_id != model:
+            raise HordeError(
+                RC.ChatModelMismatch,
+                f"model_id {sub.model_id!r} is not the model this job was assigned: {model!r}.",
+            )
+        return Verdict(job_id, model, verify_chat_reply(req, sub.reply), None)
+    except HordeError as refusal:
+        return Verdict(job_id, model, None, refusal)
+
+
+def heavy_to_judge(req: ChatRequest, reply: ChatReply) -> bool:
+    """Whether judging the reply may take long: a long reply, or content
+    checked against a client's schema (its patterns and size are the
+    client's, so its cost is not bounded by the reply's length)."""
+    chars = len(reply.content or "") + len(reply.reasoning_content or "")
+    fmt = req.response_format or {}
+    schema_checked = (
+        req.horde.strict
+        and fmt.get("type") == "json_schema"
+        and bool(fmt.get("json_schema", {}).get("strict"))
+    )
+    return chars > HEAVY_REPLY_CHARS or (schema_checked and bool(reply.content))
 
 
 def verify_chat_reply(req: ChatRequest, reply: ChatReply) -> ChatReply:

@@ -933,20 +933,35 @@ def flatten_messages(
 
     Never sent to a worker. Tool definitions count, as templates render them.
     """
-    lines = []
-    for message in messages:
-        text = _message_text(message)
-        for call in message.get("tool_calls") or ():
-            text += f"\n{call['function']['name']}({call['function']['arguments']})"
-        lines.append(f"{message['role']}: {text}")
+    lines = [_message_line(message) for message in messages]
     if tools:
-        lines.append("tools: " + json.dumps(tools, separators=(",", ":")))
+        lines.append(_tools_line(tools))
     return "\n".join(lines)
+
+
+def _message_line(message: Mapping[str, Any]) -> str:
+    text = _message_text(message)
+    for call in message.get("tool_calls") or ():
+        text += f"\n{call['function']['name']}({call['function']['arguments']})"
+    return f"{message['role']}: {text}"
+
+
+def conversation_chars(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The characters of the messages' text (a cheap measure of their size)."""
+    return sum(len(_message_text(message)) for message in messages)
+
+
+def _tools_line(tools: Sequence[Mapping[str, Any]]) -> str:
+    return "tools: " + json.dumps(tools, separators=(",", ":"))
 
 
 def estimate_tokens(text: str) -> int:
     """The horde's context estimate: 3 characters per token (no tokenizer)."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN_ESTIMATE)
+    return _tokens_of(len(text))
+
+
+def _tokens_of(chars: int) -> int:
+    return math.ceil(chars / CHARS_PER_TOKEN_ESTIMATE)
 
 
 def truncate_oldest(
@@ -960,6 +975,11 @@ def truncate_oldest(
     message with the assistant and tool messages after it, so a tool call is
     never separated from its answers. Returns the kept messages, or None when
     even the minimum does not fit.
+
+    Linear in the conversation: each message's flattened line is measured
+    once, and the length of what is kept is updated as turns are dropped
+    (flatten_messages joins lines with one newline), so no candidate is
+    flattened again. The result is what flattening each candidate would give.
     """
     turns: list[list[int]] = []
     for i, message in enumerate(messages):
@@ -969,13 +989,20 @@ def truncate_oldest(
             turns.append([i])
         else:
             turns[-1].append(i)
-    dropped: set[int] = set()
-    for turn in turns[:-1]:
-        kept = [m for i, m in enumerate(messages) if i not in dropped]
-        if estimate_tokens(flatten_messages(kept, tools)) <= budget_tokens:
-            return kept
-        dropped.update(turn)
-    kept = [m for i, m in enumerate(messages) if i not in dropped]
-    if estimate_tokens(flatten_messages(kept, tools)) <= budget_tokens:
-        return kept
-    return None
+    lengths = [len(_message_line(m)) for m in messages]
+    chars, lines = sum(lengths), len(lengths)
+    if tools:
+        chars, lines = chars + len(_tools_line(tools)), lines + 1
+
+    def fits() -> bool:
+        return _tokens_of(chars + max(lines - 1, 0)) <= budget_tokens
+
+    dropped = 0  # the oldest turns dropped so far
+    while dropped < len(turns) - 1 and not fits():
+        chars -= sum(lengths[i] for i in turns[dropped])
+        lines -= len(turns[dropped])
+        dropped += 1
+    if not fits():
+        return None
+    gone = {i for turn in turns[:dropped] for i in turn}
+    return [m for i, m in enumerate(messages) if i not in gone]

@@ -121,15 +121,16 @@ class Call:
         final status (see ``poll`` for what it raises)."""
         next_tick = anyio.current_time() + keepalive if keepalive else float("inf")
         while True:
-            woken = self.horde.signals.request_waiter(self.request_id)
-            status = await self.poll()
+            with self.horde.signals.request_waiter(self.request_id) as woken:
+                status = await self.poll()
+                if status is None:
+                    with anyio.move_on_after(
+                        max(min(self.next_recheck(), next_tick) - anyio.current_time(), 0)
+                    ):
+                        await woken.wait()
             if status is not None:
                 yield status
                 return
-            with anyio.move_on_after(
-                max(min(self.next_recheck(), next_tick) - anyio.current_time(), 0)
-            ):
-                await woken.wait()
             if keepalive and anyio.current_time() >= next_tick:
                 next_tick = anyio.current_time() + keepalive
                 yield TICK

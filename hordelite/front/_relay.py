@@ -10,6 +10,7 @@ A stream lost or never posted still ends with the full reply.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -104,41 +105,43 @@ async def relay(
     status: dict[str, Any] | None = None
     recheck = 0.0  # read the status at once: it may have ended already
     next_keepalive = anyio.current_time() + keepalive
-    # Taken before each status read, kept until the next one: a generation
-    # that lands in between sets it.
-    finished = signals.request_waiter(rid)
-    while status is None:
-        posted = signals.progress_waiter(rid)
-        now = anyio.current_time()
-        for entry in signals.read_progress(rid, position):
-            position += 1
-            gen = entry["gen"] if gen is None else gen
-            if entry["gen"] == gen:  # a later attempt is reconciled at the end
-                model = entry["model"]
-                content.add(entry["content"], now)
-                if include_reasoning:
-                    reasoning.add(entry["reasoning_content"], now)
-        if finished.is_set() or now >= recheck:
-            finished = signals.request_waiter(rid)
-            status = await call.poll()
-            recheck = call.next_recheck()
-            if status is not None:
-                break
-        text = reasoning.take(now)
-        if text:
-            yield chunk({"reasoning_content": text})
-        # Content waits until the reasoning before it has left: OpenAI-style
-        # clients expect all the reasoning first.
-        text = "" if reasoning.pending else content.take(now)
-        if text:
-            yield chunk({"content": text})
-        if now >= next_keepalive:
-            next_keepalive = now + keepalive
-            yield b": waiting for the worker\n\n"
-        busy = bool(content.pending or reasoning.pending)
-        until = now + content.tick if busy else min(recheck, next_keepalive)
-        with anyio.move_on_after(max(until - anyio.current_time(), 0)):
-            await posted.wait()
+    with contextlib.ExitStack() as held:
+        # Taken before each status read, kept until the next one: a
+        # generation that lands in between sets it.
+        finished = held.enter_context(signals.request_waiter(rid))
+        while status is None:
+            with signals.progress_waiter(rid) as posted:
+                now = anyio.current_time()
+                for entry in signals.read_progress(rid, position):
+                    position += 1
+                    gen = entry["gen"] if gen is None else gen
+                    if entry["gen"] == gen:  # a later attempt is reconciled at the end
+                        model = entry["model"]
+                        content.add(entry["content"], now)
+                        if include_reasoning:
+                            reasoning.add(entry["reasoning_content"], now)
+                if finished.is_set() or now >= recheck:
+                    held.close()
+                    finished = held.enter_context(signals.request_waiter(rid))
+                    status = await call.poll()
+                    recheck = call.next_recheck()
+                    if status is not None:
+                        break
+                text = reasoning.take(now)
+                if text:
+                    yield chunk({"reasoning_content": text})
+                # Content waits until the reasoning before it has left:
+                # OpenAI-style clients expect all the reasoning first.
+                text = "" if reasoning.pending else content.take(now)
+                if text:
+                    yield chunk({"content": text})
+                if now >= next_keepalive:
+                    next_keepalive = now + keepalive
+                    yield b": waiting for the worker\n\n"
+                busy = bool(content.pending or reasoning.pending)
+                until = now + content.tick if busy else min(recheck, next_keepalive)
+                with anyio.move_on_after(max(until - anyio.current_time(), 0)):
+                    await posted.wait()
     generation = status["generations"][0]
     model = generation["model"]
     message = generation["message"]

@@ -3,6 +3,7 @@ a chat status that text requests do not have."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.chat_request import (
     ChatRequest,
+    conversation_chars,
     estimate_tokens,
     flatten_messages,
     required_mask,
@@ -36,12 +38,60 @@ def serving(online: Sequence[WorkerView], models: Sequence[str]) -> list[WorkerV
     return [w for w in online if not w.maintenance and w.chat_model in models]
 
 
+# A conversation over either is admitted in a worker thread (heavy_to_admit).
+HEAVY_CONVERSATION_MESSAGES = 128
+HEAVY_CONVERSATION_CHARS = 32_768
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """All that admission reads from the online workers, for one request:
+    two reads that give the same Capacity admit the request the same way."""
+
+    unknown: tuple[str, ...]  # requested models the horde does not know
+    serving: bool  # an online chat worker serves one of the models
+    longest: int  # the largest chat max_length among them (0: none)
+    widest: int  # the largest chat max_context_length among them (0: none)
+
+
+def capacity(
+    req: ChatRequest, online: Sequence[WorkerView], known: set[str], reference: ModelReference
+) -> Capacity:
+    # Known: in the model reference, declared by a chat worker once, or
+    # served by an online worker (a text worker's model gets 503, not 404).
+    known = known | {m for w in online for m in w.models}
+    unknown = tuple(m for m in req.models if m not in known and not reference.knows(m))
+    pool = serving(online, req.models)
+    return Capacity(
+        unknown=unknown,
+        serving=bool(pool),
+        longest=max((w.chat_max_length for w in pool), default=0),
+        widest=max((w.chat_max_context_length for w in pool), default=0),
+    )
+
+
+def heavy_to_admit(req: ChatRequest) -> bool:
+    """Whether admission may take long enough to hold up the event loop: it
+    reads, and may truncate and copy, the whole conversation."""
+    return (
+        len(req.messages) > HEAVY_CONVERSATION_MESSAGES
+        or conversation_chars(req.messages) > HEAVY_CONVERSATION_CHARS
+    )
+
+
 def admit(
     req: ChatRequest,
     online: Sequence[WorkerView],
     known: set[str],
     reference: ModelReference,
     operation_key: str | None,
+) -> q.NewRequest:
+    """``admit_within`` the capacity of these online workers."""
+    return admit_within(req, capacity(req, online, known, reference), reference, operation_key)
+
+
+def admit_within(
+    req: ChatRequest, cap: Capacity, reference: ModelReference, operation_key: str | None
 ) -> q.NewRequest:
     """What to queue for a chat request, or a refusal before anything is queued.
 
@@ -50,20 +100,16 @@ def admit(
     worker's context (400 no_worker_supports_limit, unless context_fit
     truncate_oldest makes it fit) and a quote over horde.max_kudos. Lowers a
     max_tokens over every serving worker's max_length to the largest, and says
-    so in context_adjustments.
+    so in context_adjustments. Pure: no I/O, so it runs outside the write
+    transaction (and, for a long conversation, in a worker thread).
     """
-    # Known: in the model reference, declared by a chat worker once, or
-    # served by an online worker (a text worker's model gets 503, not 404).
-    known = known | {m for w in online for m in w.models}
-    unknown = [m for m in req.models if m not in known and not reference.knows(m)]
-    if unknown:
+    if cap.unknown:
         raise HordeError(
             RC.model_not_found,
-            f"The model {unknown[0]!r} does not exist on this horde.",
+            f"The model {cap.unknown[0]!r} does not exist on this horde.",
             param="model",
         )
-    pool = serving(online, req.models)
-    if not pool:
+    if not cap.serving:
         raise HordeError(
             RC.no_eligible_worker,
             f"No online chat worker serves {' or '.join(repr(m) for m in req.models)}; nothing was queued.",
@@ -73,7 +119,7 @@ def admit(
     # up to the length that needs no kudos up front, so that a plain OpenAI
     # call from an account without kudos is not refused for a field it never
     # sent.
-    longest = max(w.chat_max_length for w in pool)
+    longest = cap.longest
     max_length = req.max_length or min(longest, UPFRONT_MAX_LENGTH)
     if req.max_length is not None and req.max_length > longest:
         max_length = longest
@@ -87,7 +133,7 @@ def admit(
         )
     messages = req.messages
     context = estimate_tokens(flatten_messages(messages, req.tools))
-    widest = max(w.chat_max_context_length for w in pool)
+    widest = cap.widest
     if context + max_length > widest:
         kept = None
         if req.horde.context_fit == "truncate_oldest":

@@ -8,15 +8,17 @@ raises HordeError for every refusal; routes only render.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
+import anyio.to_thread
 from sqlalchemy import RowMapping
 
 from hordelite import __version__
@@ -24,7 +26,14 @@ from hordelite.clock import Clock, SystemClock
 from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
-from hordelite.contract.chat_reply import ChatSubmit, is_chat_submit, parse_chat_submit
+from hordelite.contract.chat_reply import (
+    ChatSubmit,
+    Verdict,
+    heavy_to_judge,
+    is_chat_submit,
+    judge_chat_reply,
+    parse_chat_submit,
+)
 from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
@@ -44,6 +53,14 @@ from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import upgrade
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# Chat admission outside the write transaction: tries before admitting
+# inside it, and how many sets of models keep their last capacity.
+ADMISSION_TRIES = 3
+CAPACITY_CACHE = 256
 
 # Model statistics are an aggregate over the queue: cached this long.
 MODEL_STATS_TTL = 2.0
@@ -83,6 +100,34 @@ def new_text_request(
         low = dataclasses.replace(req, max_length=UPFRONT_MAX_LENGTH, params=lowered)
         new = dataclasses.replace(new, downgrade=build(low))
     return new
+
+
+async def run_pure(heavy: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Pure CPU work (no I/O, no shared state): on the event loop when light,
+    in a worker thread when ``heavy``, so that the loop keeps serving while
+    it runs. Never inside a transaction: the caller holds no lock."""
+    if not heavy:
+        return fn(*args, **kwargs)
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+class _Replan(Exception):
+    """Chat admission was worked out for another capacity than the write
+    transaction finds: roll back (nothing is written yet), admit again."""
+
+    def __init__(self, capacity: chat.Capacity) -> None:
+        super().__init__("the capacity changed")
+        self.capacity = capacity
+
+
+def _admission(
+    req: ChatRequest, cap: chat.Capacity, models: ModelReference, operation_key: str | None
+) -> q.NewRequest | HordeError:
+    """``chat.admit_within``, its refusal returned (raised later, in order)."""
+    try:
+        return chat.admit_within(req, cap, models, operation_key)
+    except HordeError as refusal:
+        return refusal
 
 
 def _fingerprint(data: Any) -> str:
@@ -144,6 +189,8 @@ class Horde:
             tuple[float, tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]] | None
         ) = None
         self._stopping = False
+        # The capacity each set of chat models last had (chat admission).
+        self._capacities: dict[tuple[str, ...], chat.Capacity] = {}
 
     @property
     def stopping(self) -> bool:
@@ -237,7 +284,7 @@ class Horde:
     async def submit_chat(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
     ) -> dict[str, Any]:
-        """Queue a chat request (see horde.chat.admit for what is refused)."""
+        """Queue a chat request (see horde.chat.admit_within for what is refused)."""
         return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
 
     async def queue_chat(
@@ -245,29 +292,63 @@ class Horde:
     ) -> dict[str, Any]:
         """Queue a validated chat request; answers the 202 body.
 
-        One transaction: a resubmit with the same operation key answers the
-        first request before anything else is checked (the workers may have
-        changed since); otherwise admission (horde.chat.admit) and queueing.
+        A resubmit with the same operation key answers the first request
+        before anything else is checked (the workers may have changed since);
+        otherwise admission (horde.chat.admit_within) and queueing, in one
+        write transaction whose admission was worked out just before it.
         """
         fingerprint = req.fingerprint()
         operation_key = _scoped_operation_key(api_key, operation_key)
+        key_hash = hash_key(api_key)
+        # Admission is pure work over the whole conversation: it runs before
+        # the write transaction, against the capacity the last transaction
+        # for these models saw. The transaction reads the workers anyway and
+        # uses the outcome when their capacity is the same (nearly always);
+        # otherwise it gives up before writing anything, and admission runs
+        # again outside it against what it saw. The last try admits inside.
+        outcome: q.Submitted | RowMapping | None = None
+        for attempt in range(ADMISSION_TRIES):
+            last = attempt == ADMISSION_TRIES - 1
+            seen = self._capacities.get(req.models)
+            planned = None
+            if seen is not None:
+                heavy = chat.heavy_to_admit(req)
+                planned = await run_pure(heavy, _admission, req, seen, self.models, operation_key)
 
-        def admit(online: list[WorkerView], known: set[str]) -> q.NewRequest:
-            return chat.admit(req, online, known, self.models, operation_key)
+            def admit(
+                online: list[WorkerView],
+                known: set[str],
+                seen: chat.Capacity | None = seen,
+                planned: q.NewRequest | HordeError | None = planned,
+                last: bool = last,
+            ) -> q.NewRequest:
+                cap = chat.capacity(req, online, known, self.models)
+                if planned is None or cap != seen:
+                    if not last:
+                        raise _Replan(cap)
+                    return chat.admit_within(req, cap, self.models, operation_key)
+                if isinstance(planned, HordeError):
+                    raise planned
+                return planned
 
-        outcome = await self.db.write(
-            q.submit_chat_request,
-            hash_key(api_key),
-            req.models,
-            operation_key,
-            fingerprint,
-            admit,
-            str(uuid.uuid4()),
-            self.clock.now(),
-            self.rules,
-            UPFRONT_MAX_LENGTH,
-            client_agent,
-        )
+            try:
+                outcome = await self.db.write(
+                    q.submit_chat_request,
+                    key_hash,
+                    req.models,
+                    operation_key,
+                    fingerprint,
+                    admit,
+                    str(uuid.uuid4()),
+                    self.clock.now(),
+                    self.rules,
+                    UPFRONT_MAX_LENGTH,
+                    client_agent,
+                )
+                break
+            except _Replan as replan:
+                self._remember_capacity(req.models, replan.capacity)
+        assert outcome is not None
         if not isinstance(outcome, q.Submitted):
             billions = max(self.models.billions(m) for m in outcome["models"])
             quote = kudos_rules.request_quote(outcome["max_length"], 1, billions)
@@ -284,6 +365,13 @@ class Horde:
             ) + " It waits for one."
             answer["warnings"] = [{"code": "NoAvailableWorker", "message": answer["message"]}]
         return answer
+
+    def _remember_capacity(self, models: tuple[str, ...], cap: chat.Capacity) -> None:
+        self._capacities.pop(models, None)
+        self._capacities[models] = cap
+        if len(self._capacities) > CAPACITY_CACHE:
+            # Model names are the clients': keep only the latest sets.
+            del self._capacities[next(iter(self._capacities))]
 
     async def text_status(self, request_id: str, *, cancel: bool = False) -> dict[str, Any]:
         """The status answer; with ``cancel``, end the request (answering its state before)."""
@@ -319,6 +407,7 @@ class Horde:
                 q.cancel_request, canonical, kind, now, self.rules, posted, self.models.billions
             )
             self.signals.notify_request(canonical)
+            self.signals.end_stream(canonical, now)
         else:
             parts = await self.db.read(
                 q.request_status, canonical, kind, now, self.rules, with_position
@@ -505,20 +594,26 @@ class Horde:
         A refused chat reply is recorded on its job (a fault that follows is
         counted by it) and then refused: the refusal is raised after commit.
         """
+        key_hash = hash_key(api_key)
+        verdict: Verdict | None = None
         if isinstance(body, dict) and is_chat_submit(body):
-            sub: JobSubmit | ChatSubmit = await self._parse_chat_submit(api_key, body)
+            chat_sub = await self._parse_chat_submit(api_key, body)
+            if chat_sub.reply is not None:
+                verdict = await self._judge(key_hash, chat_sub)
+            sub: JobSubmit | ChatSubmit = chat_sub
         else:
             sub = parse_job_submit(body)
         lease = self.signals.lease(sub.id)
         now = self.clock.now()
         result = await self.db.write(
             q.submit_job,
-            hash_key(api_key),
+            key_hash,
             sub,
             now,
             self.rules,
             self.models.billions,
             lease.expires if lease else None,
+            verdict,
         )
         if result.refusal is not None:
             raise result.refusal
@@ -527,7 +622,23 @@ class Horde:
         if result.requeued:
             self.signals.notify_queue()
         self.signals.notify_request(result.request_id)
+        if result.request_ended:
+            self.signals.end_stream(result.request_id, now)
         return {"reward": result.reward}
+
+    async def _judge(self, key_hash: str, sub: ChatSubmit) -> Verdict | None:
+        """The reply judged against its job before the write transaction, so
+        that the write lock is not held while its content is parsed and
+        checked against the request's schema; None when the job is not the
+        key's chat job in progress (the transaction then refuses it)."""
+        job = await self.db.read(q.chat_job_to_judge, key_hash, sub.id)
+        if job is None:
+            return None
+        model, stored = job
+        req = ChatRequest.from_json(stored)
+        assert sub.reply is not None
+        heavy = heavy_to_judge(req, sub.reply)
+        return await run_pure(heavy, judge_chat_reply, sub.id, model, req, sub)
 
     async def _parse_chat_submit(self, api_key: str, body: dict[str, Any]) -> ChatSubmit:
         """The parsed chat submit; a malformed reply is recorded on its job

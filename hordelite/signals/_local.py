@@ -28,6 +28,54 @@ class QueueWaiter:
         self.event = anyio.Event()
 
 
+class _Shared:
+    """One event for every waiter of a key, and how many hold it."""
+
+    __slots__ = ("event", "holders")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.holders = 0
+
+
+class _Wakeups:
+    """Events by key, shared by the waiters of that key.
+
+    An event is forgotten when it is set or when its last holder leaves: a
+    waiter that stops waiting without being woken (its answer came from a
+    status read, its client left) leaves nothing behind.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, _Shared] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[anyio.Event]:
+        shared = self._events.get(key)
+        if shared is None:
+            shared = self._events[key] = _Shared()
+        shared.holders += 1
+        try:
+            yield shared.event
+        finally:
+            shared.holders -= 1
+            if shared.holders == 0 and self._events.get(key) is shared:
+                del self._events[key]
+
+    def wake(self, key: str) -> None:
+        shared = self._events.pop(key, None)
+        if shared is not None:
+            shared.event.set()
+
+    def wake_all(self) -> None:
+        events, self._events = self._events, {}
+        for shared in events.values():
+            shared.event.set()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
 class Signals(Protocol):
     def queue_waiter(self, worker: WorkerView | None) -> AbstractContextManager[QueueWaiter]:
         """Register a waiting pop for the duration of the block."""
@@ -37,8 +85,9 @@ class Signals(Protocol):
         """A job became available: for ``request``, or (None) for anyone."""
         ...
 
-    def request_waiter(self, request_id: str) -> anyio.Event:
-        """An event set when the request gets a generation or ends."""
+    def request_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
+        """An event set when the request gets a generation or ends, held for
+        the duration of the block (take it before reading the status)."""
         ...
 
     def notify_request(self, request_id: str) -> None: ...
@@ -67,12 +116,20 @@ class Signals(Protocol):
 
     def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]: ...
 
-    def progress_waiter(self, request_id: str) -> anyio.Event:
+    def progress_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         """Set at the next progress entry of the request, or when it gets a
-        generation or ends."""
+        generation or ends; held for the duration of the block."""
+        ...
+
+    def end_stream(self, request_id: str, now: float) -> None:
+        """The request ended: its progress stream goes after the retention."""
         ...
 
     def sweep_progress(self, now: float, ended_requests: list[str]) -> None: ...
+
+    def statistics(self) -> dict[str, int]:
+        """How much the backend holds, by kind (for tests and monitoring)."""
+        ...
 
 
 class LocalSignals:
@@ -87,12 +144,13 @@ class LocalSignals:
 
     def __init__(self) -> None:
         self._waiters: list[QueueWaiter] = []
-        self._requests: dict[str, anyio.Event] = {}
+        self._requests = _Wakeups()
         self._leases: dict[str, Lease] = {}
+        self._request_jobs: dict[str, set[str]] = {}  # request id -> its leased jobs
         self._ended: dict[str, float] = {}  # job id -> when its marker goes
         self._streams: dict[str, list[ProgressEntry]] = {}
-        self._stream_events: dict[str, anyio.Event] = {}
-        self._stream_ends: dict[str, float] = {}  # request id -> when it goes
+        self._stream_events = _Wakeups()
+        self._stream_ends: dict[str, float] = {}  # request id -> when its stream goes
 
     @contextmanager
     def queue_waiter(self, worker: WorkerView | None) -> Iterator[QueueWaiter]:
@@ -112,28 +170,25 @@ class LocalSignals:
                 if request is not None and waiter.worker is not None:
                     return
 
-    def request_waiter(self, request_id: str) -> anyio.Event:
-        event = self._requests.get(request_id)
-        if event is None:
-            event = self._requests[request_id] = anyio.Event()
-        return event
+    def request_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
+        return self._requests.hold(request_id)
 
     def notify_request(self, request_id: str) -> None:
-        event = self._requests.pop(request_id, None)
-        if event is not None:
-            event.set()
-        self._wake_stream(request_id)
+        self._requests.wake(request_id)
+        self._stream_events.wake(request_id)
 
     def notify_all_requests(self) -> None:
         """Wake every waiter of every request (the process is stopping)."""
-        events, self._requests = self._requests, {}
-        for event in events.values():
-            event.set()
+        self._requests.wake_all()
+        self._stream_events.wake_all()
 
     # Progress ------------------------------------------------------------
 
     def put_lease(self, lease: Lease) -> None:
         self._leases[lease.job_id] = lease
+        self._request_jobs.setdefault(lease.request_id, set()).add(lease.job_id)
+        # A new attempt of a request that is still waiting: its stream lives on.
+        self._stream_ends.pop(lease.request_id, None)
 
     def lease(self, job_id: str) -> Lease | None:
         return self._leases.get(job_id)
@@ -142,40 +197,50 @@ class LocalSignals:
         return job_id in self._ended
 
     def end_lease(self, job_id: str, now: float) -> Lease | None:
+        """End a job's lease (submit, fault, expiry). When it was the last
+        lease of its request, nothing more is appended to the request's
+        stream: the stream goes after the retention, unless the request is
+        popped again (``put_lease``)."""
         lease = self._leases.pop(job_id, None)
-        if lease is not None:
-            self._ended[job_id] = now + ENDED_MARKER_SECONDS
+        if lease is None:
+            return None
+        self._ended[job_id] = now + ENDED_MARKER_SECONDS
+        jobs = self._request_jobs.get(lease.request_id)
+        if jobs is not None:
+            jobs.discard(job_id)
+            if not jobs:
+                del self._request_jobs[lease.request_id]
+                self.end_stream(lease.request_id, now)
         return lease
 
     def request_leases(self, request_id: str) -> list[Lease]:
-        return [lease for lease in self._leases.values() if lease.request_id == request_id]
+        return [self._leases[job_id] for job_id in self._request_jobs.get(request_id, ())]
 
     def lease_ends(self) -> dict[str, float]:
         return {job_id: lease.expires for job_id, lease in self._leases.items()}
 
     def append_progress(self, request_id: str, entry: ProgressEntry) -> None:
         self._streams.setdefault(request_id, []).append(entry)
-        self._wake_stream(request_id)
+        self._stream_events.wake(request_id)
 
     def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
         return self._streams.get(request_id, [])[position:]
 
-    def progress_waiter(self, request_id: str) -> anyio.Event:
-        event = self._stream_events.get(request_id)
-        if event is None:
-            event = self._stream_events[request_id] = anyio.Event()
-        return event
+    def progress_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
+        return self._stream_events.hold(request_id)
 
-    def _wake_stream(self, request_id: str) -> None:
-        event = self._stream_events.pop(request_id, None)
-        if event is not None:
-            event.set()
+    def end_stream(self, request_id: str, now: float) -> None:
+        # Kept a while, not dropped at once: a reader a little behind (the
+        # front's relay between two reads) still gets the last entries
+        # before it reconciles with the reply.
+        if request_id in self._streams:
+            self._stream_ends.setdefault(request_id, now + STREAM_RETENTION_SECONDS)
 
     def sweep_progress(self, now: float, ended_requests: list[str]) -> None:
         """Forget what ended: leases past their end, old markers, the streams
         of requests ended a while ago (so memory stays bounded)."""
         for request_id in ended_requests:
-            self._stream_ends.setdefault(request_id, now + STREAM_RETENTION_SECONDS)
+            self.end_stream(request_id, now)
         for job_id, lease in list(self._leases.items()):
             if lease.expires < now:
                 self.end_lease(job_id, now)
@@ -186,3 +251,16 @@ class LocalSignals:
             if until < now:
                 del self._stream_ends[request_id]
                 self._streams.pop(request_id, None)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "queue_waiters": len(self._waiters),
+            "request_waiters": len(self._requests),
+            "leases": len(self._leases),
+            "leased_requests": len(self._request_jobs),
+            "ended_markers": len(self._ended),
+            "streams": len(self._streams),
+            "stream_entries": sum(len(entries) for entries in self._streams.values()),
+            "stream_waiters": len(self._stream_events),
+            "ending_streams": len(self._stream_ends),
+        }

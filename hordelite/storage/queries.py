@@ -44,9 +44,10 @@ from hordelite.contract.chat_features import (
 from hordelite.contract.chat_reply import (
     FAULT_REASONS,
     ChatSubmit,
+    Verdict,
     build_worker_chat_extras,
+    judge_chat_reply,
     output_estimate_chars,
-    verify_chat_reply,
 )
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
@@ -153,7 +154,6 @@ _JOB_WITH_REQUEST = (
         requests.c.n,
         requests.c.finished,
         requests.c.max_length.label("request_max_length"),
-        requests.c.chat,
     )
     .join(requests, requests.c.id == jobs.c.request_id)
     .where(jobs.c.id == bindparam("job_id"))
@@ -367,14 +367,18 @@ def submit_chat_request(
         first = _first_request(conn, user, operation_key, "chat", fingerprint)
         if first is not None:
             return first
-    known = set(
+    online = _online_workers(conn, now, rules)
+    new = admit(online, _known_chat_models(conn, models))
+    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
+
+
+def _known_chat_models(conn: Connection, models: Sequence[str]) -> set[str]:
+    """Which of ``models`` a worker has declared as its chat model, ever."""
+    return set(
         conn.execute(
             select(workers.c.chat_model).distinct().where(workers.c.chat_model.in_(list(models)))
         ).scalars()
     )
-    online = _online_workers(conn, now, rules)
-    new = admit(online, known)
-    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
 
 
 def _first_request(
@@ -1261,6 +1265,32 @@ def record_refusal(conn: Connection, key_hash: str, job_id: str, refusal: HordeE
     )
 
 
+def chat_job_to_judge(
+    conn: Connection, key_hash: str, job_id: str
+) -> tuple[str, dict[str, Any]] | None:
+    """The model and stored chat request of a chat job in progress that the
+    key's user's worker holds (what a reply is judged against before the
+    write transaction), or None: then submit_job refuses or judges it."""
+    row = (
+        conn.execute(
+            select(jobs.c.model, requests.c.chat)
+            .join(requests, requests.c.id == jobs.c.request_id)
+            .join(users, users.c.id == jobs.c.owner_id)
+            .where(
+                jobs.c.id == job_id,
+                jobs.c.state == "processing",
+                jobs.c.kind == "chat",
+                users.c.key_hash == key_hash,
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    return row["model"], row["chat"]
+
+
 def submit_job(
     conn: Connection,
     key_hash: str,
@@ -1269,11 +1299,14 @@ def submit_job(
     rules: Rules,
     billions: Callable[[str], float],
     lease_until: float | None = None,
+    verdict: Verdict | None = None,
 ) -> SubmitResult:
     """Store a worker's answer to a job: a text generation, a chat reply, or a fault.
 
     ``lease_until``: the end of the job's progress lease, which progress
-    posts may have extended past the stored one.
+    posts may have extended past the stored one. ``verdict``: the chat reply
+    already judged against this job outside the transaction (without it, or
+    judged against another job or model, it is judged here).
     """
     user = _user(conn, key_hash, rules)
     # Locks the job and its request (PostgreSQL), in that order.
@@ -1299,7 +1332,7 @@ def submit_job(
                 RC.ChatSubmitInvalid,
                 "This is a chat job: answer it with message, finish_reason and model_id, not generation.",
             )
-        return _accept_chat_reply(conn, job, sub, now, billions)
+        return _accept_chat_reply(conn, job, sub, now, billions, verdict)
     if isinstance(sub, ChatSubmit):
         raise HordeError(
             RC.ChatSubmitInvalid, "This is a text job: answer it with generation, not message."
@@ -1320,16 +1353,15 @@ def _accept_chat_reply(
     sub: ChatSubmit,
     now: float,
     billions: Callable[[str], float],
+    verdict: Verdict | None,
 ) -> SubmitResult:
-    assert sub.reply is not None
-    try:
-        if sub.model_id != job["model"]:
-            raise HordeError(
-                RC.ChatModelMismatch,
-                f"model_id {sub.model_id!r} is not the model this job was assigned: {job['model']!r}.",
-            )
-        reply = verify_chat_reply(ChatRequest.from_json(job["chat"]), sub.reply)
-    except HordeError as refusal:
+    if verdict is None or verdict.job_id != job["id"] or verdict.model != job["model"]:
+        chat = conn.execute(
+            select(requests.c.chat).where(requests.c.id == job["request_id"])
+        ).scalar_one()
+        verdict = judge_chat_reply(job["id"], job["model"], ChatRequest.from_json(chat), sub)
+    reply, refusal = verdict.reply, verdict.refusal
+    if refusal is not None:
         conn.execute(
             _FINISH_JOB,
             {
@@ -1339,6 +1371,7 @@ def _accept_chat_reply(
             },
         )
         return SubmitResult(0.0, job["request_id"], False, False, refusal)
+    assert reply is not None
     tokens = kudos_rules.billed_tokens(output_estimate_chars(reply), job["request_max_length"])
     values = {
         "text": reply.content,

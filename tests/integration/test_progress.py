@@ -544,3 +544,49 @@ async def test_a_slow_worker_gets_a_long_chat_job_when_no_faster_worker_is_onlin
         await env.queue(chat_body(max_tokens=max_tokens))
         job = await pop_job(slow)
         assert job["payload"]["max_length"] == max_tokens
+
+
+# Memory ------------------------------------------------------------------------------
+
+STREAM_RETENTION = 120  # an ended request's stream is kept this long for late readers
+ENDED_MARKER = 600  # an ended job's 404 ChatJobAborted marker
+
+
+async def test_the_streams_of_completed_cancelled_and_faulted_requests_are_freed(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    # max_faults 0: a fault ends the request (faulted) instead of requeueing it.
+    async with progress_horde(tmp_path, clock, max_faults=0) as env:
+        signals = env.horde.horde.signals
+        worker = await env.chat_worker("w1")
+        ended: dict[str, str] = {}
+        for outcome in ["done", "cancelled", "faulted"] * 3:
+            request_id, job = await streamed_job(env, worker)
+            assert_accepted(await progress(worker, job, 1, "Blue"), 1)
+            if outcome == "done":
+                response = await worker.submit_reply(job, text_reply("Blue."))
+                assert response.status_code == 200, response.text
+            elif outcome == "cancelled":
+                await cancel(env, request_id)
+            else:
+                response = await worker.fault(job, "backend_error")
+                assert response.status_code == 200, response.text
+            ended[request_id] = outcome
+        for request_id, outcome in ended.items():
+            status = await env.status(request_id)
+            assert status["faulted"] if outcome == "faulted" else status["done"], status
+            # Kept a while after the end for a reader still behind.
+            assert [e["content"] for e in signals.read_progress(request_id, 0)] == ["Blue"]
+        assert signals.statistics()["streams"] == len(ended)
+
+        clock.advance(STREAM_RETENTION + 1)
+        await env.horde.sweep()
+        stats = signals.statistics()
+        assert (stats["streams"], stats["stream_entries"], stats["ending_streams"]) == (0, 0, 0)
+        # The cancelled jobs' leases end at their end, then their markers go.
+        clock.advance(EXTENSION)
+        await env.horde.sweep()
+        clock.advance(ENDED_MARKER + 1)
+        await env.horde.sweep()
+        assert set(signals.statistics().values()) == {0}, signals.statistics()

@@ -22,7 +22,7 @@ import anyio
 import openai
 import pytest
 
-from hordelite.testing import FakeChatWorker
+from hordelite.testing import FakeChatWorker, ManualClock
 from tests.integration._chat_helpers import MODEL
 from tests.integration.test_front import CHAT, eventually, open_front, user
 
@@ -448,3 +448,50 @@ async def test_closing_the_stream_cancels_the_request_and_settles_the_streamed_j
         late = await worker.submit_reply(job, reply("Blue is the colour of the sky."))
         assert late.status_code == 400
         assert late.json()["rc"] == "AbortedGen"
+
+
+# Memory --------------------------------------------------------------------------------
+
+STREAM_RETENTION = 120  # an ended request's stream is kept this long for late readers
+
+
+@sdk_stream
+async def test_finished_calls_leave_no_waiters_and_their_streams_go_after_the_retention() -> None:
+    clock = ManualClock()
+    async with open_front(UNPACED, clock=clock) as front:
+        worker = await front.worker("w1")
+        client = await front.sdk()
+        signals = front.env.horde.horde.signals
+
+        async def serve() -> None:
+            job = await streamed_job(worker)
+            await post(worker, job, 1, "Blue")
+            await submit(worker, job, reply("Blue."))
+
+        calls = 3
+        for _ in range(calls):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(serve)
+                stream = await client.chat.completions.create(**body())
+                chunks = [chunk async for chunk in stream]
+            assert "".join(content_of(c) for c in chunks) == "Blue."
+
+        async def serve_whole() -> None:
+            job = await worker.pop(wait=10)
+            assert job["id"] is not None, job
+            await submit(worker, job, reply("Blue."))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve_whole)
+            answer = await client.chat.completions.create(**body(stream=False))
+            assert answer.choices[0].message.content == "Blue."
+
+        async def no_waiters() -> bool:
+            stats = signals.statistics()
+            return stats["request_waiters"] == stats["stream_waiters"] == 0
+
+        await eventually(no_waiters)
+        assert signals.statistics()["streams"] == calls
+        clock.advance(STREAM_RETENTION + 1)
+        await front.env.horde.sweep()
+        assert signals.statistics()["streams"] == 0

@@ -1,0 +1,88 @@
+"""The in-process signals hold nothing for a request once it is over: its
+progress stream goes a bounded time after its last lease ends, and a waiter
+that leaves without being woken takes its event with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from hordelite.contract.progress import Lease
+from hordelite.signals import LocalSignals, ProgressEntry
+from hordelite.signals._local import STREAM_RETENTION_SECONDS
+
+pytestmark = pytest.mark.anyio
+NOW = 1_000.0
+
+
+def lease(job_id: str, request_id: str = "r1", gen: int = 0) -> Lease:
+    return Lease.at_pop(
+        job_id=job_id,
+        request_id=request_id,
+        key_hash="k",
+        worker_id="w",
+        worker_name="w1",
+        model="m",
+        gen=gen,
+        now=NOW,
+        ttl=150,
+        trusted=False,
+        max_length=64,
+    )
+
+
+def entry(content: str, gen: int = 0) -> ProgressEntry:
+    return ProgressEntry(
+        gen=gen, seq=1, content=content, reasoning_content="", worker="w1", model="m"
+    )
+
+
+def test_a_stream_goes_after_the_retention_once_its_last_lease_ended() -> None:
+    signals = LocalSignals()
+    signals.put_lease(lease("j1"))
+    signals.append_progress("r1", entry("Blue"))
+    signals.end_lease("j1", NOW + 10)
+    signals.sweep_progress(NOW + 10 + STREAM_RETENTION_SECONDS, [])
+    assert signals.read_progress("r1", 0) == [entry("Blue")]  # kept for late readers
+    signals.sweep_progress(NOW + 11 + STREAM_RETENTION_SECONDS, [])
+    assert signals.read_progress("r1", 0) == []
+    stats = signals.statistics()
+    assert (stats["streams"], stats["ending_streams"], stats["leased_requests"]) == (0, 0, 0)
+
+
+def test_a_request_popped_again_after_a_fault_keeps_its_stream() -> None:
+    signals = LocalSignals()
+    signals.put_lease(lease("j1"))
+    signals.append_progress("r1", entry("Blue"))
+    signals.end_lease("j1", NOW)  # the first attempt faulted; the request waits
+    signals.put_lease(lease("j2", gen=1))  # another worker took it
+    signals.append_progress("r1", entry("Red", gen=1))
+    signals.sweep_progress(NOW + 2 * STREAM_RETENTION_SECONDS, [])
+    assert [e["content"] for e in signals.read_progress("r1", 0)] == ["Blue", "Red"]
+
+
+def test_a_cancelled_request_s_stream_goes_after_the_retention_though_its_lease_lives() -> None:
+    signals = LocalSignals()
+    signals.put_lease(lease("j1"))
+    signals.append_progress("r1", entry("Blue"))
+    signals.end_stream("r1", NOW)  # the cancel: the lease stays until its end
+    signals.sweep_progress(NOW + STREAM_RETENTION_SECONDS + 1, [])
+    assert signals.read_progress("r1", 0) == []
+    assert signals.lease("j1") is not None
+
+
+async def test_waiters_that_leave_unwoken_leave_no_event_and_share_one_while_they_wait() -> None:
+    signals = LocalSignals()
+    with signals.request_waiter("r1") as first, signals.request_waiter("r1") as second:
+        assert first is second
+        with signals.progress_waiter("r1") as posted:
+            assert signals.statistics()["stream_waiters"] == 1
+        assert signals.statistics()["stream_waiters"] == 0
+        assert not posted.is_set()
+    assert signals.statistics()["request_waiters"] == 0
+    with signals.request_waiter("r1") as woken:
+        signals.notify_request("r1")
+        assert woken.is_set()
+        # Woken: the next waiter gets a new event.
+        with signals.request_waiter("r1") as later:
+            assert not later.is_set()
+    assert signals.statistics()["request_waiters"] == 0
