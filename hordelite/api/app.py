@@ -12,6 +12,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from hordelite.api.native import json_response, native
+from hordelite.contract.json_body import check_text
 from hordelite.errors import RC, HordeError, StorageUnavailable
 from hordelite.front._errors import error_response
 from hordelite.front.openai import Admission, front
@@ -47,9 +48,22 @@ def create_app(horde: Horde, backend: str = "trio") -> Quart:
     app.config["MAX_CONTENT_LENGTH"] = horde.config.server.max_body_bytes
     # Quart answers 408 itself when a body does not arrive in time.
     app.config["BODY_TIMEOUT"] = 60
+    # Werkzeug answers a path with '//' by an HTML redirect to the merged
+    # path; every answer here is JSON, so such a path is simply not found.
+    app.url_map.merge_slashes = False
     app.register_blueprint(native)
     app.register_blueprint(front)
     app.config["FRONT_ADMISSION"] = Admission(horde.config.front)
+
+    @app.before_request
+    async def _check_url() -> None:
+        # Path segments and query values are text like a body's strings:
+        # a NUL or a surrogate half is refused here, before any route.
+        for name, value in (request.view_args or {}).items():
+            if isinstance(value, str):
+                check_text(name, value)
+        for name, value in request.args.items(multi=True):
+            check_text(name, value)
 
     @app.errorhandler(HordeError)
     async def _horde_error(exc: HordeError) -> Response:

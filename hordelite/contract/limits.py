@@ -21,6 +21,9 @@ MAX_NAME: Final = 255
 MAX_STOP_SEQUENCES: Final = 128
 MAX_STOP_SEQUENCE_CHARS: Final = 1000
 MAX_POP_THREADS: Final = 50
+# JSON bodies nest at most this deep: a chat request with a JSON schema in
+# its response_format or tools needs about 20; past this a body is hostile.
+MAX_JSON_DEPTH: Final = 64
 
 # Chat request bounds.
 MAX_CHAT_MESSAGES: Final = 4096

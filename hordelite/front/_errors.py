@@ -60,11 +60,19 @@ def envelope(exc: HordeError, metadata: dict[str, Any] | None = None) -> dict[st
         "error": {
             "message": exc.message,
             "type": kind,
-            "param": exc.extra.get("param"),
+            "param": exc.extra.get("param") or _named_field(exc),
             "code": exc.rc.name,
             "metadata": meta or None,
         }
     }
+
+
+def _named_field(exc: HordeError) -> str | None:
+    """The field a validation failure names (bad_request's ``errors`` map)."""
+    errors = exc.extra.get("errors")
+    if isinstance(errors, dict) and len(errors) == 1:
+        return str(next(iter(errors)))
+    return None
 
 
 def error_response(

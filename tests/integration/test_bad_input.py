@@ -422,3 +422,146 @@ async def test_a_non_uuid_job_id_on_submit_is_404_InvalidJobID() -> None:
         assert r.status_code == 404, r.text
         assert r.json()["rc"] == "InvalidJobID"
         await scene.assert_unchanged()
+
+
+# Text no route accepts: a surrogate half or NUL in any string --------------------
+
+# Stands in a valid body where the hostile escape goes, so that the bytes sent
+# carry the escape exactly as an attacker writes it.
+MARK = "@@MARK@@"
+BAD_TEXT = [
+    pytest.param(rb"\ud800", id="high-half"),
+    pytest.param(rb"\udfff", id="low-half"),
+    pytest.param(rb"\u0000", id="nul"),
+]
+STRING_FIELDS = [
+    pytest.param("async", {"prompt": MARK}, "prompt", id="async-prompt"),
+    pytest.param("async", {"models": [MARK]}, "models.0", id="async-model"),
+    pytest.param(
+        "async",
+        {"params": {"stop_sequence": [MARK]}},
+        "params.stop_sequence.0",
+        id="async-stop_sequence",
+    ),
+    pytest.param("pop", {"name": MARK}, "name", id="pop-name"),
+    pytest.param("pop", {"models": [MARK]}, "models.0", id="pop-model"),
+    pytest.param("pop", {"bridge_agent": MARK}, "bridge_agent", id="pop-bridge_agent"),
+    pytest.param("submit", {"generation": MARK}, "generation", id="submit-generation"),
+    pytest.param("worker", {"info": MARK}, "info", id="worker-info"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_TEXT)
+@pytest.mark.parametrize(("route", "overrides", "field"), STRING_FIELDS)
+async def test_a_string_with_a_surrogate_half_or_nul_is_refused_with_400_naming_it(
+    route: str, overrides: dict[str, Any], field: str, bad: bytes
+) -> None:
+    async with open_scene(ROUTES[route].scene) as scene:
+        body = with_overrides(ROUTES[route].valid_body(scene), overrides)
+        r = await ROUTES[route].send(scene, body.replace(MARK.encode(), b"x" + bad))
+        assert_names_field(r, 400, "BadRequest", field)
+        await scene.assert_unchanged()
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_raw_surrogate_bytes_are_refused_with_400_naming_the_body(route: str) -> None:
+    async with open_scene(ROUTES[route].scene) as scene:
+        body = json.dumps(ROUTES[route].valid_body(scene))[:-1] + ', "x": "@"}'
+        r = await ROUTES[route].send(scene, body.encode().replace(b"@", b"\xed\xa0\x80"))
+        assert_names_field(r, 400, "BadRequest", "body")
+        await scene.assert_unchanged()
+
+
+@pytest.mark.parametrize("depth", [1_000, 200_000])
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_a_deeply_nested_body_is_refused_with_400_not_a_500(route: str, depth: int) -> None:
+    async with open_scene(ROUTES[route].scene) as scene:
+        r = await ROUTES[route].send(scene, b"[" * depth + b"]" * depth)
+        assert_names_field(r, 400, "BadRequest", "body")
+        await scene.assert_unchanged()
+
+
+@pytest.mark.parametrize("seed", [b"Infinity", b"-Infinity", b"1e400", b"NaN"])
+@pytest.mark.parametrize("job", ["leased", "unknown"])
+async def test_a_non_finite_seed_on_submit_is_refused_with_400_naming_it(
+    seed: bytes, job: str
+) -> None:
+    route = ROUTES["submit"]
+    async with open_scene(route.scene) as scene:
+        body = route.valid_body(scene)
+        if job == "unknown":
+            body["id"] = str(uuid.uuid4())
+        raw = json.dumps({**body, "seed": MARK}).encode().replace(b'"' + MARK.encode() + b'"', seed)
+        r = await route.send(scene, raw)
+        assert_names_field(r, 400, "BadRequest", "seed")
+        await scene.assert_unchanged()
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/api/v2/workers/name/%00", "name"),
+        ("/api/v2/workers/name/a%00b", "name"),
+        ("/api/v2/generate/text/status/%00", "request_id"),
+        ("/api/v2/generate/chat/status/%00", "request_id"),
+        ("/api/v2/users/%00", "user_id"),
+        ("/api/v2/workers?type=%00", "type"),
+    ],
+)
+async def test_nul_in_a_path_or_query_is_refused_with_400_naming_it(path: str, field: str) -> None:
+    async with open_scene("registered") as scene:
+        r = await scene.client.get(path)
+        assert_names_field(r, 400, "BadRequest", field)
+        await scene.assert_unchanged()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v2//workers",
+        "/api/v2/%2F..%2Fworkers",
+        "/api/v2/generate/text/status/%2F..%2F",
+        "/api/v2/workers/name/a%2F%2Fb",
+        "//api/v2/status/heartbeat",
+    ],
+)
+async def test_a_path_with_doubled_slashes_is_answered_in_json_not_redirected(path: str) -> None:
+    async with open_scene("empty") as scene:
+        r = await scene.client.get(path)
+        assert r.status_code == 404, r.text
+        assert r.headers["content-type"].split(";")[0] == "application/json"
+        assert r.json()["rc"] in ("NotFound", "RequestNotFound", "WorkerNotFound")
+
+
+CHAT_BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 16,
+    "stop": [MARK],
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "stop_field"),
+    [("/api/v2/generate/chat/async", "stop.0"), ("/v1/chat/completions", "stop.0")],
+)
+async def test_requests_with_a_surrogate_stop_cannot_reach_a_worker(
+    path: str, stop_field: str
+) -> None:
+    """Ten anonymous requests whose stop a worker cannot encode are each refused
+    with 400 naming the stop; nothing is queued, so no worker can fault on them."""
+    async with open_scene("registered") as scene:
+        raw = json.dumps(CHAT_BODY).encode().replace(MARK.encode(), rb"\ud800")
+        for _ in range(10):
+            r = await scene.client.post(
+                path,
+                content=raw,
+                headers={"apikey": "0000000000", "Content-Type": "application/json"},
+            )
+            assert r.status_code == 400, r.text
+            answer = r.json()
+            if path.startswith("/v1"):
+                assert answer["error"]["param"] == stop_field, answer
+            else:
+                assert stop_field in answer["message"], answer
+        await scene.assert_unchanged()
