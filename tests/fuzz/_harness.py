@@ -176,6 +176,7 @@ class Fuzzer:
         self.known_ids: set[str] = set()
         self.failures: dict[str, list[str]] = {}
         self.errors = ServerErrors()
+        self.previous = ""  # the last case sent on the kept-alive connection
         logging.getLogger("hordelite").addHandler(self.errors)
         # The workers every scene needs: one per purpose, all bob's.
         self.check_in_workers()
@@ -273,13 +274,19 @@ class Fuzzer:
             return None  # the client refuses to send it: not a case
         except httpx.TimeoutException:
             CASES[self.label] += 1
-            self.fail("no answer in time", method, path, f"body={content!r:.300}")
+            self.fail(
+                "no answer in time",
+                method,
+                path,
+                f"{path[:200]} body={content!r:.200}, sent after: {self.previous}",
+            )
             self.renew_connection()
             return None
         finally:
             if fresh_connection:
                 client.close()
         CASES[self.label] += 1
+        self.previous = f"{method} {path[:200]} body={content!r:.100} -> {response.status_code}"
         answer = self.check(response, method, path, content, field, accepted)
         if answer is None or (
             response.status_code in (404, 405, 413)
@@ -305,7 +312,7 @@ class Fuzzer:
         accepted: tuple[int, ...],
     ) -> Answer | None:
         status = response.status_code
-        detail = f"field={field} body={content!r:.300} -> {status} {response.text[:300]}"
+        detail = f"{path[:120]} field={field} body={content!r:.300} -> {status} {response.text[:300]}"
         if status >= 500:
             rc = _rc_of(response)
             self.fail(f"{status} {rc} ({self.errors.take()})", method, path, detail)
@@ -320,7 +327,8 @@ class Fuzzer:
             return None
         if status in accepted:
             return Answer(status, body, None, None)
-        rc, message, named = _refusal(path, body)
+        # httpx may have normalised the path ("/v1/.." is "/"): the envelope is the sent path's.
+        rc, message, named = _refusal(response.request.url.path, body)
         if not (400 <= status < 500 and isinstance(rc, str) and isinstance(message, str)):
             self.fail(f"{status} not an error envelope", method, path, detail)
             return None
