@@ -312,7 +312,9 @@ class Fuzzer:
         accepted: tuple[int, ...],
     ) -> Answer | None:
         status = response.status_code
-        detail = f"{path[:120]} field={field} body={content!r:.300} -> {status} {response.text[:300]}"
+        detail = (
+            f"{path[:120]} field={field} body={content!r:.300} -> {status} {response.text[:300]}"
+        )
         if status >= 500:
             rc = _rc_of(response)
             self.fail(f"{status} {rc} ({self.errors.take()})", method, path, detail)
@@ -444,7 +446,11 @@ def _names(named: str | None, message: str, field: str) -> bool:
     field = _INDEX.sub(r".\1", field)
     if named is not None:
         named = _INDEX.sub(r".\1", named)
-        if named in ("body", field) or named.startswith(field + ".") or field.startswith(named + "."):
+        if (
+            named in ("body", field)
+            or named.startswith(field + ".")
+            or field.startswith(named + ".")
+        ):
             return True
     message = _INDEX.sub(r".\1", message)
     steps = field.split(".")
@@ -559,8 +565,9 @@ _json_values = st.recursive(
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -728,4 +735,3 @@ def running_fuzzer(backend: str, database: str | None, label: str) -> Iterator[F
             yield fuzzer
         finally:
             fuzzer.close()
-

@@ -19,6 +19,7 @@ from tests.fuzz._harness import (
     CHAT_MODEL,
     CORE_FRAGMENTS,
     IDLE_MODEL,
+    STREAM_MODEL,
     TEXT_MODEL,
     Answer,
     Batch,
@@ -96,6 +97,24 @@ def submit_body(job_id: str) -> dict[str, Any]:
         "state": "ok",
         "seed": 1,
         "gen_metadata": [{"type": "information", "value": "fuzz"}],
+    }
+
+
+def chat_submit_body(job_id: str) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "model_id": STREAM_MODEL,
+        "state": "ok",
+        "message": {
+            "role": "assistant",
+            "content": "One, two, three.",
+            "reasoning_content": "Counting.",
+        },
+        "finish_reason": "stop",
+        "native_finish_reason": "stop",
+        "prompt_tokens": 5,
+        "completion_tokens": 4,
+        "reasoning_tokens": 1,
     }
 
 
@@ -222,6 +241,27 @@ def test_submit_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
         examples=EXAMPLES,
         min_cases=EXAMPLES * PER_EXAMPLE,
         systematic=sweep(submit_body(NO_JOB)),
+    )
+
+
+def test_chat_submit_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
+    def case(batch: Batch, changes: list[Mutation]) -> None:
+        job_id = fuzzer.leased_job(batch, stream=True)
+        for change in changes:
+            content, field = change.apply(chat_submit_body(job_id))
+            field = None if batch.settled else field
+            answer = post(
+                fuzzer, "POST", "/api/v2/generate/text/submit", fuzzer.bob, content, field=field
+            )
+            if answer is not None and answer.rc is None:
+                batch.settled = True
+
+    fuzzer.explore(
+        mutation_lists(chat_submit_body(NO_JOB)),
+        case,
+        examples=EXAMPLES // 2,
+        min_cases=EXAMPLES // 2 * PER_EXAMPLE,
+        systematic=sweep(chat_submit_body(NO_JOB)),
     )
 
 
@@ -378,9 +418,7 @@ SEGMENTS = [
 
 segments = st.one_of(
     st.sampled_from(SEGMENTS),
-    st.text(st.characters(codec="utf-8"), min_size=1, max_size=30).map(
-        lambda s: quote(s, safe="")
-    ),
+    st.text(st.characters(codec="utf-8"), min_size=1, max_size=30).map(lambda s: quote(s, safe="")),
     st.binary(min_size=1, max_size=12).map(lambda b: quote(b, safe="")),
 )
 
