@@ -37,6 +37,7 @@ from hordelite.contract.text import (
     parse_pop_request,
     parse_text_request,
 )
+from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError
 from hordelite.horde import chat
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
@@ -87,6 +88,16 @@ def new_text_request(
 def _fingerprint(data: Any) -> str:
     raw = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _scoped_operation_key(api_key: str, operation_key: str | None) -> str | None:
+    """The operation key a submit is stored under: None for the anonymous user.
+
+    Keys are scoped to the user, and every anonymous caller is the same
+    user: a key would let one anonymous caller get another's request (or
+    its 409) back by guessing or reusing the key, so it is ignored there.
+    """
+    return None if api_key == ANONYMOUS_API_KEY else operation_key
 
 
 def hash_key(api_key: str) -> str:
@@ -176,13 +187,14 @@ class Horde:
         """Queue a text request; answers the 202 body (or the dry-run quote).
 
         A resubmit with the same ``operation_key`` (Idempotency-Key) answers
-        the first request again and queues and charges nothing.
+        the first request again and queues and charges nothing (ignored for
+        the anonymous user).
         """
         req = parse_text_request(body)
         if req.dry_run:
             await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
             return {"kudos": self.quote(req)}
-        new = self._new_text(req, operation_key)
+        new = self._new_text(req, _scoped_operation_key(api_key, operation_key))
         submitted = await self._submit(api_key, new, client_agent)
         answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
         warnings = []
@@ -238,6 +250,7 @@ class Horde:
         changed since); otherwise admission (horde.chat.admit) and queueing.
         """
         fingerprint = req.fingerprint()
+        operation_key = _scoped_operation_key(api_key, operation_key)
 
         def admit(online: list[WorkerView], known: set[str]) -> q.NewRequest:
             return chat.admit(req, online, known, self.models, operation_key)
@@ -385,6 +398,7 @@ class Horde:
         (or the only one, without ``wait``) also counts what was skipped.
         """
         pop = parse_pop_request(body, self.config.horde.max_pop_wait)
+        worker_name_key(pop.name)  # a name no worker can have is refused before the key is read
         key_hash = hash_key(api_key)
         deadline = anyio.current_time() + pop.wait
         worker: WorkerView | None = None
@@ -585,12 +599,22 @@ class Horde:
 
     async def worker(self, worker_id: str) -> dict[str, Any]:
         canonical = parse_uuid(worker_id)
-        if canonical is None:
+        row = None if canonical is None else await self.db.read(q.worker_details, canonical)
+        if row is None:
             raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
-        return self._render_worker(await self.db.read(q.worker_details, canonical))
+        return self._render_worker(row)
 
     async def worker_by_name(self, name: str) -> dict[str, Any]:
-        return self._render_worker(await self.db.read(q.worker_details, None, name[:255]))
+        """The worker whose name has the same key (``worker_name_key``): any
+        case or look-alike spelling of its name finds it."""
+        try:
+            key = worker_name_key(name)
+        except HordeError:
+            key = None  # no worker can be named so (a control character, say)
+        row = None if key is None else await self.db.read(q.worker_details, None, key)
+        if row is None:
+            raise HordeError(RC.WorkerNotFound, f"No worker named {name[:64]!r}.")
+        return self._render_worker(row)
 
     async def workers(self) -> list[dict[str, Any]]:
         rows = await self.db.read(q.list_workers, self.clock.now(), self.rules)

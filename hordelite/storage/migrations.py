@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, func, insert, inspect, select, update
 
+from hordelite.contract.unicode_rules import MAX_NAME_KEY, fold_name
 from hordelite.storage import schema
 
 
@@ -76,7 +77,41 @@ def _v3(conn: Connection) -> None:
     _recreate_index(conn, "ix_requests_order")
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3]
+def _v4(conn: Connection) -> None:
+    # Worker names compared by a normalised key (NFKC, case-folded) with a
+    # unique index. Names stored before may share a key ("Alice" and
+    # "ALICE"): the oldest worker keeps it, and each later one gets a key no
+    # name can fold to (a control character, which names may not hold,
+    # before its id), so every row stays, reachable by its id.
+    _add_missing_columns(conn)
+    rows = conn.execute(
+        select(schema.workers.c.id, schema.workers.c.name)
+        .where(schema.workers.c.name_key.is_(None))
+        .order_by(schema.workers.c.created, schema.workers.c.id)
+    ).all()
+    taken = set(
+        conn.execute(
+            select(schema.workers.c.name_key).where(schema.workers.c.name_key.is_not(None))
+        ).scalars()
+    )
+    for worker_id, name in rows:
+        key = fold_name(name)
+        if key in taken or not key or len(key) > MAX_NAME_KEY:
+            key = f"{_RETIRED}{worker_id}"
+        taken.add(key)
+        conn.execute(
+            update(schema.workers).where(schema.workers.c.id == worker_id).values(name_key=key)
+        )
+    conn.exec_driver_sql(
+        "CREATE UNIQUE INDEX IF NOT EXISTS ux_workers_name_key ON workers (name_key)"
+    )
+
+
+# The prefix of a name key no pop can reach (names refuse control characters).
+_RETIRED = "\x1f"
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4]
 LATEST = len(MIGRATIONS)
 
 

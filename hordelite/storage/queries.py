@@ -53,6 +53,7 @@ from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, s
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
 from hordelite.contract.progress import streams_progress
 from hordelite.contract.text import JobSubmit, PopRequest
+from hordelite.contract.unicode_rules import unsendable, worker_name_key
 from hordelite.errors import RC, HordeError
 from hordelite.storage.schema import (
     jobs,
@@ -79,7 +80,7 @@ _ALL_FEATURE_BITS = (
 # with bind parameters: SQLAlchemy then only binds values, which halves the
 # cost of each statement against building it anew.
 _USER_BY_KEY = select(users).where(users.c.key_hash == bindparam("key_hash"))
-_WORKER_BY_NAME = select(workers).where(workers.c.name == bindparam("name"))
+_WORKER_BY_KEY = select(workers).where(workers.c.name_key == bindparam("name_key"))
 _INSERT_JOB = insert(jobs)
 _INSERT_QUEUE = insert(queue)
 _INSERT_REQUEST = insert(requests)
@@ -738,19 +739,25 @@ def online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerVie
     return _online_workers(conn, now, rules)
 
 
-def _validate_worker(conn: Connection, user: RowMapping, pop: PopRequest) -> RowMapping | None:
+def _validate_worker(
+    conn: Connection, user: RowMapping, pop: PopRequest, name_key: str
+) -> RowMapping | None:
     """The worker row for this pop's name, or None on its first pop.
 
-    A worker name belongs to the user who first popped with it. Read without
-    a lock: the row is updated after the claim (``_touch_worker``), so a pop
-    locks its request before its worker, in the order submits take them.
+    A worker name belongs to the user who first popped with it; names are
+    compared by their key, so "ALICE" is the worker first named "Alice", and
+    another user's look-alike of a name is that name. Read without a lock:
+    the row is updated after the claim (``_touch_worker``), so a pop locks
+    its request before its worker, in the order submits take them.
     """
-    row = conn.execute(_WORKER_BY_NAME, {"name": pop.name}).mappings().first()
+    row = conn.execute(_WORKER_BY_KEY, {"name_key": name_key}).mappings().first()
     if row is None:
         return None
     if row["user_id"] != user["id"]:
         raise HordeError(
-            RC.WrongCredentials, f"The worker name {pop.name!r} belongs to another user."
+            RC.WrongCredentials,
+            f"The worker name {pop.name!r} belongs to another user"
+            + (f" (as {row['name']!r})." if row["name"] != pop.name else "."),
         )
     if row["maintenance"]:
         raise HordeError(
@@ -809,27 +816,24 @@ def update_worker(
             changes["aborts_in_window"] = 0
     if changes:
         conn.execute(update(workers).where(workers.c.id == worker_id).values(**changes))
-    return {} if maintenance is None else {"maintenance": maintenance}
+    # The answer lists what changed: clearing maintenance also reset the count.
+    return changes
 
 
 def worker_details(
-    conn: Connection, worker_id: str | None = None, name: str | None = None
-) -> RowMapping:
+    conn: Connection, worker_id: str | None = None, name_key: str | None = None
+) -> RowMapping | None:
+    """A worker with its owner's trust and name, by id or by name key; None
+    when there is none."""
     q = select(workers, users.c.trusted, users.c.username).join(
         users, users.c.id == workers.c.user_id
     )
     q = (
         q.where(workers.c.id == worker_id)
         if worker_id is not None
-        else q.where(workers.c.name == name)
+        else q.where(workers.c.name_key == name_key)
     )
-    row = conn.execute(q).mappings().first()
-    if row is None:
-        raise HordeError(
-            RC.WorkerNotFound,
-            f"No worker {'with id ' + worker_id if worker_id else 'named ' + repr(name)}.",
-        )
-    return row
+    return conn.execute(q).mappings().first()
 
 
 def list_workers(conn: Connection, now: float, rules: Rules) -> Sequence[RowMapping]:
@@ -879,12 +883,19 @@ def pop_job(
     user = _user(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
-    row = _validate_worker(conn, user, pop)
+    name_key = worker_name_key(pop.name)
+    row = _validate_worker(conn, user, pop, name_key)
     if row is None:
         # First pop: the worker exists (and is online) from this transaction.
-        values = {"id": str(uuid.uuid4()), "name": pop.name, "user_id": user["id"], "created": now}
+        values = {
+            "id": str(uuid.uuid4()),
+            "name": pop.name,
+            "name_key": name_key,
+            "user_id": user["id"],
+            "created": now,
+        }
         conn.execute(insert(workers).values(**values, **_declaration(pop, now)))
-        row = conn.execute(_WORKER_BY_NAME, {"name": pop.name}).mappings().one()
+        row = conn.execute(_WORKER_BY_KEY, {"name_key": name_key}).mappings().one()
         fresh = True
     else:
         fresh = False
@@ -1414,12 +1425,22 @@ def _fault_job(
     horde's, and such faults must not lead to maintenance. The message the
     client will read is the refusal's when the worker reports reply_refused,
     else the fixed sentence of its reason.
+
+    A request holding text no worker can send to its backend (``unsendable``:
+    a lone surrogate, stored before the boundary refused them) ends faulted
+    at its first fault, and the fault is not the worker's abort: the horde
+    finds the cause in the request itself, without trusting the worker's
+    reason, which never changes how a fault counts.
     """
     conn.execute(
         update(jobs)
         .where(jobs.c.id == job["id"])
         .values(state="faulted", submitted=now, gen_state="faulted", fault_reason=reason)
     )
+    req = _get_request(conn, job["request_id"], job["kind"])
+    if _holds_unsendable(req):
+        _fault_request(conn, req, now, _UNSENDABLE)
+        return SubmitResult(0.0, req["id"], True, False)
     if job["refusal_rc"] == RC.ChatSubmitNonconformant.name:
         conn.execute(
             update(workers)
@@ -1434,12 +1455,32 @@ def _fault_job(
         message = FAULT_REASONS[reason]
     else:
         message = _NO_REASON
-    req = _get_request(conn, job["request_id"], job["kind"])
     requeued, ended = _give_back(conn, req, now, rules, faulted=True, message=message)
     return SubmitResult(0.0, req["id"], ended, requeued)
 
 
+def _holds_unsendable(req: RowMapping) -> bool:
+    """The request's text or parameters hold what no worker can encode."""
+    return unsendable([req["prompt"], req["params"], req["chat"]]) is not None
+
+
+def _fault_request(conn: Connection, req: RowMapping, now: float, message: str) -> None:
+    """End a waiting request faulted at once, with ``message`` as its fault."""
+    if req["state"] != "waiting":
+        return
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == req["id"])
+        .values(faults=req["faults"] + 1, fault_rc=RC.ChatWorkerFault.name, fault_message=message)
+    )
+    _end_request(conn, req["id"], "faulted", now)
+
+
 _NO_REASON = "A worker could not serve this request and gave no reason."
+_UNSENDABLE = (
+    "This request holds text that is not valid Unicode (a lone surrogate) or a number "
+    "JSON cannot carry, which no worker can send to its backend."
+)
 _LEASE_EXPIRED = "A worker took this request and did not answer before its job's lease ran out."
 
 

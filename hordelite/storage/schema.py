@@ -59,7 +59,13 @@ workers = Table(
     "workers",
     metadata,
     Column("id", String(36), primary_key=True),
+    # The name as first popped with, shown everywhere.
     Column("name", String(255), nullable=False, unique=True),
+    # What names are compared by (hordelite.contract.unicode_rules.worker_name_key):
+    # names that differ only in case or look-alike characters are one worker.
+    # Set on every insert; nullable only because migration 4 added it to
+    # tables that had rows (it fills them in).
+    Column("name_key", String(255), nullable=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False, index=True),
     Column("bridge_agent", String(1000), nullable=False, default=""),
     Column("models", JSON, nullable=False),
@@ -86,6 +92,7 @@ workers = Table(
     Column("chat_model", String(255), nullable=True, index=True),
     Column("prompt_jobs", Boolean, nullable=False, default=True, server_default=true()),
     Column("nonconformant_replies", Integer, nullable=False, default=0, server_default="0"),
+    Index("ux_workers_name_key", "name_key", unique=True),
 )
 
 requests = Table(

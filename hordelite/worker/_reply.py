@@ -4,6 +4,7 @@ Pure functions, no I/O (004 steps 2, 6 and 7):
 
 - ``chat_completion_body`` / ``text_completion_body``: the OpenAI-compatible
   request for a job, every sampling field applied as sent;
+- ``check_sendable``: whether that request can be encoded at all;
 - ``split_reasoning``: a ``<think>`` block split off the content;
 - ``finish_reason``: the backend's reason mapped onto the four accepted;
 - ``chat_reply_fields``: the structured submit of a backend's message;
@@ -21,6 +22,7 @@ from typing import Any
 
 from hordelite.contract.chat_reply import FINISH_REASONS
 from hordelite.contract.limits import MAX_NATIVE_FINISH_REASON, MAX_REPORTED_TOKENS
+from hordelite.contract.unicode_rules import unsendable
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -106,6 +108,22 @@ def text_completion_body(payload: Mapping[str, Any], model: str, kind: str) -> d
         body["stop"] = list(payload["stop_sequence"])
     body.update(backend_samplers(kind, payload))
     return body
+
+
+class UnsendableJob(Exception):
+    """A job whose backend request cannot be encoded as UTF-8 JSON: a lone
+    surrogate in its text, say, or a number JSON cannot carry. No backend can
+    be sent it, so it is the request's doing, not the backend's."""
+
+
+def check_sendable(body: Mapping[str, Any]) -> None:
+    """Raise UnsendableJob unless ``body`` encodes as the backend client
+    will send it (JSON in UTF-8, no NaN or infinity)."""
+    try:
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (ValueError, TypeError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        where = unsendable(body) or "the backend request"
+        raise UnsendableJob(f"{where} cannot be sent as UTF-8 JSON ({exc})") from None
 
 
 def split_reasoning(text: str, *, final: bool = True) -> tuple[str, str]:

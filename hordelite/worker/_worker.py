@@ -35,8 +35,10 @@ from hordelite.worker._horde import (
 from hordelite.worker._progress import ProgressPoster
 from hordelite.worker._reply import (
     StreamedChat,
+    UnsendableJob,
     chat_completion_body,
     chat_reply_fields,
+    check_sendable,
     reported_counts,
     text_completion_body,
 )
@@ -64,8 +66,9 @@ class WorkerStatistics:
     pops: int  # pops the horde answered
     jobs: int  # jobs received
     done: int  # replies the horde accepted
-    faulted: int  # jobs faulted: overflow, backend failure, shutdown
+    faulted: int  # jobs faulted: overflow, backend failure, unsendable payload, shutdown
     overflows: int  # of which with prompt_overflow
+    unsendable: int  # of which could not be encoded for the backend (unsupported_input)
     refused: int  # replies the horde refused, then faulted with reply_refused
     cancelled: int  # streamed jobs the client cancelled (nothing submitted)
     aborted: int  # jobs that had ended on the horde when submitted
@@ -204,6 +207,7 @@ class Worker:
             done=c["done"],
             faulted=c["faulted"],
             overflows=c["overflows"],
+            unsendable=c["unsendable"],
             refused=c["refused"],
             cancelled=c["cancelled"],
             aborted=c["aborted"],
@@ -288,14 +292,15 @@ class Worker:
     def _log_summary(self, title: str) -> None:
         s = self.statistics()
         log.info(
-            "%s: %d jobs (%d done, %d faulted of which %d prompt_overflow, %d refused, "
-            "%d cancelled, %d aborted, %d lost), %d tokens, %.1f kudos; "
+            "%s: %d jobs (%d done, %d faulted of which %d prompt_overflow and %d unsendable, "
+            "%d refused, %d cancelled, %d aborted, %d lost), %d tokens, %.1f kudos; "
             "%d horde errors, %d backend errors%s",
             title,
             s.jobs,
             s.done,
             s.faulted,
             s.overflows,
+            s.unsendable,
             s.refused,
             s.cancelled,
             s.aborted,
@@ -322,7 +327,13 @@ class Worker:
                 finally:
                     self._pop_scopes.discard(scope)
             if job is not None:
-                await self._serve(job)
+                try:
+                    await self._serve(job)
+                except Exception:
+                    # Whatever a job holds, the loop pops on: _run faults
+                    # what it cannot serve, and a job that fails even its
+                    # fault (a horde answering nonsense) is left to its lease.
+                    log.exception("job %r: could not be served or faulted", job.get("id"))
 
     async def _backend_ready(self) -> None:
         """Return at once while the backend is up; after a failure, once it
@@ -428,6 +439,11 @@ class Worker:
             # it rather than trimming it: the reason holds.
             overflow = exc.code == "context_length_exceeded"
             await self._fault(run, "prompt_overflow" if overflow else None)
+        except UnsendableJob as exc:
+            # The request's text, not the backend: fault it once with the
+            # reason for an input the worker cannot process, and pop on.
+            log.warning("job %s: %s; faulted with unsupported_input", run.id, exc)
+            await self._fault(run, "unsupported_input")
         except HordeUnavailable as exc:
             log.warning("job %s: the horde did not answer its submit in time: %s", run.id, exc)
             run.settle("lost")
@@ -443,6 +459,7 @@ class Worker:
         assert self.declaration is not None
         d = self.declaration
         body = text_completion_body(run.payload, d.backend_model, d.backend_kind)
+        check_sendable(body)
         answer = await self._backend.complete(body)
         choice = _first_choice(answer)
         run.tokens = reported_counts(answer.get("usage")).get("completion_tokens")
@@ -456,6 +473,7 @@ class Worker:
         assert self.declaration is not None
         d = self.declaration
         body = chat_completion_body(run.payload, d.backend_model, d.backend_kind)
+        check_sendable(body)
         if await self._overflows(run, body):
             return
         if run.payload.get("stream_progress"):
@@ -629,6 +647,8 @@ class Worker:
             body["generation"] = ""
         if reason == "prompt_overflow":
             self._counts["overflows"] += 1
+        elif reason == "unsupported_input":
+            self._counts["unsendable"] += 1
         outcome = outcome or (f"faulted ({reason})" if reason else "faulted")
         try:
             await self._submit(run, body)

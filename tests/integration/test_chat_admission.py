@@ -230,6 +230,19 @@ async def test_a_different_body_under_a_used_idempotency_key_is_refused_with_409
         await pop_nothing(worker)
 
 
+async def test_anonymous_chat_submits_under_one_idempotency_key_are_separate_requests() -> None:
+    async with open_chat_horde() as env:
+        await env.chat_worker("w")
+        key = {"Idempotency-Key": "op-1"}
+        colour = await env.queue(chat_body("Name one colour."), key="0000000000", headers=key)
+        animal = await env.queue(chat_body("Name one animal."), key="0000000000", headers=key)
+        again = await env.queue(chat_body("Name one animal."), key="0000000000", headers=key)
+        assert len({colour, animal, again}) == 3
+        first = await env.queue(chat_body("Name one colour."), headers=key)
+        assert await env.queue(chat_body("Name one colour."), headers=key) == first
+        assert first != colour
+
+
 # Limits shared with text requests --------------------------------------------------
 
 

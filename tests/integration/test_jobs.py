@@ -201,6 +201,50 @@ async def test_a_worker_name_first_used_by_another_user_is_refused_with_WrongCre
             assert_refused(response, 403, "WrongCredentials")
 
 
+async def test_worker_names_that_differ_only_in_case_or_look_alikes_are_one_worker_shown_as_first_sent() -> (
+    None
+):
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        alice = await horde.create_key("alice")
+        mallory = await horde.create_key("mallory")
+        async with FakeTextWorker(horde.url, alice, name="Alice", models=["m1"]) as worker:
+            await worker.pop()
+            first = (await client.get("/api/v2/workers/name/Alice")).json()
+            # The same user popping under another spelling is the same worker.
+            for spelling in ("ALICE", "alice", "\uff21lice", "Al\u200dice", "A\u200blice"):
+                body = {**worker.pop_body(), "name": spelling}
+                answer = await worker.client.post("/generate/text/pop", json=body)
+                assert answer.status_code == 200, (spelling, answer.text)
+            listed = (await client.get("/api/v2/workers")).json()
+            assert [(w["id"], w["name"]) for w in listed] == [(first["id"], "Alice")]
+            # Any spelling finds it by name.
+            for spelling in ("ALICE", "\uff41\uff4c\uff49\uff43\uff45", "ali\u2060ce"):
+                found = await client.get(f"/api/v2/workers/name/{spelling}")
+                assert found.status_code == 200, (spelling, found.text)
+                assert found.json()["id"] == first["id"]
+                assert found.json()["name"] == "Alice"
+            # Another user's look-alike of the name is the taken name.
+            body = {**worker.pop_body(), "name": "\uff41LICE"}
+            taken = await client.post(POP, headers={"apikey": mallory}, json=body)
+            assert_refused(taken, 403, "WrongCredentials")
+            assert "'Alice'" in taken.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "name", ["a\u0000b", "tab\there", "bell\u0007", "c1\u0085end", "\u200d\u200b"]
+)
+async def test_a_worker_name_with_a_control_character_or_nothing_visible_is_400_naming_the_field(
+    name: str,
+) -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("bob")
+        body = {"name": name, "models": ["m1"]}
+        answer = await client.post(POP, headers={"apikey": owner}, json=body)
+        assert_refused(answer, 400, "BadRequest")
+        assert list(answer.json()["errors"]) == ["name"]
+        assert (await client.get("/api/v2/workers")).json() == []
+
+
 async def test_submitting_another_users_job_is_refused_with_WrongCredentials() -> None:
     async with open_horde() as horde:
         requester = await horde.create_key("carol", kudos=100)

@@ -186,3 +186,25 @@ async def test_cancel_stops_popping_and_a_job_in_flight_is_still_submitted_and_r
             status = (await client.get(f"/api/v2/generate/text/status/{request_id}")).json()
             assert [g["text"] for g in status["generations"]] == ["unwanted"]
             assert status["done"] is True
+
+
+async def test_put_worker_answers_what_it_changed_and_clearing_maintenance_resets_aborts_in_window() -> (
+    None
+):
+    async with open_horde() as horde:
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url, headers={"apikey": owner}) as client,
+            FakeTextWorker(horde.url, owner, name="w", models=["m1"]) as worker,
+        ):
+            await worker.pop()
+            path = f"/api/v2/workers/{await worker_id(client, 'w')}"
+            put = await client.put(path, json={"maintenance": True})
+            assert (put.status_code, put.json()) == (200, {"maintenance": True})
+            put = await client.put(path, json={"maintenance": False})
+            assert (put.status_code, put.json()) == (
+                200,
+                {"maintenance": False, "aborts_in_window": 0},
+            )
+            put = await client.put(path, json={"info": "ignored"})
+            assert (put.status_code, put.json()) == (200, {})

@@ -603,3 +603,34 @@ async def test_a_text_resubmit_with_the_same_idempotency_key_returns_the_first_r
             reused = await client.post("/api/v2/generate/text/async", json=other, headers=headers)
             assert reused.status_code == 409
             assert reused.json()["rc"] == "OperationKeyReused"
+
+
+async def test_the_anonymous_user_s_idempotency_key_is_ignored_and_a_registered_user_s_still_holds() -> (
+    None
+):
+    # Every anonymous caller is one user: a shared key must not hand one
+    # caller another's request.
+    async with open_horde() as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        headers = {"Idempotency-Key": "shared-op"}
+        ids = []
+        for prompt in ("Mine", "Yours", "Yours"):
+            body = {"prompt": prompt, "params": {"max_length": 32}}
+            answer = await client.post(
+                "/api/v2/generate/text/async",
+                json=body,
+                headers={"apikey": "0000000000", **headers},
+            )
+            assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["id"])
+        assert len(set(ids)) == 3
+        body = {"prompt": "Mine", "params": {"max_length": 32}}
+        first, again = [
+            await client.post(
+                "/api/v2/generate/text/async", json=body, headers={"apikey": key, **headers}
+            )
+            for _ in range(2)
+        ]
+        assert first.status_code == again.status_code == 202
+        assert again.json()["id"] == first.json()["id"]
+        assert first.json()["id"] not in ids

@@ -21,11 +21,13 @@ import anyio
 import httpx
 import jsonschema
 import pytest
+from sqlalchemy import Connection, select, update
 
 from hordelite.cli import main
 from hordelite.config import Config, WorkerConfig
 from hordelite.contract.chat_reply import FAULT_REASONS
 from hordelite.server import open_server
+from hordelite.storage.schema import requests
 from hordelite.testing import (
     FakeBackendConfig,
     TestHorde,
@@ -570,6 +572,95 @@ async def test_a_job_the_backend_fails_is_faulted_and_pops_resume_once_the_backe
         status = await env.done(await env.chat(chat_body(model=MODEL)))
         assert status["done"] is True
         assert worker.statistics().backend_errors == 1
+
+
+LONE_SURROGATE = "\ud800"  # valid in a Python str and in escaped JSON, not in UTF-8
+
+
+async def spoil(env: Env, request_id: str) -> None:
+    """Put a lone surrogate in a queued request's stop sequences, straight
+    into storage: the horde stored such text before its boundary refused it,
+    and no HTTP path reaches storage with it now."""
+
+    def write(conn: Connection) -> None:
+        row = conn.execute(
+            select(requests.c.kind, requests.c.params, requests.c.chat).where(
+                requests.c.id == request_id
+            )
+        ).one()
+        if row.kind == "chat":
+            values = {"chat": {**row.chat, "stop": [LONE_SURROGATE]}}
+        else:
+            values = {"params": {**row.params, "stop_sequence": ["ok", LONE_SURROGATE]}}
+        conn.execute(update(requests).where(requests.c.id == request_id).values(**values))
+
+    await env.horde.horde.db.write(write)
+
+
+async def test_a_job_whose_text_cannot_be_encoded_is_faulted_once_and_25_in_an_hour_are_no_maintenance() -> (
+    None
+):
+    spoiled = 25  # more than the 20 aborts an hour that mean maintenance
+    async with environment() as env:
+        config = env.config()
+        async with serving(env, config):
+            pass  # the worker is known and online: chat requests for its model are admitted
+        ids = []
+        for _ in range(spoiled):
+            ids.append(await env.chat(chat_body(model=MODEL, stop=["END"])))
+            await spoil(env, ids[-1])
+        async with serving(env, config) as worker:
+            await eventually(lambda: worker.statistics().unsendable == spoiled)
+            statuses = [await env.done(request_id) for request_id in ids]
+            details = await env.details("w1")
+            # It keeps popping, and serves the next request.
+            status = await env.done(await env.chat(chat_body(model=MODEL)))
+            assert status["done"] is True
+            stats = worker.statistics()
+    assert (stats.jobs, stats.faulted, stats.unsendable, stats.done) == (
+        spoiled + 1,
+        spoiled,
+        spoiled,
+        1,
+    )
+    # Each request ended at its one fault, with the horde's own sentence.
+    for faulted in statuses:
+        assert (faulted["faulted"], faulted["restarted"]) == (True, 0)
+        assert faulted["fault"]["rc"] == "ChatWorkerFault"
+        assert "not valid Unicode" in faulted["fault"]["message"]
+    # The request's text is not the worker's fault: nothing counts toward maintenance.
+    assert details["maintenance_mode"] is False
+    assert details["uncompleted_jobs"] == 0
+    # The backend was never sent the unsendable jobs.
+    assert len(env.generations()) == 1
+
+
+async def test_a_text_job_whose_stop_sequence_cannot_be_encoded_is_faulted_and_the_worker_pops_on() -> (
+    None
+):
+    async with environment() as env:
+        config = env.config()
+        async with serving(env, config):
+            pass
+        body = {"prompt": "Once upon", "params": {"max_length": 40}, "models": [MODEL]}
+        r = await env.client.post(TEXT_ASYNC, headers={"apikey": "0000000000"}, json=body)
+        assert r.status_code == 202, r.text
+        request_id = r.json()["id"]
+        await spoil(env, request_id)
+        path = f"/api/v2/generate/text/status/{request_id}"
+        async with serving(env, config) as worker:
+            faulted = await env.status_when(request_id, lambda s: s["faulted"], path)
+            await eventually(lambda: worker.statistics().unsendable == 1)
+            again = await env.client.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=body)
+            done_path = f"/api/v2/generate/text/status/{again.json()['id']}"
+            done = await env.status_when(again.json()["id"], lambda s: s["done"], done_path)
+            details = await env.details("w1")
+    assert faulted["restarted"] == 0
+    assert done["generations"][0]["text"] == "echo: Once upon"
+    assert details["uncompleted_jobs"] == 0
+    assert [r["body"]["prompt"] for r in env.fake.requests if r["path"] == "/v1/completions"] == [
+        "Once upon"
+    ]
 
 
 def free_port() -> int:

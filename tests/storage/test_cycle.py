@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, select, update
 
 from hordelite.errors import RC, HordeError
 from hordelite.storage import queries
 from hordelite.storage.database import Database
-from hordelite.storage.schema import jobs, users
+from hordelite.storage.schema import jobs, requests, users
 from tests.storage.helpers import (
     ANONYMOUS_HASH,
     MODEL_BILLIONS,
@@ -154,6 +154,49 @@ async def test_a_job_cannot_be_submitted_twice(database: Database) -> None:
     assert refused.value.rc is RC.DuplicateGen
     payer = await database.read(queries.user_by_key, requester, RULES)
     assert payer["kudos_spent"] == pytest.approx(1 + round(20 * MODEL_BILLIONS / 21, 2))
+
+
+def _spoil_stop_sequence(conn: Connection, request_id: str) -> None:
+    """A lone surrogate in a stored request's stop sequences, as stored
+    before the boundary refused them."""
+    params = conn.execute(select(requests.c.params).where(requests.c.id == request_id)).scalar_one()
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == request_id)
+        .values(params={**params, "stop_sequence": ["\ud800"]})
+    )
+
+
+async def test_a_fault_on_a_request_holding_a_lone_surrogate_ends_it_and_is_not_the_worker_s_abort(
+    database: Database,
+) -> None:
+    requester = await create_user(database, "alice", kudos=100)
+    owner = await create_user(database, "bob")
+    spoiled = await submit(database, requester, text_request(models=["m1"]))
+    await database.write(_spoil_stop_sequence, spoiled)
+    popped = await pop(database, owner, "w1", ["m1"])
+    assert popped.job is not None
+    assert popped.job.payload["stop_sequence"] == ["\ud800"]  # stored and handed out as is
+    fault = job_submit(popped.job.id, "", state="faulted")
+
+    result = await database.write(queries.submit_job, owner, fault, NOW, RULES, billions)
+
+    assert (result.request_ended, result.requeued) == (True, False)
+    ended = (await status(database, spoiled))["request"]
+    assert (ended["state"], ended["restarts"]) == ("faulted", 0)
+    assert "not valid Unicode" in ended["fault_message"]
+    worker = await database.read(queries.worker_details, None, "w1")
+    assert (worker["aborts_in_window"], worker["uncompleted_jobs"]) == (0, 0)
+    # An ordinary fault still counts.
+    ordinary = await submit(database, requester, text_request(models=["m1"]))
+    popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
+    assert popped.job is not None
+    assert popped.job.request_id == ordinary
+    fault = job_submit(popped.job.id, "", state="faulted")
+    result = await database.write(queries.submit_job, owner, fault, NOW + 1, RULES, billions)
+    assert result.requeued is True
+    worker = await database.read(queries.worker_details, None, "w1")
+    assert (worker["aborts_in_window"], worker["uncompleted_jobs"]) == (1, 1)
 
 
 async def test_request_status_of_an_unknown_id_is_RequestNotFound(database: Database) -> None:

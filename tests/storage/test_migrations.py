@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func, inspect, select, update
+import uuid
+
+import pytest
+from sqlalchemy import Connection, func, insert, inspect, select, update
+from sqlalchemy.exc import IntegrityError
 
 from hordelite.storage import queries, schema
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version, upgrade
-from tests.storage.helpers import NOW, new_key_hash
+from tests.storage.helpers import NOW, RULES, new_key_hash, pop_request
 
 
 def _tables(conn: Connection) -> set[str]:
@@ -79,3 +83,73 @@ def test_upgrading_a_version_1_database_puts_ix_queue_order_in_pop_order_and_kee
     assert (before, after) == (1, LATEST)
     assert "prio_key DESC" in db.run_sync(_queue_order_definition, False)
     assert db.run_sync(queries.user_by_id, False, user_id)["username"] == "alice"
+
+
+def _as_version_3(conn: Connection) -> None:
+    """Put the database back in version 3's shape: workers without name_key."""
+    conn.exec_driver_sql("DROP INDEX ux_workers_name_key")
+    conn.exec_driver_sql("ALTER TABLE workers DROP COLUMN name_key")
+    conn.execute(update(schema.schema_version).values(version=3))
+
+
+def _add_worker(conn: Connection, name: str, user_id: int, created: float) -> str:
+    worker_id = str(uuid.uuid4())
+    conn.execute(
+        insert(schema.workers).values(
+            id=worker_id,
+            name=name,
+            user_id=user_id,
+            models=["m1"],
+            max_length=80,
+            max_context_length=1024,
+            created=created,
+            last_check_in=created,
+        )
+    )
+    return worker_id
+
+
+def _name_keys(conn: Connection) -> dict[str, str]:
+    rows = conn.execute(select(schema.workers.c.name, schema.workers.c.name_key)).all()
+    return {name: key for name, key in rows}
+
+
+def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker(
+    empty_database: Database,
+) -> None:
+    db = empty_database
+    db.run_sync(upgrade, True)
+    owner = new_key_hash()
+    user_id = db.run_sync(queries.create_user, True, "bob", owner, 0.0, False, False, NOW)
+    db.run_sync(_as_version_3, True)
+    # Stored before names were compared by key: three spellings of one name.
+    first = db.run_sync(_add_worker, True, "Alice", user_id, NOW)
+    later = db.run_sync(_add_worker, True, "ALICE", user_id, NOW + 1)
+    db.run_sync(_add_worker, True, "Ａｌｉｃｅ", user_id, NOW + 2)  # noqa: RUF001
+    db.run_sync(_add_worker, True, "Bob\u200d", user_id, NOW)
+
+    before, after = db.run_sync(upgrade, True)
+
+    assert (before, after) == (3, LATEST)
+    keys = db.run_sync(_name_keys, False)
+    assert len(keys) == 4  # every worker kept
+    assert (keys["Alice"], keys["Bob\u200d"]) == ("alice", "bob")
+    # The later look-alikes keep their rows under keys no name reaches.
+    assert keys["ALICE"] == f"\x1f{later}"
+    assert keys["Ａｌｉｃｅ"].startswith("\x1f")  # noqa: RUF001
+    # Any spelling now finds the oldest, and its owner's pops are that worker.
+    found = db.run_sync(queries.worker_details, False, None, "alice")
+    assert found is not None
+    assert found["id"] == first
+    popped = db.run_sync(
+        queries.pop_job, True, owner, pop_request("ALICE", ["m1"]), NOW + 3, RULES, False, False
+    )
+    assert popped.worker.id == first
+    # The key is unique from now on.
+    with pytest.raises(IntegrityError):
+        db.run_sync(
+            lambda conn: conn.execute(
+                update(schema.workers).where(schema.workers.c.id == later).values(name_key="alice")
+            ),
+            True,
+        )

@@ -1,0 +1,130 @@
+"""Two Unicode rules the horde applies to what it stores: the key under
+which worker names are compared, and the text no worker can send on.
+
+Pure functions, no I/O; the storage queries and the service both use them.
+
+- ``worker_name_key``: the normalised form of a worker's name (NFKC,
+  case-folded, format and default-ignorable characters removed). Names with
+  one key are one worker, so "Alice", "ALICE" and full-width "Alice" cannot be
+  three workers of three owners. Control characters and lone surrogates
+  are refused (400 naming the field): no display could show them.
+- ``unsendable``: where a stored JSON value holds something a worker cannot
+  encode as UTF-8 JSON for its backend (a lone surrogate, or a number JSON
+  cannot carry). A job holding one is faulted by any worker, through no
+  fault of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Iterator
+from typing import Any, Final
+
+from hordelite.errors import bad_request
+
+# Characters of the name key at most: 255 at four UTF-8 bytes each keeps the
+# unique index's entries under PostgreSQL's b-tree limit (about 2,700 bytes).
+MAX_NAME_KEY: Final = 255
+
+# Unicode's Default_Ignorable_Code_Point ranges that are not format (Cf)
+# characters: the combining grapheme joiner, Hangul fillers, Khmer inherent
+# vowels, Mongolian and other variation selectors, and unassigned code points
+# reserved as ignorable. They render as nothing, so they do not tell names apart.
+_IGNORABLE_RANGES: Final = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2065, 0x2065),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0xE0000, 0xE0FFF),
+)
+
+
+def _ignorable(char: str) -> bool:
+    if unicodedata.category(char) == "Cf":  # zero-width (non-)joiners, BOM, bidi marks
+        return True
+    point = ord(char)
+    return any(low <= point <= high for low, high in _IGNORABLE_RANGES)
+
+
+def _without_ignorables(text: str) -> str:
+    return "".join(c for c in text if not _ignorable(c))
+
+
+def fold_name(name: str) -> str:
+    """The comparison form of a name, never refusing: NFKC (compatibility
+    look-alikes such as full-width letters become the plain ones), case
+    folded ("ß" matches "ss"), with the characters that render as nothing
+    removed, and outer whitespace stripped. Normalised again after folding,
+    which can undo NFKC (a fold may decompose a character)."""
+    text = unicodedata.normalize("NFKC", _without_ignorables(name))
+    text = unicodedata.normalize("NFKC", text.casefold())
+    return _without_ignorables(text).strip()
+
+
+def worker_name_key(name: str, field: str = "name") -> str:
+    """The key a worker name is stored and looked up under (``fold_name``).
+
+    Raises HordeError 400 BadRequest naming ``field`` when the name holds a
+    control character or a lone surrogate, when nothing visible is left once
+    normalised, or when its key is longer than MAX_NAME_KEY characters.
+    """
+    for char in name:
+        kind = unicodedata.category(char)
+        if kind == "Cc":
+            raise bad_request(field, f"must not hold a control character (U+{ord(char):04X})")
+        if kind == "Cs":
+            raise bad_request(field, f"must not hold a lone surrogate (U+{ord(char):04X})")
+    key = fold_name(name)
+    if not key:
+        raise bad_request(field, "must hold a visible character")
+    if len(key) > MAX_NAME_KEY:
+        raise bad_request(field, f"is longer than {MAX_NAME_KEY} characters once normalised (NFKC)")
+    return key
+
+
+def unsendable(value: Any) -> str | None:
+    """The path (``params.stop_sequence[0]``, say) of the first string in a
+    JSON value holding a lone surrogate, or of the first number that is not
+    finite; None when the whole value can be sent as UTF-8 JSON.
+
+    Walks with an explicit stack: a deeply nested value cannot exhaust the
+    interpreter's recursion limit here.
+    """
+    for path, item in _leaves(value):
+        if isinstance(item, str) and _has_surrogate(item):
+            return path
+        if isinstance(item, float) and not math.isfinite(item):
+            return path
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _leaves(value: Any) -> Iterator[tuple[str, Any]]:
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                # The path names the key printably, even a key that fails.
+                name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+                inner = f"{path}.{name}" if path else name
+                yield inner, key  # keys are strings too
+                stack.append((inner, child))
+        elif isinstance(item, list | tuple):
+            for index in reversed(range(len(item))):
+                stack.append((f"{path}[{index}]", item[index]))
+        else:
+            yield path, item

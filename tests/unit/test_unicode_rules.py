@@ -1,0 +1,95 @@
+"""The Unicode rules: worker name keys and text no worker can send."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from hordelite.contract.unicode_rules import MAX_NAME_KEY, fold_name, unsendable, worker_name_key
+from hordelite.errors import RC, HordeError
+from hordelite.worker._reply import UnsendableJob, chat_completion_body, check_sendable
+
+# Text no worker can send --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        ({"stop_sequence": ["ok", "\ud800"]}, "stop_sequence[1]"),
+        ([None, {"chat": {"messages": [{"content": "a\udfffb"}]}}], "[1].chat.messages[0].content"),
+        ({"seed": math.inf}, "seed"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"\udc80": 1}, "\\udc80"),  # a key, named printably
+        ({"fine": ["ä", "😀", "\u0000", 1.5, 10**400]}, None),  # NUL and big ints encode
+    ],
+)
+def test_unsendable_names_the_first_lone_surrogate_or_non_finite_number(
+    value: Any, path: str | None
+) -> None:
+    assert unsendable(value) == path
+
+
+def test_unsendable_walks_deep_nesting_without_recursing() -> None:
+    value: Any = "\ud800"
+    for _ in range(100_000):
+        value = [value]
+    assert unsendable(value) == "[0]" * 100_000
+
+
+def test_a_backend_request_with_a_lone_surrogate_is_unsendable_and_names_the_field() -> None:
+    payload = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_length": 16,
+        "stop_sequence": ["\ud800"],
+    }
+    body = chat_completion_body(payload, "m", "llamacpp")
+    with pytest.raises(UnsendableJob, match=r"^stop\[0\] cannot be sent"):
+        check_sendable(body)
+    check_sendable(chat_completion_body({**payload, "stop_sequence": ["END"]}, "m", "llamacpp"))
+
+
+# Worker name keys -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "key"),
+    [
+        (["Alice", "ALICE", "alice", " Alice "], "alice"),
+        (["\uff21\uff4c\uff49\uff43\uff45", "\U0001d400lice"], "alice"),  # full-width, math bold
+        (["Al\u200dice", "Al\u200bice", "\ufeffAlice", "Ali\u00adce", "Alic\ufe0fe"], "alice"),
+        (["Stra\u00dfe", "STRASSE"], "strasse"),
+        (["\u00c1rbol", "A\u0301rbol"], "\u00e1rbol"),  # composed and decomposed
+        (["\ufb01sh"], "fish"),  # the fi ligature
+    ],
+)
+def test_names_that_differ_in_case_compatibility_or_invisible_characters_share_a_key(
+    names: list[str], key: str
+) -> None:
+    assert {worker_name_key(name) for name in names} == {key}
+    assert {fold_name(name) for name in names} == {key}
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("a\u0000b", "control character (U+0000)"),
+        ("line\nbreak", "control character (U+000A)"),
+        ("del\u007f", "control character (U+007F)"),
+        ("c1\u0085x", "control character (U+0085)"),
+        ("lone\ud800", "lone surrogate (U+D800)"),
+        ("\u200d\u2060", "visible character"),
+        ("\ufdfa" * 20, "longer than 255"),  # one character, eighteen once normalised
+    ],
+)
+def test_a_name_no_worker_can_have_is_400_naming_the_field(name: str, why: str) -> None:
+    with pytest.raises(HordeError) as refused:
+        worker_name_key(name, "worker.name")
+    assert refused.value.rc is RC.BadRequest
+    assert refused.value.extra["errors"].keys() == {"worker.name"}
+    assert why in refused.value.message
+
+
+def test_a_name_key_is_at_most_255_characters() -> None:
+    assert len(worker_name_key("x" * MAX_NAME_KEY)) == MAX_NAME_KEY
