@@ -30,7 +30,7 @@ from tests.fuzz.test_native import HEADER_VALUES, SEGMENTS, header_values, segme
 # Huge and deeply nested values make reports long; hypothesis says so.
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
-EXAMPLES = 100
+EXAMPLES = 60
 PER_EXAMPLE = 5
 COMPLETIONS = "/v1/chat/completions"
 

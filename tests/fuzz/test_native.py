@@ -36,7 +36,7 @@ from tests.fuzz._harness import (
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
 # Examples per test, and the cases (requests) each example sends.
-EXAMPLES = 100
+EXAMPLES = 60
 PER_EXAMPLE = 5
 
 
