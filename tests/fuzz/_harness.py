@@ -19,7 +19,6 @@ import json
 import logging
 import re
 import traceback
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -710,10 +709,6 @@ def whole_bodies(valid: Any) -> st.SearchStrategy[bytes]:
 def huge_body(valid: Any) -> bytes:
     """``valid`` padded with an ignored key to just over the body cap."""
     return json.dumps({**valid, "fuzz_padding": "x" * BODY_CAP}).encode()
-
-
-def new_uuid() -> str:
-    return str(uuid.uuid4())
 
 
 # The horde -------------------------------------------------------------------------
