@@ -281,7 +281,8 @@ def parse_job_submit(body: Any) -> JobSubmit:
         # Bridges send the seed as a number or a numeric string.
         try:
             seed = int(seed)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
+            # OverflowError: an infinite float (1e400 reads as one) has no integer.
             raise bad_request("seed", "expected an integer") from None
     if seed is not None and not 0 <= seed < 2**63:
         raise bad_request("seed", "must be 0 to 2**63 - 1")

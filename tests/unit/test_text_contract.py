@@ -8,6 +8,7 @@ code, and a BadRequest names the dotted field path in its message and in its
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -451,6 +452,15 @@ def test_a_submit_seed_may_be_a_number_or_a_numeric_string() -> None:
 
 def test_a_non_numeric_seed_is_refused_naming_seed() -> None:
     body = {"id": JOB_ID, "generation": "x", "seed": "lucky"}
+    assert_bad_request(refusal(parse_job_submit, body), "seed")
+
+
+@pytest.mark.parametrize("seed", [math.inf, -math.inf, math.nan, 1e300])
+def test_a_seed_with_no_integer_in_range_is_refused_naming_seed(seed: float) -> None:
+    # The body gate refuses non-finite JSON numbers first; the contract names
+    # the field for any caller all the same (an infinite float raised
+    # OverflowError here, a 500).
+    body = {"id": JOB_ID, "generation": "x", "seed": seed}
     assert_bad_request(refusal(parse_job_submit, body), "seed")
 
 
