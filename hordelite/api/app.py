@@ -46,7 +46,7 @@ def create_app(horde: Horde, backend: str = "trio") -> Quart:
     app.config["HORDE"] = horde
     app.config["MAX_CONTENT_LENGTH"] = horde.config.server.max_body_bytes
     # Quart answers 408 itself when a body does not arrive in time.
-    app.config["BODY_TIMEOUT"] = 60
+    app.config["BODY_TIMEOUT"] = horde.config.server.body_timeout
     app.register_blueprint(native)
     app.register_blueprint(front)
     app.config["FRONT_ADMISSION"] = Admission(horde.config.front)
