@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -43,6 +43,8 @@ from hypercorn.utils import wrap_app
 from hordelite.config import ServerConfig
 
 log = logging.getLogger("hordelite.http")
+
+T = TypeVar("T")
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -146,6 +148,20 @@ class _Exchange:
             await self.receive()
 
 
+_CLEANUPS = "hordelite.on_exchange_end"
+
+
+def on_exchange_end(scope: Any, cleanup: Callable[[], Awaitable[None]]) -> None:
+    """Run ``cleanup`` once the exchange of ``scope`` (Quart's ``request.scope``)
+    ends, however it ends.
+
+    For what a streamed answer's body would release: a client that leaves
+    before the body begins to be sent has the application cancelled before
+    the body's own ``finally`` could ever run.
+    """
+    scope.setdefault(_CLEANUPS, []).append(cleanup)
+
+
 def guard_connections(app: ASGIApp) -> ASGIApp:
     """``app`` with each HTTP exchange guarded as the module describes."""
 
@@ -157,6 +173,11 @@ def guard_connections(app: ASGIApp) -> ASGIApp:
         try:
             await app(scope, exchange.receive, exchange.send)
         finally:
+            for cleanup in scope.get(_CLEANUPS, ()):
+                try:
+                    await run_to_completion(cleanup)
+                except Exception:
+                    log.exception("an exchange's cleanup failed")
             await exchange.finish()
 
     return guarded
@@ -236,3 +257,38 @@ async def serve_http(
             # cancelled scope does), or the error if it was not one.
             await anyio.lowlevel.checkpoint()
             raise
+
+
+async def run_to_completion(fn: Callable[[], Awaitable[T]]) -> T:
+    """``fn()`` run to its end even when the caller is cancelled meanwhile;
+    the cancellation is then raised at the caller's next checkpoint.
+
+    For work whose result the caller needs to undo it (a submission it must
+    cancel when its client left). Trio's shield does exactly this. On
+    asyncio Quart cancels a handler natively (``Task.cancel``), which no
+    anyio shield stops: the work runs in a shielded task of its own, and the
+    cancellation, once the work is done, is raised again.
+    """
+    if current_backend() == "trio":
+        with anyio.CancelScope(shield=True):
+            result = await fn()
+        return result
+    import asyncio
+
+    async def work() -> T:
+        return await fn()
+
+    # Its own task, awaited on every path: the anyio shield keeps anyio's
+    # cancellation out, asyncio.shield absorbs Quart's single native one.
+    task = asyncio.ensure_future(work())
+    with anyio.CancelScope(shield=True):
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            try:
+                result = await task
+            finally:
+                current = asyncio.current_task()
+                assert current is not None
+                current.cancel()
+    return result

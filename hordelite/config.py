@@ -35,8 +35,8 @@ class ServerConfig:
     keep_alive_timeout: float = 5.0
     # Seconds a request body may take to arrive; past it the request gets 408.
     body_timeout: float = 60.0
-    # Largest request head (request line and headers), in bytes; a larger
-    # one gets 431 and the connection is closed.
+    # Most bytes of a request head (request line and headers) held while it
+    # is incomplete; past it the request gets 431 and the connection closes.
     max_header_bytes: int = 16 * 1024
     # Connections the kernel queues for accept (capped by net.core.somaxconn).
     backlog: int = 4096
