@@ -261,6 +261,7 @@ async def open_and_hold(
     pops: int,
     wait: float,
     seconds: float,
+    names: int,
 ) -> tuple[Opened, float]:
     """Open ``calls`` calls and ``pops`` pops, interleaved, spread evenly over
     ``seconds``; hold them until every pop is answered (or a minute past its
@@ -274,7 +275,7 @@ async def open_and_hold(
             await anyio.sleep(max(start + seconds * i / total - time.perf_counter(), 0))
             # Interleaved in proportion, so both kinds open over the whole spread.
             if made_pops < pops and (made_calls >= calls or made_pops * calls <= made_calls * pops):
-                name = f"bench-pop-{made_pops}"
+                name = f"bench-pop-{made_pops % names}"
                 tg.start_soon(open_pop, server.url, worker_key, name, wait, opened)
                 made_pops += 1
             else:
@@ -325,7 +326,9 @@ async def measure(
             await anyio.sleep(0.1)
 
     # Warm-up: the first calls and pops allocate what later ones reuse.
-    warm, _ = await open_and_hold(server, worker_key, key, args.warmup, args.warmup, 1.0, 0.5)
+    warm, _ = await open_and_hold(
+        server, worker_key, key, args.warmup, args.warmup, 1.0, 0.5, args.pop_workers
+    )
     for http in warm.calls:
         await http.aclose()
     await until_cancelled(time.monotonic() + args.cancel_timeout)
@@ -361,6 +364,7 @@ async def measure(
                     args.pops,
                     args.pop_wait,
                     args.open_seconds,
+                    args.pop_workers,
                 )
             run.cpu["open"] = cpu[-1]
             sampling = False
@@ -525,6 +529,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--phases", default="a", help="which phases to run: a (the only one)")
     p.add_argument("--calls", type=int, default=1000, help="waiting OpenAI calls (default 1000)")
     p.add_argument("--pops", type=int, default=1000, help="long-polled pops (default 1000)")
+    p.add_argument(
+        "--pop-workers",
+        type=int,
+        default=1000,
+        help="worker names the pops are spread over (default 1000: one worker each)",
+    )
     p.add_argument(
         "--pop-wait", type=float, default=30.0, help='the pops\' "wait" in seconds (default 30)'
     )
