@@ -2,16 +2,45 @@
 
 The one module (with the app-class choice in api/app.py) that knows which
 event loop runs: Hypercorn has one ``worker_serve`` per loop.
+
+It also bounds what one connection can hold (see decision 0027):
+
+- a connection without a complete request head is closed after
+  ``keep_alive_timeout`` (Hypercorn's idle timer runs from the connection's
+  start, or the end of its last response, until a request head is complete,
+  so it is both the keep-alive timeout and the head's read deadline);
+- a head larger than ``max_header_bytes`` gets 431 and the connection closes;
+- a body gets ``body_timeout`` to arrive (Quart answers 408 past it);
+- an answer sent before its request body was read (413, 404, any early
+  error) drains what is left of the body, bounded, so the connection serves
+  the next request, or, past the bound, closes it, telling the client so with
+  ``Connection: close`` whenever the declared length already says so.
+
+Hypercorn does its side of a send (writing, recycling the connection for the
+next request, closing it, restarting its idle timer) in the application's own
+task. Quart cancels that task as soon as its receiver sees the disconnect
+message that Hypercorn sends while finishing the response, so that work was
+cut half-way: ``Connection: close`` was not honoured, the idle timer never
+restarted (idle connections were never closed, and held shutdown for the
+whole grace period), and a connection answered before its body was read hung.
+Each send is therefore shielded here; Hypercorn's own write is shielded
+already, so this adds no wait that was not there.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
-from typing import Any
+import os
+import socket
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
 import sniffio
+import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import wrap_app
 
@@ -19,10 +48,182 @@ from hordelite.config import ServerConfig
 
 log = logging.getLogger("hordelite.http")
 
+T = TypeVar("T")
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+
+# What an answer sent before its request body was read may still read of the
+# body, so that the connection serves the client's next request: more than
+# this, or slower, and the connection is closed instead.
+DRAIN_BYTES = 1024 * 1024
+DRAIN_SECONDS = 2.0
+
+# Connections accepted at once when the listening socket is readable (see
+# _accept_loop).
+ACCEPT_BATCH = 256
+_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+
+# Open files the server asks for (at most the hard limit): each connection is
+# one, and the default soft limit of 1,024 caps the connections a server holds.
+_WANTED_OPEN_FILES = 65536
+
 
 def current_backend() -> str:
     """ "trio" or "asyncio": the loop this code runs on."""
     return "trio" if sniffio.current_async_library() == "trio" else "asyncio"
+
+
+class _Exchange:
+    """One request and its answer, as the guard sees them."""
+
+    def __init__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+        self.declared: int | None = None
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"content-length":
+                try:
+                    self.declared = int(value)
+                except ValueError:
+                    pass  # h11 refuses such a request before it gets here
+        self.received = 0
+        self.body_done = False
+        self.disconnected = False
+        self.held: Message | None = None
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.body_done = True
+        elif message["type"] == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and not self.body_done:
+            left = None if self.declared is None else self.declared - self.received
+            if left is not None and left > DRAIN_BYTES:
+                # More body than a drain reads: the connection closes after
+                # this answer, and the client learns it from the answer.
+                message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            if not self.body_done and not self.disconnected:
+                # The answer's bytes have all gone; its end waits until the
+                # rest of the body is read (see finish).
+                self.held = message
+                return
+        await self._shielded_send(message)
+
+    async def _shielded_send(self, message: Message) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._send(message)
+        except trio.BusyResourceError:
+            # Hypercorn on trio shuts the socket of a client that left from
+            # the reading task, without its send lock; a send racing that
+            # shutdown has nowhere to go.
+            log.debug("a send on a connection being closed was dropped")
+
+    async def finish(self) -> None:
+        """Drain the rest of the body (bounded), then end the answer.
+
+        Past the bound the body is left unread: Hypercorn then closes the
+        connection rather than read the rest as a next request. Meanwhile
+        the discarding goes on, so that Hypercorn, which hands the
+        application each piece of body and its disconnect through a small
+        queue, never waits on that queue while it closes.
+        """
+        held, self.held = self.held, None
+        if held is None:
+            return
+        try:
+            with anyio.move_on_after(DRAIN_SECONDS):
+                while not (self.body_done or self.disconnected) and self.received <= DRAIN_BYTES:
+                    await self.receive()
+        finally:
+            async with anyio.create_task_group() as tg:
+                if not (self.body_done or self.disconnected):
+                    tg.start_soon(self._discard)
+                await self._shielded_send(held)
+                tg.cancel_scope.cancel()
+
+    async def _discard(self) -> None:
+        while not self.disconnected:
+            await self.receive()
+
+
+_CLEANUPS = "hordelite.on_exchange_end"
+
+
+def on_exchange_end(scope: Any, cleanup: Callable[[], Awaitable[None]]) -> None:
+    """Run ``cleanup`` once the exchange of ``scope`` (Quart's ``request.scope``)
+    ends, however it ends.
+
+    For what a streamed answer's body would release: a client that leaves
+    before the body begins to be sent has the application cancelled before
+    the body's own ``finally`` could ever run.
+    """
+    scope.setdefault(_CLEANUPS, []).append(cleanup)
+
+
+def guard_connections(app: ASGIApp) -> ASGIApp:
+    """``app`` with each HTTP exchange guarded as the module describes."""
+
+    async def guarded(scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        exchange = _Exchange(scope, receive, send)
+        try:
+            await app(scope, exchange.receive, exchange.send)
+        finally:
+            for cleanup in scope.get(_CLEANUPS, ()):
+                try:
+                    await run_to_completion(cleanup)
+                except Exception:
+                    log.exception("an exchange's cleanup failed")
+            await exchange.finish()
+
+    return guarded
+
+
+def raise_open_files_limit() -> None:
+    """Lift the soft limit on open files towards the hard limit, so that the
+    number of connections is not capped by a default of 1,024."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = _WANTED_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, _WANTED_OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open files stay limited to %d: %s", soft, exc)
+        else:
+            log.info("open files limit raised from %d to %d", soft, wanted)
+
+
+def hypercorn_config(server: ServerConfig) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [f"{server.host}:{server.port}"]
+    config.graceful_timeout = server.grace_period
+    config.accesslog = None
+    config.errorlog = log
+    config.backlog = server.backlog
+    config.keep_alive_timeout = server.keep_alive_timeout
+    config.h11_max_incomplete_size = server.max_header_bytes
+    # Hypercorn's read_timeout bounds every read, also the silence while a
+    # long-poll or an OpenAI call waits for its answer, so it stays unset:
+    # the head's deadline is the idle timer, the body's is Quart's.
+    config.read_timeout = None
+    return config
 
 
 async def serve_http(
@@ -34,26 +235,21 @@ async def serve_http(
 ) -> None:
     """Serve ``app`` until ``shutdown`` is set; reports the base URL when listening.
 
-    After shutdown Hypercorn stops accepting and gives open requests
-    ``server.grace_period`` seconds before cancelling them.
+    After shutdown Hypercorn stops accepting, closes idle connections, and
+    gives open requests ``server.grace_period`` seconds before cancelling them.
     """
-    config = HypercornConfig()
-    config.bind = [f"{server.host}:{server.port}"]
-    config.graceful_timeout = server.grace_period
-    config.accesslog = None
-    config.errorlog = log
-    config.keep_alive_timeout = 75
+    config = hypercorn_config(server)
+    raise_open_files_limit()
     sockets = config.create_sockets()
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)
     host, port = sockets.insecure_sockets[0].getsockname()[:2]
     host = f"[{host}]" if ":" in host else host
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    # Hypercorn types the app with its own message dicts.
+    wrapped = wrap_app(cast(Any, guard_connections(app)), config.wsgi_max_body_size, "asgi")
     task_status.started(f"http://{host}:{port}")
     if current_backend() == "trio":
-        from hypercorn.trio.run import worker_serve as trio_serve
-
-        await trio_serve(wrapped, config, sockets=sockets, shutdown_trigger=shutdown.wait)
+        await _serve_trio(wrapped, config, sockets.insecure_sockets, shutdown)
     else:
         import asyncio
 
@@ -68,3 +264,121 @@ async def serve_http(
             # cancelled scope does), or the error if it was not one.
             await anyio.lowlevel.checkpoint()
             raise
+
+
+async def _serve_trio(
+    app: Any, config: HypercornConfig, sockets: list[socket.socket], shutdown: anyio.Event
+) -> None:
+    """Hypercorn's trio ``worker_serve`` (0.18), less TLS, QUIC and statsd,
+    with the accept loop below in place of ``trio.serve_listeners``.
+
+    On shutdown: no more accepts, idle connections close at once (Hypercorn's
+    idle timer watches ``context.terminated``), open requests get
+    ``graceful_timeout`` seconds, then the rest is cancelled.
+    """
+    from hypercorn.trio.lifespan import Lifespan
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+
+    lifespan_state: dict[str, Any] = {}
+    lifespan = Lifespan(app, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:
+            handler = functools.partial(
+                TCPServer, app, config, context, ConnectionState(lifespan_state.copy())
+            )
+            try:
+                async with trio.open_nursery() as accepting:
+                    for sock in sockets:
+                        accepting.start_soon(_accept_loop, sock, handler, connections)
+                    await shutdown.wait()
+                    accepting.cancel_scope.cancel()
+            finally:
+                for sock in sockets:
+                    sock.close()  # no more connections queue up meanwhile
+                await context.terminated.set()
+                connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+async def _accept_loop(
+    sock: socket.socket,
+    handler: Callable[[trio.SocketStream], Awaitable[object]],
+    connections: trio.Nursery,
+) -> None:
+    """Accept every connection waiting, up to ACCEPT_BATCH, each time the
+    listening socket is readable.
+
+    ``trio.serve_listeners`` accepts one connection per pass of trio's
+    scheduler, and a pass with many requests in it takes milliseconds: with
+    2,000 connections arriving in two seconds, ~1,800 waited in the listen
+    queue, up to half a minute, and a long-poll's wait only starts once it
+    is accepted.
+    """
+    sock.setblocking(False)
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = sock.accept()
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                # Out of file descriptors or memory: the connections wait
+                # in the listen queue until some close.
+                log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno or 0))
+                await trio.sleep(0.1)
+                break
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+            connections.start_soon(_run_connection, stream, handler)
+
+
+async def _run_connection(
+    stream: trio.SocketStream, handler: Callable[[trio.SocketStream], Awaitable[object]]
+) -> None:
+    try:
+        await handler(stream)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def run_to_completion(fn: Callable[[], Awaitable[T]]) -> T:
+    """``fn()`` run to its end even when the caller is cancelled meanwhile;
+    the cancellation is then raised at the caller's next checkpoint.
+
+    For work whose result the caller needs to undo it (a submission it must
+    cancel when its client left). Trio's shield does exactly this. On
+    asyncio Quart cancels a handler natively (``Task.cancel``), which no
+    anyio shield stops: the work runs in a shielded task of its own, and the
+    cancellation, once the work is done, is raised again.
+    """
+    if current_backend() == "trio":
+        with anyio.CancelScope(shield=True):
+            result = await fn()
+        return result
+    import asyncio
+
+    async def work() -> T:
+        return await fn()
+
+    # Its own task, awaited on every path: the anyio shield keeps anyio's
+    # cancellation out, asyncio.shield absorbs Quart's single native one.
+    task = asyncio.ensure_future(work())
+    with anyio.CancelScope(shield=True):
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            try:
+                result = await task
+            finally:
+                current = asyncio.current_task()
+                assert current is not None
+                current.cancel()
+    return result

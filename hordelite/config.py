@@ -30,6 +30,16 @@ class ServerConfig:
     max_body_bytes: int = 36 * 1024 * 1024
     # Seconds a stopping server gives open requests before cancelling them.
     grace_period: float = 10.0
+    # Seconds a connection may go without a complete request head: an idle
+    # kept-alive connection, or one still sending its headers, is closed then.
+    keep_alive_timeout: float = 5.0
+    # Seconds a request body may take to arrive; past it the request gets 408.
+    body_timeout: float = 60.0
+    # Most bytes of a request head (request line and headers) held while it
+    # is incomplete; past it the request gets 431 and the connection closes.
+    max_header_bytes: int = 16 * 1024
+    # Connections the kernel queues for accept (capped by net.core.somaxconn).
+    backlog: int = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +235,17 @@ def _check(config: Config) -> None:
         raise ConfigError(f"server.max_body_bytes: must be at least 1024, got {s.max_body_bytes}")
     if s.grace_period < 0:
         raise ConfigError(f"server.grace_period: must not be negative, got {s.grace_period}")
+    for key in ("keep_alive_timeout", "body_timeout"):
+        if not 0 < getattr(s, key) <= 3600:
+            raise ConfigError(
+                f"server.{key}: must be above 0 and at most 3600, got {getattr(s, key)}"
+            )
+    if not 1024 <= s.max_header_bytes <= 1024 * 1024:
+        raise ConfigError(
+            f"server.max_header_bytes: must be 1024 to 1048576, got {s.max_header_bytes}"
+        )
+    if not 1 <= s.backlog <= 65535:
+        raise ConfigError(f"server.backlog: must be 1 to 65535, got {s.backlog}")
     if not st.database.strip():
         raise ConfigError("storage.database: must not be empty")
     if "://" in st.database and not st.database.startswith(

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from hordelite._http import run_to_completion
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.errors import RC, HordeError
@@ -136,9 +137,17 @@ class Call:
                 yield TICK
 
     async def cancel(self) -> None:
-        """Cancel the horde request unless it was answered or faulted; shielded."""
+        """Cancel the horde request unless it was answered or faulted.
+
+        Runs to its end (within its budget) even when the call is cancelled
+        meanwhile: the client leaving at that moment must not leave the
+        request waiting.
+        """
         if self.settled:
             return
         self.settled = True
-        with anyio.move_on_after(_CANCEL_BUDGET, shield=True):
+        await run_to_completion(self._cancel_request)
+
+    async def _cancel_request(self) -> None:
+        with anyio.move_on_after(_CANCEL_BUDGET):
             await self.horde.chat_status(self.request_id, cancel=True)

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 from quart import Blueprint, Response, current_app, request
 
+from hordelite._http import on_exchange_end, run_to_completion
 from hordelite.api.native import client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import flatten_messages, parse_chat_request
@@ -115,7 +116,12 @@ async def chat_completions() -> Response:
                     param="model",
                 )
         started = anyio.current_time()
-        answer = await horde().queue_chat(bearer_key(), req, client_agent(), str(uuid.uuid4()))
+        key, agent = bearer_key(), client_agent()
+        # Run to its end even when the client leaves meanwhile (the handler
+        # is cancelled then): the request it queued is cancelled below.
+        answer = await run_to_completion(
+            lambda: horde().queue_chat(key, req, agent, str(uuid.uuid4()))
+        )
         call = Call(horde(), current_app.config["HORDE"].config.front, answer["id"], req, started)
         prompt_chars = len(flatten_messages(req.messages, req.tools))
         try:
@@ -180,9 +186,15 @@ def _stream(
             yield _shape.sse(envelope(_as_horde_error(exc), {"request_id": call.request_id}))
             yield _shape.DONE
         finally:
-            await call.cancel()
-            release()
+            await finish()
 
+    async def finish() -> None:
+        await call.cancel()
+        release()
+
+    # Also when the client leaves before the body begins (events() then
+    # never runs, nor its finally).
+    on_exchange_end(request.scope, finish)
     response = Response(events(), status=200, content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     response.headers["x-should-retry"] = "false"
