@@ -605,7 +605,11 @@ def request_status(
     # Once every job is in a worker's hands, eligibility and the queue ahead
     # no longer matter: the status skips both reads.
     queued = req["state"] == "waiting" and req["remaining"] > 0
-    online = _online_workers(conn, now, rules) if queued else []
+    # A chat request can only go to a chat worker of one of its models, and
+    # its status reads nothing else of the pool (eligibility, the impossible
+    # reason): read just those, not every online text worker.
+    chat_models = req["models"] if req["kind"] == "chat" else None
+    online = _online_workers(conn, now, rules, chat_models) if queued else []
     counted = with_position and queued
     position = _queue_position(conn, req) if counted else 0
     return {"request": req, "jobs": gens, "online": online, "position": position}
@@ -696,8 +700,17 @@ def _end_request(
 # Workers -------------------------------------------------------------------
 
 
-def _online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
-    rows = conn.execute(_ONLINE_WORKERS, {"since": now - rules.worker_online}).mappings()
+def _online_workers(
+    conn: Connection, now: float, rules: Rules, chat_models: Sequence[str] | None = None
+) -> list[WorkerView]:
+    """Workers seen within the online window; with ``chat_models``, only the
+    chat workers of those models (read along ix_workers_chat_model)."""
+    since = {"since": now - rules.worker_online}
+    if chat_models is None:
+        rows = conn.execute(_ONLINE_WORKERS, since).mappings()
+    else:
+        statement = _ONLINE_WORKERS.where(workers.c.chat_model.in_(list(chat_models)))
+        rows = conn.execute(statement, since).mappings()
     return [_worker_view(r) for r in rows]
 
 
