@@ -63,3 +63,8 @@ SLOW_WORKER_TOKENS_PER_SECOND: Final = 2.0
 
 # The window in which aborted jobs are counted towards maintenance.
 ABORT_WINDOW_SECONDS: Final = 3600.0
+
+# A worker whose pop long-polled and found nothing pops again as the wait
+# ends: it counts as online until then plus its wait again, and at least
+# this many seconds more (a short wait must survive a slow round trip).
+MIN_LONG_POLL_MARGIN: Final = 10.0
