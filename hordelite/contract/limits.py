@@ -31,7 +31,7 @@ MAX_CHAT_STOP: Final = 4
 MAX_CHAT_TOOLS: Final = 128
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3
-# Reply bounds a chat submit must keep (004 "Submit refusals").
+# Reply bounds a chat submit must keep (worker guide, "Submit refusals").
 MAX_NATIVE_FINISH_REASON: Final = 32
 MAX_REASONING_BYTES: Final = 1024 * 1024
 MAX_REPORTED_TOKENS: Final = 10_000_000

@@ -542,7 +542,7 @@ class Horde:
 
     async def post_progress(self, api_key: str, body: Any) -> dict[str, Any]:
         """A streamed job's progress post, answered from its lease: no
-        database read on this path (004 "Streaming progress")."""
+        database read on this path (worker guide, "Streaming progress")."""
         post = parse_progress(body)
         lease = self.signals.lease(post.job_id)
         if lease is None:

@@ -677,7 +677,7 @@ def _end_request(
     """End a request: out of the queue; with ``abort_jobs`` its jobs still
     out are aborted (a late submit gets AbortedGen and charges nobody).
 
-    A client's cancel does not abort them (004 step 7): a job that does not
+    A client's cancel does not abort them (worker guide, step 7): a job that does not
     stream is submitted as usual and rewarded for its reply.
     """
     conn.execute(
@@ -1069,7 +1069,7 @@ def _statement_for(
     )
 
 
-# The job lease preference (004 "Streaming progress"): a chat job goes to a
+# The job lease preference (worker guide, "Streaming progress"): a chat job goes to a
 # worker whose measured speed generates its max_length within this many
 # seconds; a slower worker gets it only when no faster chat worker serving
 # the model is online.
