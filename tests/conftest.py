@@ -11,6 +11,16 @@ import psycopg
 import pytest
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``postgres`` every test that uses the PostgreSQL test server, so
+    that ``-m postgres`` and ``-m "not postgres"`` select them. A test that
+    reaches it through a parametrised fixture (``getfixturevalue``) carries
+    the mark on that fixture's PostgreSQL parameter instead."""
+    for item in items:
+        if "postgres_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
 @pytest.fixture(params=["trio", "asyncio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param  # type: ignore[no-any-return]

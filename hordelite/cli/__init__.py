@@ -1,4 +1,4 @@
-"""The ``hordelite`` command: serve, worker, keys, db."""
+"""The ``hordelite`` command: serve, worker, keys, kudos, workers, db."""
 
 from hordelite.cli._main import main
 

@@ -1,55 +1,105 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
+from sqlalchemy.exc import SQLAlchemyError
 
+from hordelite.cli import _admin
 from hordelite.config import Config, load_config
+from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.errors import ConfigError, StorageUnavailable
-from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.server import open_server
-from hordelite.storage import queries
-from hordelite.storage.database import Database
 from hordelite.worker import Worker, WorkerError
 
 DEFAULT_CONFIG = "hordelite.toml"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (and exit code 2), not the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hordelite", description="A self-hostable AI Horde.")
+    parser = _Parser(prog="hordelite", description="A self-hostable AI Horde.")
     parser.add_argument(
         "--config",
         help=f"configuration file (default: ./{DEFAULT_CONFIG} when it exists)",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{serve,keys,kudos,workers,worker,db}"
+    )
+    database = _Parser(add_help=False)
+    database.add_argument(
+        "--database",
+        help="SQLite file or postgresql:// URL (storage.database, HORDELITE_DATABASE_URL)",
+    )
 
-    serve = commands.add_parser("serve", help="run the horde")
+    serve = commands.add_parser("serve", help="run the horde", parents=[database])
     serve.add_argument("--host", help="address to listen on (server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (server.port)")
-    serve.add_argument("--database", help="SQLite file or postgresql:// URL (storage.database)")
     serve.add_argument("--backend", choices=["trio", "asyncio"], help="event loop (server.backend)")
 
-    keys = commands.add_parser("keys", help="manage API keys")
-    key_commands = keys.add_subparsers(dest="keys_command", required=True)
-    create = key_commands.add_parser("create", help="create a user and print its new API key once")
-    create.add_argument("name")
+    keys = commands.add_parser("keys", help="manage users and their API keys")
+    key_commands = keys.add_subparsers(
+        dest="keys_command", required=True, metavar="{list,create,revoke,rotate}"
+    )
+    key_commands.add_parser(
+        "list", help="the users: id, name, kudos, whether the key is active", parents=[database]
+    )
+    create = key_commands.add_parser(
+        "create", help="create a user and print its new API key once", parents=[database]
+    )
+    create.add_argument("name", help="a name no other user has (compared ignoring case)")
     create.add_argument("--kudos", type=float, default=0.0)
     create.add_argument("--admin", action="store_true")
     create.add_argument("--trusted", action="store_true")
-    create.add_argument("--database", help="SQLite file or postgresql:// URL")
+    revoke = key_commands.add_parser(
+        "revoke", help="make a user's key unusable", parents=[database]
+    )
+    revoke.add_argument("user", help=_USER_HELP)
+    rotate = key_commands.add_parser(
+        "rotate", help="give a user a new key (printed once); the old one stops", parents=[database]
+    )
+    rotate.add_argument("user", help=_USER_HELP)
+
+    kudos = commands.add_parser("kudos", help="change a user's kudos")
+    kudos_commands = kudos.add_subparsers(dest="kudos_command", required=True, metavar="{grant}")
+    grant = kudos_commands.add_parser(
+        "grant", help="add N kudos to a user (negative takes them away)", parents=[database]
+    )
+    grant.add_argument("user", help=_USER_HELP)
+    grant.add_argument("amount", type=float, metavar="N")
+
+    workers = commands.add_parser("workers", help="the workers the horde knows")
+    worker_commands = workers.add_subparsers(
+        dest="workers_command", required=True, metavar="{list}"
+    )
+    worker_commands.add_parser(
+        "list", help="every worker, online or not, with its owner", parents=[database]
+    )
 
     _worker_parser(commands)
 
     db = commands.add_parser("db", help="database maintenance")
-    db_commands = db.add_subparsers(dest="db_command", required=True)
-    upgrade = db_commands.add_parser("upgrade", help="run pending schema migrations")
-    upgrade.add_argument("--database", help="SQLite file or postgresql:// URL")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="{upgrade}")
+    db_commands.add_parser(
+        "upgrade", help="create the database or run pending schema migrations", parents=[database]
+    )
     return parser
+
+
+_USER_HELP = "the user: its id, NAME#ID, or its name"
 
 
 # The worker's flags: (flag, type, [worker] key, help).
@@ -103,40 +153,124 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         config = _config(args)
         if args.command == "serve":
             return _serve(config)
-        if args.command == "keys":
-            return _create_key(config, args)
         if args.command == "worker":
             return _work(config)
-        return _upgrade(config)
+        where = _admin.target(config, args.database, _config_file(args))
+        for line in _ADMIN[(args.command, _subcommand(args))](config, where, args):
+            print(line)
+        return 0
     except ConfigError as exc:
-        print(f"hordelite: configuration error: {exc}", file=sys.stderr)
+        _refuse(f"configuration error: {exc}")
         return 2
     except StorageUnavailable as exc:
-        print(f"hordelite: cannot open the database: {exc}", file=sys.stderr)
+        _refuse(f"cannot open the database: {exc}")
         return 1
+    except _admin.Refused as exc:
+        _refuse(str(exc))
+        return 1
+    except SQLAlchemyError as exc:
+        _refuse(f"database error: {getattr(exc, 'orig', None) or exc}")
+        return 1
+
+
+def _refuse(message: str) -> None:
+    """One line on stderr: a refusal is never a traceback."""
+    print(f"hordelite: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _subcommand(args: argparse.Namespace) -> str:
+    return str(getattr(args, f"{args.command}_command"))
+
+
+_ADMIN: dict[tuple[str, str], Callable[[Config, _admin.Target, argparse.Namespace], list[str]]] = {
+    ("keys", "list"): lambda c, w, a: _admin.keys_list(c, w),
+    ("keys", "create"): lambda c, w, a: _admin.keys_create(
+        c, w, a.name, a.kudos, a.admin, a.trusted
+    ),
+    ("keys", "revoke"): lambda c, w, a: _admin.keys_revoke(c, w, a.user),
+    ("keys", "rotate"): lambda c, w, a: _admin.keys_rotate(c, w, a.user),
+    ("kudos", "grant"): lambda c, w, a: _admin.kudos_grant(c, w, a.user, a.amount),
+    ("workers", "list"): lambda c, w, a: _admin.workers_list(c, w),
+    ("db", "upgrade"): lambda c, w, a: _admin.db_upgrade(c, w),
+}
+
+
+def _config_file(args: argparse.Namespace) -> str | None:
+    if args.config is not None:
+        return str(args.config)
+    return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
 
 
 def _serve(config: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    anyio.run(_run, config, backend=config.server.backend)
+    try:
+        anyio.run(_run, config, backend=config.server.backend)
+    except Exception as exc:
+        message = _listen_error(exc, config)
+        if message is None:
+            raise
+        _refuse(message)
+        return 1
     return 0
+
+
+def _listen_error(exc: BaseException, config: Config) -> str | None:
+    """One line for a socket the server could not listen on (wrapped in
+    exception groups by the task groups it went through), else None."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            message = _listen_error(inner, config)
+            if message is not None:
+                return message
+        return None
+    if not isinstance(exc, OSError) or exc.filename is not None:  # a file's error is no socket's
+        return None
+    where = f"{config.server.host}:{config.server.port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: the port is in use; choose another with --port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {where}: no such address on this machine; choose another with --host"
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            f"cannot listen on {where}: permission denied (ports below 1024 need privileges); "
+            "choose another with --port"
+        )
+    return None
+
+
+def banner(config: Config, url: str, version: str) -> list[str]:
+    """What ``hordelite serve`` prints once it listens: no password, and
+    the anonymous key only when anonymous access is on."""
+    lines = [
+        f"hordelite {version} serving at {url} (Ctrl+C stops)",
+        f"  database: {_admin.shown_database(config.storage.database)}",
+        f"  native API: {url}/api/v2/ (horde_sdk: AI_HORDE_URL={url}/api/)",
+        f"  OpenAI front: {url}/v1",
+    ]
+    if config.horde.allow_anonymous:
+        lines.append(f"  anonymous key: {ANONYMOUS_API_KEY}")
+    else:
+        lines.append("  anonymous access: off (horde.allow_anonymous): every request needs a key")
+    lines.append("  create a key: hordelite keys create NAME [--kudos N]")
+    return lines
 
 
 async def _run(config: Config) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_server(config) as running:
-            print(
-                f"hordelite {running.horde.heartbeat()['version']} serving at {running.url}",
-                flush=True,
-            )
-            print(f"  database: {config.storage.database}", flush=True)
-            print("  create a key: hordelite keys create NAME [--kudos N]", flush=True)
-            print("  anonymous key: 0000000000 (Ctrl+C stops)", flush=True)
+            version = running.horde.heartbeat()["version"]
+            for line in banner(config, running.url, version):
+                print(line, flush=True)
             async for signum in signals:
                 print(f"hordelite: {signal.Signals(signum).name}, stopping", flush=True)
                 break
@@ -180,41 +314,3 @@ async def _stop_on_signals(worker: Worker) -> None:
                 worker.stop()
             else:
                 worker.stop(0)
-
-
-def _create_key(config: Config, args: argparse.Namespace) -> int:
-    db = Database(config.storage.database, 1)
-    try:
-        Horde(config, db).migrate()
-        key = new_api_key()
-        user_id = db.run_sync(
-            queries.create_user,
-            True,
-            args.name,
-            hash_key(key),
-            args.kudos,
-            args.admin,
-            args.trusted,
-            _now(),
-        )
-    finally:
-        db.dispose()
-    print(f"user {args.name}#{user_id} created with {args.kudos:g} kudos.")
-    print(f"API key (shown once, keep it): {key}")
-    return 0
-
-
-def _upgrade(config: Config) -> int:
-    db = Database(config.storage.database, 1)
-    try:
-        before, after = Horde(config, db).migrate()
-    finally:
-        db.dispose()
-    print(f"database {config.storage.database}: schema version {before} -> {after}")
-    return 0
-
-
-def _now() -> float:
-    import time
-
-    return time.time()

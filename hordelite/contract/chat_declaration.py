@@ -1,4 +1,4 @@
-"""The chat declaration a worker sends on every text pop (004 step 1)."""
+"""The chat declaration a worker sends on every text pop (worker guide, step 1)."""
 
 from __future__ import annotations
 

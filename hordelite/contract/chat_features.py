@@ -1,4 +1,4 @@
-"""The chat declaration vocabulary (ADR 0036): capabilities, guarantees, limits.
+"""The chat declaration vocabulary (the conformance decision): capabilities, guarantees, limits.
 
 Capabilities (``ChatFeature``) say the backend acts on an input; guarantees
 (``ChatGuarantee``) say its reply follows one part of the contract exactly.

@@ -1,6 +1,6 @@
 """The chat reply contract: the structured submit, its checks, the job payload.
 
-Pure functions, no I/O (004 steps 2, 4, 6 and 7; ADR 0036):
+Pure functions, no I/O (worker guide steps 2, 4, 6 and 7; the conformance decision):
 
 - ``is_chat_submit(body)`` tells a chat submit from a text submit;
 - ``parse_chat_submit(body)`` checks the submit's structure and refuses a body
@@ -44,7 +44,7 @@ SUBMIT_STATES = ("ok", "censored", "csam", "faulted")
 TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
 
 # The horde stores and reports a fixed sentence per reason (rc ChatWorkerFault);
-# the worker never supplies the text (004 step 7).
+# the worker never supplies the text (worker guide, step 7).
 FAULT_REASONS: dict[str, str] = {
     "prompt_overflow": (
         "The conversation does not fit the worker's context: its rendered prompt "
@@ -128,7 +128,7 @@ def _clip(text: str) -> str:
 
 
 def is_chat_submit(body: Mapping[str, Any]) -> bool:
-    """A body with model_id or message is a chat submit (004: model_id marks
+    """A body with model_id or message is a chat submit (the worker guide: model_id marks
     the body as a chat submit, which then does not need generation)."""
     return isinstance(body, Mapping) and ("model_id" in body or "message" in body)
 
@@ -289,7 +289,7 @@ def _parse_native_finish_reason(value: Any) -> str | None:
 
 
 def _parse_count(body: Mapping[str, Any], key: str) -> int | None:
-    # A missing count stays missing (null), a reported zero is kept (004 step 6).
+    # A missing count stays missing (null), a reported zero is kept (worker guide, step 6).
     value = body.get(key)
     if value is None:
         return None
@@ -351,7 +351,7 @@ def heavy_to_judge(req: ChatRequest, reply: ChatReply) -> bool:
 
 
 def verify_chat_reply(req: ChatRequest, reply: ChatReply) -> ChatReply:
-    """Check what the reply proves against the stored request (ADR 0036).
+    """Check what the reply proves against the stored request (the conformance decision).
 
     Returns the reply as stored and shown: under strict with
     parallel_tool_calls false only its first call, and finish_reason stop for
@@ -496,7 +496,7 @@ def _check_schema(instance: Any, schema: Any, label: str) -> bool:
 
 
 def output_estimate_chars(reply: ChatReply) -> int:
-    """The characters the charge and reward price (000 "Pricing by the text
+    """The characters the charge and reward price (chat guide, "Pricing by the text
     output estimate"): content, reasoning, and each call's name and arguments.
     ``hordelite.contract.kudos.billed_tokens`` turns them into tokens."""
     chars = len(reply.content or "") + len(reply.reasoning_content or "")
@@ -516,12 +516,12 @@ def build_worker_chat_extras(
     *,
     stream_progress: bool = False,
 ) -> dict[str, Any]:
-    """The chat job payload a worker receives (004 step 2).
+    """The chat job payload a worker receives (worker guide, step 2).
 
     Every sampling field is present, OpenAI's defaults where the client left
     one out and the backend-only samplers neutral, so a request means the same
     on every worker. ``max_length`` and ``max_context_length`` are the budgets
-    already validated against the worker's limits. Tools are narrowed as ADR
+    already validated against the worker's limits. Tools are narrowed as the conformance decision
     0036 allows; the stored request keeps the client's values.
     """
     payload: dict[str, Any] = {

@@ -7,7 +7,7 @@ One module for the native chat route and the OpenAI front (pure, no I/O):
   UnsupportedChatParameter naming it, and every shape OpenAI refuses with
   OpenAI's message and ``param``;
 - ``required_chat_features(req)`` derives the capabilities and guarantees the
-  request needs (ADR 0036), computed once at submit and stored;
+  request needs (the conformance decision), computed once at submit and stored;
 - ``flatten_messages`` gives the prompt string the horde's estimates read;
 - ``truncate_oldest`` is the ``context_fit`` rewrite.
 
@@ -95,7 +95,7 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 # OpenAI's defaults, sent to every worker where the client left them out
-# (ADR 0033), so that an omission means the same on every backend.
+# (the chat specification), so that an omission means the same on every backend.
 OPENAI_SAMPLING_DEFAULTS: dict[str, float] = {
     "temperature": 1.0,
     "top_p": 1.0,
@@ -150,7 +150,7 @@ class ChatRequest:
 
     @property
     def forwards_tools(self) -> bool:
-        """Tools reach the worker (ADR 0036 narrowing: none sends no tools)."""
+        """Tools reach the worker (the conformance decision's narrowing: none sends none)."""
         return bool(self.tools) and self.tool_choice != "none"
 
     @property
@@ -411,7 +411,7 @@ def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
             f"{where}.role",
             f"Invalid value for '{where}.role': {role!r}; expected one of {', '.join(_ROLES)}.",
         )
-    # A developer message is stored and sent as system (ADR 0033).
+    # A developer message is stored and sent as system (the chat specification).
     message: dict[str, Any] = {"role": "system" if role == "developer" else role}
     if raw.get("tool_calls") is not None and role != "assistant":
         raise openai_refusal(
@@ -865,7 +865,7 @@ def _parse_horde(value: Any) -> HordeOptions:
 
 
 def required_chat_features(req: ChatRequest) -> list[str]:
-    """The capabilities and guarantees a worker must declare (ADR 0036).
+    """The capabilities and guarantees a worker must declare (the conformance decision).
 
     A field at its default is absent. Guarantees are required only under
     strict; single_tool_call_enforced never is (the horde keeps the first

@@ -31,7 +31,7 @@ MAX_CHAT_STOP: Final = 4
 MAX_CHAT_TOOLS: Final = 128
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3
-# Reply bounds a chat submit must keep (004 "Submit refusals").
+# Reply bounds a chat submit must keep (worker guide, "Submit refusals").
 MAX_NATIVE_FINISH_REASON: Final = 32
 MAX_REASONING_BYTES: Final = 1024 * 1024
 MAX_REPORTED_TOKENS: Final = 10_000_000
@@ -63,3 +63,8 @@ SLOW_WORKER_TOKENS_PER_SECOND: Final = 2.0
 
 # The window in which aborted jobs are counted towards maintenance.
 ABORT_WINDOW_SECONDS: Final = 3600.0
+
+# A worker whose pop long-polled and found nothing pops again as the wait
+# ends: it counts as online until then plus its wait again, and at least
+# this many seconds more (a short wait must survive a slow round trip).
+MIN_LONG_POLL_MARGIN: Final = 10.0

@@ -1,4 +1,4 @@
-"""Streaming progress (004 "Streaming progress", 000 "Streaming"): the rules
+"""Streaming progress (the chat specification: "Streaming progress", "Streaming"): the rules
 of a progress post and of its lease, as pure functions over a ``Lease``.
 
 A job popped with ``stream_progress: true`` gets a lease: it authenticates the

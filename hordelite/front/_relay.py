@@ -1,4 +1,4 @@
-"""Relaying a plain streamed request's progress as SSE deltas (000 "Streaming").
+"""Relaying a plain streamed request's progress as SSE deltas (chat guide, "Streaming").
 
 The worker posts about once a second; each post's text is spread evenly over
 the estimated interval until the next post, so the client sees a steady flow

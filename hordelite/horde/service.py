@@ -38,6 +38,7 @@ from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
+from hordelite.contract.presence import is_online
 from hordelite.contract.progress import Lease, accept, parse_progress
 from hordelite.contract.text import (
     JobSubmit,
@@ -47,7 +48,7 @@ from hordelite.contract.text import (
     parse_text_request,
 )
 from hordelite.contract.unicode_rules import worker_name_key
-from hordelite.errors import RC, HordeError
+from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde import chat
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
@@ -494,6 +495,10 @@ class Horde:
         while True:
             with self.signals.queue_waiter(worker) as waiter:
                 last = self._stopping or anyio.current_time() >= deadline
+                # How long this check-in lasts depends on how long the pop still waits.
+                poll_left = (
+                    None if pop.wait <= 0 else 0.0 if last else deadline - anyio.current_time()
+                )
                 result = await self.db.write(
                     q.pop_job,
                     key_hash,
@@ -502,6 +507,7 @@ class Horde:
                     self.rules,
                     last,
                     not self.db.is_sqlite,
+                    poll_left,
                 )
                 if result.job is not None or last:
                     break
@@ -536,7 +542,7 @@ class Horde:
 
     async def post_progress(self, api_key: str, body: Any) -> dict[str, Any]:
         """A streamed job's progress post, answered from its lease: no
-        database read on this path (004 "Streaming progress")."""
+        database read on this path (worker guide, "Streaming progress")."""
         post = parse_progress(body)
         lease = self.signals.lease(post.job_id)
         if lease is None:
@@ -748,8 +754,18 @@ class Horde:
                 "maintenance: expected true or false",
                 errors={"maintenance": "expected true or false"},
             )
+        # hordelite extension: a worker that stops says so (``online: false``)
+        # and leaves the pool at once; only its next pop brings it back.
+        online = body.get("online")
+        if online is not None and online is not False:
+            raise bad_request("online", "only false is accepted: a pop brings a worker online")
         changes = await self.db.write(
-            q.update_worker, hash_key(api_key), canonical, maintenance, self.rules
+            q.update_worker,
+            hash_key(api_key),
+            canonical,
+            maintenance,
+            self.rules,
+            None if online is None else self.clock.now(),
         )
         return changes
 
@@ -764,7 +780,7 @@ class Horde:
             "type": "text",
             "name": row["name"],
             "id": row["id"],
-            "online": now - row["last_check_in"] <= self.config.horde.worker_online,
+            "online": is_online(row["online_until"], now),
             "requests_fulfilled": row["requests_fulfilled"],
             "kudos_rewards": round(row["kudos_rewards"], 2),
             "kudos_details": {"generated": round(row["kudos_rewards"], 2), "uptime": 0},

@@ -107,11 +107,31 @@ def _v4(conn: Connection) -> None:
     )
 
 
+def _v5(conn: Connection) -> None:
+    # workers.online_until (hordelite.contract.presence): a long-polling
+    # worker's check-in lasts about twice its wait, and a worker that stops
+    # says so. Workers stored before keep the rule they were checked in
+    # under: online for 300 seconds (the default horde.worker_online) after
+    # their last pop, until they pop again.
+    _add_missing_columns(conn)
+    conn.execute(
+        update(schema.workers)
+        .where(schema.workers.c.online_until == 0)
+        .values(online_until=schema.workers.c.last_check_in + _V5_ONLINE_SECONDS)
+    )
+    conn.exec_driver_sql(
+        "CREATE INDEX IF NOT EXISTS ix_workers_online_until ON workers (online_until)"
+    )
+
+
+_V5_ONLINE_SECONDS = 300.0
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
 LATEST = len(MIGRATIONS)
 
 

@@ -52,6 +52,7 @@ from hordelite.contract.chat_reply import (
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
+from hordelite.contract.presence import online_until
 from hordelite.contract.progress import streams_progress
 from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.unicode_rules import unsendable, worker_name_key
@@ -124,7 +125,7 @@ _HAS_OWN = select(queue.c.id).where(queue.c.user_id == bindparam("owner_id")).li
 _ONLINE_WORKERS = (
     select(workers, users.c.trusted)
     .join(users, users.c.id == workers.c.user_id)
-    .where(workers.c.last_check_in >= bindparam("since"))
+    .where(workers.c.online_until > bindparam("now"))
 )
 _IN_FLIGHT = select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 0)).where(
     requests.c.user_id == bindparam("user_id"), requests.c.state == "waiting"
@@ -680,7 +681,7 @@ def _end_request(
     """End a request: out of the queue; with ``abort_jobs`` its jobs still
     out are aborted (a late submit gets AbortedGen and charges nobody).
 
-    A client's cancel does not abort them (004 step 7): a job that does not
+    A client's cancel does not abort them (worker guide, step 7): a job that does not
     stream is submitted as usual and rewarded for its reply.
     """
     conn.execute(
@@ -703,14 +704,13 @@ def _end_request(
 def _online_workers(
     conn: Connection, now: float, rules: Rules, chat_models: Sequence[str] | None = None
 ) -> list[WorkerView]:
-    """Workers seen within the online window; with ``chat_models``, only the
-    chat workers of those models (read along ix_workers_chat_model)."""
-    since = {"since": now - rules.worker_online}
+    """Workers online now; with ``chat_models``, only the chat workers of
+    those models (read along ix_workers_chat_model)."""
     if chat_models is None:
-        rows = conn.execute(_ONLINE_WORKERS, since).mappings()
+        rows = conn.execute(_ONLINE_WORKERS, {"now": now}).mappings()
     else:
         statement = _ONLINE_WORKERS.where(workers.c.chat_model.in_(list(chat_models)))
-        rows = conn.execute(statement, since).mappings()
+        rows = conn.execute(statement, {"now": now}).mappings()
     return [_worker_view(r) for r in rows]
 
 
@@ -803,10 +803,10 @@ def _declaration(pop: PopRequest, now: float) -> dict[str, Any]:
 
 
 def _touch_worker(
-    conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules
+    conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules, until: float
 ) -> None:
-    """Store the declaration of this pop: the worker is online from now."""
-    values = _declaration(pop, now)
+    """Store the declaration of this pop: the worker is online from now until ``until``."""
+    values = {**_declaration(pop, now), "online_until": until}
     gap = now - row["last_check_in"]
     if 0 < gap <= rules.worker_online:
         values["uptime"] = row["uptime"] + gap
@@ -814,8 +814,15 @@ def _touch_worker(
 
 
 def update_worker(
-    conn: Connection, key_hash: str, worker_id: str, maintenance: bool | None, rules: Rules
+    conn: Connection,
+    key_hash: str,
+    worker_id: str,
+    maintenance: bool | None,
+    rules: Rules,
+    offline_at: float | None = None,
 ) -> dict[str, Any]:
+    """``offline_at``: the worker says it stops; it is offline from then
+    until its next pop (hordelite.contract.presence)."""
     user = _user(conn, key_hash, rules)
     row = (
         conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update())
@@ -831,8 +838,12 @@ def update_worker(
         changes["maintenance"] = maintenance
         if not maintenance:
             changes["aborts_in_window"] = 0
-    if changes:
-        conn.execute(update(workers).where(workers.c.id == worker_id).values(**changes))
+    values = dict(changes)
+    if offline_at is not None:
+        changes["online"] = False
+        values["online_until"] = min(row["online_until"], offline_at)
+    if values:
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
     # The answer lists what changed: clearing maintenance also reset the count.
     return changes
 
@@ -857,7 +868,7 @@ def list_workers(conn: Connection, now: float, rules: Rules) -> Sequence[RowMapp
     q = (
         select(workers, users.c.trusted, users.c.username)
         .join(users, users.c.id == workers.c.user_id)
-        .where(workers.c.last_check_in >= now - rules.worker_online)
+        .where(workers.c.online_until > now)
         .order_by(workers.c.name)
     )
     return conn.execute(q).mappings().all()
@@ -895,8 +906,13 @@ def pop_job(
     rules: Rules,
     with_skipped: bool,
     skip_locked: bool,
+    poll_left: float | None = None,
 ) -> PopResult:
-    """Check the worker in and hand it the best job it may take, if any."""
+    """Check the worker in and hand it the best job it may take, if any.
+
+    ``poll_left``: seconds this long-polled pop still waits after this
+    attempt (None: it does not long-poll); how long the check-in lasts
+    depends on it (hordelite.contract.presence)."""
     user = _user(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
@@ -911,15 +927,25 @@ def pop_job(
             "user_id": user["id"],
             "created": now,
         }
-        conn.execute(insert(workers).values(**values, **_declaration(pop, now)))
+        online = {"online_until": now + rules.worker_online}
+        conn.execute(insert(workers).values(**values, **_declaration(pop, now), **online))
         row = conn.execute(_WORKER_BY_KEY, {"name_key": name_key}).mappings().one()
         fresh = True
     else:
         fresh = False
     worker = _worker_view({**row, **_declaration(pop, now), "trusted": user["trusted"]})
     job = _claim(conn, worker, user["id"], now, rules, skip_locked)
+    until = online_until(
+        now,
+        handed_job=job is not None,
+        poll_left=poll_left,
+        wait=pop.wait,
+        worker_online=rules.worker_online,
+    )
     if not fresh:
-        _touch_worker(conn, row, pop, now, rules)
+        _touch_worker(conn, row, pop, now, rules, until)
+    elif until != row["online_until"]:
+        conn.execute(update(workers).where(workers.c.id == row["id"]).values(online_until=until))
     skipped = _skipped(conn, worker) if job is None and with_skipped else {}
     return PopResult(worker, job, skipped)
 
@@ -1055,7 +1081,7 @@ def _statement_for(
     )
 
 
-# The job lease preference (004 "Streaming progress"): a chat job goes to a
+# The job lease preference (worker guide, "Streaming progress"): a chat job goes to a
 # worker whose measured speed generates its max_length within this many
 # seconds; a slower worker gets it only when no faster chat worker serving
 # the model is online.

@@ -92,6 +92,9 @@ workers = Table(
     Column("chat_model", String(255), nullable=True, index=True),
     Column("prompt_jobs", Boolean, nullable=False, default=True, server_default=true()),
     Column("nonconformant_replies", Integer, nullable=False, default=0, server_default="0"),
+    # Until when the worker counts as online (hordelite.contract.presence):
+    # set by every pop, lowered to the moment it says it stops.
+    Column("online_until", Float, nullable=False, default=0.0, server_default="0", index=True),
     Index("ux_workers_name_key", "name_key", unique=True),
 )
 

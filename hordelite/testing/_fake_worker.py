@@ -112,7 +112,7 @@ def colour_reply(job: dict[str, Any]) -> dict[str, Any]:
 
 
 class FakeChatWorker(FakeTextWorker):
-    """A text worker that also declares chat on every pop (004 step 1).
+    """A text worker that also declares chat on every pop (worker guide, step 1).
 
     ``reply(job)`` builds the structured submit (message, finish_reason and
     any token counts); ``serve_one()`` pops and submits it with the assigned

@@ -1,5 +1,5 @@
-"""The chat declaration, from what the backend proves at start (004 step 1,
-000 "Prompt fit on the worker").
+"""The chat declaration, from what the backend proves at start (the chat
+specification: worker guide step 1, and "Prompt fit on the worker").
 
 The model id and the context come from the backend (flags override them);
 capabilities only from the operator's ``features``. The guarantee

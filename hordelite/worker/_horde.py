@@ -1,9 +1,11 @@
-"""The worker's one interface to the horde: pop, submit, progress."""
+"""The worker's one interface to the horde: pop, submit, progress, and
+the notice that it stops."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -63,6 +65,25 @@ class HordeClient:
         return await self._post(
             "/generate/text/progress", {"id": job_id, "seq": seq, "delta": delta}
         )
+
+    async def go_offline(self, name: str) -> bool:
+        """Tell the horde this worker stops (hordelite's ``online: false`` on
+        ``PUT /workers/{id}``): it leaves the pool now instead of when its
+        last check-in runs out. False when the horde does not know the
+        worker (it never popped). Raises HordeUnavailable or HordeRefusal."""
+        try:
+            found = await self.client.get(f"/workers/name/{quote(name, safe='')}")
+        except httpx.TransportError as exc:
+            raise HordeUnavailable(f"GET /workers/name: {exc!r}") from exc
+        if found.status_code == 404:
+            return False
+        worker_id = _answer(found).get("id")
+        try:
+            answer = await self.client.put(f"/workers/{worker_id}", json={"online": False})
+        except httpx.TransportError as exc:
+            raise HordeUnavailable(f"PUT /workers/{worker_id}: {exc!r}") from exc
+        _answer(answer)
+        return True
 
     async def _post(
         self, path: str, body: Mapping[str, Any], limit: httpx.Timeout | None = None

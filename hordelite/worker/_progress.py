@@ -1,4 +1,4 @@
-"""Streaming progress from the worker's side (004 "Streaming progress").
+"""Streaming progress from the worker's side (worker guide, "Streaming progress").
 
 A ``ProgressPoster`` posts the text a streamed job has produced since its
 last accepted post, one post at a time, and reads each answer: ``cancelled``

@@ -1,6 +1,7 @@
 """From a job to a backend request, and from the backend's answer to a submit.
 
-Pure functions, no I/O (004 steps 2, 6 and 7):
+Pure functions, no I/O (the worker guide of the chat specification, steps 2, 6
+and 7):
 
 - ``chat_completion_body`` / ``text_completion_body``: the OpenAI-compatible
   request for a job, every sampling field applied as sent;
@@ -162,7 +163,7 @@ def _without_partial_tag(text: str, tag: str) -> str:
 
 def finish_reason(native: Any, has_calls: bool) -> str:
     """The backend's finish reason mapped onto stop, length, content_filter
-    and tool_calls (004 step 6): length when generation reached the limit,
+    and tool_calls (worker guide, step 6): length when generation reached the limit,
     tool_calls when the reply has calls and the backend says so, content_filter
     when the backend withheld the reply, stop otherwise."""
     if native in ("length", "max_tokens", "model_length"):

@@ -4,7 +4,8 @@ One process, one task group: ``threads`` slots, each its own long-polled pop
 loop serving one job at a time, and a summary logger. ``Worker.stop()``
 cancels the pops in flight and gives the jobs in hand the grace period;
 a job still running then is faulted, so the horde gives it to another
-worker at once instead of after its lease.
+worker at once instead of after its lease. Once no pop is in flight, the
+worker tells the horde it stops, so that new requests stop waiting for it.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class Worker:
         self._drain_deadline = math.inf
         self._start_scope: anyio.CancelScope | None = None
         self._pop_scopes: set[anyio.CancelScope] = set()
+        self._pops_over = anyio.Event()  # stopping, and no pop in flight
         self._job_scopes: set[anyio.CancelScope] = set()
         self._counts: collections.Counter[str] = collections.Counter()
         self._kudos = 0.0
@@ -196,6 +198,8 @@ class Worker:
             self._start_scope.cancel()
         for scope in self._pop_scopes:
             scope.cancel()
+        if not self._pop_scopes:
+            self._pops_over.set()
         for scope in self._job_scopes:
             scope.deadline = min(scope.deadline, self._drain_deadline)
 
@@ -273,6 +277,7 @@ class Worker:
                 async with anyio.create_task_group() as slots:
                     for index in range(self.config.threads):
                         slots.start_soon(self._slot, index)
+                    slots.start_soon(self._announce_stop)
                 tg.cancel_scope.cancel()
         except* WorkerError as group:
             # One slot's fatal error (a refused key, say) stops the worker:
@@ -312,6 +317,20 @@ class Worker:
             f"; withdrawn: {', '.join(s.withdrawn)}" if s.withdrawn else "",
         )
 
+    async def _announce_stop(self) -> None:
+        """Once stopping and no pop is in flight (none starts after), tell the
+        horde the worker is offline: requests for its model then stop waiting
+        for it. The jobs in hand still finish and are submitted. A horde that
+        does not answer loses nothing: the worker's check-in runs out."""
+        await self._pops_over.wait()
+        assert self._horde is not None
+        try:
+            with anyio.fail_after(_LAST_FAULT):
+                if await self._horde.go_offline(self.config.name):
+                    log.info("told the horde this worker is offline")
+        except (HordeUnavailable, HordeRefusal, TimeoutError) as exc:
+            log.warning("could not tell the horde this worker is offline: %r", exc)
+
     # Popping --------------------------------------------------------------------
 
     async def _slot(self, index: int) -> None:
@@ -326,6 +345,8 @@ class Worker:
                     job, failures = await self._pop(failures)
                 finally:
                     self._pop_scopes.discard(scope)
+                    if self._stopping and not self._pop_scopes:
+                        self._pops_over.set()
             if job is not None:
                 try:
                     await self._serve(job)

@@ -17,7 +17,7 @@ TLS = ssl.create_default_context()
 
 CHAT_ASYNC = "/api/v2/generate/chat/async"
 MODEL = "chat-model"
-# Every strict request needs this guarantee (ADR 0036): a worker declaring
+# Every strict request needs this guarantee (the conformance decision): a worker declaring
 # only it serves plain strict requests.
 STRICT = ("prompt_overflow_refused",)
 

@@ -1,4 +1,4 @@
-"""Faulted chat jobs over real HTTP (004 "7. Fault a job"): the faulted
+"""Faulted chat jobs over real HTTP (worker guide, "7. Fault a job"): the faulted
 submit, fault reasons and their messages, how a fault is counted against
 the worker, and what happens to a faulted request's jobs."""
 

@@ -1,6 +1,7 @@
 """Chat routing end to end over real HTTP: the worker's declaration on pop
-(004 step 1), routing by features, guarantees and limits (ADR 0036), the
-chat job payload (004 step 2), and the model and worker listings."""
+(worker guide, step 1), routing by features, guarantees and limits (the
+conformance decision), the
+chat job payload (worker guide, step 2), and the model and worker listings."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ async def assert_routed(
     return await pop_job(accepted)
 
 
-# Declarations (004 step 1) ----------------------------------------------------------
+# Declarations (worker guide, step 1) -------------------------------------------------
 
 
 async def test_a_pop_with_a_valid_chat_declaration_returns_200() -> None:
@@ -243,7 +244,7 @@ async def test_the_assigned_model_and_limits_survive_a_later_change_of_declarati
         assert status["generations"][0]["model"] == MODEL
 
 
-# Routing by features and guarantees (ADR 0036) ------------------------------------
+# Routing by features and guarantees (the conformance decision) ---------------------
 
 
 async def test_a_tools_request_waits_for_a_worker_declaring_tools_and_is_not_possible_without_one() -> (
@@ -590,7 +591,7 @@ async def test_a_data_url_image_needs_a_worker_declaring_vision_and_the_base64_t
         assert job["payload"]["messages"][0]["content"][1]["image_url"]["url"] == url
 
 
-# The chat job payload (004 step 2) ------------------------------------------------
+# The chat job payload (worker guide, step 2) ---------------------------------------
 
 
 async def test_a_chat_job_is_marked_chat_and_carries_messages_without_a_prompt() -> None:
@@ -619,7 +620,7 @@ async def test_a_developer_message_reaches_the_worker_as_a_system_message() -> N
 
 
 # OpenAI's defaults (temperature 1, top_p 1, no penalties) and neutral
-# backend samplers (004 step 2's example payload).
+# backend samplers (the worker guide's step 2 example payload).
 OPENAI_DEFAULTS = {
     "temperature": 1.0,
     "top_p": 1.0,

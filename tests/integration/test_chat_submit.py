@@ -1,6 +1,6 @@
 """The structured chat submit over real HTTP: the reply, its verification,
-its price and the chat status (004 "6. Submit the reply", "Submit refusals";
-ADR 0036 reply verification; 000 "Pricing by the text output estimate",
+its price and the chat status (worker guide: "6. Submit the reply", "Submit refusals";
+the conformance decision's reply verification; chat guide: "Pricing by the text output estimate",
 "Reasoning")."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.anyio
 # A model of known size, so that the price follows from the formula.
 MODEL = "test/chat-13b"
 BILLIONS = 13
-JOB_TTL = 150  # the pop's ttl: the job's lease (004 "Streaming progress")
+JOB_TTL = 150  # the pop's ttl: the job's lease (worker guide, "Streaming progress")
 
 WEATHER = {
     "type": "function",
@@ -70,7 +70,7 @@ COLOUR_SCHEMA = {
 
 
 def expected_price(chars: int, max_length: int) -> tuple[float, float]:
-    """(reward, charge) by 000 "Pricing": tokens = min(max_length, max(20,
+    """(reward, charge) by the chat guide's "Pricing": tokens = min(max_length, max(20,
     ceil(chars / 4))), reward = round(tokens x billions / 21, 2), and the
     requester pays the reward plus 1."""
     tokens = min(max_length, max(20, math.ceil(chars / 4)))
@@ -690,7 +690,7 @@ async def test_a_submit_after_the_jobs_lease_ran_out_is_refused_with_AbortedGen(
 async def test_a_job_that_does_not_stream_is_submitted_as_usual_after_its_request_was_deleted(
     tmp_path: Path,
 ) -> None:
-    # 004 step 7: such a job is not settled at the cancel; it is submitted
+    # Worker guide, step 7: such a job is not settled at the cancel; it is submitted
     # as usual and rewarded for the reply.
     async with chat_horde(tmp_path) as chat:
         request_id = await chat.submit(chat_body())

@@ -1,5 +1,5 @@
 """The OpenAI-compatible front driven by the official ``openai`` SDK over real
-HTTP (issue 4; seeds 000 "A separate front woken by Redis", "Errors in the
+HTTP (issue 4; chat guide: "A separate front woken by Redis", "Errors in the
 OpenAI envelope", "What a client can rely on" and the availability table).
 
 Every error is checked three ways: the HTTP status, the envelope
@@ -44,7 +44,7 @@ MAX_FAULTS = DEFAULTS.horde.max_faults
 # The SDK's own default: an error it may retry is sent up to 3 times.
 SDK_DEFAULT_RETRIES = 2
 CHAT = "/v1/chat/completions"
-# The keys of the front's error object (seeds: "Errors in the OpenAI envelope").
+# The keys of the front's error object (chat guide: "Errors in the OpenAI envelope").
 ENVELOPE_KEYS = {"message", "type", "param", "code", "metadata"}
 
 
@@ -374,7 +374,7 @@ async def test_a_strict_json_schema_reply_reaches_the_sdk_parsed() -> None:
         return text_reply(content)
 
     async with open_front() as front:
-        # Exactly what a strict json_schema request needs (ADR 0036).
+        # Exactly what a strict json_schema request needs (the conformance decision).
         features = ("json_schema", "structured_output_enforced", "prompt_overflow_refused")
         worker = await front.worker("w1", features, reply=reply)
         client = await front.sdk()

@@ -1,4 +1,4 @@
-"""Streamed calls on the OpenAI front (issue 4 "Streaming"; seeds 000
+"""Streamed calls on the OpenAI front (issue 4 "Streaming"; chat guide:
 "Streaming", "What a client can rely on": stream order), through the SDK's
 stream and as raw server-sent events."""
 

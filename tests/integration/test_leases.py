@@ -175,7 +175,7 @@ async def test_cancel_stops_popping_and_a_job_in_flight_is_still_submitted_and_r
             cancel = await client.delete(f"/api/v2/generate/text/status/{request_id}")
             assert cancel.status_code == 200, cancel.text
             assert (await worker.pop())["id"] is None
-            # 004 step 7: a job that does not stream is not settled at the
+            # Worker guide, step 7: a job that does not stream is not settled at the
             # cancel; submitted as usual, it is rewarded for its reply.
             late = await worker.client.post(
                 "/generate/text/submit",

@@ -1,5 +1,5 @@
-"""Streaming progress over real HTTP (issue 5; seeds 004 "Streaming progress",
-"7. Fault a job"; 000 "Streaming" and its lease state diagram, "Pricing by
+"""Streaming progress over real HTTP (issue 5; worker guide: "Streaming progress",
+"7. Fault a job"; chat guide: "Streaming" and its lease state diagram, "Pricing by
 the text output estimate").
 
 A plain streamed chat request's job is popped with ``stream_progress: true``;
@@ -40,18 +40,18 @@ pytestmark = pytest.mark.anyio
 
 PROGRESS = "/api/v2/generate/text/progress"
 BILLIONS = 13  # MODEL's size in the model reference these tests write
-TTL = 150  # the pop's ttl, the job's lease (004 "Streaming progress")
+TTL = 150  # the pop's ttl, the job's lease (worker guide, "Streaming progress")
 EXTENSION = 150  # a post with new text extends the lease to this long after it
 TRUSTED_CAP = 600  # a trusted worker's lease ends at most this long after pop
 UNTRUSTED_CAP = 200  # an untrusted worker's lease ends at most this long after pop
-PREFERRED_SECONDS = 120  # the job lease preference (004 "Streaming progress")
+PREFERRED_SECONDS = 120  # the job lease preference (worker guide, "Streaming progress")
 
 
 # Helpers ---------------------------------------------------------------------------
 
 
 def expected_price(chars: int, max_length: int) -> tuple[float, float]:
-    """(reward, charge) by 000 "Pricing": tokens = min(max_length, max(20,
+    """(reward, charge) by the chat guide's "Pricing": tokens = min(max_length, max(20,
     ceil(chars / 4))), reward = round(tokens x billions / 21, 2), and the
     requester pays the reward plus 1."""
     tokens = min(max_length, max(20, math.ceil(chars / 4)))

@@ -1,5 +1,5 @@
 """The front relays a plain streamed request's progress as SSE deltas (issue 5;
-seeds 000 "Streaming", "What a client can rely on"; 004 "Streaming
+chat guide: "Streaming", "What a client can rely on"; worker guide: "Streaming
 progress"), read through the official openai SDK's streaming iterator, on
 asyncio and trio.
 
@@ -36,7 +36,7 @@ sdk_stream = pytest.mark.filterwarnings(
 
 BILLIONS = 13  # MODEL's size in the model reference these tests write
 UNPACED = {"pace_progress": False}
-# The worker's posting rhythm in the paced tests (004: about once a second;
+# The worker's posting rhythm in the paced tests (worker guide: about once a second;
 # faster here to keep the tests short).
 POST_EVERY = 0.25
 
@@ -440,7 +440,7 @@ async def test_closing_the_stream_cancels_the_request_and_settles_the_streamed_j
         assert status["generations"] == []
         assert status["faulted"] is False
         assert await post(worker, job, 2, " the colour") == {"accepted_seq": 2, "cancelled": True}
-        # Settled on the 7 characters posted: the 20-token floor (000 "Pricing").
+        # Settled on the 7 characters posted: the 20-token floor (chat guide, "Pricing").
         tokens = min(64, max(20, math.ceil(len("Blue is") / 4)))
         reward = round(tokens * BILLIONS / 21, 2)
         assert await env.kudos(env.owner) == pytest.approx(earned_before + reward)

@@ -30,6 +30,7 @@ from hordelite.server import open_server
 from hordelite.storage.schema import requests
 from hordelite.testing import (
     FakeBackendConfig,
+    FakeChatWorker,
     TestHorde,
     open_fake_backend,
     open_horde,
@@ -603,8 +604,10 @@ async def test_a_job_whose_text_cannot_be_encoded_is_faulted_once_and_25_in_an_h
     spoiled = 25  # more than the 20 aborts an hour that mean maintenance
     async with environment() as env:
         config = env.config()
-        async with serving(env, config):
-            pass  # the worker is known and online: chat requests for its model are admitted
+        # Another chat worker for the model, online for horde.worker_online
+        # after a pop without wait: the requests are admitted before w1 runs.
+        async with FakeChatWorker(env.horde.url, env.owner, name="w0", model_id=MODEL) as w0:
+            await w0.pop()
         ids = []
         for _ in range(spoiled):
             ids.append(await env.chat(chat_body(model=MODEL, stop=["END"])))

@@ -18,7 +18,7 @@ from hordelite.storage.migrations import upgrade
 from tests.storage.helpers import ANONYMOUS_HASH, NOW
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The ``storage.database`` value of an empty database of each kind."""
     if request.param == "sqlite":

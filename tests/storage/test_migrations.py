@@ -153,3 +153,27 @@ def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker
             ),
             True,
         )
+
+
+def _as_version_4(conn: Connection) -> None:
+    """Put the database back in version 4's shape: workers without online_until."""
+    conn.exec_driver_sql("DROP INDEX ix_workers_online_until")
+    conn.exec_driver_sql("ALTER TABLE workers DROP COLUMN online_until")
+    conn.execute(update(schema.schema_version).values(version=4))
+
+
+def test_upgrading_a_version_4_database_keeps_its_workers_online_300_s_after_their_last_pop(
+    empty_database: Database,
+) -> None:
+    db = empty_database
+    db.run_sync(upgrade, True)
+    user_id = db.run_sync(queries.create_user, True, "bob", new_key_hash(), 0.0, False, False, NOW)
+    db.run_sync(_add_worker, True, "w1", user_id, NOW)
+    db.run_sync(_as_version_4, True)
+
+    before, after = db.run_sync(upgrade, True)
+
+    assert (before, after) == (4, LATEST)
+    online = db.run_sync(queries.online_workers, False, NOW + 299, RULES)
+    assert [w.id for w in online] != []
+    assert db.run_sync(queries.online_workers, False, NOW + 301, RULES) == []

@@ -1,7 +1,7 @@
 """The chat reply contract: the structured submit, its verification, the job payload.
 
-Rules come from ADR 0036 (seeds/001) and from "Serve chat jobs from a text
-worker" (seeds/004): steps 2, 4, 6, "Submit refusals" and 7. Requests are built
+Rules come from the chat specification's conformance decision and from its
+worker guide ("Serve chat jobs from a text worker"): steps 2, 4, 6, "Submit refusals" and 7. Requests are built
 with parse_chat_request from OpenAI bodies a client would send; replies with
 parse_chat_submit from bodies a worker would submit.
 """

@@ -6,6 +6,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from hordelite.horde.service import Horde, hash_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version
-from hordelite.testing import open_horde
+from hordelite.testing import FakeTextWorker, open_horde
 
 
 @pytest.fixture(autouse=True)
@@ -34,11 +35,21 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def empty(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database setting with no hordelite database behind it yet: a SQLite
+    file that does not exist, or an empty PostgreSQL schema."""
     if request.param == "postgresql":
         return request.getfixturevalue("postgres_schema_url")  # type: ignore[no-any-return]
     return str(tmp_path / "cli.db")
+
+
+@pytest.fixture
+def database(empty: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """A horde's database, created the way an operator does (db upgrade)."""
+    assert main(["db", "upgrade", "--database", empty]) == 0
+    capsys.readouterr()
+    return empty
 
 
 def created_key(output: str) -> tuple[str, int]:
@@ -105,20 +116,324 @@ async def test_a_created_key_authenticates_on_find_user_with_its_kudos_and_name(
         assert wrong.status_code in (401, 404), wrong.text
 
 
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """main(argv): its exit code, stdout and stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_refusal(code: int, err: str, *words: str) -> None:
+    assert code != 0
+    assert err.endswith("\n"), err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, err
+
+
+def shown(database: str) -> str:
+    """How the CLI names a database: an absolute path, a URL without its password."""
+    return database if "://" in database else str(Path(database).absolute())
+
+
+def test_keys_create_names_the_database_it_wrote_to(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli(capsys, "keys", "create", "alice", "--database", database)
+    assert code == 0
+    assert f"database: {shown(database)}" in out.splitlines()
+
+
+def test_a_relative_database_path_is_named_absolute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["db", "upgrade", "--database", "rel.db"]) == 0
+    assert str(tmp_path / "rel.db") in capsys.readouterr().out
+    code, out, _ = cli(capsys, "keys", "create", "alice", "--database", "rel.db")
+    assert code == 0
+    assert f"database: {tmp_path / 'rel.db'}" in out.splitlines()
+
+
+def test_keys_create_refuses_to_create_a_database_in_one_line_with_the_way_out(
+    empty: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(capsys, "keys", "create", "alice", "--database", empty)
+    assert_one_line_refusal(
+        code, err, shown(empty), "--database", "HORDELITE_DATABASE_URL", "db upgrade"
+    )
+    assert "API key" not in out
+    if "://" not in empty:
+        assert not Path(empty).exists()
+    assert schema_version(empty) == 0
+
+
+def test_run_from_another_directory_keys_create_makes_no_new_hordelite_db(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "horde"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    assert main(["db", "upgrade"]) == 0  # ./hordelite.db, the default
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    code, _, err = cli(capsys, "keys", "create", "alice")
+    assert_one_line_refusal(code, err, str(elsewhere / "hordelite.db"), "default")
+    assert not (elsewhere / "hordelite.db").exists()
+    # The environment names the horde's database: then it works from anywhere.
+    monkeypatch.setenv("HORDELITE_DATABASE_URL", str(home / "hordelite.db"))
+    code, out, _ = cli(capsys, "keys", "create", "alice")
+    assert code == 0
+    assert f"database: {home / 'hordelite.db'}" in out.splitlines()
+
+
+@pytest.mark.parametrize("again", ["alice", "ALICE", " alice "])
+def test_a_name_created_twice_is_refused_in_one_line_and_nothing_is_created(
+    database: str, capsys: pytest.CaptureFixture[str], again: str
+) -> None:
+    assert main(["keys", "create", "alice", "--database", database]) == 0
+    _, user_id = created_key(capsys.readouterr().out)
+    code, out, err = cli(capsys, "keys", "create", again, "--database", database)
+    assert_one_line_refusal(code, err, f"alice#{user_id}", "keys rotate")
+    assert "API key" not in out
+    code, out, _ = cli(capsys, "keys", "list", "--database", database)
+    assert code == 0
+    assert [line.split()[1] for line in out.splitlines()[2:]] == ["Anonymous#0", f"alice#{user_id}"]
+
+
+def test_keys_list_shows_ids_names_kudos_and_whether_each_key_is_active(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["keys", "create", "alice", "--kudos", "50", "--database", database]) == 0
+    assert main(["keys", "create", "bob", "--admin", "--database", database]) == 0
+    capsys.readouterr()
+    assert main(["keys", "revoke", "bob", "--database", database]) == 0
+    capsys.readouterr()
+    code, out, _ = cli(capsys, "keys", "list", "--database", database)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"database: {shown(database)}"
+    assert lines[1].split() == ["ID", "USER", "KUDOS", "KEY", "ROLE", "WORKERS"]
+    rows = {line.split()[1]: line.split() for line in lines[2:]}
+    assert rows["Anonymous#0"][:4] == ["0", "Anonymous#0", "0", "public"]
+    alice = next(r for name, r in rows.items() if name.startswith("alice#"))
+    bob = next(r for name, r in rows.items() if name.startswith("bob#"))
+    assert alice[2:4] == ["50", "active"]
+    assert bob[2:5] == ["0", "revoked", "admin"]
+    assert alice[0] == alice[1].split("#")[1]
+
+
+async def assert_invalid_key(client: httpx.AsyncClient, key: str) -> None:
+    """A route acting for a user refuses the key: 401 InvalidAPIKey."""
+    r = await client.post(
+        "/api/v2/generate/text/async", headers={"apikey": key}, json={"prompt": "Hello"}
+    )
+    assert r.status_code == 401, r.text
+    assert r.json()["rc"] == "InvalidAPIKey"
+
+
+@pytest.mark.anyio
+async def test_a_revoked_key_is_refused_401_invalid_api_key_and_other_keys_still_work(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["keys", "create", "alice", "--database", database]) == 0
+    alice, alice_id = created_key(capsys.readouterr().out)
+    assert main(["keys", "create", "bob", "--database", database]) == 0
+    bob = capsys.readouterr().out.splitlines()[-1].rsplit(":", 1)[1].strip()
+    code, out, _ = cli(capsys, "keys", "revoke", f"alice#{alice_id}", "--database", database)
+    assert code == 0
+    assert f"alice#{alice_id}" in out
+    assert "revoked" in out
+    assert alice not in out
+    async with (
+        open_horde(database=database) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        await assert_invalid_key(client, alice)
+        assert (await client.get("/api/v2/find_user", headers={"apikey": bob})).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_rotate_prints_a_new_key_once_which_authenticates_and_the_old_one_stops(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["keys", "create", "alice", "--kudos", "9", "--database", database]) == 0
+    old, user_id = created_key(capsys.readouterr().out)
+    assert main(["keys", "revoke", "alice", "--database", database]) == 0
+    capsys.readouterr()
+    # Rotating a revoked key gives the user a working key again.
+    code, out, _ = cli(capsys, "keys", "rotate", "alice", "--database", database)
+    assert code == 0
+    new, same_id = created_key(out)
+    assert same_id == user_id
+    assert new != old
+    assert out.count(new) == 1
+    async with (
+        open_horde(database=database) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        r = await client.get("/api/v2/find_user", headers={"apikey": new})
+        assert r.status_code == 200, r.text
+        assert (r.json()["id"], r.json()["kudos"]) == (user_id, 9)
+        await assert_invalid_key(client, old)
+
+
+def test_the_anonymous_key_cannot_be_revoked_or_rotated(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for action in ("revoke", "rotate"):
+        code, out, err = cli(capsys, "keys", action, "0", "--database", database)
+        assert_one_line_refusal(code, err, "anonymous", "allow_anonymous")
+        assert "API key" not in out
+    assert authenticates(database, "0000000000")["id"] == 0
+
+
+@pytest.mark.parametrize("how", ["name", "id", "handle"])
+def test_kudos_grant_adds_kudos_to_a_user_given_by_name_id_or_handle(
+    database: str, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    assert main(["keys", "create", "alice", "--kudos", "5", "--database", database]) == 0
+    key, user_id = created_key(capsys.readouterr().out)
+    user = {"name": "Alice", "id": str(user_id), "handle": f"alice#{user_id}"}[how]
+    code, out, _ = cli(capsys, "kudos", "grant", user, "10", "--database", database)
+    assert code == 0
+    assert f"database: {shown(database)}" in out
+    assert f"alice#{user_id}" in out
+    assert "5 -> 15" in out
+    code, _, _ = cli(capsys, "kudos", "grant", user, "-2.5", "--database", database)
+    assert code == 0
+    assert authenticates(database, key)["kudos"] == 12.5
+
+
+def test_kudos_grant_refuses_an_unknown_or_ambiguous_user_and_a_non_number(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Names were not unique before: a database may hold two users named alike.
+    db = Database(database, 1)
+    try:
+        ids = [
+            db.run_sync(
+                queries.create_user, True, "alice", hash_key(f"k{i}"), 1.0, False, False, 0.0
+            )
+            for i in range(2)
+        ]
+    finally:
+        db.dispose()
+    cases = [
+        (["nobody", "5"], ["nobody", "keys list"]),
+        (["alice", "5"], [f"alice#{ids[0]}", f"alice#{ids[1]}", "NAME#ID"]),
+        ([f"bob#{ids[0]}", "5"], [f"bob#{ids[0]}"]),
+        (["999", "5"], ["999"]),
+        (["alice#" + str(ids[0]), "nan"], ["nan"]),
+        (["alice#" + str(ids[0]), "inf"], ["inf"]),
+    ]
+    for args, words in cases:
+        code, _, err = cli(capsys, "kudos", "grant", *args, "--database", database)
+        assert_one_line_refusal(code, err, *words)
+    for user_id in ids:
+        assert authenticates(database, f"k{user_id - ids[0]}")["kudos"] == 1.0
+
+
+@pytest.mark.anyio
+async def test_workers_list_shows_every_worker_with_owner_and_whether_it_is_online(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["keys", "create", "alice", "--database", database]) == 0
+    key, user_id = created_key(capsys.readouterr().out)
+    code, out, _ = cli(capsys, "workers", "list", "--database", database)
+    assert code == 0
+    assert out.splitlines() == [
+        f"database: {shown(database)}",
+        "no workers yet: a worker appears with its first pop",
+    ]
+    async with (
+        open_horde(database=database) as horde,
+        FakeTextWorker(horde.url, key, name="w1", models=["m1", "m2"]) as w1,
+        FakeTextWorker(horde.url, key, name="w2") as w2,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        await w1.pop()
+        await w2.pop()
+        w2_id = (await client.get("/api/v2/workers/name/w2")).json()["id"]
+        r = await client.put(
+            f"/api/v2/workers/{w2_id}", headers={"apikey": key}, json={"online": False}
+        )
+        assert r.status_code == 200, r.text
+        code, out, _ = cli(capsys, "workers", "list", "--database", database)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"database: {shown(database)}"
+    assert lines[1].split()[:4] == ["NAME", "ID", "OWNER", "STATE"]
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert set(rows) == {"w1", "w2"}
+    assert rows["w1"][2:4] == [f"alice#{user_id}", "online"]
+    assert "m1,m2" in rows["w1"]
+    assert rows["w2"][1:4] == [w2_id, f"alice#{user_id}", "offline"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["keys"],
+        ["keys", "create"],
+        ["kudos", "grant", "alice"],
+        ["kudos", "grant", "alice", "many"],
+        ["workers", "remove"],
+        ["keys", "create", "a#b", "--database", "DB"],
+        ["keys", "create", "   ", "--database", "DB"],
+        ["keys", "create", "x" * 101, "--database", "DB"],
+        ["workers", "list", "--database", "NOFILE"],
+        ["keys", "list", "--database", "postgresql://nobody:pw@127.0.0.1:1/none"],
+    ],
+)
+def test_a_refusal_is_one_line_on_stderr_with_a_non_zero_exit_code(
+    argv: list[str], database: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        database if a == "DB" else str(tmp_path / "absent.db") if a == "NOFILE" else a for a in argv
+    ]
+    code, _, err = cli(capsys, *argv)
+    assert_one_line_refusal(code, err)
+    assert ":pw@" not in err
+
+
+@pytest.mark.postgres
+def test_a_postgresql_password_is_never_printed(
+    postgres_schema_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = postgres_schema_url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+    assert "s3cret" in url
+    for argv in (
+        ["keys", "list", "--database", url],  # refused: no database yet
+        ["db", "upgrade", "--database", url],
+        ["keys", "create", "alice", "--database", url],
+        ["keys", "list", "--database", url],
+        ["workers", "list", "--database", url],
+    ):
+        _, out, err = cli(capsys, *argv)
+        assert "s3cret" not in out + err
+        assert "postgres:***@" in out + err
+
+
 # db upgrade ------------------------------------------------------------------
 
 
 def test_db_upgrade_creates_the_schema_on_a_new_database(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    empty: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = str(tmp_path / "new.db")
-    assert main(["db", "upgrade", "--database", path]) == 0
-    db = Database(path, 1)
+    assert main(["db", "upgrade", "--database", empty]) == 0
+    assert schema_version(empty) == LATEST
+    assert f"0 -> {LATEST}" in capsys.readouterr().out
+
+
+def schema_version(database: str) -> int:
+    db = Database(database, 1)
     try:
-        assert db.run_sync(current_version, False) == LATEST
+        return db.run_sync(current_version, False)
     finally:
         db.dispose()
-    assert f"0 -> {LATEST}" in capsys.readouterr().out
 
 
 def test_db_upgrade_is_idempotent_and_keeps_the_data(
@@ -267,3 +582,92 @@ def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
             if process.stdout is not None:
                 process.stdout.close()
     assert db.exists()
+
+
+def served_banner(tmp_path: Path, config_text: str) -> list[str]:
+    """The start banner of a real ``hordelite serve`` with this configuration
+    (then stopped with SIGTERM, which must exit 0)."""
+    config = tmp_path / "serve.toml"
+    config.write_text(config_text, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        banner = _banner(_lines(process.stdout), time.monotonic() + START_DEADLINE)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=STOP_TIMEOUT)
+        assert process.returncode == 0, err
+        return banner
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_the_banner_shows_the_anonymous_key_and_the_horde_sdk_base_url(tmp_path: Path) -> None:
+    banner = "\n".join(
+        served_banner(
+            tmp_path, f'[server]\nport = 0\n[storage]\ndatabase = "{tmp_path / "a.db"}"\n'
+        )
+    )
+    url = re.search(r"serving at (http://\S+)", banner)
+    assert url, banner
+    assert "anonymous key: 0000000000" in banner
+    assert f"AI_HORDE_URL={url.group(1)}/api/" in banner
+
+
+def test_the_banner_shows_no_anonymous_key_when_anonymous_access_is_off(tmp_path: Path) -> None:
+    banner = "\n".join(
+        served_banner(
+            tmp_path,
+            f'[server]\nport = 0\n[storage]\ndatabase = "{tmp_path / "a.db"}"\n'
+            "[horde]\nallow_anonymous = false\n",
+        )
+    )
+    assert "0000000000" not in banner
+    assert "anonymous access: off" in banner
+
+
+@pytest.mark.postgres
+def test_the_banner_masks_a_postgresql_password(tmp_path: Path, postgres_schema_url: str) -> None:
+    url = postgres_schema_url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+    assert "s3cret" in url
+    banner = "\n".join(
+        served_banner(tmp_path, f"[server]\nport = 0\n[storage]\ndatabase = '{url}'\n")
+    )
+    assert "s3cret" not in banner
+    assert "database: postgresql://postgres:***@127.0.0.1" in banner
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "hordelite", "serve", "--port", str(port)),
+                *("--backend", backend, "--database", str(tmp_path / "p.db")),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=START_DEADLINE,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr
+    assert "in use" in done.stderr
+    assert "--port" in done.stderr
+    assert "serving at" not in done.stdout

@@ -1,5 +1,5 @@
 """The rules of a progress post and its lease, and the relay's pacing, as pure
-functions (issue 5; seeds 004 "Streaming progress", 000 "Streaming" and its
+functions (issue 5; worker guide: "Streaming progress"; chat guide: "Streaming" and its
 lease state diagram).
 
 Every expected value comes from the specification: a lease is the pop's ttl
@@ -20,7 +20,7 @@ from hordelite.errors import RC, HordeError
 from hordelite.front._relay import Pacer
 
 POPPED = 1_000_000.0
-TTL = 150.0  # the pop's ttl (004 "Streaming progress")
+TTL = 150.0  # the pop's ttl (worker guide, "Streaming progress")
 EXTENSION = 150.0  # an accepted post with new text: the lease ends this long after it
 TRUSTED_CAP = 600.0  # at most this long after the pop, for a trusted worker
 UNTRUSTED_CAP = 200.0  # and for an untrusted one

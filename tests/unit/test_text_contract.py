@@ -1,7 +1,7 @@
 """The native text bodies: parse_text_request, parse_pop_request, parse_job_submit.
 
 Bounds and behaviours come from the AI Horde text API
-(/work/shared/reference/aihorde_text_api.md): every refusal carries its return
+(the AI Horde text API reference): every refusal carries its return
 code, and a BadRequest names the dotted field path in its message and in its
 ``errors`` map.
 """

@@ -1,0 +1,332 @@
+"""The operator's commands on a horde's database: keys, kudos, workers, db.
+
+Each names the database it used (a postgresql URL with its password
+masked). ``keys``, ``kudos`` and ``workers`` work only on an existing
+hordelite database: a SQLite file that is missing, or a database without
+the hordelite schema, is refused with a hint, because creating one would
+quietly start a second, empty horde (run from another directory, the
+default ``./hordelite.db`` is another file). ``db upgrade`` (and ``serve``)
+create it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import Connection
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from hordelite.config import Config, StorageConfig
+from hordelite.horde.service import Horde, hash_key, new_api_key
+from hordelite.storage import admin
+from hordelite.storage.database import Database
+from hordelite.storage.migrations import current_version
+
+T = TypeVar("T")
+
+DEFAULT_DATABASE = StorageConfig().database
+# users.username holds at most this many characters.
+MAX_USERNAME = 100
+_HANDLE = re.compile(r"^(.+)#(\d+)$")
+
+
+class Refused(Exception):
+    """A command that cannot run: one line on stderr, exit code 1."""
+
+
+def shown_database(database: str) -> str:
+    """How a ``storage.database`` value is shown: a SQLite file as its
+    absolute path, a URL with its password masked."""
+    if "://" not in database:
+        return os.path.abspath(os.path.expanduser(database))
+    try:
+        url = make_url(database)
+    except ArgumentError:
+        return "<a database URL that cannot be parsed>"
+    if url.get_backend_name() == "sqlite":
+        return f"sqlite:///{shown_database(url.database)}" if url.database else database
+    return url.render_as_string(hide_password=True)
+
+
+def _sqlite_file(database: str) -> Path | None:
+    """The file of a SQLite database; None for a server (or in memory)."""
+    if "://" not in database:
+        return Path(os.path.expanduser(database))
+    url = make_url(database)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(os.path.expanduser(url.database))
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The database a command works on, and where the setting came from."""
+
+    database: str
+    source: str  # "--database", an environment variable, the config file, the default
+
+    @property
+    def shown(self) -> str:
+        return shown_database(self.database)
+
+
+def target(config: Config, flag: str | None, config_file: str | None) -> Target:
+    database = config.storage.database
+    if flag:
+        source = "from --database"
+    elif "HORDELITE_DATABASE_URL" in os.environ:
+        source = "from HORDELITE_DATABASE_URL"
+    elif "HORDELITE_STORAGE_DATABASE" in os.environ:
+        source = "from HORDELITE_STORAGE_DATABASE"
+    elif database != DEFAULT_DATABASE and config_file:
+        source = f"from storage.database in {config_file}"
+    else:
+        source = f"the default, {DEFAULT_DATABASE} in the current directory"
+    return Target(database, source)
+
+
+_HINT = (
+    "name the horde's database with --database, HORDELITE_DATABASE_URL or storage.database "
+    "in the config file (--config), or create one with `hordelite db upgrade`"
+)
+
+
+def open_existing(config: Config, where: Target) -> Database:
+    """The database, brought up to date; refused when there is none."""
+    file = _sqlite_file(where.database)
+    if file is not None and not file.is_file():
+        raise Refused(f"no database at {where.shown} ({where.source}); {_HINT}")
+    db = Database(where.database, 1)
+    try:
+        if db.run_sync(current_version, False) == 0:
+            raise Refused(f"{where.shown} holds no hordelite database ({where.source}); {_HINT}")
+        _migrate(config, db, where)
+    except BaseException:
+        db.dispose()
+        raise
+    return db
+
+
+def run(config: Config, where: Target, fn: Callable[[Database], T]) -> T:
+    db = open_existing(config, where)
+    try:
+        return fn(db)
+    finally:
+        db.dispose()
+
+
+# Users --------------------------------------------------------------------------
+
+
+def check_username(name: str) -> str:
+    name = name.strip()
+    if not name:
+        raise Refused("a user name must not be empty")
+    if len(name) > MAX_USERNAME:
+        raise Refused(f"a user name is at most {MAX_USERNAME} characters")
+    if "#" in name:
+        raise Refused("a user name must not hold '#' (users are shown as NAME#ID)")
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        raise Refused("a user name must not hold control characters")
+    return name
+
+
+def resolve_user(conn: Connection, user: str) -> admin.UserEntry:
+    """A user given as its id, as NAME#ID, or by its name (compared
+    case-insensitively; refused when several users have it)."""
+    text = user.strip()
+    if text.isdigit() or _HANDLE.match(text):
+        match = _HANDLE.match(text)
+        user_id = int(match.group(2) if match else text)
+        entry = admin.user_by_id(conn, user_id)
+        if entry is None or (match and entry.username.casefold() != match.group(1).casefold()):
+            raise Refused(f"no user {text}; `hordelite keys list` shows them")
+        return entry
+    named = admin.users_named(conn, text)
+    if not named:
+        raise Refused(f"no user named {text!r}; `hordelite keys list` shows them")
+    if len(named) > 1:
+        handles = ", ".join(u.handle for u in named)
+        raise Refused(f"{len(named)} users are named {text!r} ({handles}): give one as NAME#ID")
+    return named[0]
+
+
+def keys_create(
+    config: Config, where: Target, name: str, kudos: float, is_admin: bool, trusted: bool
+) -> list[str]:
+    name = check_username(name)
+    _check_amount(kudos, "--kudos")
+    key = new_api_key()
+
+    def create(db: Database) -> admin.UserEntry | list[admin.UserEntry]:
+        return db.run_sync(
+            admin.create_user, True, name, hash_key(key), kudos, is_admin, trusted, time.time()
+        )
+
+    created = run(config, where, create)
+    if isinstance(created, list):
+        handles = ", ".join(u.handle for u in created)
+        raise Refused(
+            f"a user named {name!r} exists already in {where.shown} ({handles}); "
+            f"`hordelite keys rotate {created[0].handle}` gives it a new key, "
+            "or choose another name"
+        )
+    return [
+        f"database: {where.shown}",
+        f"user {created.handle} created with {kudos:g} kudos.",
+        f"API key (shown once, keep it): {key}",
+    ]
+
+
+def keys_list(config: Config, where: Target) -> list[str]:
+    users = run(config, where, lambda db: db.run_sync(admin.list_users, False))
+    rows = [
+        (
+            str(u.id),
+            u.handle,
+            f"{u.kudos:g}",
+            _key_state(u, config),
+            ",".join(r for r, on in (("admin", u.admin), ("trusted", u.trusted)) if on) or "-",
+            str(u.workers),
+        )
+        for u in users
+    ]
+    return [
+        f"database: {where.shown}",
+        *_table(("ID", "USER", "KUDOS", "KEY", "ROLE", "WORKERS"), rows),
+    ]
+
+
+def _key_state(user: admin.UserEntry, config: Config) -> str:
+    if user.anonymous:
+        return "public" if config.horde.allow_anonymous else "off"
+    return "active" if user.active else "revoked"
+
+
+def keys_revoke(config: Config, where: Target, user: str) -> list[str]:
+    def revoke(conn: Connection) -> admin.UserEntry:
+        entry = _registered(resolve_user(conn, user), "revoke")
+        admin.set_key(conn, entry.id, None)
+        return entry
+
+    entry = run(config, where, lambda db: db.run_sync(revoke, True))
+    note = "" if entry.active else " (it was revoked already)"
+    return [
+        f"database: {where.shown}",
+        f"user {entry.handle}: key revoked{note}; it no longer authenticates. "
+        f"`hordelite keys rotate {entry.handle}` gives it a new one.",
+    ]
+
+
+def keys_rotate(config: Config, where: Target, user: str) -> list[str]:
+    key = new_api_key()
+
+    def rotate(conn: Connection) -> admin.UserEntry:
+        entry = _registered(resolve_user(conn, user), "rotate")
+        admin.set_key(conn, entry.id, hash_key(key))
+        return entry
+
+    entry = run(config, where, lambda db: db.run_sync(rotate, True))
+    return [
+        f"database: {where.shown}",
+        f"user {entry.handle}: new key; the old one no longer authenticates.",
+        f"API key (shown once, keep it): {key}",
+    ]
+
+
+def _registered(entry: admin.UserEntry, action: str) -> admin.UserEntry:
+    if entry.anonymous:
+        raise Refused(
+            f"cannot {action} the anonymous key, every client knows it; "
+            "set horde.allow_anonymous = false to turn anonymous access off"
+        )
+    return entry
+
+
+def kudos_grant(config: Config, where: Target, user: str, amount: float) -> list[str]:
+    _check_amount(amount, "N")
+
+    def grant(conn: Connection) -> tuple[admin.UserEntry, float]:
+        entry = resolve_user(conn, user)
+        return entry, admin.grant_kudos(conn, entry.id, amount)
+
+    entry, balance = run(config, where, lambda db: db.run_sync(grant, True))
+    return [
+        f"database: {where.shown}",
+        f"user {entry.handle}: {amount:+g} kudos, {entry.kudos:g} -> {balance:g}.",
+    ]
+
+
+def _check_amount(amount: float, name: str) -> None:
+    if not math.isfinite(amount) or abs(amount) > 1e12:
+        raise Refused(f"{name}: expected a number of kudos, got {amount}")
+
+
+def workers_list(config: Config, where: Target) -> list[str]:
+    now = time.time()
+    entries = run(config, where, lambda db: db.run_sync(admin.list_workers, False, now))
+    rows = [
+        (
+            w.name,
+            w.id,
+            w.owner,
+            "maintenance" if w.maintenance else "online" if w.online else "offline",
+            _ago(now - w.last_check_in),
+            ",".join(w.models),
+            w.chat_model or "-",
+            str(w.threads),
+            str(w.requests_fulfilled),
+        )
+        for w in entries
+    ]
+    header = ("NAME", "ID", "OWNER", "STATE", "LAST POP", "MODELS", "CHAT", "THREADS", "JOBS")
+    if not rows:
+        return [f"database: {where.shown}", "no workers yet: a worker appears with its first pop"]
+    return [f"database: {where.shown}", *_table(header, rows)]
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s ago"
+    if seconds < 7200:
+        return f"{seconds // 60} min ago"
+    if seconds < 172800:
+        return f"{seconds // 3600} h ago"
+    return f"{seconds // 86400} days ago"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+# db upgrade -----------------------------------------------------------------------
+
+
+def db_upgrade(config: Config, where: Target) -> list[str]:
+    db = Database(where.database, 1)
+    try:
+        before, after = _migrate(config, db, where)
+    finally:
+        db.dispose()
+    return [f"database {where.shown}: schema version {before} -> {after}"]
+
+
+def _migrate(config: Config, db: Database, where: Target) -> tuple[int, int]:
+    try:
+        return Horde(config, db).migrate()
+    except RuntimeError as exc:  # a schema newer than this hordelite
+        raise Refused(f"{where.shown}: {exc}") from None
