@@ -351,7 +351,7 @@ def _served_url(proc: subprocess.Popen[str], log: Path) -> str:
     assert proc.stdout is not None
     for line in proc.stdout:
         if " serving at " in line:
-            return line.rsplit(" ", 1)[1].strip()
+            return line.split(" serving at ", 1)[1].split()[0]
     raise RuntimeError(f"the server exited before serving:\n{log.read_text()[-3000:]}")
 
 
@@ -362,7 +362,8 @@ def create_key(server: Server, name: str) -> str:
         code = hordelite_cli(["--config", str(server.config), "keys", "create", name])
     if code != 0:
         raise RuntimeError(f"hordelite keys create {name} failed: {out.getvalue()}")
-    return out.getvalue().rsplit(":", 1)[1].strip()
+    [key_line] = [line for line in out.getvalue().splitlines() if line.startswith("API key")]
+    return key_line.rsplit(":", 1)[1].strip()
 
 
 # (a) the whole cycle next to a no-op route ----------------------------------

@@ -8,6 +8,7 @@ counts, and the tests hold the two to the same answers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND, SLOW_WORKER_TOKENS_PER_SECOND
 
@@ -124,6 +125,16 @@ def _restriction(worker: WorkerView, request: RequestView) -> str | None:
     if not request.slow_workers and worker.slow:
         return "performance"
     return None
+
+
+def skipped_counts(worker: WorkerView, sample: Sequence[RequestView]) -> dict[str, int]:
+    """Why each request of ``sample`` was passed over by ``worker``, counted by reason."""
+    counts: dict[str, int] = {}
+    for request in sample:
+        reason = skip_reason(worker, request)
+        if reason is not None:
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
 
 
 def can_serve(worker: WorkerView, request: RequestView) -> bool:

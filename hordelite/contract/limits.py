@@ -61,6 +61,11 @@ AGING_PER_SECOND: Final = 50 / 10
 ASSUMED_TOKENS_PER_SECOND: Final = 10.0
 SLOW_WORKER_TOKENS_PER_SECOND: Final = 2.0
 
+# A pop that finds nothing counts ``skipped`` over the best waiting requests
+# as read at most this long ago: a burst of long-polls ending together (or
+# many pops without wait) then reads and decodes them once, not once each.
+SKIPPED_SAMPLE_SECONDS: Final = 1.0
+
 # The window in which aborted jobs are counted towards maintenance.
 ABORT_WINDOW_SECONDS: Final = 3600.0
 

@@ -35,8 +35,12 @@ from hordelite.contract.chat_reply import (
     parse_chat_submit,
 )
 from hordelite.contract.chat_request import ChatRequest, parse_chat_request
-from hordelite.contract.eligibility import WorkerView, can_serve
-from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
+from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
+from hordelite.contract.limits import (
+    ANONYMOUS_API_KEY,
+    SKIPPED_SAMPLE_SECONDS,
+    UPFRONT_MAX_LENGTH,
+)
 from hordelite.contract.models import ModelReference
 from hordelite.contract.presence import is_online
 from hordelite.contract.progress import Lease, accept, parse_progress
@@ -146,6 +150,28 @@ def _scoped_operation_key(api_key: str, operation_key: str | None) -> str | None
     return None if api_key == ANONYMOUS_API_KEY else operation_key
 
 
+class _SkippedSample:
+    """The waiting requests an empty pop counts ``skipped`` over, read at most
+    SKIPPED_SAMPLE_SECONDS ago (the counts are advice to the worker's owner;
+    reading and decoding them cost an empty pop most of its time)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._lock = anyio.Lock()
+        self._sample: list[RequestView] = []
+        self._read_at = -math.inf
+
+    def stale(self) -> None:
+        self._read_at = -math.inf
+
+    async def get(self) -> list[RequestView]:
+        async with self._lock:  # one read for every pop that needs a fresh one
+            if anyio.current_time() - self._read_at > SKIPPED_SAMPLE_SECONDS:
+                self._sample = await self._db.read(q.skipped_sample)
+                self._read_at = anyio.current_time()
+            return self._sample
+
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
 
@@ -192,6 +218,13 @@ class Horde:
         self._stopping = False
         # The capacity each set of chat models last had (chat admission).
         self._capacities: dict[tuple[str, ...], chat.Capacity] = {}
+        self._skipped_sample = _SkippedSample(db)
+
+    def _queue_changed(self, request: RequestView | None = None) -> None:
+        """Wake the pops that may take ``request`` (any pop: None), and let
+        the next empty pop count ``skipped`` over the queue as it is now."""
+        self._skipped_sample.stale()
+        self.signals.notify_queue(request)
 
     @property
     def stopping(self) -> bool:
@@ -201,7 +234,7 @@ class Horde:
         """Stop holding waits: each waiting pop answers now (a last try, then
         empty), each waiting OpenAI call gets its final answer."""
         self._stopping = True
-        self.signals.notify_queue()
+        self._queue_changed()
         self.signals.notify_all_requests()
 
     # Set-up ------------------------------------------------------------
@@ -276,7 +309,7 @@ class Horde:
             client_agent,
         )
         if not submitted.replayed:
-            self.signals.notify_queue(submitted.view)
+            self._queue_changed(submitted.view)
         return submitted
 
     def _new_text(self, req: TextRequest, operation_key: str | None) -> q.NewRequest:
@@ -355,7 +388,7 @@ class Horde:
             quote = kudos_rules.request_quote(outcome["max_length"], 1, billions)
             return {"id": outcome["id"], "kudos": quote}
         submitted = outcome
-        self.signals.notify_queue(submitted.view)
+        self._queue_changed(submitted.view)
         answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
         if submitted.queued.context_adjustments:
             answer["context_adjustments"] = submitted.queued.context_adjustments
@@ -499,6 +532,7 @@ class Horde:
                 poll_left = (
                     None if pop.wait <= 0 else 0.0 if last else deadline - anyio.current_time()
                 )
+                sample = await self._skipped_sample.get() if last else None
                 result = await self.db.write(
                     q.pop_job,
                     key_hash,
@@ -508,6 +542,7 @@ class Horde:
                     last,
                     not self.db.is_sqlite,
                     poll_left,
+                    sample,
                 )
                 if result.job is not None or last:
                     break
@@ -626,7 +661,7 @@ class Horde:
         if lease is not None and not lease.cancelled:
             self.signals.end_lease(sub.id, now)  # the submit ends its posts
         if result.requeued:
-            self.signals.notify_queue()
+            self._queue_changed()
         self.signals.notify_request(result.request_id)
         if result.request_ended:
             self.signals.end_stream(result.request_id, now)
@@ -665,7 +700,7 @@ class Horde:
         for job_id in result.expired_job_ids:
             self.signals.end_lease(job_id, now)
         if result.requeued:
-            self.signals.notify_queue()
+            self._queue_changed()
         for request_id in result.ended_requests:
             self.signals.notify_request(request_id)
         self.signals.sweep_progress(now, result.ended_requests)

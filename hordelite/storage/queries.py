@@ -50,7 +50,12 @@ from hordelite.contract.chat_reply import (
     output_estimate_chars,
 )
 from hordelite.contract.chat_request import ChatRequest
-from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
+from hordelite.contract.eligibility import (
+    RequestView,
+    WorkerView,
+    can_serve,
+    skipped_counts,
+)
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
 from hordelite.contract.presence import online_until
 from hordelite.contract.progress import streams_progress
@@ -907,12 +912,15 @@ def pop_job(
     with_skipped: bool,
     skip_locked: bool,
     poll_left: float | None = None,
+    sample: Sequence[RequestView] | None = None,
 ) -> PopResult:
     """Check the worker in and hand it the best job it may take, if any.
 
     ``poll_left``: seconds this long-polled pop still waits after this
     attempt (None: it does not long-poll); how long the check-in lasts
-    depends on it (hordelite.contract.presence)."""
+    depends on it (hordelite.contract.presence). ``sample``: the waiting
+    requests ``skipped`` is counted over (``skipped_sample``), when the
+    caller already holds them; read here otherwise."""
     user = _user(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
@@ -946,7 +954,9 @@ def pop_job(
         _touch_worker(conn, row, pop, now, rules, until)
     elif until != row["online_until"]:
         conn.execute(update(workers).where(workers.c.id == row["id"]).values(online_until=until))
-    skipped = _skipped(conn, worker) if job is None and with_skipped else {}
+    skipped: dict[str, int] = {}
+    if job is None and with_skipped:
+        skipped = skipped_counts(worker, skipped_sample(conn) if sample is None else sample)
     return PopResult(worker, job, skipped)
 
 
@@ -1245,15 +1255,9 @@ def _assign(
     )
 
 
-def _skipped(conn: Connection, worker: WorkerView) -> dict[str, int]:
-    """Why the best waiting requests were passed over, counted by reason."""
-    rows = conn.execute(_SKIPPED_SAMPLE).mappings()
-    counts: dict[str, int] = {}
-    for row in rows:
-        reason = skip_reason(worker, request_view(row))
-        if reason is not None:
-            counts[reason] = counts.get(reason, 0) + 1
-    return counts
+def skipped_sample(conn: Connection) -> list[RequestView]:
+    """The best waiting requests (SKIPPED_SAMPLE of them), as eligibility sees them."""
+    return [request_view(row) for row in conn.execute(_SKIPPED_SAMPLE).mappings()]
 
 
 def request_view(row: RowMapping | dict[str, Any]) -> RequestView:
