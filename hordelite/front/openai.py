@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 from quart import Blueprint, Response, current_app, request
 
-from hordelite.api.native import client_agent, horde, json_body
+from hordelite._request import client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import flatten_messages, parse_chat_request
 from hordelite.contract.limits import ANONYMOUS_API_KEY
