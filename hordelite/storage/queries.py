@@ -33,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ColumnElement, Select
 
+from hordelite.contract import faults
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import (
@@ -42,7 +43,6 @@ from hordelite.contract.chat_features import (
     ChatWorkerLimits,
 )
 from hordelite.contract.chat_reply import (
-    FAULT_REASONS,
     ChatSubmit,
     Verdict,
     build_worker_chat_extras,
@@ -1472,9 +1472,9 @@ def _fault_job(
     )
     req = _get_request(conn, job["request_id"], job["kind"])
     if _holds_unsendable(req):
-        _fault_request(conn, req, now, _UNSENDABLE)
+        _fault_request(conn, req, now, faults.UNSENDABLE)
         return SubmitResult(0.0, req["id"], True, False)
-    if job["refusal_rc"] == RC.ChatSubmitNonconformant.name:
+    if faults.counts_as_nonconformant(job["refusal_rc"]):
         conn.execute(
             update(workers)
             .where(workers.c.id == job["worker_id"])
@@ -1482,13 +1482,8 @@ def _fault_job(
         )
     else:
         _count_abort(conn, job["worker_id"], now, rules)
-    if reason == "reply_refused" and job["refusal_message"]:
-        message = job["refusal_message"]
-    elif reason is not None:
-        message = FAULT_REASONS[reason]
-    else:
-        message = _NO_REASON
-    requeued, ended = _give_back(conn, req, now, rules, faulted=True, message=message)
+    fault = faults.worker_fault(reason, job["refusal_message"])
+    requeued, ended = _give_back(conn, req, now, rules, faulted=True, fault=fault)
     return SubmitResult(0.0, req["id"], ended, requeued)
 
 
@@ -1497,41 +1492,33 @@ def _holds_unsendable(req: RowMapping) -> bool:
     return unsendable([req["prompt"], req["params"], req["chat"]]) is not None
 
 
-def _fault_request(conn: Connection, req: RowMapping, now: float, message: str) -> None:
-    """End a waiting request faulted at once, with ``message`` as its fault."""
+def _fault_request(conn: Connection, req: RowMapping, now: float, fault: faults.Fault) -> None:
+    """End a waiting request faulted at once, with ``fault`` as its last fault."""
     if req["state"] != "waiting":
         return
     conn.execute(
         update(requests)
         .where(requests.c.id == req["id"])
-        .values(faults=req["faults"] + 1, fault_rc=RC.ChatWorkerFault.name, fault_message=message)
+        .values(faults=req["faults"] + 1, fault_rc=fault.rc, fault_message=fault.message)
     )
     _end_request(conn, req["id"], "faulted", now)
 
 
-_NO_REASON = "A worker could not serve this request and gave no reason."
-_UNSENDABLE = (
-    "This request holds text that is not valid Unicode (a lone surrogate) or a number "
-    "JSON cannot carry, which no worker can send to its backend."
-)
-_LEASE_EXPIRED = "A worker took this request and did not answer before its job's lease ran out."
-
-
 def _give_back(
-    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool, message: str
+    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool, fault: faults.Fault
 ) -> tuple[bool, bool]:
     """Return a job's slot to its request: requeue it, or fault the request.
 
-    ``message`` is kept as the request's last fault, which its status shows
-    (rc ChatWorkerFault) once the request ends faulted.
+    ``fault`` is kept as the request's last fault, which its status shows
+    once the request ends faulted.
     """
     if req["state"] != "waiting":
         return False, False
-    faults = req["faults"] + (1 if faulted else 0)
-    fault = {"fault_rc": RC.ChatWorkerFault.name, "fault_message": message}
-    if faults > rules.max_faults:
+    count = req["faults"] + (1 if faulted else 0)
+    last = {"fault_rc": fault.rc, "fault_message": fault.message}
+    if count > rules.max_faults:
         conn.execute(
-            update(requests).where(requests.c.id == req["id"]).values(faults=faults, **fault)
+            update(requests).where(requests.c.id == req["id"]).values(faults=count, **last)
         )
         _end_request(conn, req["id"], "faulted", now)
         return False, True
@@ -1539,7 +1526,7 @@ def _give_back(
         update(requests)
         .where(requests.c.id == req["id"])
         .values(
-            faults=faults, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **fault
+            faults=count, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **last
         )
     )
     if req["remaining"] == 0:
@@ -1616,7 +1603,7 @@ def sweep(
             .one()
         )
         was_requeued, was_ended = _give_back(
-            conn, req, now, rules, faulted=False, message=_LEASE_EXPIRED
+            conn, req, now, rules, faulted=False, fault=faults.LEASE_EXPIRED
         )
         _count_abort(conn, job["worker_id"], now, rules)
         requeued += was_requeued
