@@ -317,12 +317,11 @@ class Horde:
 
             def admit(
                 online: list[WorkerView],
-                known: set[str],
                 seen: chat.Capacity | None = seen,
                 planned: q.NewRequest | HordeError | None = planned,
                 last: bool = last,
             ) -> q.NewRequest:
-                cap = chat.capacity(req, online, known, self.models)
+                cap = chat.capacity(req, online)
                 if planned is None or cap != seen:
                     if not last:
                         raise _Replan(cap)

@@ -348,7 +348,7 @@ def submit_chat_request(
     models: Sequence[str],
     operation_key: str | None,
     fingerprint: str,
-    admit: Callable[[list[WorkerView], set[str]], NewRequest],
+    admit: Callable[[list[WorkerView]], NewRequest],
     request_id: str,
     now: float,
     rules: Rules,
@@ -358,9 +358,7 @@ def submit_chat_request(
     """A chat submission in one transaction: authenticate, answer a resubmit
     of an operation key with its first request (a RowMapping with its id,
     max_length and models), else admit against the online workers
-    (``admit(online, known models)`` raises the refusals) and queue.
-
-    The models the horde knows: declared by any worker as its chat model once.
+    (``admit(online)`` raises the refusals) and queue.
     """
     user = _user(conn, key_hash, rules)
     if operation_key is not None:
@@ -368,17 +366,8 @@ def submit_chat_request(
         if first is not None:
             return first
     online = _online_workers(conn, now, rules)
-    new = admit(online, _known_chat_models(conn, models))
+    new = admit(online)
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
-
-
-def _known_chat_models(conn: Connection, models: Sequence[str]) -> set[str]:
-    """Which of ``models`` a worker has declared as its chat model, ever."""
-    return set(
-        conn.execute(
-            select(workers.c.chat_model).distinct().where(workers.c.chat_model.in_(list(models)))
-        ).scalars()
-    )
 
 
 def _first_request(

@@ -478,7 +478,12 @@ async def test_a_model_without_an_online_chat_worker_is_refused_503_no_eligible_
             )
         # Refused before anything was queued: a retry would be harmless.
         assert_error(
-            caught.value, openai.InternalServerError, 503, "no_eligible_worker", held=False
+            caught.value,
+            openai.InternalServerError,
+            503,
+            "no_eligible_worker",
+            held=False,
+            param="model",
         )
         assert await front.queued() == 0
         await pop_nothing(gone)
@@ -622,21 +627,40 @@ async def test_an_unsupported_parameter_is_refused_400_naming_it_before_anything
         assert await front.queued() == 0
 
 
-@pytest.mark.parametrize("model", ["chat-model:free", "never-served-model"])
-async def test_a_model_id_with_a_colon_or_unknown_is_refused_404_model_not_found(
-    model: str,
-) -> None:
+async def test_a_model_id_with_a_colon_is_refused_404_model_not_found() -> None:
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk()
         with pytest.raises(openai.APIStatusError) as caught:
             await client.chat.completions.create(
-                model=model, messages=[user("Name one colour.")], max_tokens=64
+                model="chat-model:free", messages=[user("Name one colour.")], max_tokens=64
             )
         error = assert_error(
             caught.value, openai.NotFoundError, 404, "model_not_found", held=False, param="model"
         )
-        assert model in error["message"]
+        assert "chat-model:free" in error["message"]
+        assert await front.queued() == 0
+
+
+async def test_a_model_no_online_chat_worker_serves_is_refused_503_no_eligible_worker() -> None:
+    # Known to the horde or not: only the colon rule is 404 (000 "Worker availability").
+    async with open_front() as front:
+        await front.worker("w1")
+        client = await front.sdk()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model="never-served-model", messages=[user("Name one colour.")], max_tokens=64
+            )
+        error = assert_error(
+            caught.value,
+            openai.InternalServerError,
+            503,
+            "no_eligible_worker",
+            held=False,
+            param="model",
+            kind="service_unavailable",
+        )
+        assert "never-served-model" in error["message"]
         assert await front.queued() == 0
 
 
