@@ -13,6 +13,7 @@ from typing import Any
 from quart import Blueprint, Response, request
 
 from hordelite._request import client_agent, horde, json_body
+from hordelite.api import _render
 from hordelite.errors import RC, HordeError, bad_request
 
 native = Blueprint("native", __name__, url_prefix="/api/v2")
@@ -58,28 +59,28 @@ async def chat_async() -> Response:
 
 @native.get("/generate/chat/status/<request_id>")
 async def chat_status(request_id: str) -> Response:
-    return json_response(await horde().chat_status(request_id))
+    return json_response(_render.status(await horde().chat_status(request_id)))
 
 
 @native.delete("/generate/chat/status/<request_id>")
 async def chat_cancel(request_id: str) -> Response:
-    return json_response(await horde().chat_status(request_id, cancel=True))
+    return json_response(_render.status(await horde().chat_status(request_id, cancel=True)))
 
 
 @native.get("/generate/text/status/<request_id>")
 async def text_status(request_id: str) -> Response:
-    return json_response(await horde().text_status(request_id))
+    return json_response(_render.status(await horde().text_status(request_id)))
 
 
 @native.delete("/generate/text/status/<request_id>")
 async def text_cancel(request_id: str) -> Response:
-    return json_response(await horde().text_status(request_id, cancel=True))
+    return json_response(_render.status(await horde().text_status(request_id, cancel=True)))
 
 
 @native.post("/generate/text/pop")
 async def text_pop() -> Response:
     body = await json_body()
-    return json_response(await horde().pop(api_key(), body))
+    return json_response(_render.pop(await horde().pop(api_key(), body)))
 
 
 @native.post("/generate/text/progress")

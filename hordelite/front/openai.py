@@ -30,6 +30,7 @@ from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
 from hordelite.front._errors import envelope, error_response
 from hordelite.front._relay import relay
+from hordelite.horde.results import RequestStatus
 
 front = Blueprint("front", __name__, url_prefix="/v1")
 log = logging.getLogger("hordelite.front")
@@ -146,7 +147,7 @@ async def chat_completions() -> Response:
 
 
 def _stream(
-    call: Call, status: dict[str, Any], prompt_chars: int, release: Callable[[], None]
+    call: Call, status: RequestStatus, prompt_chars: int, release: Callable[[], None]
 ) -> Response:
     """The SSE answer; its headers go out now, so later errors are events."""
     req = call.req

@@ -31,6 +31,7 @@ from hordelite.contract.eligibility import (
 from hordelite.contract.limits import UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
 from hordelite.errors import RC, HordeError
+from hordelite.horde.results import Impossible
 from hordelite.storage import queries as q
 
 
@@ -202,7 +203,7 @@ def admit_within(
     )
 
 
-def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> dict[str, str] | None:
+def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> Impossible | None:
     """Why no online worker can take this chat request, or None when one can.
 
     A declaration gap (a feature, a guarantee or the tools temperature) comes
@@ -211,21 +212,19 @@ def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> dict[s
     """
     pool = serving(online, view.models)
     if not pool:
-        return {"rc": RC.no_eligible_worker.name, "message": RC.no_eligible_worker.default_message}
+        return _impossible(RC.no_eligible_worker)
     gaps = [skip_reason(w, view) for w in pool]
     if None in gaps:
         return None
     if any(g in DECLARATION_GAPS for g in gaps):
-        return {
-            "rc": RC.no_worker_supports_features.name,
-            "message": RC.no_worker_supports_features.default_message,
-        }
+        return _impossible(RC.no_worker_supports_features)
     if all(g in LIMIT_GAPS for g in gaps):
-        return {
-            "rc": RC.no_worker_supports_limit.name,
-            "message": RC.no_worker_supports_limit.default_message,
-        }
+        return _impossible(RC.no_worker_supports_limit)
     return None
+
+
+def _impossible(rc: RC) -> Impossible:
+    return Impossible(rc, rc.default_message)
 
 
 def chat_summary(online: Sequence[WorkerView]) -> dict[str, dict[str, Any]]:

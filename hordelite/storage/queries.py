@@ -582,12 +582,14 @@ def request_status(
     now: float,
     rules: Rules,
     with_position: bool = True,
+    with_busy: bool = False,
 ) -> dict[str, Any]:
     """The raw parts of a status answer (see horde.service for its shape).
 
     ``with_position`` False skips the queue position (a count that follows
     the position): a waiting OpenAI call re-checking its request needs only
-    whether it ended and whether it is possible.
+    whether it ended and whether it is possible. ``with_busy`` adds
+    ``busy``: the jobs in progress of each online worker.
     """
     req = _get_request(conn, request_id, kind)
     gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings().all()
@@ -597,7 +599,22 @@ def request_status(
     online = _online_workers(conn, now, rules) if queued else []
     counted = with_position and queued
     position = _queue_position(conn, req) if counted else 0
-    return {"request": req, "jobs": gens, "online": online, "position": position}
+    parts = {"request": req, "jobs": gens, "online": online, "position": position}
+    if with_busy and queued:
+        parts["busy"] = _busy(conn, [w.id for w in online])
+    return parts
+
+
+def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
+    """Jobs in progress per worker, for these workers (read along ix_jobs_state_lease)."""
+    if not worker_ids:
+        return {}
+    rows = conn.execute(
+        select(jobs.c.worker_id, func.count())
+        .where(jobs.c.state == "processing", jobs.c.worker_id.in_(worker_ids))
+        .group_by(jobs.c.worker_id)
+    )
+    return {worker_id: int(count) for worker_id, count in rows}
 
 
 def _queue_position(conn: Connection, req: RowMapping) -> int:
@@ -1514,9 +1531,7 @@ def _give_back(
     conn.execute(
         update(requests)
         .where(requests.c.id == req["id"])
-        .values(
-            faults=count, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **last
-        )
+        .values(faults=count, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **last)
     )
     if req["remaining"] == 0:
         _enqueue(conn, req, now)

@@ -32,7 +32,9 @@ from tests.integration._chat_helpers import (
     TLS,
     WEATHER_TOOL,
     ChatEnv,
+    chat_body,
     open_chat_horde,
+    pop_job,
     pop_nothing,
 )
 
@@ -579,6 +581,32 @@ async def test_fail_fast_without_an_eligible_worker_is_a_503_queue_unavailable_w
         assert len(front.sent) == 1
         await front.assert_cancelled(error["metadata"]["request_id"])
         await pop_nothing(listed)
+
+
+async def test_fail_fast_when_every_eligible_thread_is_busy_is_a_503_queue_unavailable_and_cancels() -> (
+    None
+):
+    # 000 "Admission against the online pool": threads busy with other jobs
+    # are not free eligible threads. The estimated wait (8 tokens at the
+    # assumed speed) is well within the budget, which bounds the call should
+    # it wait instead.
+    async with open_front(front={"timeout": 15.0}) as front:
+        worker = await front.worker("w1")  # one thread
+        assert (await front.env.submit(chat_body())).status_code == 202
+        await pop_job(worker)  # its only thread is busy with that job
+        client = await front.sdk()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[user("Name one colour.")],
+                max_tokens=8,
+                extra_body={"horde": {"availability_mode": "fail_fast"}},
+            )
+        error = assert_error(
+            caught.value, openai.InternalServerError, 503, "queue_unavailable", held=True
+        )
+        assert int(caught.value.response.headers["Retry-After"]) >= 1
+        await front.assert_cancelled(error["metadata"]["request_id"])
 
 
 async def test_fail_fast_with_an_idle_eligible_worker_is_answered() -> None:
