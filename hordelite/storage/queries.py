@@ -50,7 +50,13 @@ from hordelite.contract.chat_reply import (
     output_estimate_chars,
 )
 from hordelite.contract.chat_request import ChatRequest
-from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
+from hordelite.contract.eligibility import (
+    REQUEST_FIELDS,
+    RequestView,
+    WorkerView,
+    can_serve,
+    skip_reason,
+)
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
 from hordelite.contract.progress import streams_progress
 from hordelite.contract.text import JobSubmit, PopRequest
@@ -102,20 +108,7 @@ _CHAT_CLASSES = select(queue_classes.c.features).where(
 # The best waiting requests, with only what eligibility reads (not their
 # prompts or conversations).
 _SKIPPED_SAMPLE = (
-    select(
-        requests.c.models,
-        requests.c.max_length,
-        requests.c.max_context_length,
-        requests.c.trusted_workers,
-        requests.c.slow_workers,
-        requests.c.nsfw,
-        requests.c.worker_ids,
-        requests.c.worker_blacklist,
-        requests.c.kind,
-        requests.c.features,
-        requests.c.context_tokens,
-        requests.c.tools_temperature,
-    )
+    select(*(requests.c[name] for name in REQUEST_FIELDS))
     .where(requests.c.state == "waiting", requests.c.remaining > 0)
     .order_by(requests.c.state, requests.c.anonymous, requests.c.prio_key.desc())
     .limit(SKIPPED_SAMPLE)
@@ -1224,20 +1217,7 @@ def _skipped(conn: Connection, worker: WorkerView) -> dict[str, int]:
 
 
 def request_view(row: RowMapping | dict[str, Any]) -> RequestView:
-    return RequestView(
-        models=tuple(row["models"]),
-        max_length=row["max_length"],
-        max_context_length=row["max_context_length"],
-        trusted_workers=row["trusted_workers"],
-        slow_workers=row["slow_workers"],
-        nsfw=row["nsfw"],
-        worker_ids=tuple(row["worker_ids"]),
-        worker_blacklist=row["worker_blacklist"],
-        kind=row["kind"],
-        features=row["features"],
-        context_tokens=row["context_tokens"],
-        tools_temperature=row["tools_temperature"],
-    )
+    return RequestView.of(row)
 
 
 # Submit --------------------------------------------------------------------
