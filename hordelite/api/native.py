@@ -8,39 +8,19 @@ failures) with the return code's HTTP status.
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 
-import anyio.to_thread
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
-from hordelite.contract.json_body import decode_json_body
+from hordelite._request import client_agent, horde, json_body
+from hordelite.api import _render
 from hordelite.errors import RC, HordeError, bad_request
-from hordelite.horde.service import Horde
 
 native = Blueprint("native", __name__, url_prefix="/api/v2")
 
 
-def horde() -> Horde:
-    return current_app.config["HORDE"]  # type: ignore[no-any-return]
-
-
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, content_type="application/json")
-
-
-# Bodies larger than this are decoded in a worker thread: a few megabytes of
-# JSON take the parser tens of milliseconds, which every other connection
-# would otherwise wait out.
-_DECODE_OFF_LOOP_BYTES = 256 * 1024
-
-
-async def json_body() -> Any:
-    """The decoded, checked body (contract.json_body): 400 naming the field
-    when it is not JSON or holds a value no route accepts; 413 past the cap."""
-    raw = cast(bytes, await request.get_data(cache=False, as_text=False))
-    if len(raw) > _DECODE_OFF_LOOP_BYTES:
-        return await anyio.to_thread.run_sync(decode_json_body, raw)
-    return decode_json_body(raw)
 
 
 def api_key() -> str:
@@ -53,15 +33,6 @@ def api_key() -> str:
     if len(key) > 255:
         raise HordeError(RC.InvalidAPIKey, "The apikey header is longer than any key.")
     return key
-
-
-def client_agent() -> str:
-    # koboldcpp and most tools send Client-Agent; horde_sdk sends client_agent.
-    return (
-        request.headers.get("Client-Agent")
-        or request.headers.get("client_agent")
-        or "unknown:0:unknown"
-    )
 
 
 def operation_key() -> str | None:
@@ -88,28 +59,28 @@ async def chat_async() -> Response:
 
 @native.get("/generate/chat/status/<request_id>")
 async def chat_status(request_id: str) -> Response:
-    return json_response(await horde().chat_status(request_id))
+    return json_response(_render.status(await horde().chat_status(request_id)))
 
 
 @native.delete("/generate/chat/status/<request_id>")
 async def chat_cancel(request_id: str) -> Response:
-    return json_response(await horde().chat_status(request_id, cancel=True))
+    return json_response(_render.status(await horde().chat_status(request_id, cancel=True)))
 
 
 @native.get("/generate/text/status/<request_id>")
 async def text_status(request_id: str) -> Response:
-    return json_response(await horde().text_status(request_id))
+    return json_response(_render.status(await horde().text_status(request_id)))
 
 
 @native.delete("/generate/text/status/<request_id>")
 async def text_cancel(request_id: str) -> Response:
-    return json_response(await horde().text_status(request_id, cancel=True))
+    return json_response(_render.status(await horde().text_status(request_id, cancel=True)))
 
 
 @native.post("/generate/text/pop")
 async def text_pop() -> Response:
     body = await json_body()
-    return json_response(await horde().pop(api_key(), body))
+    return json_response(_render.pop(await horde().pop(api_key(), body)))
 
 
 @native.post("/generate/text/progress")

@@ -8,7 +8,8 @@ counts, and the tests hold the two to the same answers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND, SLOW_WORKER_TOKENS_PER_SECOND
 
@@ -61,6 +62,19 @@ class RequestView:
     features: int = 0  # required chat features (a mask)
     context_tokens: int = 0  # the conversation's estimate, for chat
     tools_temperature: float | None = None  # set when tools reach the worker
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> RequestView:
+        """The view of a stored request (or any mapping with REQUEST_FIELDS)."""
+        view = {name: row[name] for name in REQUEST_FIELDS}
+        return cls(
+            **{**view, "models": tuple(view["models"]), "worker_ids": tuple(view["worker_ids"])}
+        )
+
+
+# The fields eligibility reads from a request, declared once: the requests
+# table has a column of each name, and storage reads exactly these.
+REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RequestView))
 
 
 # Reasons a chat request passes over a worker that serves its model; the

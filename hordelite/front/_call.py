@@ -18,6 +18,7 @@ from hordelite._http import run_to_completion
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.errors import RC, HordeError
+from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
 
 # What the wait yields while nothing happened (a stream sends a comment).
@@ -38,35 +39,35 @@ class Call:
         self.settled = False  # answered or faulted: nothing to cancel
         self._impossible_since: float | None = None
 
-    async def first_read(self) -> dict[str, Any]:
+    async def first_read(self) -> RequestStatus:
         """The first status read: refusals that come before any stream opens.
 
         A declaration gap is 404 no_worker_supports_features, a limit gap 400
-        no_worker_supports_limit; under availability_mode fail_fast, no
-        eligible worker or a wait_time over the budget left is 503
-        queue_unavailable with Retry-After.
+        no_worker_supports_limit; under availability_mode fail_fast, no free
+        eligible thread (threads busy with other jobs are not free) or a
+        wait_time over the budget left is 503 queue_unavailable with
+        Retry-After.
         """
-        status = await self.horde.chat_status(self.request_id)
-        reason = status.get("impossible_reason")
-        if reason and reason["rc"] in (
-            RC.no_worker_supports_features.name,
-            RC.no_worker_supports_limit.name,
-        ):
-            raise HordeError(RC[reason["rc"]], reason["message"])
-        if self.req.horde.availability_mode == "fail_fast" and not status["done"]:
+        fail_fast = self.req.horde.availability_mode == "fail_fast"
+        status = await self.horde.chat_status(self.request_id, with_free_threads=fail_fast)
+        reason = status.impossible
+        if reason and reason.rc in (RC.no_worker_supports_features, RC.no_worker_supports_limit):
+            raise HordeError(reason.rc, reason.message)
+        if fail_fast and not status.done:
             budget = self.deadline - anyio.current_time()
-            if not status["is_possible"] or status["wait_time"] > budget:
-                retry = max(1, min(int(status["wait_time"]) or 30, 120))
+            if status.free_threads == 0 or status.wait_time > budget:
+                retry = max(1, min(int(status.wait_time) or 30, 120))
                 raise HordeError(
                     RC.queue_unavailable,
                     "No eligible worker can take this request within the time left "
-                    f"(estimated wait {status['wait_time']} s, budget {int(budget)} s); "
+                    f"(estimated wait {status.wait_time} s, budget {int(budget)} s, "
+                    f"free eligible threads {status.free_threads or 0}); "
                     "it was cancelled. Try again later.",
                     retry_after=retry,
                 )
         return status
 
-    async def poll(self) -> dict[str, Any] | None:
+    async def poll(self) -> RequestStatus | None:
         """Read the status once: the final status when a generation landed,
         None while the request waits; raises HordeError for a fault (502),
         the deadline (408), no eligible worker past the grace period (503)
@@ -74,20 +75,20 @@ class Call:
         # The re-checks do not need the queue position, the costly part.
         status = await self.horde.chat_status(self.request_id, with_position=False)
         now = anyio.current_time()
-        if status["faulted"]:
+        if status.faulted:
             self.settled = True
-            fault = status.get("fault") or {}
+            fault = status.fault
             raise HordeError(
                 RC.ChatRequestFaulted,
-                fault.get("message") or RC.ChatRequestFaulted.default_message,
-                worker_rc=fault.get("rc"),
+                fault.message if fault else RC.ChatRequestFaulted.default_message,
+                worker_rc=fault.rc if fault else None,
             )
-        if status["done"]:
-            if not status["generations"]:
+        if status.done:
+            if not status.generations:
                 raise HordeError(RC.ChatRequestFaulted, "The request ended without a reply.")
             self.settled = True
             return status
-        if status["is_possible"]:
+        if status.is_possible:
             self._impossible_since = None
         elif self._impossible_since is None:
             self._impossible_since = now

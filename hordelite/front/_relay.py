@@ -19,6 +19,7 @@ import anyio
 from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import Call
+from hordelite.horde.results import RequestStatus
 
 # Each post leaves in about SLICES_PER_POST slices spread over the estimated
 # interval until the next post (a moving average, bounded), at most one
@@ -102,7 +103,7 @@ async def relay(
         return _shape.sse({**base, "model": model, "choices": [choice], **tail})
 
     yield chunk({"role": "assistant", "content": ""})
-    status: dict[str, Any] | None = None
+    status: RequestStatus | None = None
     recheck = 0.0  # read the status at once: it may have ended already
     next_keepalive = anyio.current_time() + keepalive
     with contextlib.ExitStack() as held:
@@ -142,7 +143,7 @@ async def relay(
                 until = now + content.tick if busy else min(recheck, next_keepalive)
                 with anyio.move_on_after(max(until - anyio.current_time(), 0)):
                     await posted.wait()
-    generation = status["generations"][0]
+    generation = status.generations[0]
     model = generation["model"]
     message = generation["message"]
     if include_reasoning:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hordelite.contract.limits import CHARS_PER_TOKEN_PRICING
+from hordelite.horde.results import RequestStatus
 
 
 def _estimate(chars: int) -> int:
@@ -59,11 +60,11 @@ def _message(generation: dict[str, Any], include_reasoning: bool) -> dict[str, A
     return message
 
 
-def x_horde(request_id: str, status: dict[str, Any], estimated: bool) -> dict[str, Any]:
-    generation = status["generations"][0]
+def x_horde(request_id: str, status: RequestStatus, estimated: bool) -> dict[str, Any]:
+    generation = status.generations[0]
     return {
         "request_id": request_id,
-        "kudos": status["kudos"],
+        "kudos": status.kudos,
         "charge_basis": generation.get("charge_basis"),
         "worker": {"id": generation["worker_id"], "name": generation["worker_name"]},
         "model": generation["model"],
@@ -72,10 +73,10 @@ def x_horde(request_id: str, status: dict[str, Any], estimated: bool) -> dict[st
 
 
 def completion(
-    request_id: str, status: dict[str, Any], prompt_chars: int, include_reasoning: bool
+    request_id: str, status: RequestStatus, prompt_chars: int, include_reasoning: bool
 ) -> dict[str, Any]:
     """The non-streamed answer: ``chat.completion`` with usage and x_horde."""
-    generation = status["generations"][0]
+    generation = status.generations[0]
     used, estimated = usage(generation, prompt_chars)
     return {
         "id": f"chatcmpl-{request_id}",
@@ -118,14 +119,14 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None, usag
 
 def chunks(
     request_id: str,
-    status: dict[str, Any],
+    status: RequestStatus,
     prompt_chars: int,
     include_reasoning: bool,
     include_usage: bool,
 ) -> Iterator[bytes]:
     """A finished reply as a stream: a role chunk, the reasoning and content
     chunks, a tool-call chunk when there are calls, then ``finish_chunks``."""
-    generation = status["generations"][0]
+    generation = status.generations[0]
     message = _message(generation, include_reasoning)
     base = chunk_base(request_id, generation["model"])
     yield _chunk(base, {"role": "assistant", "content": ""}, None, include_usage)
@@ -140,11 +141,11 @@ def chunks(
 
 
 def finish_chunks(
-    request_id: str, status: dict[str, Any], prompt_chars: int, include_usage: bool
+    request_id: str, status: RequestStatus, prompt_chars: int, include_usage: bool
 ) -> Iterator[bytes]:
     """The end of every stream: the finish chunk, the usage chunk when asked
     for, then [DONE]."""
-    generation = status["generations"][0]
+    generation = status.generations[0]
     base = chunk_base(request_id, generation["model"])
     yield _chunk(base, {}, generation["finish_reason"], include_usage)
     if include_usage:

@@ -21,7 +21,7 @@ import anyio
 from quart import Blueprint, Response, current_app, request
 
 from hordelite._http import on_exchange_end, run_to_completion
-from hordelite.api.native import client_agent, horde, json_body
+from hordelite._request import client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import flatten_messages, parse_chat_request
 from hordelite.contract.limits import ANONYMOUS_API_KEY
@@ -31,6 +31,7 @@ from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
 from hordelite.front._errors import envelope, error_response
 from hordelite.front._relay import relay
+from hordelite.horde.results import RequestStatus
 
 front = Blueprint("front", __name__, url_prefix="/v1")
 log = logging.getLogger("hordelite.front")
@@ -152,7 +153,7 @@ async def chat_completions() -> Response:
 
 
 def _stream(
-    call: Call, status: dict[str, Any], prompt_chars: int, release: Callable[[], None]
+    call: Call, status: RequestStatus, prompt_chars: int, release: Callable[[], None]
 ) -> Response:
     """The SSE answer; its headers go out now, so later errors are events."""
     req = call.req

@@ -4,6 +4,7 @@ a chat status that text requests do not have."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from hordelite.contract.eligibility import (
 from hordelite.contract.limits import UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
 from hordelite.errors import RC, HordeError
+from hordelite.horde.results import Impossible
 from hordelite.storage import queries as q
 
 
@@ -48,26 +50,37 @@ class Capacity:
     """All that admission reads from the online workers, for one request:
     two reads that give the same Capacity admit the request the same way."""
 
-    unknown: tuple[str, ...]  # requested models the horde does not know
     serving: bool  # an online chat worker serves one of the models
     longest: int  # the largest chat max_length among them (0: none)
     widest: int  # the largest chat max_context_length among them (0: none)
+    close: tuple[str, ...] = ()  # served models close to the ones asked for (none serving)
 
 
-def capacity(
-    req: ChatRequest, online: Sequence[WorkerView], known: set[str], reference: ModelReference
-) -> Capacity:
-    # Known: in the model reference, declared by a chat worker once, or
-    # served by an online worker (a text worker's model gets 503, not 404).
-    known = known | {m for w in online for m in w.models}
-    unknown = tuple(m for m in req.models if m not in known and not reference.knows(m))
+# Close names a refusal suggests, at most this many.
+CLOSE_NAMES = 3
+
+
+def capacity(req: ChatRequest, online: Sequence[WorkerView]) -> Capacity:
     pool = serving(online, req.models)
+    if not pool:
+        return Capacity(serving=False, longest=0, widest=0, close=close_names(req.models, online))
     return Capacity(
-        unknown=unknown,
-        serving=bool(pool),
-        longest=max((w.chat_max_length for w in pool), default=0),
-        widest=max((w.chat_max_context_length for w in pool), default=0),
+        serving=True,
+        longest=max(w.chat_max_length for w in pool),
+        widest=max(w.chat_max_context_length for w in pool),
     )
+
+
+def close_names(models: Sequence[str], online: Sequence[WorkerView]) -> tuple[str, ...]:
+    """The chat models online workers serve whose names are close to one of
+    ``models`` (a typo, another quantisation), best first."""
+    served = sorted({w.chat_model for w in online if w.chat_model and not w.maintenance})
+    close: list[str] = []
+    for model in models:
+        for name in difflib.get_close_matches(model, served, n=CLOSE_NAMES, cutoff=0.6):
+            if name not in close:
+                close.append(name)
+    return tuple(close[:CLOSE_NAMES])
 
 
 def heavy_to_admit(req: ChatRequest) -> bool:
@@ -82,12 +95,11 @@ def heavy_to_admit(req: ChatRequest) -> bool:
 def admit(
     req: ChatRequest,
     online: Sequence[WorkerView],
-    known: set[str],
     reference: ModelReference,
     operation_key: str | None,
 ) -> q.NewRequest:
     """``admit_within`` the capacity of these online workers."""
-    return admit_within(req, capacity(req, online, known, reference), reference, operation_key)
+    return admit_within(req, capacity(req, online), reference, operation_key)
 
 
 def admit_within(
@@ -95,24 +107,21 @@ def admit_within(
 ) -> q.NewRequest:
     """What to queue for a chat request, or a refusal before anything is queued.
 
-    Refuses an unknown model (404 model_not_found), a model without an online
-    chat worker (503 no_eligible_worker), a conversation over every serving
+    Refuses a model without an online chat worker (503 no_eligible_worker,
+    known to the horde or not, suggesting close names), a conversation over every serving
     worker's context (400 no_worker_supports_limit, unless context_fit
     truncate_oldest makes it fit) and a quote over horde.max_kudos. Lowers a
     max_tokens over every serving worker's max_length to the largest, and says
     so in context_adjustments. Pure: no I/O, so it runs outside the write
     transaction (and, for a long conversation, in a worker thread).
     """
-    if cap.unknown:
-        raise HordeError(
-            RC.model_not_found,
-            f"The model {cap.unknown[0]!r} does not exist on this horde.",
-            param="model",
-        )
     if not cap.serving:
+        close = f" Served now: {', '.join(repr(m) for m in cap.close)}." if cap.close else ""
         raise HordeError(
             RC.no_eligible_worker,
-            f"No online chat worker serves {' or '.join(repr(m) for m in req.models)}; nothing was queued.",
+            f"No online chat worker serves {' or '.join(repr(m) for m in req.models)}; "
+            f"nothing was queued.{close}",
+            param="model",
         )
     adjustments: list[dict[str, Any]] = []
     # Without max_tokens a reply may be as long as a serving worker allows,
@@ -194,7 +203,7 @@ def admit_within(
     )
 
 
-def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> dict[str, str] | None:
+def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> Impossible | None:
     """Why no online worker can take this chat request, or None when one can.
 
     A declaration gap (a feature, a guarantee or the tools temperature) comes
@@ -203,21 +212,19 @@ def impossible_reason(view: RequestView, online: Sequence[WorkerView]) -> dict[s
     """
     pool = serving(online, view.models)
     if not pool:
-        return {"rc": RC.no_eligible_worker.name, "message": RC.no_eligible_worker.default_message}
+        return _impossible(RC.no_eligible_worker)
     gaps = [skip_reason(w, view) for w in pool]
     if None in gaps:
         return None
     if any(g in DECLARATION_GAPS for g in gaps):
-        return {
-            "rc": RC.no_worker_supports_features.name,
-            "message": RC.no_worker_supports_features.default_message,
-        }
+        return _impossible(RC.no_worker_supports_features)
     if all(g in LIMIT_GAPS for g in gaps):
-        return {
-            "rc": RC.no_worker_supports_limit.name,
-            "message": RC.no_worker_supports_limit.default_message,
-        }
+        return _impossible(RC.no_worker_supports_limit)
     return None
+
+
+def _impossible(rc: RC) -> Impossible:
+    return Impossible(rc, rc.default_message)
 
 
 def chat_summary(online: Sequence[WorkerView]) -> dict[str, dict[str, Any]]:

@@ -36,6 +36,7 @@ from hordelite.contract.chat_reply import (
 )
 from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
+from hordelite.contract.faults import Fault
 from hordelite.contract.limits import (
     ANONYMOUS_API_KEY,
     SKIPPED_SAMPLE_SECONDS,
@@ -54,6 +55,7 @@ from hordelite.contract.text import (
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde import chat
+from hordelite.horde.results import PopAnswer, PoppedJob, RequestStatus
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
@@ -114,6 +116,14 @@ async def run_pure(heavy: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.k
     if not heavy:
         return fn(*args, **kwargs)
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+def _pop_answer(result: q.PopResult) -> PopAnswer:
+    job = result.job
+    if job is None:
+        return PopAnswer(None, result.skipped)
+    popped = PoppedJob(job.id, job.model, job.payload, job.softprompt, job.ttl, job.chat)
+    return PopAnswer(popped, {})
 
 
 class _Replan(Exception):
@@ -351,12 +361,11 @@ class Horde:
 
             def admit(
                 online: list[WorkerView],
-                known: set[str],
                 seen: chat.Capacity | None = seen,
                 planned: q.NewRequest | HordeError | None = planned,
                 last: bool = last,
             ) -> q.NewRequest:
-                cap = chat.capacity(req, online, known, self.models)
+                cap = chat.capacity(req, online)
                 if planned is None or cap != seen:
                     if not last:
                         raise _Replan(cap)
@@ -395,7 +404,7 @@ class Horde:
         if not submitted.possible:
             reason = chat.impossible_reason(submitted.view, submitted.online or [])
             answer["message"] = (
-                reason["message"] if reason else "No worker online can take this request now."
+                reason.message if reason else "No worker online can take this request now."
             ) + " It waits for one."
             answer["warnings"] = [{"code": "NoAvailableWorker", "message": answer["message"]}]
         return answer
@@ -407,24 +416,36 @@ class Horde:
             # Model names are the clients': keep only the latest sets.
             del self._capacities[next(iter(self._capacities))]
 
-    async def text_status(self, request_id: str, *, cancel: bool = False) -> dict[str, Any]:
-        """The status answer; with ``cancel``, end the request (answering its state before)."""
+    async def text_status(self, request_id: str, *, cancel: bool = False) -> RequestStatus:
+        """The status; with ``cancel``, end the request (answering its state before)."""
         return await self._status("text", request_id, cancel)
 
     async def chat_status(
-        self, request_id: str, *, cancel: bool = False, with_position: bool = True
-    ) -> dict[str, Any]:
+        self,
+        request_id: str,
+        *,
+        cancel: bool = False,
+        with_position: bool = True,
+        with_free_threads: bool = False,
+    ) -> RequestStatus:
         """A chat request's status: the text fields, the structured replies,
-        impossible_reason while no online worker can take it, and the fault.
+        why no online worker can take it (``impossible``), and the fault.
 
         ``with_position`` False answers queue_position 0 and a wait_time
         without the queue ahead, for the front's re-checks (cheaper).
+        ``with_free_threads`` also counts the eligible threads not busy with
+        a job (one more read), for the front's fail_fast check.
         """
-        return await self._status("chat", request_id, cancel, with_position)
+        return await self._status("chat", request_id, cancel, with_position, with_free_threads)
 
     async def _status(
-        self, kind: str, request_id: str, cancel: bool, with_position: bool = True
-    ) -> dict[str, Any]:
+        self,
+        kind: str,
+        request_id: str,
+        cancel: bool,
+        with_position: bool = True,
+        with_free_threads: bool = False,
+    ) -> RequestStatus:
         canonical = parse_uuid(request_id)
         if canonical is None:
             raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id[:64]!r}.")
@@ -444,48 +465,63 @@ class Horde:
             self.signals.end_stream(canonical, now)
         else:
             parts = await self.db.read(
-                q.request_status, canonical, kind, now, self.rules, with_position
+                q.request_status,
+                canonical,
+                kind,
+                now,
+                self.rules,
+                with_position,
+                with_free_threads,
             )
-        return self._render_status(parts)
+        return self._status_of(parts)
 
-    def _render_status(self, parts: dict[str, Any]) -> dict[str, Any]:
+    def _status_of(self, parts: dict[str, Any]) -> RequestStatus:
         req: RowMapping = parts["request"]
         jobs: Sequence[RowMapping] = parts["jobs"]
         done_jobs = [j for j in jobs if j["state"] == "done"]
         processing = len(jobs) - len(done_jobs)
         # Waiting for a worker to take a job (not only for jobs in progress).
         waiting_state = req["state"] == "waiting" and req["remaining"] > 0
-        eligible = [w for w in parts["online"] if can_serve(w, q.request_view(req))]
+        view = q.request_view(req)
+        eligible = [w for w in parts["online"] if can_serve(w, view)]
         wait_time = (
             self._wait_time(req, parts["position"], processing, eligible) if waiting_state else 0
         )
-        status: dict[str, Any] = {
-            "finished": len(done_jobs),
-            "processing": processing,
-            "restarted": req["restarts"],
-            "waiting": req["remaining"] if req["state"] == "waiting" else 0,
-            "done": req["state"] in ("done", "cancelled"),
-            "faulted": req["state"] in ("faulted", "expired"),
-            "wait_time": wait_time,
-            "queue_position": parts["position"],
-            "kudos": round(req["kudos"], 2),
-            "is_possible": bool(eligible) if waiting_state else True,
-            "generations": [self._render_generation(j) for j in done_jobs],
-        }
-        if req["kind"] == "chat":
-            if waiting_state and not eligible:
-                reason = chat.impossible_reason(q.request_view(req), parts["online"])
-                if reason is not None:
-                    status["impossible_reason"] = reason
-            if req["context_adjustments"]:
-                status["context_adjustments"] = req["context_adjustments"]
-        if status["faulted"]:
-            status["fault"] = {
-                "rc": req["fault_rc"] or RC.RequestExpired.name,
-                "message": req["fault_message"]
-                or f"The request expired: no worker took it within {int(self.config.horde.request_expiry)} s.",
-            }
-        return status
+        impossible = None
+        if req["kind"] == "chat" and waiting_state and not eligible:
+            impossible = chat.impossible_reason(view, parts["online"])
+        faulted = req["state"] in ("faulted", "expired")
+        busy: dict[str, int] | None = parts.get("busy")
+        free_threads = None
+        if waiting_state and busy is not None:
+            free_threads = sum(max(w.threads - busy.get(w.id, 0), 0) for w in eligible)
+        return RequestStatus(
+            kind=req["kind"],
+            finished=len(done_jobs),
+            processing=processing,
+            restarted=req["restarts"],
+            waiting=req["remaining"] if req["state"] == "waiting" else 0,
+            done=req["state"] in ("done", "cancelled"),
+            faulted=faulted,
+            wait_time=wait_time,
+            queue_position=parts["position"],
+            kudos=round(req["kudos"], 2),
+            is_possible=bool(eligible) if waiting_state else True,
+            generations=tuple(self._render_generation(j) for j in done_jobs),
+            impossible=impossible,
+            context_adjustments=req["context_adjustments"] if req["kind"] == "chat" else None,
+            fault=self._fault_of(req) if faulted else None,
+            free_threads=free_threads,
+        )
+
+    def _fault_of(self, req: RowMapping) -> Fault:
+        """The last fault a faulted or expired request shows (decision 0022)."""
+        if req["fault_rc"]:
+            return Fault(req["fault_rc"], req["fault_message"])
+        expiry = int(self.config.horde.request_expiry)
+        return Fault(
+            RC.RequestExpired.name, f"The request expired: no worker took it within {expiry} s."
+        )
 
     @staticmethod
     def _render_generation(job: RowMapping) -> dict[str, Any]:
@@ -513,7 +549,7 @@ class Horde:
 
     # Jobs --------------------------------------------------------------
 
-    async def pop(self, api_key: str, body: Any) -> dict[str, Any]:
+    async def pop(self, api_key: str, body: Any) -> PopAnswer:
         """Check a worker in and hand it a job, waiting up to ``wait`` seconds for one.
 
         A waiting pop sleeps on the queue signal, woken when a job it can
@@ -573,7 +609,7 @@ class Horde:
                     max_length=job.max_length,
                 )
             )
-        return self._render_pop(result)
+        return _pop_answer(result)
 
     async def post_progress(self, api_key: str, body: Any) -> dict[str, Any]:
         """A streamed job's progress post, answered from its lease: no
@@ -603,31 +639,6 @@ class Horde:
                 ),
             )
         return accepted.answer
-
-    @staticmethod
-    def _render_pop(result: q.PopResult) -> dict[str, Any]:
-        if result.job is None:
-            return {
-                "id": None,
-                "ids": [],
-                "payload": {},
-                "skipped": result.skipped,
-                "softprompt": None,
-            }
-        job = result.job
-        return {
-            "payload": job.payload,
-            "id": job.id,
-            "ids": [job.id],
-            "model": job.model,
-            "ttl": int(job.ttl),
-            "skipped": {},
-            "softprompt": job.softprompt,
-            "messages": [],
-            "extra_source_images": None,
-            # Only chat jobs carry the key: a text job's answer is unchanged.
-            **({"chat": True} if job.chat else {}),
-        }
 
     async def submit(self, api_key: str, body: Any) -> dict[str, Any]:
         """A worker's answer to a job: a text generation, a chat reply or a fault.

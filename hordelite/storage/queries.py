@@ -33,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ColumnElement, Select
 
+from hordelite.contract import faults
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import (
@@ -42,7 +43,6 @@ from hordelite.contract.chat_features import (
     ChatWorkerLimits,
 )
 from hordelite.contract.chat_reply import (
-    FAULT_REASONS,
     ChatSubmit,
     Verdict,
     build_worker_chat_extras,
@@ -51,6 +51,7 @@ from hordelite.contract.chat_reply import (
 )
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import (
+    REQUEST_FIELDS,
     RequestView,
     WorkerView,
     can_serve,
@@ -108,20 +109,7 @@ _CHAT_CLASSES = select(queue_classes.c.features).where(
 # The best waiting requests, with only what eligibility reads (not their
 # prompts or conversations).
 _SKIPPED_SAMPLE = (
-    select(
-        requests.c.models,
-        requests.c.max_length,
-        requests.c.max_context_length,
-        requests.c.trusted_workers,
-        requests.c.slow_workers,
-        requests.c.nsfw,
-        requests.c.worker_ids,
-        requests.c.worker_blacklist,
-        requests.c.kind,
-        requests.c.features,
-        requests.c.context_tokens,
-        requests.c.tools_temperature,
-    )
+    select(*(requests.c[name] for name in REQUEST_FIELDS))
     .where(requests.c.state == "waiting", requests.c.remaining > 0)
     .order_by(requests.c.state, requests.c.anonymous, requests.c.prio_key.desc())
     .limit(SKIPPED_SAMPLE)
@@ -354,7 +342,7 @@ def submit_chat_request(
     models: Sequence[str],
     operation_key: str | None,
     fingerprint: str,
-    admit: Callable[[list[WorkerView], set[str]], NewRequest],
+    admit: Callable[[list[WorkerView]], NewRequest],
     request_id: str,
     now: float,
     rules: Rules,
@@ -364,9 +352,7 @@ def submit_chat_request(
     """A chat submission in one transaction: authenticate, answer a resubmit
     of an operation key with its first request (a RowMapping with its id,
     max_length and models), else admit against the online workers
-    (``admit(online, known models)`` raises the refusals) and queue.
-
-    The models the horde knows: declared by any worker as its chat model once.
+    (``admit(online)`` raises the refusals) and queue.
     """
     user = _user(conn, key_hash, rules)
     if operation_key is not None:
@@ -374,17 +360,8 @@ def submit_chat_request(
         if first is not None:
             return first
     online = _online_workers(conn, now, rules)
-    new = admit(online, _known_chat_models(conn, models))
+    new = admit(online)
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
-
-
-def _known_chat_models(conn: Connection, models: Sequence[str]) -> set[str]:
-    """Which of ``models`` a worker has declared as its chat model, ever."""
-    return set(
-        conn.execute(
-            select(workers.c.chat_model).distinct().where(workers.c.chat_model.in_(list(models)))
-        ).scalars()
-    )
 
 
 def _first_request(
@@ -599,12 +576,14 @@ def request_status(
     now: float,
     rules: Rules,
     with_position: bool = True,
+    with_busy: bool = False,
 ) -> dict[str, Any]:
     """The raw parts of a status answer (see horde.service for its shape).
 
     ``with_position`` False skips the queue position (a count that follows
     the position): a waiting OpenAI call re-checking its request needs only
-    whether it ended and whether it is possible.
+    whether it ended and whether it is possible. ``with_busy`` adds
+    ``busy``: the jobs in progress of each online worker.
     """
     req = _get_request(conn, request_id, kind)
     gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings().all()
@@ -618,7 +597,22 @@ def request_status(
     online = _online_workers(conn, now, rules, chat_models) if queued else []
     counted = with_position and queued
     position = _queue_position(conn, req) if counted else 0
-    return {"request": req, "jobs": gens, "online": online, "position": position}
+    parts = {"request": req, "jobs": gens, "online": online, "position": position}
+    if with_busy and queued:
+        parts["busy"] = _busy(conn, [w.id for w in online])
+    return parts
+
+
+def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
+    """Jobs in progress per worker, for these workers (read along ix_jobs_state_lease)."""
+    if not worker_ids:
+        return {}
+    rows = conn.execute(
+        select(jobs.c.worker_id, func.count())
+        .where(jobs.c.state == "processing", jobs.c.worker_id.in_(worker_ids))
+        .group_by(jobs.c.worker_id)
+    )
+    return {worker_id: int(count) for worker_id, count in rows}
 
 
 def _queue_position(conn: Connection, req: RowMapping) -> int:
@@ -1261,20 +1255,7 @@ def skipped_sample(conn: Connection) -> list[RequestView]:
 
 
 def request_view(row: RowMapping | dict[str, Any]) -> RequestView:
-    return RequestView(
-        models=tuple(row["models"]),
-        max_length=row["max_length"],
-        max_context_length=row["max_context_length"],
-        trusted_workers=row["trusted_workers"],
-        slow_workers=row["slow_workers"],
-        nsfw=row["nsfw"],
-        worker_ids=tuple(row["worker_ids"]),
-        worker_blacklist=row["worker_blacklist"],
-        kind=row["kind"],
-        features=row["features"],
-        context_tokens=row["context_tokens"],
-        tools_temperature=row["tools_temperature"],
-    )
+    return RequestView.of(row)
 
 
 # Submit --------------------------------------------------------------------
@@ -1515,9 +1496,9 @@ def _fault_job(
     )
     req = _get_request(conn, job["request_id"], job["kind"])
     if _holds_unsendable(req):
-        _fault_request(conn, req, now, _UNSENDABLE)
+        _fault_request(conn, req, now, faults.UNSENDABLE)
         return SubmitResult(0.0, req["id"], True, False)
-    if job["refusal_rc"] == RC.ChatSubmitNonconformant.name:
+    if faults.counts_as_nonconformant(job["refusal_rc"]):
         conn.execute(
             update(workers)
             .where(workers.c.id == job["worker_id"])
@@ -1525,13 +1506,8 @@ def _fault_job(
         )
     else:
         _count_abort(conn, job["worker_id"], now, rules)
-    if reason == "reply_refused" and job["refusal_message"]:
-        message = job["refusal_message"]
-    elif reason is not None:
-        message = FAULT_REASONS[reason]
-    else:
-        message = _NO_REASON
-    requeued, ended = _give_back(conn, req, now, rules, faulted=True, message=message)
+    fault = faults.worker_fault(reason, job["refusal_message"])
+    requeued, ended = _give_back(conn, req, now, rules, faulted=True, fault=fault)
     return SubmitResult(0.0, req["id"], ended, requeued)
 
 
@@ -1540,50 +1516,40 @@ def _holds_unsendable(req: RowMapping) -> bool:
     return unsendable([req["prompt"], req["params"], req["chat"]]) is not None
 
 
-def _fault_request(conn: Connection, req: RowMapping, now: float, message: str) -> None:
-    """End a waiting request faulted at once, with ``message`` as its fault."""
+def _fault_request(conn: Connection, req: RowMapping, now: float, fault: faults.Fault) -> None:
+    """End a waiting request faulted at once, with ``fault`` as its last fault."""
     if req["state"] != "waiting":
         return
     conn.execute(
         update(requests)
         .where(requests.c.id == req["id"])
-        .values(faults=req["faults"] + 1, fault_rc=RC.ChatWorkerFault.name, fault_message=message)
+        .values(faults=req["faults"] + 1, fault_rc=fault.rc, fault_message=fault.message)
     )
     _end_request(conn, req["id"], "faulted", now)
 
 
-_NO_REASON = "A worker could not serve this request and gave no reason."
-_UNSENDABLE = (
-    "This request holds text that is not valid Unicode (a lone surrogate) or a number "
-    "JSON cannot carry, which no worker can send to its backend."
-)
-_LEASE_EXPIRED = "A worker took this request and did not answer before its job's lease ran out."
-
-
 def _give_back(
-    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool, message: str
+    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool, fault: faults.Fault
 ) -> tuple[bool, bool]:
     """Return a job's slot to its request: requeue it, or fault the request.
 
-    ``message`` is kept as the request's last fault, which its status shows
-    (rc ChatWorkerFault) once the request ends faulted.
+    ``fault`` is kept as the request's last fault, which its status shows
+    once the request ends faulted.
     """
     if req["state"] != "waiting":
         return False, False
-    faults = req["faults"] + (1 if faulted else 0)
-    fault = {"fault_rc": RC.ChatWorkerFault.name, "fault_message": message}
-    if faults > rules.max_faults:
+    count = req["faults"] + (1 if faulted else 0)
+    last = {"fault_rc": fault.rc, "fault_message": fault.message}
+    if count > rules.max_faults:
         conn.execute(
-            update(requests).where(requests.c.id == req["id"]).values(faults=faults, **fault)
+            update(requests).where(requests.c.id == req["id"]).values(faults=count, **last)
         )
         _end_request(conn, req["id"], "faulted", now)
         return False, True
     conn.execute(
         update(requests)
         .where(requests.c.id == req["id"])
-        .values(
-            faults=faults, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **fault
-        )
+        .values(faults=count, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **last)
     )
     if req["remaining"] == 0:
         _enqueue(conn, req, now)
@@ -1659,7 +1625,7 @@ def sweep(
             .one()
         )
         was_requeued, was_ended = _give_back(
-            conn, req, now, rules, faulted=False, message=_LEASE_EXPIRED
+            conn, req, now, rules, faulted=False, fault=faults.LEASE_EXPIRED
         )
         _count_abort(conn, job["worker_id"], now, rules)
         requeued += was_requeued

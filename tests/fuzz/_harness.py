@@ -49,7 +49,10 @@ CHAT_MODEL = "fuzz-chat-model"  # the idle chat worker's: chat requests are admi
 SUBMIT_MODEL = "fuzz-submit-model"  # a job is leased for each submit batch
 STREAM_MODEL = "fuzz-stream-model"  # a streamed chat job for each progress batch
 IDLE_MODEL = "fuzz-idle-model"  # the pop body's: nothing is ever queued for it
-FRONT_MODEL = "fuzz-front-model"  # no worker knows it: the front refuses it last (404)
+FRONT_MODEL = "fuzz-front-model"  # no worker serves it: refused last (503 no_eligible_worker)
+# The one refusal above 499 a case may get: the availability refusal of a
+# model no online chat worker serves (000 "Worker availability").
+AVAILABILITY = (503, "no_eligible_worker")
 
 KUDOS = 1_000_000.0
 
@@ -314,7 +317,7 @@ class Fuzzer:
         detail = (
             f"{path[:120]} field={field} body={content!r:.300} -> {status} {response.text[:300]}"
         )
-        if status >= 500:
+        if status >= 500 and (status, _rc_of(response)) != AVAILABILITY:
             rc = _rc_of(response)
             self.fail(f"{status} {rc} ({self.errors.take()})", method, path, detail)
             return None
@@ -330,7 +333,8 @@ class Fuzzer:
             return Answer(status, body, None, None)
         # httpx may have normalised the path ("/v1/.." is "/"): the envelope is the sent path's.
         rc, message, named = _refusal(response.request.url.path, body)
-        if not (400 <= status < 500 and isinstance(rc, str) and isinstance(message, str)):
+        refused = 400 <= status < 500 or (status, rc) == AVAILABILITY
+        if not (refused and isinstance(rc, str) and isinstance(message, str)):
             self.fail(f"{status} not an error envelope", method, path, detail)
             return None
         if (

@@ -1,8 +1,8 @@
 """Fuzz the OpenAI front: a valid chat completion mutated field by field, whole
 bodies, model ids in paths, and headers, over real HTTP on SQLite and PostgreSQL.
 
-The valid body names a model no worker knows, so that a body which passes
-every check is refused last, 404 model_not_found, and no call waits for a
+The valid body names a model no worker serves, so that a body which passes
+every check is refused last, 503 no_eligible_worker, and no call waits for a
 reply: nothing a case sends may be stored or charged.
 """
 
@@ -97,20 +97,20 @@ def send_completion(
         field=field,
         accepted=(),
     )
-    if answer is not None and answer.rc == "model_not_found":
+    if answer is not None and answer.rc == "no_eligible_worker":
         # The only refusal a body may get once every field is valid; the
-        # model is the one no worker knows, as sent.
+        # model is the one no worker serves, as sent.
         assert field is None or answer.named == "model", answer
 
 
-def test_the_valid_completion_body_is_refused_last_for_its_unknown_model(fuzzer: Fuzzer) -> None:
+def test_the_valid_completion_body_is_refused_last_for_its_unserved_model(fuzzer: Fuzzer) -> None:
     response = fuzzer.client.post(
         COMPLETIONS,
         json=completion_body(),
         headers={"Authorization": f"Bearer {fuzzer.carol}"},
     )
-    assert response.status_code == 404, response.text
-    assert response.json()["error"]["code"] == "model_not_found"
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "no_eligible_worker"
 
 
 def test_chat_completions_refuses_each_bad_field(fuzzer: Fuzzer) -> None:

@@ -34,25 +34,39 @@ REPLY = {"message": {"role": "assistant", "content": "Blue."}, "finish_reason": 
 # Models ----------------------------------------------------------------------------
 
 
-async def test_an_unknown_model_is_refused_with_404_model_not_found_and_nothing_is_queued() -> None:
+async def test_an_unknown_model_is_refused_with_503_no_eligible_worker_and_nothing_is_queued() -> (
+    None
+):
+    # 000 "Worker availability": a model no online chat worker serves is
+    # 503 no_eligible_worker, known to the horde or not.
     async with open_chat_horde() as env:
         await env.chat_worker("w")
         response = await env.submit(chat_body(model="ghost-model"))
-        refusal = assert_refused(response, 404, "model_not_found")
+        refusal = assert_refused(response, 503, "no_eligible_worker")
         assert "ghost-model" in refusal["message"]
         assert refusal["param"] == "model"
         ghost = await env.chat_worker("ghost", model_id="ghost-model", online=False)
         await pop_nothing(ghost)
 
 
-async def test_a_model_list_with_one_unknown_entry_is_refused_whole() -> None:
+async def test_a_refusal_for_an_unserved_model_suggests_the_close_names_served_now() -> None:
+    async with open_chat_horde() as env:
+        await env.chat_worker("w")
+        typo = MODEL[:-1] + ("x" if MODEL[-1] != "x" else "y")
+        refusal = assert_refused(await env.submit(chat_body(model=typo)), 503, "no_eligible_worker")
+        assert f"Served now: {MODEL!r}." in refusal["message"]
+        far = assert_refused(await env.submit(chat_body(model="zzzz")), 503, "no_eligible_worker")
+        assert "Served now" not in far["message"]
+
+
+async def test_a_model_list_with_one_unserved_entry_is_served_by_the_others() -> None:
     async with open_chat_horde() as env:
         worker = await env.chat_worker("w")
         body = chat_body(model=None, models=[MODEL, "ghost-model"])
         response = await env.submit(body)
-        refusal = assert_refused(response, 404, "model_not_found")
-        assert "ghost-model" in refusal["message"]
-        await pop_nothing(worker)
+        assert response.status_code == 202, response.text
+        job = await pop_job(worker)
+        assert job["model"] == MODEL
 
 
 async def test_a_model_once_declared_whose_chat_workers_went_offline_is_refused_with_503() -> None:

@@ -32,7 +32,9 @@ from tests.integration._chat_helpers import (
     TLS,
     WEATHER_TOOL,
     ChatEnv,
+    chat_body,
     open_chat_horde,
+    pop_job,
     pop_nothing,
 )
 
@@ -478,7 +480,12 @@ async def test_a_model_without_an_online_chat_worker_is_refused_503_no_eligible_
             )
         # Refused before anything was queued: a retry would be harmless.
         assert_error(
-            caught.value, openai.InternalServerError, 503, "no_eligible_worker", held=False
+            caught.value,
+            openai.InternalServerError,
+            503,
+            "no_eligible_worker",
+            held=False,
+            param="model",
         )
         assert await front.queued() == 0
         await pop_nothing(gone)
@@ -576,6 +583,32 @@ async def test_fail_fast_without_an_eligible_worker_is_a_503_queue_unavailable_w
         await pop_nothing(listed)
 
 
+async def test_fail_fast_when_every_eligible_thread_is_busy_is_a_503_queue_unavailable_and_cancels() -> (
+    None
+):
+    # 000 "Admission against the online pool": threads busy with other jobs
+    # are not free eligible threads. The estimated wait (8 tokens at the
+    # assumed speed) is well within the budget, which bounds the call should
+    # it wait instead.
+    async with open_front(front={"timeout": 15.0}) as front:
+        worker = await front.worker("w1")  # one thread
+        assert (await front.env.submit(chat_body())).status_code == 202
+        await pop_job(worker)  # its only thread is busy with that job
+        client = await front.sdk()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[user("Name one colour.")],
+                max_tokens=8,
+                extra_body={"horde": {"availability_mode": "fail_fast"}},
+            )
+        error = assert_error(
+            caught.value, openai.InternalServerError, 503, "queue_unavailable", held=True
+        )
+        assert int(caught.value.response.headers["Retry-After"]) >= 1
+        await front.assert_cancelled(error["metadata"]["request_id"])
+
+
 async def test_fail_fast_with_an_idle_eligible_worker_is_answered() -> None:
     async with open_front() as front:
         worker = await front.worker("w1")
@@ -622,21 +655,40 @@ async def test_an_unsupported_parameter_is_refused_400_naming_it_before_anything
         assert await front.queued() == 0
 
 
-@pytest.mark.parametrize("model", ["chat-model:free", "never-served-model"])
-async def test_a_model_id_with_a_colon_or_unknown_is_refused_404_model_not_found(
-    model: str,
-) -> None:
+async def test_a_model_id_with_a_colon_is_refused_404_model_not_found() -> None:
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk()
         with pytest.raises(openai.APIStatusError) as caught:
             await client.chat.completions.create(
-                model=model, messages=[user("Name one colour.")], max_tokens=64
+                model="chat-model:free", messages=[user("Name one colour.")], max_tokens=64
             )
         error = assert_error(
             caught.value, openai.NotFoundError, 404, "model_not_found", held=False, param="model"
         )
-        assert model in error["message"]
+        assert "chat-model:free" in error["message"]
+        assert await front.queued() == 0
+
+
+async def test_a_model_no_online_chat_worker_serves_is_refused_503_no_eligible_worker() -> None:
+    # Known to the horde or not: only the colon rule is 404 (000 "Worker availability").
+    async with open_front() as front:
+        await front.worker("w1")
+        client = await front.sdk()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model="never-served-model", messages=[user("Name one colour.")], max_tokens=64
+            )
+        error = assert_error(
+            caught.value,
+            openai.InternalServerError,
+            503,
+            "no_eligible_worker",
+            held=False,
+            param="model",
+            kind="service_unavailable",
+        )
+        assert "never-served-model" in error["message"]
         assert await front.queued() == 0
 
 

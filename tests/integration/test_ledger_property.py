@@ -238,8 +238,8 @@ async def submit(
 
 async def pop(ex: Example, index: int) -> None:
     worker = ex.workers[index]
-    answer = await ex.horde.pop(worker.key, worker.body)
-    if answer["id"] is None:
+    answer = (await ex.horde.pop(worker.key, worker.body)).job
+    if answer is None:
         # A text request is never passed over (a slow chat worker may be,
         # for chat, while a faster one is online).
         waiting = [r for r in ex.requests if r.kind == "text" and r.remaining]
@@ -249,14 +249,14 @@ async def pop(ex: Example, index: int) -> None:
             + (" while chat waits" if any(r.remaining for r in ex.requests) else "")
         )
         return
-    payload = json.dumps(answer["payload"])
+    payload = json.dumps(answer.payload)
     (req,) = (r for r in ex.requests if r.tag in payload)
     assert req.state == "waiting", req
     assert req.remaining > 0, req
-    assert (req.kind == "chat") == bool(answer.get("chat")), (req, answer)
+    assert (req.kind == "chat") == answer.chat, (req, answer)
     req.remaining -= 1
-    stream = answer["payload"].get("stream_progress") is True
-    ex.jobs.append(Job(answer["id"], req, worker.owner, answer["model"], stream))
+    stream = answer.payload.get("stream_progress") is True
+    ex.jobs.append(Job(answer.id, req, worker.owner, answer.model, stream))
     event(f"a pop gets a {'streamed ' if stream else ''}{req.kind} job")
 
 
@@ -419,9 +419,9 @@ async def check_ledger(ex: Example, db: Database) -> None:
     for req in ex.requests:
         status = ex.horde.text_status if req.kind == "text" else ex.horde.chat_status
         answer = await status(req.id)
-        assert answer["kudos"] == round(req.charged, 2), (req, answer)
-        assert answer["done"] == (req.state in ("done", "cancelled")), (req, answer)
-        assert answer["faulted"] == (req.state == "faulted"), (req, answer)
+        assert answer.kudos == round(req.charged, 2), (req, answer)
+        assert answer.done == (req.state in ("done", "cancelled")), (req, answer)
+        assert answer.faulted == (req.state == "faulted"), (req, answer)
 
 
 # The property -----------------------------------------------------------------------
@@ -475,7 +475,7 @@ async def new_example(db: Database, clock: ManualClock) -> Example:
         }
         worker = Worker(keys[owner], owner, body)
         # Online, its chat model known: chat requests for it are admitted.
-        assert (await horde.pop(worker.key, body))["id"] is None
+        assert (await horde.pop(worker.key, body)).job is None
         workers.append(worker)
     return Example(horde, clock, model, keys, ids, workers)
 

@@ -1,0 +1,70 @@
+"""What the horde service answers, as frozen dataclasses.
+
+The service returns these; each envelope renders its own: the native AI
+Horde JSON in ``hordelite.api``, the OpenAI shapes in ``hordelite.front``.
+Nothing here knows either envelope.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hordelite.contract.faults import Fault
+from hordelite.errors import RC
+
+
+@dataclasses.dataclass(frozen=True)
+class Impossible:
+    """Why no online worker can take a waiting chat request (decision 0017)."""
+
+    rc: RC
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestStatus:
+    """A request's status (text or chat).
+
+    ``generations`` are the finished jobs in the native shape both envelopes
+    read. ``free_threads``: the threads of the eligible online workers not
+    busy with a job, counted only when asked for (the front's fail_fast
+    check) and while the request waits for a worker; None otherwise.
+    """
+
+    kind: str
+    finished: int
+    processing: int
+    restarted: int
+    waiting: int
+    done: bool
+    faulted: bool
+    wait_time: int
+    queue_position: int
+    kudos: float
+    is_possible: bool
+    generations: tuple[dict[str, Any], ...]
+    impossible: Impossible | None = None
+    context_adjustments: list[dict[str, Any]] | None = None
+    fault: Fault | None = None
+    free_threads: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PoppedJob:
+    """A job handed to a worker, as its pop answer carries it."""
+
+    id: str
+    model: str
+    payload: dict[str, Any]
+    softprompt: str | None
+    ttl: float
+    chat: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PopAnswer:
+    """A pop's answer: the job, or none with the skipped counts."""
+
+    job: PoppedJob | None
+    skipped: dict[str, int]
