@@ -22,7 +22,7 @@ class Fault:
 
 
 # A fault without a reason the horde knows: the generic fault, the same words
-# as the front's 502 (004 step 7: any other value is ignored and the fault is
+# as the front's 502 (worker guide, step 7: any other value is ignored and the fault is
 # accepted as without it).
 GENERIC = Fault(RC.ChatRequestFaulted.name, RC.ChatRequestFaulted.default_message)
 LEASE_EXPIRED = Fault(

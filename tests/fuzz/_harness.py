@@ -51,7 +51,7 @@ STREAM_MODEL = "fuzz-stream-model"  # a streamed chat job for each progress batc
 IDLE_MODEL = "fuzz-idle-model"  # the pop body's: nothing is ever queued for it
 FRONT_MODEL = "fuzz-front-model"  # no worker serves it: refused last (503 no_eligible_worker)
 # The one refusal above 499 a case may get: the availability refusal of a
-# model no online chat worker serves (000 "Worker availability").
+# model no online chat worker serves (chat guide, "Worker availability").
 AVAILABILITY = (503, "no_eligible_worker")
 
 KUDOS = 1_000_000.0

@@ -37,7 +37,7 @@ REPLY = {"message": {"role": "assistant", "content": "Blue."}, "finish_reason": 
 async def test_an_unknown_model_is_refused_with_503_no_eligible_worker_and_nothing_is_queued() -> (
     None
 ):
-    # 000 "Worker availability": a model no online chat worker serves is
+    # The chat guide, "Worker availability": a model no online chat worker serves is
     # 503 no_eligible_worker, known to the horde or not.
     async with open_chat_horde() as env:
         await env.chat_worker("w")

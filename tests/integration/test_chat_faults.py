@@ -225,7 +225,7 @@ async def test_an_unknown_worker_fault_reason_is_ignored() -> None:
         without = await chat.submit()
         without_status = await fault_until_the_request_ends(chat, worker, without, None)
         assert unknown_status["faulted"] is True
-        # Accepted as a fault without a reason (004 step 7): the generic
+        # Accepted as a fault without a reason (worker guide, step 7): the generic
         # fault, not a worker's fault.
         generic = {
             "rc": "ChatRequestFaulted",

@@ -586,7 +586,7 @@ async def test_fail_fast_without_an_eligible_worker_is_a_503_queue_unavailable_w
 async def test_fail_fast_when_every_eligible_thread_is_busy_is_a_503_queue_unavailable_and_cancels() -> (
     None
 ):
-    # 000 "Admission against the online pool": threads busy with other jobs
+    # The chat guide, "Admission against the online pool": threads busy with other jobs
     # are not free eligible threads. The estimated wait (8 tokens at the
     # assumed speed) is well within the budget, which bounds the call should
     # it wait instead.
@@ -671,7 +671,7 @@ async def test_a_model_id_with_a_colon_is_refused_404_model_not_found() -> None:
 
 
 async def test_a_model_no_online_chat_worker_serves_is_refused_503_no_eligible_worker() -> None:
-    # Known to the horde or not: only the colon rule is 404 (000 "Worker availability").
+    # Known to the horde or not: only the colon rule is 404 (chat guide, "Worker availability").
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk()
