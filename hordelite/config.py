@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from hordelite.contract.chat_features import ALL_NAMES
-from hordelite.contract.limits import MAX_CONTEXT_LENGTH, MAX_MAX_LENGTH, MAX_NAME, MAX_POP_THREADS
+from hordelite.contract.limits import (
+    DEFAULT_JOB_TTL,
+    MAX_API_KEY_CHARS,
+    MAX_CHAT_BODY_BYTES,
+    MAX_CONTEXT_LENGTH,
+    MAX_MAX_LENGTH,
+    MAX_NAME,
+    MAX_POP_THREADS,
+)
 from hordelite.errors import ConfigError
 
 
@@ -27,7 +35,9 @@ class ServerConfig:
     # "trio" (QuartTrio) or "asyncio" (Quart): the same app on either loop.
     backend: str = "trio"
     # 36 MiB, the chat request body cap of the specification.
-    max_body_bytes: int = 36 * 1024 * 1024
+    max_body_bytes: int = MAX_CHAT_BODY_BYTES
+    # Seconds a request's body may take to arrive; past it the answer is 408.
+    body_timeout: float = 60.0
     # Seconds a stopping server gives open requests before cancelling them.
     grace_period: float = 10.0
 
@@ -48,7 +58,7 @@ class StorageConfig:
 class HordeConfig:
     allow_anonymous: bool = True
     # Seconds a popped job lives before it goes back to the queue.
-    job_ttl: float = 150.0
+    job_ttl: float = DEFAULT_JOB_TTL
     # Seconds a request lives after its last chance (creation or last pop).
     request_expiry: float = 1200.0
     # Seconds an ended request stays readable on its status route.
@@ -223,6 +233,8 @@ def _check(config: Config) -> None:
         raise ConfigError(f"server.port: must be 0 to 65535, got {s.port}")
     if s.max_body_bytes < 1024:
         raise ConfigError(f"server.max_body_bytes: must be at least 1024, got {s.max_body_bytes}")
+    if s.body_timeout <= 0:
+        raise ConfigError(f"server.body_timeout: must be positive, got {s.body_timeout}")
     if s.grace_period < 0:
         raise ConfigError(f"server.grace_period: must not be negative, got {s.grace_period}")
     if not st.database.strip():
@@ -269,7 +281,7 @@ _WORKER_OWN_FEATURES = {
 def _check_worker(w: WorkerConfig) -> None:
     if not w.horde.startswith(("http://", "https://")):
         raise ConfigError(f"worker.horde: must be an http:// or https:// URL, got {w.horde!r}")
-    if len(w.key) > 255:
+    if len(w.key) > MAX_API_KEY_CHARS:
         raise ConfigError("worker.key: is longer than any API key")
     if len(w.name) > MAX_NAME or len(w.model_id) > MAX_NAME:
         key = "name" if len(w.name) > MAX_NAME else "model_id"

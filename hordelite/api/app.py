@@ -47,7 +47,7 @@ def create_app(horde: Horde, backend: str = "trio") -> Quart:
     app.config["HORDE"] = horde
     app.config["MAX_CONTENT_LENGTH"] = horde.config.server.max_body_bytes
     # Quart answers 408 itself when a body does not arrive in time.
-    app.config["BODY_TIMEOUT"] = 60
+    app.config["BODY_TIMEOUT"] = horde.config.server.body_timeout
     # Werkzeug answers a path with '//' by an HTML redirect to the merged
     # path; every answer here is JSON, so such a path is simply not found.
     app.url_map.merge_slashes = False

@@ -36,7 +36,12 @@ from hordelite.contract.chat_reply import (
 )
 from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.contract.eligibility import WorkerView, can_serve
-from hordelite.contract.limits import ANONYMOUS_API_KEY, UPFRONT_MAX_LENGTH
+from hordelite.contract.limits import (
+    ANONYMOUS_API_KEY,
+    MAX_USER_ID_DIGITS,
+    MODEL_STATS_TTL,
+    UPFRONT_MAX_LENGTH,
+)
 from hordelite.contract.models import ModelReference
 from hordelite.contract.progress import Lease, accept, parse_progress
 from hordelite.contract.text import (
@@ -61,9 +66,6 @@ T = TypeVar("T")
 # inside it, and how many sets of models keep their last capacity.
 ADMISSION_TRIES = 3
 CAPACITY_CACHE = 256
-
-# Model statistics are an aggregate over the queue: cached this long.
-MODEL_STATS_TTL = 2.0
 
 
 def new_text_request(
@@ -679,7 +681,7 @@ class Horde:
 
     async def user(self, user_id: str) -> dict[str, Any]:
         # isascii: str.isdigit() also accepts "²", which int() refuses.
-        if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > 18:
+        if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > MAX_USER_ID_DIGITS:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
         return self._render_user(await self.db.read(q.user_by_id, int(user_id)))
 
