@@ -308,6 +308,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "worker": WorkerConfig,
 }
 
+
 def _coerce(key: str, kind: type[Any], value: Any) -> Any:
     if kind is bool:
         if isinstance(value, bool):
