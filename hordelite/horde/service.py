@@ -52,7 +52,7 @@ from hordelite.contract.text import (
     parse_text_request,
 )
 from hordelite.contract.unicode_rules import worker_name_key
-from hordelite.errors import RC, HordeError
+from hordelite.errors import RC, HordeError, HordeliteError
 from hordelite.horde import chat
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
@@ -113,7 +113,7 @@ async def run_pure(heavy: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.k
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
-class _Replan(Exception):
+class _Replan(HordeliteError):
     """Chat admission was worked out for another capacity than the write
     transaction finds: roll back (nothing is written yet), admit again."""
 
