@@ -85,7 +85,7 @@ async def test_the_native_api_renders_each_exception_as_before(
         app = create_app(horde.horde, anyio_backend)
 
         @app.get("/test/raise")
-        async def _raise() -> None:
+        async def _raise() -> str:
             raise error
 
         response = await app.test_client().get("/test/raise")
