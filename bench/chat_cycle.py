@@ -56,8 +56,8 @@ import anyio.to_thread
 import text_cycle as tc  # bench/ is the script's folder, so on sys.path
 
 from hordelite.config import load_config
+from hordelite.contract.limits import SKIPPED_SAMPLE
 from hordelite.storage.database import Database
-from hordelite.storage.queries import SKIPPED_SAMPLE
 
 MODEL = tc.MODEL
 TARGET_CHAT_RATIO = 0.70

@@ -4,6 +4,10 @@ Built from ``hordelite.toml`` (every key documented there), then overridden by
 environment variables ``HORDELITE_<SECTION>_<KEY>``; ``HORDELITE_DATABASE_URL``
 is accepted as an alias of ``HORDELITE_STORAGE_DATABASE``. A bad value raises
 ``ConfigError`` naming the key, so ``hordelite serve`` stops at start.
+
+Each key declares its type (the annotation) and its bounds (``bounded(...)``)
+where it is defined; one routine, ``_check``, enforces every declaration.
+The only hand-written checks left are those relating two keys.
 """
 
 from __future__ import annotations
@@ -11,94 +15,224 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, cast, get_type_hints
 
 from hordelite.contract.chat_features import ALL_NAMES
-from hordelite.contract.limits import MAX_CONTEXT_LENGTH, MAX_MAX_LENGTH, MAX_NAME, MAX_POP_THREADS
+from hordelite.contract.limits import (
+    DEFAULT_JOB_TTL,
+    MAX_API_KEY_CHARS,
+    MAX_CHAT_BODY_BYTES,
+    MAX_CONTEXT_LENGTH,
+    MAX_MAX_LENGTH,
+    MAX_NAME,
+    MAX_POP_THREADS,
+)
 from hordelite.errors import ConfigError
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """What a key accepts beyond its type: numeric bounds (``ge`` at least,
+    ``gt`` more than, ``le`` at most), a set of words, a length, or a rule of
+    its own (``rule`` answers what is wrong with a value, or None)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    one_of: tuple[str, ...] = ()
+    max_chars: int | None = None
+    rule: Callable[[Any], str | None] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is out of bounds (the message after ``section.key: ``)."""
+        if self.one_of and value not in self.one_of:
+            return f"must be one of {', '.join(self.one_of)}, got {value!r}"
+        if self.max_chars is not None and len(value) > self.max_chars:
+            return f"must be at most {self.max_chars} characters"
+        if self.ge is not None and self.le is not None:
+            if not self.ge <= value <= self.le:
+                return f"must be {self.ge} to {self.le}, got {value}"
+        elif self.le is not None and not value <= self.le:
+            return f"must be at most {self.le}, got {value}"
+        elif self.ge == 0 and not value >= 0:
+            return f"must not be negative, got {value}"
+        elif self.ge is not None and not value >= self.ge:
+            return f"must be at least {self.ge}, got {value}"
+        if self.gt == 0 and not value > 0:
+            return f"must be positive, got {value}"
+        if self.gt is not None and not value > self.gt:
+            return f"must be more than {self.gt}, got {value}"
+        return self.rule(value) if self.rule is not None else None
+
+    def describe(self) -> str:
+        """The bound as docs/reference/configuration.md words it."""
+        if self.one_of:
+            return ", ".join(f"`{word}`" for word in self.one_of)
+        if self.max_chars is not None:
+            return f"at most {self.max_chars} characters"
+        if self.ge is not None and self.le is not None:
+            return f"{self.ge} to {self.le}"
+        if self.le is not None:
+            return f"at most {self.le}"
+        if self.ge == 0:
+            return "0 or more"
+        if self.ge is not None:
+            return f"at least {self.ge}"
+        if self.gt is not None:
+            return f"more than {self.gt}"
+        return ""
+
+
+def bounded(
+    default: T,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    one_of: tuple[str, ...] = (),
+    max_chars: int | None = None,
+    rule: Callable[[Any], str | None] | None = None,
+) -> T:
+    """A configuration key's default with its bounds, for a dataclass field."""
+    bounds = Bounds(ge=ge, gt=gt, le=le, one_of=one_of, max_chars=max_chars, rule=rule)
+    return dataclasses.field(default=default, metadata={"bounds": bounds})
+
+
+def bounds_of(field: dataclasses.Field[Any]) -> Bounds | None:
+    """A field's declared bounds, or None for a key any value of its type fits."""
+    return cast(Bounds | None, field.metadata.get("bounds"))
+
+
+# Rules of their own, for keys a bound cannot state.
+
+
+def _database(value: str) -> str | None:
+    if not value.strip():
+        return "must not be empty"
+    if "://" in value and not value.startswith(
+        ("postgresql://", "postgresql+psycopg://", "sqlite://")
+    ):
+        return f"must be a file path or a postgresql:// URL, got {value!r}"
+    return None
+
+
+def _existing_file_or_empty(value: str) -> str | None:
+    return f"no such file {value!r}" if value and not Path(value).is_file() else None
+
+
+def _http_url(value: str) -> str | None:
+    if not value.startswith(("http://", "https://")):
+        return f"must be an http:// or https:// URL, got {value!r}"
+    return None
+
+
+def _backend(value: str) -> str | None:
+    if value not in ("", "fake") and not value.startswith(("http://", "https://")):
+        return f"must be an http:// or https:// URL or fake, got {value!r}"
+    return None
+
+
+# Features a worker's operator may not declare: the worker declares
+# prompt_overflow_refused itself when its fit check is backed, and it carries
+# no images.
+_WORKER_OWN_FEATURES = {
+    "prompt_overflow_refused": "is declared by the worker itself when its fit check is backed",
+    "vision": "is not served by the reference worker (it declares no image transport)",
+}
+
+
+def _features(value: str) -> str | None:
+    for name in dict.fromkeys(f.strip() for f in value.split(",") if f.strip()):
+        if name not in ALL_NAMES:
+            return f"unknown feature {name!r}; known: {', '.join(ALL_NAMES)}"
+        if name in _WORKER_OWN_FEATURES:
+            return f"{name} {_WORKER_OWN_FEATURES[name]}"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
-    port: int = 7001
+    port: int = bounded(7001, ge=0, le=65535)
     # "trio" (QuartTrio) or "asyncio" (Quart): the same app on either loop.
-    backend: str = "trio"
+    backend: str = bounded("trio", one_of=("trio", "asyncio"))
     # 36 MiB, the chat request body cap of the specification.
-    max_body_bytes: int = 36 * 1024 * 1024
+    max_body_bytes: int = bounded(MAX_CHAT_BODY_BYTES, ge=1024)
+    # Seconds a request's body may take to arrive; past it the answer is 408.
+    body_timeout: float = bounded(60.0, gt=0, le=3600)
     # Seconds a stopping server gives open requests before cancelling them.
-    grace_period: float = 10.0
+    grace_period: float = bounded(10.0, ge=0)
     # Seconds a connection may go without a complete request head: an idle
     # kept-alive connection, or one still sending its headers, is closed then.
-    keep_alive_timeout: float = 5.0
-    # Seconds a request body may take to arrive; past it the request gets 408.
-    body_timeout: float = 60.0
+    keep_alive_timeout: float = bounded(5.0, gt=0, le=3600)
     # Most bytes of a request head (request line and headers) held while it
     # is incomplete; past it the request gets 431 and the connection closes.
-    max_header_bytes: int = 16 * 1024
+    max_header_bytes: int = bounded(16 * 1024, ge=1024, le=1024 * 1024)
     # Connections the kernel queues for accept (capped by net.core.somaxconn).
-    backlog: int = 4096
+    backlog: int = bounded(4096, ge=1, le=65535)
 
 
 @dataclasses.dataclass(frozen=True)
 class StorageConfig:
     # A file path (SQLite) or a postgresql:// URL.
-    database: str = "./hordelite.db"
+    database: str = bounded("./hordelite.db", rule=_database)
     # Threads (and connections) running queries.
-    pool_size: int = 4
+    pool_size: int = bounded(4, ge=1, le=64)
     # SQLite only: "inline" runs each (sub-millisecond) transaction on the
     # event loop's thread, "threads" hands each to a thread. PostgreSQL always
     # uses threads.
-    executor: str = "inline"
+    executor: str = bounded("inline", one_of=("inline", "threads"))
 
 
 @dataclasses.dataclass(frozen=True)
 class HordeConfig:
     allow_anonymous: bool = True
     # Seconds a popped job lives before it goes back to the queue.
-    job_ttl: float = 150.0
+    job_ttl: float = bounded(DEFAULT_JOB_TTL, gt=0)
     # Seconds a request lives after its last chance (creation or last pop).
-    request_expiry: float = 1200.0
+    request_expiry: float = bounded(1200.0, gt=0)
     # Seconds an ended request stays readable on its status route.
-    retention: float = 1800.0
+    retention: float = bounded(1800.0, gt=0)
     # Seconds a worker counts as online after its last pop.
-    worker_online: float = 300.0
+    worker_online: float = bounded(300.0, gt=0)
     # A request with more than this many faulted jobs ends faulted.
-    max_faults: int = 2
+    max_faults: int = bounded(2, ge=0)
     # More aborted jobs than this in an hour puts a worker into maintenance.
-    maintenance_aborts: int = 20
+    maintenance_aborts: int = bounded(20, ge=0)
     # Requests (counting n) a user may have in flight; 0 means no limit.
-    concurrency: int = 30
-    anonymous_concurrency: int = 100
+    concurrency: int = bounded(30, ge=0)
+    anonymous_concurrency: int = bounded(100, ge=0)
     # Longest long-poll a pop may ask for with "wait".
-    max_pop_wait: float = 30.0
+    max_pop_wait: float = bounded(30.0, ge=0, le=300)
     # Seconds between sweeps of expired leases, requests and workers.
-    sweep_interval: float = 5.0
+    sweep_interval: float = bounded(5.0, gt=0)
     # A JSON file mapping model names to their parameter count; empty means
     # the file shipped with hordelite.
-    model_reference: str = ""
+    model_reference: str = bounded("", rule=_existing_file_or_empty)
 
 
 @dataclasses.dataclass(frozen=True)
 class FrontConfig:
     # Seconds an OpenAI call may wait for its reply (the front's budget); past
     # it the call gets 408 and the horde request is cancelled.
-    timeout: float = 300.0
+    timeout: float = bounded(300.0, gt=0)
     # Seconds a call waits while no online worker can take its request before
     # it gets 503 no_eligible_worker (and the request is cancelled).
-    no_worker_grace: float = 60.0
+    no_worker_grace: float = bounded(60.0, gt=0)
     # Open calls the front holds at once, in all and per client address;
     # more get 503 FrontAtCapacity before anything is read or queued.
-    max_open_calls: int = 10000
-    max_open_per_source: int = 1000
+    max_open_calls: int = bounded(10000, ge=1)
+    max_open_per_source: int = bounded(1000, ge=1)
     # Seconds between fallback status re-checks of a waiting call (each call
     # picks a random offset, so re-checks are spread out); the completion
     # signal normally wakes the call first.
-    recheck_interval: float = 30.0
+    recheck_interval: float = bounded(30.0, gt=0)
     # Seconds between SSE keep-alive comments while a streamed call waits.
-    keepalive_interval: float = 15.0
+    keepalive_interval: float = bounded(15.0, gt=0)
     # Spread each progress post's text over the time until the next post
     # (a steady flow, at most about one post interval later); false relays
     # each post as it arrives.
@@ -111,43 +245,44 @@ class WorkerConfig:
     override these keys)."""
 
     # The horde's base URL and the worker owner's API key.
-    horde: str = "http://127.0.0.1:7001"
-    key: str = ""
+    horde: str = bounded("http://127.0.0.1:7001", rule=_http_url)
+    key: str = bounded("", max_chars=MAX_API_KEY_CHARS)
     # The worker's name on the horde.
-    name: str = ""
+    name: str = bounded("", max_chars=MAX_NAME)
     # The backend's base URL (an OpenAI-compatible server), or "fake".
-    backend: str = ""
+    backend: str = bounded("", rule=_backend)
     # Jobs served at once, each in its own pop loop.
-    threads: int = 1
+    threads: int = bounded(1, ge=1, le=MAX_POP_THREADS)
     # Optional chat features and guarantees the backend implements,
     # comma-separated (prompt_overflow_refused is the worker's own to declare).
-    features: str = ""
+    features: str = bounded("", rule=_features)
     # The model id declared to the horde; empty: the backend's.
-    model_id: str = ""
+    model_id: str = bounded("", max_chars=MAX_NAME)
     # Context size in tokens; 0: what the backend reports.
-    context: int = 0
-    # Most tokens generated for one reply.
-    max_length: int = 512
+    context: int = bounded(0, ge=0, le=MAX_CONTEXT_LENGTH)
+    # Most tokens generated for one reply (at most context when it is set).
+    max_length: int = bounded(512, ge=1, le=MAX_MAX_LENGTH)
     # The highest temperature the backend applies while tools are present;
     # negative: no clamp is declared.
     tools_max_temperature: float = -1.0
     # Tokens the byte-length fit bound adds for a request with tools.
-    template_overhead: int = 0
+    template_overhead: int = bounded(0, ge=0)
     # Seconds a pop long-polls for a job.
-    wait: float = 30.0
+    wait: float = bounded(30.0, ge=0, le=300)
     # Seconds the jobs in hand get at SIGINT/SIGTERM before they are faulted.
-    grace_period: float = 30.0
+    grace_period: float = bounded(30.0, ge=0)
     # Seconds between progress posts of a streamed job.
-    progress_interval: float = 1.0
+    progress_interval: float = bounded(1.0, gt=0)
     # Seconds between summary log lines.
-    summary_interval: float = 300.0
-    # Retry delays (horde unreachable, backend down): the first, and the cap.
-    backoff_initial: float = 1.0
-    backoff_max: float = 60.0
+    summary_interval: float = bounded(300.0, gt=0)
+    # Retry delays (horde unreachable, backend down): the first, and the cap
+    # (at least the first).
+    backoff_initial: float = bounded(1.0, gt=0)
+    backoff_max: float = bounded(60.0, gt=0)
     # Nonconformant refusals implicating a declared feature before it is withdrawn.
-    nonconformant_limit: int = 3
+    nonconformant_limit: int = bounded(3, ge=1)
     # Seconds one backend request may take.
-    backend_timeout: float = 600.0
+    backend_timeout: float = bounded(600.0, gt=0)
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -181,8 +316,6 @@ _SECTIONS: dict[str, type[Any]] = {
     "worker": WorkerConfig,
 }
 
-_BACKENDS = ("trio", "asyncio")
-
 
 def _coerce(key: str, kind: type[Any], value: Any) -> Any:
     if kind is bool:
@@ -211,9 +344,12 @@ def _coerce(key: str, kind: type[Any], value: Any) -> Any:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         try:
-            return float(value) if isinstance(value, int | float | str) else _fail()
+            number = float(value) if isinstance(value, int | float | str) else _fail()
         except (ValueError, TypeError):
             raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if number != number:  # NaN passes no bound, so it is no number here
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return number
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     return value
@@ -224,124 +360,22 @@ def _fail() -> Any:
 
 
 def _check(config: Config) -> None:
-    s, st, h = config.server, config.storage, config.horde
-    if s.backend not in _BACKENDS:
-        raise ConfigError(
-            f"server.backend: must be one of {', '.join(_BACKENDS)}, got {s.backend!r}"
-        )
-    if not 0 <= s.port <= 65535:
-        raise ConfigError(f"server.port: must be 0 to 65535, got {s.port}")
-    if s.max_body_bytes < 1024:
-        raise ConfigError(f"server.max_body_bytes: must be at least 1024, got {s.max_body_bytes}")
-    if s.grace_period < 0:
-        raise ConfigError(f"server.grace_period: must not be negative, got {s.grace_period}")
-    for key in ("keep_alive_timeout", "body_timeout"):
-        if not 0 < getattr(s, key) <= 3600:
-            raise ConfigError(
-                f"server.{key}: must be above 0 and at most 3600, got {getattr(s, key)}"
-            )
-    if not 1024 <= s.max_header_bytes <= 1024 * 1024:
-        raise ConfigError(
-            f"server.max_header_bytes: must be 1024 to 1048576, got {s.max_header_bytes}"
-        )
-    if not 1 <= s.backlog <= 65535:
-        raise ConfigError(f"server.backlog: must be 1 to 65535, got {s.backlog}")
-    if not st.database.strip():
-        raise ConfigError("storage.database: must not be empty")
-    if "://" in st.database and not st.database.startswith(
-        ("postgresql://", "postgresql+psycopg://", "sqlite://")
-    ):
-        raise ConfigError(
-            f"storage.database: must be a file path or a postgresql:// URL, got {st.database!r}"
-        )
-    if st.executor not in ("inline", "threads"):
-        raise ConfigError(f"storage.executor: must be inline or threads, got {st.executor!r}")
-    if not 1 <= st.pool_size <= 64:
-        raise ConfigError(f"storage.pool_size: must be 1 to 64, got {st.pool_size}")
-    for key in ("job_ttl", "request_expiry", "retention", "worker_online", "sweep_interval"):
-        if getattr(h, key) <= 0:
-            raise ConfigError(f"horde.{key}: must be positive, got {getattr(h, key)}")
-    for key in ("max_faults", "maintenance_aborts", "concurrency", "anonymous_concurrency"):
-        if getattr(h, key) < 0:
-            raise ConfigError(f"horde.{key}: must not be negative, got {getattr(h, key)}")
-    if not 0 <= h.max_pop_wait <= 300:
-        raise ConfigError(f"horde.max_pop_wait: must be 0 to 300, got {h.max_pop_wait}")
-    fr = config.front
-    for key in ("timeout", "no_worker_grace", "recheck_interval", "keepalive_interval"):
-        if getattr(fr, key) <= 0:
-            raise ConfigError(f"front.{key}: must be positive, got {getattr(fr, key)}")
-    for key in ("max_open_calls", "max_open_per_source"):
-        if getattr(fr, key) < 1:
-            raise ConfigError(f"front.{key}: must be at least 1, got {getattr(fr, key)}")
-    if h.model_reference and not Path(h.model_reference).is_file():
-        raise ConfigError(f"horde.model_reference: no such file {h.model_reference!r}")
-    _check_worker(config.worker)
-
-
-# Features a worker's operator may not declare: the worker declares
-# prompt_overflow_refused itself when its fit check is backed, and it carries
-# no images.
-_WORKER_OWN_FEATURES = {
-    "prompt_overflow_refused": "is declared by the worker itself when its fit check is backed",
-    "vision": "is not served by the reference worker (it declares no image transport)",
-}
-
-
-def _check_worker(w: WorkerConfig) -> None:
-    if not w.horde.startswith(("http://", "https://")):
-        raise ConfigError(f"worker.horde: must be an http:// or https:// URL, got {w.horde!r}")
-    if len(w.key) > 255:
-        raise ConfigError("worker.key: is longer than any API key")
-    if len(w.name) > MAX_NAME or len(w.model_id) > MAX_NAME:
-        key = "name" if len(w.name) > MAX_NAME else "model_id"
-        raise ConfigError(f"worker.{key}: must be at most {MAX_NAME} characters")
-    if w.backend not in ("", "fake") and not w.backend.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"worker.backend: must be an http:// or https:// URL or fake, got {w.backend!r}"
-        )
-    if not 1 <= w.threads <= MAX_POP_THREADS:
-        raise ConfigError(f"worker.threads: must be 1 to {MAX_POP_THREADS}, got {w.threads}")
-    for name in w.feature_names:
-        if name not in ALL_NAMES:
-            raise ConfigError(
-                f"worker.features: unknown feature {name!r}; known: {', '.join(ALL_NAMES)}"
-            )
-        if name in _WORKER_OWN_FEATURES:
-            raise ConfigError(f"worker.features: {name} {_WORKER_OWN_FEATURES[name]}")
-    if not 0 <= w.context <= MAX_CONTEXT_LENGTH:
-        raise ConfigError(f"worker.context: must be 0 to {MAX_CONTEXT_LENGTH}, got {w.context}")
-    if not 1 <= w.max_length <= MAX_MAX_LENGTH:
-        raise ConfigError(f"worker.max_length: must be 1 to {MAX_MAX_LENGTH}, got {w.max_length}")
+    """Every declared bound of every key, then the rules relating two keys."""
+    for name in _SECTIONS:
+        section = getattr(config, name)
+        for field in dataclasses.fields(section):
+            bounds = bounds_of(field)
+            problem = bounds.problem(getattr(section, field.name)) if bounds else None
+            if problem is not None:
+                raise ConfigError(f"{name}.{field.name}: {problem}")
+    w = config.worker
     if w.context and w.max_length > w.context:
         raise ConfigError(
             f"worker.max_length: {w.max_length} does not fit worker.context ({w.context})"
         )
-    if w.tools_max_temperature != w.tools_max_temperature:  # NaN
-        raise ConfigError("worker.tools_max_temperature: must be a number")
-    if w.template_overhead < 0:
-        raise ConfigError(
-            f"worker.template_overhead: must not be negative, got {w.template_overhead}"
-        )
-    if not 0 <= w.wait <= 300:
-        raise ConfigError(f"worker.wait: must be 0 to 300, got {w.wait}")
-    if w.grace_period < 0:
-        raise ConfigError(f"worker.grace_period: must not be negative, got {w.grace_period}")
-    for key in (
-        "progress_interval",
-        "summary_interval",
-        "backoff_initial",
-        "backoff_max",
-        "backend_timeout",
-    ):
-        if not getattr(w, key) > 0:
-            raise ConfigError(f"worker.{key}: must be positive, got {getattr(w, key)}")
     if w.backoff_max < w.backoff_initial:
         raise ConfigError(
             f"worker.backoff_max: must be at least worker.backoff_initial ({w.backoff_initial})"
-        )
-    if w.nonconformant_limit < 1:
-        raise ConfigError(
-            f"worker.nonconformant_limit: must be at least 1, got {w.nonconformant_limit}"
         )
 
 

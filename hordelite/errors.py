@@ -1,14 +1,28 @@
-"""Every return code hordelite answers with, defined once.
+"""Every return code hordelite answers with, defined once, and the root of
+every exception hordelite raises.
 
 A return code (``rc``) has an HTTP status and a default message. Code raises
 ``HordeError(RC.X)`` (optionally with a more precise message and extra fields);
 each envelope renders it its own way: the native API as
-``{"message", "rc", ...extra}``, the OpenAI front (later) in its error object.
+``{"message", "rc", ...extra}``, the OpenAI front in its error object.
+
+Every exception class of the package derives from ``HordeliteError``, so a
+caller embedding hordelite can tell its failures from everyone else's with
+one ``except``. Handlers inside hordelite catch the precise class:
 
     Exception
-     +-- HordeError             a refusal a client or worker can act on
-     +-- StorageUnavailable     the database did not answer (rendered 503)
-     +-- ConfigError            a bad configuration value, raised at start
+     +-- HordeliteError             every exception hordelite defines
+          +-- HordeError            a refusal a client or worker can act on (rc)
+          +-- StorageUnavailable    the database did not answer (rendered 503)
+          +-- ConfigError           a bad configuration value, raised at start
+          +-- worker.WorkerError    the reference worker cannot run (the
+          |                         message says what to change)
+          +-- worker: HordeUnavailable, HordeRefusal (the horde's answers),
+          |   BackendError (the LLM backend's), UnsendableJob (a job no
+          |   backend can be sent)
+          +-- private control flow that never leaves its module: the
+              service's _Replan, the database's _Busy, the fake backend's
+              _BadRequest
 """
 
 from __future__ import annotations
@@ -95,7 +109,11 @@ class RC(enum.Enum):
     StorageUnavailable = (503, "The horde's database did not answer; try again shortly.")
 
 
-class HordeError(Exception):
+class HordeliteError(Exception):
+    """The root of every exception hordelite defines."""
+
+
+class HordeError(HordeliteError):
     """A refusal with a return code. ``extra`` fields are added to the body."""
 
     def __init__(self, rc: RC, message: str | None = None, **extra: Any) -> None:
@@ -114,9 +132,9 @@ def bad_request(field: str, why: str) -> HordeError:
     return HordeError(RC.BadRequest, f"{field}: {why}", errors={field: why})
 
 
-class StorageUnavailable(Exception):
+class StorageUnavailable(HordeliteError):
     """The database could not be reached; translated from driver errors."""
 
 
-class ConfigError(Exception):
+class ConfigError(HordeliteError):
     """A configuration value is wrong; the message names the key."""

@@ -14,6 +14,7 @@ from quart import Blueprint, Response, request
 
 from hordelite._request import client_agent, horde, json_body
 from hordelite.api import _render
+from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
 from hordelite.errors import RC, HordeError, bad_request
 
 native = Blueprint("native", __name__, url_prefix="/api/v2")
@@ -30,7 +31,7 @@ def api_key() -> str:
             RC.InvalidAPIKey,
             "The apikey header is missing: send your API key, or 0000000000 for anonymous use.",
         )
-    if len(key) > 255:
+    if len(key) > MAX_API_KEY_CHARS:
         raise HordeError(RC.InvalidAPIKey, "The apikey header is longer than any key.")
     return key
 
@@ -38,8 +39,8 @@ def api_key() -> str:
 def operation_key() -> str | None:
     """The Idempotency-Key header: a resubmit with the same key returns the first request."""
     key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 255:
-        raise bad_request("Idempotency-Key", "must be 1 to 255 characters")
+    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+        raise bad_request("Idempotency-Key", f"must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
     return key
 
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from hordelite.contract.limits import MAX_ID_CHARS
 from hordelite.errors import bad_request
 
 _MISSING: Any = object()
@@ -118,7 +119,7 @@ def get_str_list(
 
 def parse_uuid(value: Any) -> str | None:
     """The canonical form of a UUID string, or None when it is not one."""
-    if not isinstance(value, str) or len(value) > 64:
+    if not isinstance(value, str) or len(value) > MAX_ID_CHARS:
         return None
     try:
         return str(uuid.UUID(value))

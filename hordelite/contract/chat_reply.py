@@ -32,6 +32,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from hordelite.contract._fields import kind_name, parse_uuid
 from hordelite.contract.chat_request import NEUTRAL_BACKEND_SAMPLERS, ChatRequest
 from hordelite.contract.limits import (
+    MAX_ID_CHARS,
     MAX_NAME,
     MAX_NATIVE_FINISH_REASON,
     MAX_REASONING_BYTES,
@@ -165,7 +166,7 @@ def _parse_id(body: Mapping[str, Any]) -> str:
         raise submit_invalid("id", "is required")
     job_id = parse_uuid(raw)
     if job_id is None:
-        raise HordeError(RC.InvalidJobID, f"id {str(raw)[:64]!r} is not a job id.")
+        raise HordeError(RC.InvalidJobID, f"id {str(raw)[:MAX_ID_CHARS]!r} is not a job id.")
     return job_id
 
 

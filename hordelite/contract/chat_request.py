@@ -33,11 +33,13 @@ from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, to_mask
 from hordelite.contract.limits import (
     CHARS_PER_TOKEN_ESTIMATE,
     MAX_CHAT_MESSAGES,
+    MAX_CHAT_NAME_CHARS,
     MAX_CHAT_STOP,
     MAX_CHAT_TOOLS,
     MAX_MAX_LENGTH,
     MAX_MODELS,
     MAX_NAME,
+    MAX_STOP_SEQUENCE_CHARS,
     MAX_WORKER_IDS,
 )
 from hordelite.errors import RC, HordeError
@@ -353,8 +355,11 @@ def _parse_stop(value: Any) -> list[str] | None:
         raise invalid("stop", "Invalid type for 'stop': expected a string or an array of strings.")
     if len(stops) > MAX_CHAT_STOP:
         raise invalid("stop", f"Invalid 'stop': at most {MAX_CHAT_STOP} sequences are allowed.")
-    if any(not s or len(s) > 1000 for s in stops):
-        raise invalid("stop", "Invalid 'stop': each sequence must be 1 to 1000 characters.")
+    if any(not s or len(s) > MAX_STOP_SEQUENCE_CHARS for s in stops):
+        raise invalid(
+            "stop",
+            f"Invalid 'stop': each sequence must be 1 to {MAX_STOP_SEQUENCE_CHARS} characters.",
+        )
     return stops or None
 
 
@@ -443,9 +448,10 @@ def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
         message["tool_call_id"] = call_id
     name = raw.get("name")
     if name is not None and role != "tool":
-        if not isinstance(name, str) or len(name) > 64:
+        if not isinstance(name, str) or len(name) > MAX_CHAT_NAME_CHARS:
             raise invalid(
-                f"{where}.name", f"'{where}.name' must be a string of at most 64 characters."
+                f"{where}.name",
+                f"'{where}.name' must be a string of at most {MAX_CHAT_NAME_CHARS} characters.",
             )
         message["name"] = name
     return message, has_images

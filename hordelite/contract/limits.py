@@ -1,8 +1,11 @@
 """Every limit and constant of the specification, in one place.
 
 Values an operator may want to change are configuration keys
-(hordelite.config); these are the wire contract's fixed bounds and the
-queue's arithmetic.
+(hordelite.config); these are the wire contract's fixed bounds, the
+queue's arithmetic and the horde's fixed timings. Code imports each from
+here: no bound is written as a literal where it is used. A module's own
+tuning that no client or worker can observe (a retry count, a cache size)
+stays a named constant of that module.
 """
 
 from typing import Final
@@ -18,7 +21,33 @@ MAX_REQUEST_N: Final = 20
 MAX_WORKER_IDS: Final = 5
 MAX_MODELS: Final = 100
 MAX_NAME: Final = 255
+# Characters of a worker name's key (its NFKC case fold) at most: 255 at four
+# UTF-8 bytes each keeps the unique index's entries under PostgreSQL's b-tree
+# limit (about 2,700 bytes).
+MAX_NAME_KEY: Final = 255
+# An id a client sends (a UUID has 36 characters): a longer one is refused
+# without being parsed.
+MAX_ID_CHARS: Final = 64
+# An API key (apikey header, Bearer token, worker.key) and an Idempotency-Key.
+MAX_API_KEY_CHARS: Final = 255
+MAX_IDEMPOTENCY_KEY_CHARS: Final = 255
+# client_agent and bridge_agent, stored as given up to this length.
+MAX_AGENT_CHARS: Final = 1000
+MAX_WEBHOOK_CHARS: Final = 1024
+MAX_PRIORITY_USERNAMES: Final = 100
+# A text generation submitted, and its gen_metadata entries.
+MAX_GENERATION_CHARS: Final = 10_000_000
+MAX_GEN_METADATA: Final = 32
+MAX_GEN_METADATA_CHARS: Final = 64
+MAX_GEN_METADATA_REF_CHARS: Final = 255
+# A submit's state is read up to this length, then checked against its names.
+MAX_STATE_CHARS: Final = 16
+# A user id in a route: digits, few enough to fit a 64-bit integer.
+MAX_USER_ID_DIGITS: Final = 18
+# params.sampler_order names every one of the seven KoboldAI samplers.
+MIN_SAMPLER_ORDER: Final = 7
 MAX_STOP_SEQUENCES: Final = 128
+# A stop sequence, text or chat, is at most this long.
 MAX_STOP_SEQUENCE_CHARS: Final = 1000
 MAX_POP_THREADS: Final = 50
 # JSON bodies nest at most this deep: a chat request with a JSON schema in
@@ -29,12 +58,41 @@ MAX_JSON_DEPTH: Final = 64
 MAX_CHAT_MESSAGES: Final = 4096
 MAX_CHAT_STOP: Final = 4
 MAX_CHAT_TOOLS: Final = 128
+# A message's name, as OpenAI bounds it.
+MAX_CHAT_NAME_CHARS: Final = 64
+# A request body of the specification's chat API is at most 36 MiB
+# (server.max_body_bytes defaults to it).
+MAX_CHAT_BODY_BYTES: Final = 36 * 1024 * 1024
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3
 # Reply bounds a chat submit must keep (worker guide, "Submit refusals").
 MAX_NATIVE_FINISH_REASON: Final = 32
 MAX_REASONING_BYTES: Final = 1024 * 1024
 MAX_REPORTED_TOKENS: Final = 10_000_000
+
+# The job lease: a pop's ttl (horde.job_ttl defaults to it; a worker assumes
+# it when a pop names none).
+DEFAULT_JOB_TTL: Final = 150.0
+
+# Streaming progress (worker guide, "Streaming progress"): a job posts at most 1000
+# times and 16 bytes per max_length token (content and reasoning together);
+# each accepted post with new text ends the lease this long after the post,
+# at most the cap after the pop (trusted or untrusted owner).
+PROGRESS_MAX_POSTS: Final = 1000
+PROGRESS_BYTES_PER_TOKEN: Final = 16
+PROGRESS_LEASE_SECONDS: Final = 150.0
+PROGRESS_CAP_TRUSTED: Final = 600.0
+PROGRESS_CAP_UNTRUSTED: Final = 200.0
+# How long an ended job's marker (404 ChatJobAborted) and an ended request's
+# progress stream are kept, in seconds of the horde's clock: the marker as
+# long as the longest lease, the stream long enough for a late reader.
+ENDED_MARKER_SECONDS: Final = 600.0
+STREAM_RETENTION_SECONDS: Final = 120.0
+# The job lease preference (worker guide, "Streaming progress"): a chat job goes to a
+# worker whose measured speed generates its max_length within this many
+# seconds; a slower worker gets it only when no faster chat worker serving
+# the model is online.
+PREFERRED_SECONDS: Final = 120.0
 
 # The anonymous key every AI Horde client knows.
 ANONYMOUS_API_KEY: Final = "0000000000"
@@ -61,6 +119,13 @@ AGING_PER_SECOND: Final = 50 / 10
 ASSUMED_TOKENS_PER_SECOND: Final = 10.0
 SLOW_WORKER_TOKENS_PER_SECOND: Final = 2.0
 
+# How many of the best waiting requests an empty pop examines to fill in its
+# ``skipped`` counts: bounded so that an empty pop costs the same with 100 or
+# 100,000 waiting requests.
+SKIPPED_SAMPLE: Final = 100
+# Model statistics (status/models) are an aggregate over the queue: cached
+# this long, in seconds.
+MODEL_STATS_TTL: Final = 2.0
 # A pop that finds nothing counts ``skipped`` over the best waiting requests
 # as read at most this long ago: a burst of long-polls ending together (or
 # many pops without wait) then reads and decodes them once, not once each.

@@ -18,13 +18,14 @@ from typing import Any
 
 from hordelite.contract._fields import parse_uuid
 from hordelite.contract.chat_request import ChatRequest
+from hordelite.contract.limits import (
+    PROGRESS_BYTES_PER_TOKEN,
+    PROGRESS_CAP_TRUSTED,
+    PROGRESS_CAP_UNTRUSTED,
+    PROGRESS_LEASE_SECONDS,
+    PROGRESS_MAX_POSTS,
+)
 from hordelite.errors import RC, HordeError, bad_request
-
-PROGRESS_MAX_POSTS = 1000
-PROGRESS_BYTES_PER_TOKEN = 16
-PROGRESS_LEASE_SECONDS = 150.0
-PROGRESS_CAP_TRUSTED = 600.0
-PROGRESS_CAP_UNTRUSTED = 200.0
 
 
 def streams_progress(req: ChatRequest) -> bool:
@@ -164,7 +165,7 @@ def accept(lease: Lease, post: ProgressPost, now: float) -> Accepted:
     if lease.bytes + post.size > lease.max_bytes:
         raise HordeError(
             RC.ChatProgressCapReached,
-            f"A job may post {lease.max_bytes} bytes of progress (16 per max_length token).",
+            f"A job may post {lease.max_bytes} bytes of progress ({PROGRESS_BYTES_PER_TOKEN} per max_length token).",
         )
     lease.posts += 1
     lease.bytes += post.size

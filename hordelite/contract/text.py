@@ -16,17 +16,27 @@ from hordelite.contract.chat_declaration import ChatDeclaration, parse_chat_decl
 from hordelite.contract.limits import (
     DEFAULT_MAX_CONTEXT_LENGTH,
     DEFAULT_MAX_LENGTH,
+    MAX_AGENT_CHARS,
     MAX_CONTEXT_LENGTH,
+    MAX_GEN_METADATA,
+    MAX_GEN_METADATA_CHARS,
+    MAX_GEN_METADATA_REF_CHARS,
+    MAX_GENERATION_CHARS,
+    MAX_ID_CHARS,
     MAX_MAX_LENGTH,
     MAX_MODELS,
     MAX_NAME,
     MAX_POP_THREADS,
+    MAX_PRIORITY_USERNAMES,
     MAX_REQUEST_N,
+    MAX_STATE_CHARS,
     MAX_STOP_SEQUENCE_CHARS,
     MAX_STOP_SEQUENCES,
+    MAX_WEBHOOK_CHARS,
     MAX_WORKER_IDS,
     MIN_CONTEXT_LENGTH,
     MIN_MAX_LENGTH,
+    MIN_SAMPLER_ORDER,
 )
 from hordelite.errors import RC, HordeError, bad_request
 
@@ -88,14 +98,14 @@ def parse_text_request(body: Any) -> TextRequest:
     if not isinstance(prompt, str):
         raise bad_request("prompt", "expected a string")
     params = _parse_params(body.get("params"))
-    workers = f.get_str_list(body, "workers", "workers", MAX_WORKER_IDS, 64)
+    workers = f.get_str_list(body, "workers", "workers", MAX_WORKER_IDS, MAX_ID_CHARS)
     canonical: list[str] = []
     for i, worker in enumerate(workers):
         worker_id = f.parse_uuid(worker)
         if worker_id is None:
             raise bad_request(f"workers.{i}", "is not a worker id (a UUID)")
         canonical.append(worker_id)
-    webhook = f.get_str(body, "webhook", "webhook", 1024, None)
+    webhook = f.get_str(body, "webhook", "webhook", MAX_WEBHOOK_CHARS, None)
     if webhook is not None and not webhook.startswith("https://"):
         raise bad_request("webhook", "must be an https:// URL")
     return TextRequest(
@@ -166,8 +176,10 @@ def _parse_sampler_order(value: Any) -> list[int]:
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 6 for v in value
     ):
         raise bad_request("params.sampler_order", "expected an array of integers 0 to 6")
-    if len(set(value)) < 7:
-        raise bad_request("params.sampler_order", "must hold at least 7 distinct values")
+    if len(set(value)) < MIN_SAMPLER_ORDER:
+        raise bad_request(
+            "params.sampler_order", f"must hold at least {MIN_SAMPLER_ORDER} distinct values"
+        )
     return list(value)
 
 
@@ -235,11 +247,15 @@ def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
         nsfw=f.get_bool(body, "nsfw", "nsfw", True),
         threads=f.get_int(body, "threads", "threads", 1, MAX_POP_THREADS, 1),
         amount=f.get_int(body, "amount", "amount", 1, MAX_REQUEST_N, 1),
-        bridge_agent=f.get_str(body, "bridge_agent", "bridge_agent", 1000, "unknown:0:unknown"),
+        bridge_agent=f.get_str(
+            body, "bridge_agent", "bridge_agent", MAX_AGENT_CHARS, "unknown:0:unknown"
+        ),
         extra_slow_worker=f.get_bool(body, "extra_slow_worker", "extra_slow_worker", False),
         wait=float(f.get_number(body, "wait", "wait", 0, max_wait, 0)),
         priority_usernames=tuple(
-            f.get_str_list(body, "priority_usernames", "priority_usernames", 100, MAX_NAME)
+            f.get_str_list(
+                body, "priority_usernames", "priority_usernames", MAX_PRIORITY_USERNAMES, MAX_NAME
+            )
         ),
         chat=chat,
         prompt_jobs=prompt_jobs,
@@ -267,15 +283,15 @@ def parse_job_submit(body: Any) -> JobSubmit:
         raise bad_request("id", "is required")
     job_id = f.parse_uuid(raw_id)
     if job_id is None:
-        raise HordeError(RC.InvalidJobID, f"id {str(raw_id)[:64]!r} is not a job id.")
+        raise HordeError(RC.InvalidJobID, f"id {str(raw_id)[:MAX_ID_CHARS]!r} is not a job id.")
     # The old KoboldAI bridge sends no state: it means ok.
-    state = f.get_str(body, "state", "state", 16, "ok")
+    state = f.get_str(body, "state", "state", MAX_STATE_CHARS, "ok")
     if state not in GEN_STATES:
         raise bad_request("state", f"must be one of {', '.join(GEN_STATES)}")
     if state == "faulted":
-        generation = f.get_str(body, "generation", "generation", 10**7, "") or ""
+        generation = f.get_str(body, "generation", "generation", MAX_GENERATION_CHARS, "") or ""
     else:
-        generation = f.get_str(body, "generation", "generation", 10**7)
+        generation = f.get_str(body, "generation", "generation", MAX_GENERATION_CHARS)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         # Bridges send the seed as a number or a numeric string.
@@ -298,16 +314,18 @@ def parse_job_submit(body: Any) -> JobSubmit:
 def _parse_gen_metadata(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
-    if not isinstance(value, list) or len(value) > 32:
-        raise bad_request("gen_metadata", "expected an array of at most 32 entries")
+    if not isinstance(value, list) or len(value) > MAX_GEN_METADATA:
+        raise bad_request(
+            "gen_metadata", f"expected an array of at most {MAX_GEN_METADATA} entries"
+        )
     out = []
     for i, entry in enumerate(value):
         entry = f.expect_object(entry, f"gen_metadata.{i}")
         item = {
-            "type": f.get_str(entry, "type", f"gen_metadata.{i}.type", 64),
-            "value": f.get_str(entry, "value", f"gen_metadata.{i}.value", 64),
+            "type": f.get_str(entry, "type", f"gen_metadata.{i}.type", MAX_GEN_METADATA_CHARS),
+            "value": f.get_str(entry, "value", f"gen_metadata.{i}.value", MAX_GEN_METADATA_CHARS),
         }
-        ref = f.get_str(entry, "ref", f"gen_metadata.{i}.ref", 255, None)
+        ref = f.get_str(entry, "ref", f"gen_metadata.{i}.ref", MAX_GEN_METADATA_REF_CHARS, None)
         if ref is not None:
             item["ref"] = ref
         out.append(item)

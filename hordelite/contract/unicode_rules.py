@@ -21,11 +21,8 @@ import unicodedata
 from collections.abc import Iterator
 from typing import Any, Final
 
+from hordelite.contract.limits import MAX_NAME_KEY
 from hordelite.errors import bad_request
-
-# Characters of the name key at most: 255 at four UTF-8 bytes each keeps the
-# unique index's entries under PostgreSQL's b-tree limit (about 2,700 bytes).
-MAX_NAME_KEY: Final = 255
 
 # Unicode's Default_Ignorable_Code_Point ranges that are not format (Cf)
 # characters: the combining grapheme joiner, Hangul fillers, Khmer inherent

@@ -24,7 +24,7 @@ from hordelite._http import on_exchange_end, run_to_completion
 from hordelite._request import client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import flatten_messages, parse_chat_request
-from hordelite.contract.limits import ANONYMOUS_API_KEY
+from hordelite.contract.limits import ANONYMOUS_API_KEY, MAX_API_KEY_CHARS
 from hordelite.contract.progress import streams_progress
 from hordelite.errors import RC, HordeError, StorageUnavailable
 from hordelite.front import _shape
@@ -93,7 +93,7 @@ def bearer_key() -> str:
         return ANONYMOUS_API_KEY
     scheme, _, key = header.partition(" ")
     key = key.strip()
-    if scheme.lower() != "bearer" or not key or len(key) > 255:
+    if scheme.lower() != "bearer" or not key or len(key) > MAX_API_KEY_CHARS:
         raise HordeError(RC.InvalidAPIKey, "The Authorization header must be 'Bearer <API key>'.")
     return key
 

@@ -39,6 +39,8 @@ from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
 from hordelite.contract.faults import Fault
 from hordelite.contract.limits import (
     ANONYMOUS_API_KEY,
+    MAX_USER_ID_DIGITS,
+    MODEL_STATS_TTL,
     SKIPPED_SAMPLE_SECONDS,
     UPFRONT_MAX_LENGTH,
 )
@@ -53,7 +55,7 @@ from hordelite.contract.text import (
     parse_text_request,
 )
 from hordelite.contract.unicode_rules import worker_name_key
-from hordelite.errors import RC, HordeError, bad_request
+from hordelite.errors import RC, HordeError, HordeliteError, bad_request
 from hordelite.horde import chat
 from hordelite.horde.results import PopAnswer, PoppedJob, RequestStatus
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
@@ -68,9 +70,6 @@ T = TypeVar("T")
 # inside it, and how many sets of models keep their last capacity.
 ADMISSION_TRIES = 3
 CAPACITY_CACHE = 256
-
-# Model statistics are an aggregate over the queue: cached this long.
-MODEL_STATS_TTL = 2.0
 
 
 def new_text_request(
@@ -126,7 +125,7 @@ def _pop_answer(result: q.PopResult) -> PopAnswer:
     return PopAnswer(popped, {})
 
 
-class _Replan(Exception):
+class _Replan(HordeliteError):
     """Chat admission was worked out for another capacity than the write
     transaction finds: roll back (nothing is written yet), admit again."""
 
@@ -731,7 +730,7 @@ class Horde:
 
     async def user(self, user_id: str) -> dict[str, Any]:
         # isascii: str.isdigit() also accepts "²", which int() refuses.
-        if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > 18:
+        if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > MAX_USER_ID_DIGITS:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
         return self._render_user(await self.db.read(q.user_by_id, int(user_id)))
 

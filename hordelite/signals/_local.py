@@ -7,12 +7,8 @@ from typing import Any, Protocol
 import anyio
 
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
+from hordelite.contract.limits import ENDED_MARKER_SECONDS, STREAM_RETENTION_SECONDS
 from hordelite.contract.progress import Lease
-
-# How long an ended job's marker (404 ChatJobAborted) and an ended request's
-# progress stream are kept, in seconds of the horde's clock.
-ENDED_MARKER_SECONDS = 600.0
-STREAM_RETENTION_SECONDS = 120.0
 
 
 class ProgressEntry(dict[str, Any]):

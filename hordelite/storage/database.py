@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.pool import QueuePool
 
-from hordelite.errors import StorageUnavailable
+from hordelite.errors import HordeliteError, StorageUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -145,7 +145,7 @@ class Database:
             self._inline_engine.dispose()
 
 
-class _Busy(Exception):
+class _Busy(HordeliteError):
     """Another process holds the SQLite file: retry where waiting is allowed."""
 
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, func, insert, inspect, select, update
 
-from hordelite.contract.unicode_rules import MAX_NAME_KEY, fold_name
+from hordelite.contract.limits import MAX_NAME_KEY
+from hordelite.contract.unicode_rules import fold_name
 from hordelite.storage import schema
 
 

@@ -57,7 +57,12 @@ from hordelite.contract.eligibility import (
     can_serve,
     skipped_counts,
 )
-from hordelite.contract.limits import ABORT_WINDOW_SECONDS
+from hordelite.contract.limits import (
+    ABORT_WINDOW_SECONDS,
+    MAX_AGENT_CHARS,
+    PREFERRED_SECONDS,
+    SKIPPED_SAMPLE,
+)
 from hordelite.contract.presence import online_until
 from hordelite.contract.progress import streams_progress
 from hordelite.contract.text import JobSubmit, PopRequest
@@ -72,11 +77,6 @@ from hordelite.storage.schema import (
     users,
     workers,
 )
-
-# How many of the best waiting requests an empty pop examines to fill in its
-# ``skipped`` counts: bounded so that an empty pop costs the same with 100 or
-# 100,000 waiting requests.
-SKIPPED_SAMPLE = 100
 
 _ALL_FEATURE_BITS = (
     sum(f.value for f in ChatFeature)
@@ -439,7 +439,7 @@ def _store(
         "restarts": 0,
         "created": now,
         "expires": now + rules.request_expiry,
-        "client_agent": client_agent[:1000],
+        "client_agent": client_agent[:MAX_AGENT_CHARS],
         "proxied_account": new.proxied_account,
         "webhook": new.webhook,
         "chat": new.chat,
@@ -1083,13 +1083,6 @@ def _statement_for(
         tools_limit,
         capped and cls.kind == "chat",
     )
-
-
-# The job lease preference (worker guide, "Streaming progress"): a chat job goes to a
-# worker whose measured speed generates its max_length within this many
-# seconds; a slower worker gets it only when no faster chat worker serving
-# the model is online.
-PREFERRED_SECONDS = 120.0
 
 
 def _slower_than_another(conn: Connection, worker: WorkerView, now: float, rules: Rules) -> bool:

@@ -28,6 +28,14 @@ from sqlalchemy import (
     true,
 )
 
+from hordelite.contract.limits import (
+    MAX_AGENT_CHARS,
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_NAME,
+    MAX_NAME_KEY,
+    MAX_WEBHOOK_CHARS,
+)
+
 metadata = MetaData()
 
 schema_version = Table(
@@ -60,14 +68,14 @@ workers = Table(
     metadata,
     Column("id", String(36), primary_key=True),
     # The name as first popped with, shown everywhere.
-    Column("name", String(255), nullable=False, unique=True),
+    Column("name", String(MAX_NAME), nullable=False, unique=True),
     # What names are compared by (hordelite.contract.unicode_rules.worker_name_key):
     # names that differ only in case or look-alike characters are one worker.
     # Set on every insert; nullable only because migration 4 added it to
     # tables that had rows (it fills them in).
-    Column("name_key", String(255), nullable=True),
+    Column("name_key", String(MAX_NAME_KEY), nullable=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False, index=True),
-    Column("bridge_agent", String(1000), nullable=False, default=""),
+    Column("bridge_agent", String(MAX_AGENT_CHARS), nullable=False, default=""),
     Column("models", JSON, nullable=False),
     Column("max_length", Integer, nullable=False),
     Column("max_context_length", Integer, nullable=False),
@@ -89,7 +97,7 @@ workers = Table(
     Column("seconds_generating", Float, nullable=False, default=0.0),
     # The chat declaration of the last pop (null: no chat jobs).
     Column("chat", JSON, nullable=True),
-    Column("chat_model", String(255), nullable=True, index=True),
+    Column("chat_model", String(MAX_NAME), nullable=True, index=True),
     Column("prompt_jobs", Boolean, nullable=False, default=True, server_default=true()),
     Column("nonconformant_replies", Integer, nullable=False, default=0, server_default="0"),
     # Until when the worker counts as online (hordelite.contract.presence):
@@ -114,7 +122,7 @@ requests = Table(
     Column("trusted_workers", Boolean, nullable=False, default=False),
     Column("slow_workers", Boolean, nullable=False, default=True),
     Column("nsfw", Boolean, nullable=False, default=False),
-    Column("softprompt", String(255), nullable=True),
+    Column("softprompt", String(MAX_NAME), nullable=True),
     Column("n", Integer, nullable=False),
     # Jobs not yet handed to a worker.
     Column("remaining", Integer, nullable=False),
@@ -130,9 +138,9 @@ requests = Table(
     Column("created", Float, nullable=False),
     Column("expires", Float, nullable=False),
     Column("ended", Float, nullable=True),
-    Column("client_agent", String(1000), nullable=False, default=""),
-    Column("proxied_account", String(255), nullable=True),
-    Column("webhook", String(1024), nullable=True),
+    Column("client_agent", String(MAX_AGENT_CHARS), nullable=False, default=""),
+    Column("proxied_account", String(MAX_NAME), nullable=True),
+    Column("webhook", String(MAX_WEBHOOK_CHARS), nullable=True),
     # Chat requests: the validated request (its kept messages included), the
     # full flattened submission (``prompt`` holds the kept conversation
     # flattened), what a worker must declare, and the sizes routing reads.
@@ -146,7 +154,7 @@ requests = Table(
     Column("fault_rc", String(64), nullable=True),
     Column("fault_message", Text, nullable=True),
     # A resubmit with the same Idempotency-Key returns this request.
-    Column("operation_key", String(255), nullable=True),
+    Column("operation_key", String(MAX_IDEMPOTENCY_KEY_CHARS), nullable=True),
     Column("fingerprint", String(64), nullable=True),
     Index("ix_requests_state_expires", "state", "expires"),
     Index("ix_requests_order", "state", "anonymous", text("prio_key DESC")),
@@ -162,7 +170,7 @@ queue = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("request_id", String(36), ForeignKey("requests.id"), nullable=False, index=True),
     # "" means the request accepts any model.
-    Column("model", String(255), nullable=False),
+    Column("model", String(MAX_NAME), nullable=False),
     Column("user_id", Integer, nullable=False),
     Column("anonymous", Boolean, nullable=False),
     Column("prio_key", Float, nullable=False),
@@ -202,7 +210,7 @@ Index(
 queue_classes = Table(
     "queue_classes",
     metadata,
-    Column("model", String(255), primary_key=True),
+    Column("model", String(MAX_NAME), primary_key=True),
     Column("kind", String(8), primary_key=True),
     Column("features", Integer, primary_key=True),
     # Refreshed by submits at most once a minute; the sweep forgets a class
@@ -225,7 +233,7 @@ jobs = Table(
     Column("request_id", String(36), ForeignKey("requests.id"), nullable=False, index=True),
     Column("worker_id", String(36), ForeignKey("workers.id"), nullable=False, index=True),
     Column("owner_id", Integer, nullable=False),
-    Column("model", String(255), nullable=False),
+    Column("model", String(MAX_NAME), nullable=False),
     # processing, done, faulted, expired, cancelled
     Column("state", String(12), nullable=False),
     Column("started", Float, nullable=False),

@@ -90,6 +90,7 @@ from quart import Quart, Response, request
 
 from hordelite._http import current_backend, serve_http
 from hordelite.config import ServerConfig
+from hordelite.errors import HordeliteError
 
 log = logging.getLogger("hordelite.testing.fake_backend")
 
@@ -274,7 +275,7 @@ class _Reply:
         return "".join(self.tokens) if self.tokens or not self.tool_calls else None
 
 
-class _BadRequest(Exception):
+class _BadRequest(HordeliteError):
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
         super().__init__(message)
         self.code = code

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from hordelite.errors import HordeliteError
 from hordelite.worker._transport import Transport
 
 log = logging.getLogger("hordelite.worker")
@@ -41,7 +42,7 @@ OLLAMA_FALLBACK_CONTEXT = 2048
 _NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d+)", re.MULTILINE)
 
 
-class BackendError(Exception):
+class BackendError(HordeliteError):
     """The backend failed. ``down`` when it did not answer (a connection
     error, a timeout, a 5xx or a cut stream); ``status`` and ``code`` (the
     OpenAI error code) when it refused the request."""

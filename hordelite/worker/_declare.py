@@ -22,6 +22,7 @@ from typing import Any
 from hordelite.config import WorkerConfig
 from hordelite.contract.chat_features import ChatGuarantee, known_features
 from hordelite.contract.limits import MAX_NAME
+from hordelite.errors import HordeliteError
 from hordelite.worker._backend import (
     Backend,
     BackendError,
@@ -43,7 +44,7 @@ PROBE_MESSAGES: tuple[dict[str, str], ...] = (
 )
 
 
-class WorkerError(Exception):
+class WorkerError(HordeliteError):
     """The worker cannot run: a backend that proves too little, a horde
     refusing its pops. The message says what to change."""
 

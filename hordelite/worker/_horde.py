@@ -10,6 +10,7 @@ from urllib.parse import quote
 import httpx
 
 from hordelite import __version__
+from hordelite.errors import HordeliteError
 from hordelite.worker._transport import Transport
 
 BRIDGE_AGENT = f"hordelite-worker:{__version__}:hordelite"
@@ -18,11 +19,11 @@ _CONNECT = 10.0
 _MARGIN = 30.0
 
 
-class HordeUnavailable(Exception):
+class HordeUnavailable(HordeliteError):
     """The horde did not answer (a connection error, a timeout) or answered 5xx."""
 
 
-class HordeRefusal(Exception):
+class HordeRefusal(HordeliteError):
     """The horde refused the request: its status, ``rc`` and message."""
 
     def __init__(self, status: int, rc: str, message: str, body: Mapping[str, Any]) -> None:

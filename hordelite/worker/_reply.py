@@ -24,6 +24,7 @@ from typing import Any
 from hordelite.contract.chat_reply import FINISH_REASONS
 from hordelite.contract.limits import MAX_NATIVE_FINISH_REASON, MAX_REPORTED_TOKENS
 from hordelite.contract.unicode_rules import unsendable
+from hordelite.errors import HordeliteError
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -111,7 +112,7 @@ def text_completion_body(payload: Mapping[str, Any], model: str, kind: str) -> d
     return body
 
 
-class UnsendableJob(Exception):
+class UnsendableJob(HordeliteError):
     """A job whose backend request cannot be encoded as UTF-8 JSON: a lone
     surrogate in its text, say, or a number JSON cannot carry. No backend can
     be sent it, so it is the request's doing, not the backend's."""

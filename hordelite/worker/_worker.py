@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 
 from hordelite.config import WorkerConfig
-from hordelite.contract.progress import PROGRESS_CAP_TRUSTED
+from hordelite.contract.limits import DEFAULT_JOB_TTL, PROGRESS_CAP_TRUSTED
 from hordelite.worker._backend import Backend, BackendError, Counter
 from hordelite.worker._backoff import Backoff
 from hordelite.worker._declare import Declaration, WorkerError, declare
@@ -110,7 +110,7 @@ class _Run:
     def expires(self) -> float:
         """When retrying its submit stops making sense: the job's lease, or
         the longest a streamed job's lease can be extended to."""
-        ttl = float(self.job.get("ttl") or 150)
+        ttl = float(self.job.get("ttl") or DEFAULT_JOB_TTL)
         if self.payload.get("stream_progress"):
             ttl = max(ttl, PROGRESS_CAP_TRUSTED)
         return self.started + ttl

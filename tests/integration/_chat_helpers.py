@@ -1,4 +1,9 @@
-"""Client-side helpers for the chat integration tests (real HTTP, fake workers)."""
+"""Client-side helpers for the chat integration tests (real HTTP, fake workers).
+
+The chat suites run each test on SQLite and on PostgreSQL: their modules use
+the ``chat_database`` fixture (tests/integration/conftest.py), which picks
+the database ``open_suite_horde`` and ``open_chat_horde`` open.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,23 @@ from typing import Any
 import httpx
 
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
+
+# The database of the running test, set by the chat_database fixture: None is
+# open_horde's temporary SQLite file, else a postgresql:// URL whose
+# connections live in a schema of the test's own.
+_database: list[str | None] = [None]
+
+
+def select_database(url: str | None) -> None:
+    """The database the next hordes of this test open (the fixture calls it)."""
+    _database[0] = url
+
+
+def open_suite_horde(**config: Any) -> contextlib.AbstractAsyncContextManager[TestHorde]:
+    """``open_horde`` on the test's database, unless ``database`` is given."""
+    config.setdefault("database", _database[0])
+    return open_horde(**config)
+
 
 # One TLS context for every client: httpx builds one per client otherwise.
 TLS = ssl.create_default_context()
@@ -184,7 +206,7 @@ async def open_chat_horde(
     *, requester_kudos: float = 10_000, **config: Any
 ) -> AsyncIterator[ChatEnv]:
     """A horde (``config`` overrides [horde] keys) with a funded requester and a worker owner."""
-    async with open_horde(**config) as horde, contextlib.AsyncExitStack() as stack:
+    async with open_suite_horde(**config) as horde, contextlib.AsyncExitStack() as stack:
         requester = await horde.create_key("alice", kudos=requester_kudos)
         owner = await horde.create_key("bob")
         client = await stack.enter_async_context(httpx.AsyncClient(base_url=horde.url, verify=TLS))

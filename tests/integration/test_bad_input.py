@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -355,6 +356,25 @@ async def test_a_body_exactly_at_the_cap_is_accepted() -> None:
         assert len(content) == BODY_CAP
         r = await ROUTES["async"].send(scene, content)
         assert r.status_code == 202, r.text
+
+
+async def test_a_body_slower_than_server_body_timeout_is_refused_with_408() -> None:
+    # The headers promise a body that never comes: the answer is 408 once
+    # server.body_timeout has passed, not when a fixed literal has.
+    config = Config().replace(server={"body_timeout": 0.2})
+    async with open_scene("empty", config=config) as scene:
+        host, port = scene.horde.url.removeprefix("http://").rsplit(":", 1)
+        head = (
+            "POST /api/v2/generate/text/async HTTP/1.1\r\n"
+            f"Host: {host}\r\napikey: {scene.alice}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        async with await anyio.connect_tcp(host, int(port)) as stream:
+            await stream.send(head.encode())
+            with anyio.fail_after(10):  # far below the 60 s default
+                answer = await stream.receive()
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        await scene.assert_unchanged()
 
 
 # API keys ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from tests.integration._chat_helpers import (
     pop_nothing,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
 # A model the shipped model reference lists: known without any worker.
 REFERENCE_MODEL = next(iter(json.loads(DEFAULT_REFERENCE.read_text(encoding="utf-8"))))

@@ -14,9 +14,10 @@ import pytest
 
 from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.contract.chat_reply import FAULT_REASONS
-from hordelite.testing import FakeChatWorker, open_horde
+from hordelite.testing import FakeChatWorker
+from tests.integration._chat_helpers import open_suite_horde
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
 MODEL = "fake-chat-model"
 MAX_FAULTS = 2  # the default horde.max_faults: the third fault ends a request
@@ -78,7 +79,7 @@ class Chat:
 
 @contextlib.asynccontextmanager
 async def chat_horde(**horde_config: Any) -> AsyncIterator[Chat]:
-    async with open_horde(**horde_config) as horde:
+    async with open_suite_horde(**horde_config) as horde:
         requester = await horde.create_key("alice", kudos=1000)
         owner = await horde.create_key("bob")
         async with httpx.AsyncClient(base_url=horde.url) as client:

@@ -25,7 +25,7 @@ from tests.integration._chat_helpers import (
     text_status_path,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
 TOOL_HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "What is the weather in Paris?"},

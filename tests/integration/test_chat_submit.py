@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from hordelite.contract.chat_features import ALL_NAMES
-from hordelite.testing import FakeChatWorker, ManualClock, open_horde
+from hordelite.testing import FakeChatWorker, ManualClock
+from tests.integration._chat_helpers import open_suite_horde
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
 # A model of known size, so that the price follows from the formula.
 MODEL = "test/chat-13b"
@@ -155,7 +156,7 @@ async def chat_horde(tmp_path: Path, clock: ManualClock | None = None) -> AsyncI
     guarantee for MODEL, a requester with kudos and the worker's owner."""
     reference = tmp_path / "models.json"
     reference.write_text(json.dumps({MODEL: {"parameters": BILLIONS * 10**9}}))
-    async with open_horde(clock=clock, model_reference=str(reference)) as horde:
+    async with open_suite_horde(clock=clock, model_reference=str(reference)) as horde:
         requester = await horde.create_key("alice", kudos=1000)
         owner = await horde.create_key("bob")
         async with (

@@ -33,8 +33,8 @@ from sqlalchemy import Connection, select
 from hordelite.clock import ManualClock
 from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.limits import PROGRESS_BYTES_PER_TOKEN
 from hordelite.contract.models import ModelReference
-from hordelite.contract.progress import PROGRESS_BYTES_PER_TOKEN
 from hordelite.errors import RC, HordeError
 from hordelite.horde.service import Horde
 from hordelite.storage.database import Database

@@ -7,15 +7,28 @@ change the answer.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, get_type_hints
 
 import pytest
 
-from hordelite.config import Config, HordeConfig, ServerConfig, StorageConfig, load_config
+from hordelite.config import (
+    Bounds,
+    Config,
+    HordeConfig,
+    ServerConfig,
+    StorageConfig,
+    bounds_of,
+    load_config,
+)
 from hordelite.errors import ConfigError
 
-SHIPPED = Path(__file__).resolve().parents[2] / "hordelite.toml"
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "hordelite.toml"
+REFERENCE = ROOT / "docs" / "reference" / "configuration.md"
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -197,9 +210,195 @@ def test_the_shipped_file_loads_and_equals_the_defaults() -> None:
     assert load_config(SHIPPED, environ={}) == Config()
 
 
+def declared_keys() -> Iterator[tuple[str, dataclasses.Field[Any], type[Any]]]:
+    """Every key: its section's name, its field, and its type."""
+    for section in dataclasses.fields(Config):
+        cls = type(getattr(Config(), section.name))
+        hints = get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            yield section.name, field, hints[field.name]
+
+
 def test_the_shipped_file_shows_every_key_of_every_section() -> None:
     data = tomllib.loads(SHIPPED.read_text(encoding="utf-8"))
-    sections = {f.name: f.type for f in dataclasses.fields(Config)}
-    assert set(data) == set(sections)
-    for name, cls in (("server", ServerConfig), ("storage", StorageConfig), ("horde", HordeConfig)):
-        assert set(data[name]) == {f.name for f in dataclasses.fields(cls)}, name
+    sections = {f.name for f in dataclasses.fields(Config)}
+    assert set(data) == sections
+    for name in sections:
+        keys = {f.name for section, f, _ in declared_keys() if section == name}
+        assert set(data[name]) == keys, name
+
+
+def reference_rows() -> dict[str, list[str]]:
+    """The configuration reference's table rows, by ``section.key``: their cells."""
+    rows: dict[str, list[str]] = {}
+    section = ""
+    for line in REFERENCE.read_text(encoding="utf-8").splitlines():
+        heading = re.fullmatch(r"## \[(\w+)\]", line)
+        if heading:
+            section = heading.group(1)
+        row = re.match(r"\| `(\w+)` \|", line)
+        if section and row:
+            rows[f"{section}.{row.group(1)}"] = [c.strip() for c in line.strip("|").split(" | ")]
+    return rows
+
+
+def test_the_reference_documents_every_key_with_its_default_and_its_declared_bound() -> None:
+    rows = reference_rows()
+    keys = {f"{section}.{field.name}" for section, field, _ in declared_keys()}
+    assert set(rows) == keys
+    for section, field, _ in declared_keys():
+        name = f"{section}.{field.name}"
+        default, bounds_column = rows[name][1], rows[name][-1]
+        assert repr(field.default).replace("'", '"').lower() in default.lower(), name
+        bounds = bounds_of(field)
+        if bounds is not None:
+            assert bounds.describe() in bounds_column, name
+
+
+# Declared bounds -------------------------------------------------------------------
+#
+# Each key declares its bounds with its field (hordelite.config.bounded); one
+# routine enforces them. The cases below are generated from the declarations;
+# the hand-written ones after them show, for each kind of bound, that a value
+# past it is refused with the key's full name and the bound in the message.
+
+# Keys any value of their type fits: a new key must be bounded or named here.
+UNBOUNDED = {
+    "server.host",
+    "horde.allow_anonymous",
+    "front.pace_progress",
+    "worker.tools_max_temperature",  # negative means "no clamp"; NaN is no number
+}
+
+
+def out_of_bounds(bounds: Bounds, kind: type[Any]) -> Iterator[tuple[Any, str]]:
+    """Values just past each bound, with a word the refusal must hold."""
+    step = 1 if kind is int else 0.5
+    if bounds.ge is not None:
+        alone_at_zero = bounds.ge == 0 and bounds.le is None  # "must not be negative"
+        yield bounds.ge - step, "negative" if alone_at_zero else f"{bounds.ge}"
+    if bounds.gt is not None:
+        yield bounds.gt, "positive" if bounds.gt == 0 else f"{bounds.gt}"
+    if bounds.le is not None:
+        yield bounds.le + step, f"{bounds.le}"
+    for word in bounds.one_of:
+        yield f"not-{word}", word
+    if bounds.max_chars is not None:
+        yield "x" * (bounds.max_chars + 1), f"{bounds.max_chars}"
+
+
+def within_bounds(bounds: Bounds) -> Iterator[Any]:
+    """Values exactly at each inclusive bound, and each allowed word."""
+    for edge in (bounds.ge, bounds.le):
+        if edge is not None:
+            yield edge
+    if bounds.gt is not None:
+        yield bounds.gt + 1
+    yield from bounds.one_of
+    if bounds.max_chars is not None:
+        yield "x" * bounds.max_chars
+
+
+def case_id(section: str, key: str, value: Any) -> str:
+    return f"{section}.{key}={str(value)[:12]}"
+
+
+REFUSED = [
+    pytest.param(section, field.name, value, word, id=case_id(section, field.name, value))
+    for section, field, kind in declared_keys()
+    if (bounds := bounds_of(field)) is not None
+    for value, word in out_of_bounds(bounds, kind)
+]
+ACCEPTED = [
+    pytest.param(section, field.name, value, id=case_id(section, field.name, value))
+    for section, field, _ in declared_keys()
+    if (bounds := bounds_of(field)) is not None
+    for value in within_bounds(bounds)
+]
+
+
+def test_every_key_is_bounded_or_known_to_need_no_bound() -> None:
+    for section, field, _ in declared_keys():
+        name = f"{section}.{field.name}"
+        assert (bounds_of(field) is None) == (name in UNBOUNDED), name
+
+
+def test_the_generated_cases_cover_every_declared_bound() -> None:
+    # Not vacuous: each numeric bound, word and length yields its case.
+    expected = 0
+    for _, field, _ in declared_keys():
+        b = bounds_of(field)
+        if b is not None:
+            expected += sum(x is not None for x in (b.ge, b.gt, b.le, b.max_chars))
+            expected += len(b.one_of)
+    assert len(REFUSED) == expected
+    assert expected > 40
+
+
+@pytest.mark.parametrize(("section", "key", "value", "word"), REFUSED)
+def test_a_value_past_a_declared_bound_is_refused_naming_key_and_bound(
+    section: str, key: str, value: Any, word: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config().replace(**{section: {key: value}})
+    message = str(info.value)
+    assert message.startswith(f"{section}.{key}: "), message
+    assert word in message, message
+
+
+@pytest.mark.parametrize(("section", "key", "value"), ACCEPTED)
+def test_a_value_at_a_declared_bound_is_accepted(section: str, key: str, value: Any) -> None:
+    config = Config().replace(**{section: {key: value}})
+    assert getattr(getattr(config, section), key) == value
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "message"),
+    [
+        # ge and le: both ends in the message
+        ("server", {"port": 65536}, "server.port: must be 0 to 65535, got 65536"),
+        ("storage", {"pool_size": 0}, "storage.pool_size: must be 1 to 64, got 0"),
+        ("horde", {"max_pop_wait": 300.5}, "horde.max_pop_wait: must be 0 to 300, got 300.5"),
+        # ge alone
+        ("server", {"max_body_bytes": 1023}, "server.max_body_bytes: must be at least 1024"),
+        ("front", {"max_open_calls": 0}, "front.max_open_calls: must be at least 1, got 0"),
+        ("horde", {"max_faults": -1}, "horde.max_faults: must not be negative, got -1"),
+        ("worker", {"grace_period": -0.1}, "worker.grace_period: must not be negative"),
+        # gt
+        ("horde", {"job_ttl": 0}, "horde.job_ttl: must be positive, got 0.0"),
+        ("server", {"body_timeout": -1}, "server.body_timeout: must be positive"),
+        # words
+        ("server", {"backend": "uvloop"}, "server.backend: must be one of trio, asyncio"),
+        ("storage", {"executor": "fork"}, "storage.executor: must be one of inline, threads"),
+        # length
+        ("worker", {"name": "n" * 256}, "worker.name: must be at most 255 characters"),
+        ("worker", {"key": "k" * 256}, "worker.key: must be at most 255 characters"),
+        # a rule of its own
+        ("worker", {"features": "telepathy"}, "worker.features: unknown feature 'telepathy'"),
+        ("worker", {"horde": "ftp://h"}, "worker.horde: must be an http:// or https:// URL"),
+        ("storage", {"database": ""}, "storage.database: must not be empty"),
+        # types
+        (
+            "worker",
+            {"tools_max_temperature": "nan"},
+            "worker.tools_max_temperature: expected a number",
+        ),
+        ("horde", {"job_ttl": float("nan")}, "horde.job_ttl: expected a number"),
+        ("front", {"max_open_calls": 1.5}, "front.max_open_calls: expected an integer"),
+        ("front", {"pace_progress": "maybe"}, "front.pace_progress: expected true or false"),
+        ("server", {"host": 7}, "server.host: expected a string"),
+        # two keys
+        ("worker", {"context": 256, "max_length": 512}, "worker.max_length: 512 does not fit"),
+        (
+            "worker",
+            {"backoff_max": 0.5},
+            "worker.backoff_max: must be at least worker.backoff_initial",
+        ),
+    ],
+)
+def test_each_kind_of_bound_is_refused_with_its_message(
+    section: str, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config().replace(**{section: values})
+    assert str(info.value).startswith(message), str(info.value)

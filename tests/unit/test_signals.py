@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from hordelite.contract.limits import STREAM_RETENTION_SECONDS
 from hordelite.contract.progress import Lease
 from hordelite.signals import LocalSignals, ProgressEntry
-from hordelite.signals._local import STREAM_RETENTION_SECONDS
 
 pytestmark = pytest.mark.anyio
 NOW = 1_000.0

@@ -1,0 +1,42 @@
+"""Fixtures shared by the integration suites."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration import _chat_helpers
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def chat_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """Run the test on SQLite (a temporary file) and on PostgreSQL (a schema
+    of its own, skipped without HORDELITE_TEST_POSTGRES_URL): the hordes the
+    chat helpers open use it."""
+    url: str | None = None
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres_schema_url")
+    _chat_helpers.select_database(url)
+    try:
+        yield url
+    finally:
+        _chat_helpers.select_database(None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The event loop does not reach the database (queries run on the storage
+    # layer's threads or inline, the same on either loop), so a chat test on
+    # PostgreSQL runs on trio only: the whole chat suite then costs PostgreSQL
+    # about a minute, not two. Both loops still run every chat test on SQLite.
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        params = params.params if params is not None else {}
+        if params.get("chat_database") == "postgresql" and params.get("anyio_backend") != "trio":
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

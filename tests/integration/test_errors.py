@@ -1,0 +1,94 @@
+"""One exception root: every exception class hordelite defines derives from
+HordeliteError, and the handlers that catch the precise classes answer as
+they did before the root existed.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import hordelite.server  # imports the api and front in their working order
+from hordelite.api.app import create_app
+from hordelite.errors import RC, ConfigError, HordeError, HordeliteError, StorageUnavailable
+from hordelite.testing import open_horde
+
+PACKAGE = Path(hordelite.server.__file__).resolve().parent
+
+
+def defined_exceptions() -> Iterator[tuple[str, type[BaseException]]]:
+    """Every class defined in the package that is an exception."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module_name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+        if not classes:
+            continue
+        module = importlib.import_module(module_name)
+        for name in classes:
+            cls = getattr(module, name)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                yield f"{module_name}.{name}", cls
+
+
+EXCEPTIONS = dict(defined_exceptions())
+
+
+def test_the_package_defines_the_exceptions_the_tree_names() -> None:
+    # Not vacuous: the scan finds the public and the private ones.
+    names = {name.rsplit(".", 1)[1] for name in EXCEPTIONS}
+    assert {
+        "HordeliteError",
+        "HordeError",
+        "StorageUnavailable",
+        "ConfigError",
+        "WorkerError",
+        "BackendError",
+        "HordeUnavailable",
+        "HordeRefusal",
+        "UnsendableJob",
+        "_Replan",
+        "_Busy",
+    } <= names
+
+
+@pytest.mark.parametrize("name", sorted(EXCEPTIONS))
+def test_every_exception_of_the_package_derives_from_HordeliteError(name: str) -> None:
+    assert issubclass(EXCEPTIONS[name], HordeliteError), name
+
+
+def test_the_root_is_a_plain_Exception_so_cancellation_passes_it() -> None:
+    # except HordeliteError never swallows a cancellation or KeyboardInterrupt.
+    assert HordeliteError.__bases__ == (Exception,)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "rc"),
+    [
+        (HordeError(RC.WorkerMaintenance), 403, "WorkerMaintenance"),
+        (StorageUnavailable("connection refused"), 503, "StorageUnavailable"),
+        # Not a refusal: raised inside a route, it is an unexpected failure.
+        (ConfigError("horde.job_ttl: must be positive"), 500, "InternalServerError"),
+        (RuntimeError("boom"), 500, "InternalServerError"),
+    ],
+)
+@pytest.mark.anyio
+async def test_the_native_api_renders_each_exception_as_before(
+    anyio_backend: str, error: Exception, status: int, rc: str
+) -> None:
+    async with open_horde() as horde:
+        app = create_app(horde.horde, anyio_backend)
+
+        @app.get("/test/raise")
+        async def _raise() -> str:
+            raise error
+
+        response = await app.test_client().get("/test/raise")
+        assert response.status_code == status
+        body = await response.get_json()
+        assert body["rc"] == rc
