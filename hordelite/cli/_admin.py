@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from hordelite.config import Config, StorageConfig
+from hordelite.errors import HordeliteError
 from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage import admin
 from hordelite.storage.database import Database
@@ -39,7 +40,7 @@ MAX_USERNAME = 100
 _HANDLE = re.compile(r"^(.+)#(\d+)$")
 
 
-class Refused(Exception):
+class Refused(HordeliteError):
     """A command that cannot run: one line on stderr, exit code 1."""
 
 
