@@ -152,4 +152,11 @@ def skipped_counts(worker: WorkerView, sample: Sequence[RequestView]) -> dict[st
 
 
 def can_serve(worker: WorkerView, request: RequestView) -> bool:
-    return not worker.maintenance and skip_reason(worker, request) is None
+    if worker.maintenance:
+        return False
+    # The usual answer, found first and cheaply: a chat request and a worker
+    # without a chat model of it (every wake-up of the queue asks this of
+    # every waiting pop).
+    if request.kind == "chat" and worker.chat_model not in request.models:
+        return False
+    return skip_reason(worker, request) is None

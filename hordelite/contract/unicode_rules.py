@@ -17,6 +17,7 @@ Pure functions, no I/O; the storage queries and the service both use them.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from collections.abc import Iterator
 from typing import Any, Final
@@ -42,6 +43,10 @@ _IGNORABLE_RANGES: Final = (
 )
 
 
+# Where a name's refused characters can only be (category Cc or Cs).
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 def _ignorable(char: str) -> bool:
     if unicodedata.category(char) == "Cf":  # zero-width (non-)joiners, BOM, bidi marks
         return True
@@ -59,6 +64,11 @@ def fold_name(name: str) -> str:
     folded ("ß" matches "ss"), with the characters that render as nothing
     removed, and outer whitespace stripped. Normalised again after folding,
     which can undo NFKC (a fold may decompose a character)."""
+    if name.isascii():
+        # NFKC leaves ASCII as it is, no ASCII character is a format or
+        # ignorable one, and its case fold is lower(): the common name costs
+        # a pop no per-character walk.
+        return name.lower().strip()
     text = unicodedata.normalize("NFKC", _without_ignorables(name))
     text = unicodedata.normalize("NFKC", text.casefold())
     return _without_ignorables(text).strip()
@@ -71,7 +81,7 @@ def worker_name_key(name: str, field: str = "name") -> str:
     control character or a lone surrogate, when nothing visible is left once
     normalised, or when its key is longer than MAX_NAME_KEY characters.
     """
-    for char in name:
+    for char in _CONTROL_OR_SURROGATE.findall(name):
         kind = unicodedata.category(char)
         if kind == "Cc":
             raise bad_request(field, f"must not hold a control character (U+{ord(char):04X})")

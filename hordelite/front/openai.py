@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -119,10 +118,10 @@ async def chat_completions() -> Response:
         started = anyio.current_time()
         key, agent = bearer_key(), client_agent()
         # Run to its end even when the client leaves meanwhile (the handler
-        # is cancelled then): the request it queued is cancelled below.
-        answer = await run_to_completion(
-            lambda: horde().queue_chat(key, req, agent, str(uuid.uuid4()))
-        )
+        # is cancelled then): the request it queued is cancelled below. No
+        # operation key: the service is called in-process, so no answer can
+        # be lost on the way back, and there is nothing to recover.
+        answer = await run_to_completion(lambda: horde().queue_chat(key, req, agent, None))
         call = Call(horde(), current_app.config["HORDE"].config.front, answer["id"], req, started)
         prompt_chars = len(flatten_messages(req.messages, req.tools))
         try:

@@ -340,7 +340,8 @@ class Horde:
         otherwise admission (horde.chat.admit_within) and queueing, in one
         write transaction whose admission was worked out just before it.
         """
-        fingerprint = req.fingerprint()
+        # Only a resubmit with an operation key is compared with its first request.
+        fingerprint = req.fingerprint() if operation_key is not None else None
         operation_key = _scoped_operation_key(api_key, operation_key)
         key_hash = hash_key(api_key)
         # Admission is pure work over the whole conversation: it runs before

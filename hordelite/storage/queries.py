@@ -31,7 +31,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.sql import ColumnElement, Select
+from sqlalchemy.sql import ColumnElement, Select, Update
 
 from hordelite.contract import faults
 from hordelite.contract import kudos as kudos_rules
@@ -341,7 +341,7 @@ def submit_chat_request(
     key_hash: str,
     models: Sequence[str],
     operation_key: str | None,
-    fingerprint: str,
+    fingerprint: str | None,
     admit: Callable[[list[WorkerView]], NewRequest],
     request_id: str,
     now: float,
@@ -359,7 +359,9 @@ def submit_chat_request(
         first = _first_request(conn, user, operation_key, "chat", fingerprint)
         if first is not None:
             return first
-    online = _online_workers(conn, now, rules)
+    # Admission and the possible check read only chat workers: a chat
+    # request cannot go to a worker without a chat declaration.
+    online = _online_workers(conn, now, rules, chat=True)
     new = admit(online)
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
 
@@ -593,8 +595,8 @@ def request_status(
     # A chat request can only go to a chat worker of one of its models, and
     # its status reads nothing else of the pool (eligibility, the impossible
     # reason): read just those, not every online text worker.
-    chat_models = req["models"] if req["kind"] == "chat" else None
-    online = _online_workers(conn, now, rules, chat_models) if queued else []
+    chat = req["kind"] == "chat"
+    online = _online_workers(conn, now, rules, chat=chat, models=req["models"]) if queued else []
     counted = with_position and queued
     position = _queue_position(conn, req) if counted else 0
     parts = {"request": req, "jobs": gens, "online": online, "position": position}
@@ -701,15 +703,24 @@ def _end_request(
 
 
 def _online_workers(
-    conn: Connection, now: float, rules: Rules, chat_models: Sequence[str] | None = None
+    conn: Connection,
+    now: float,
+    rules: Rules,
+    *,
+    chat: bool = False,
+    models: Sequence[str] | None = None,
 ) -> list[WorkerView]:
-    """Workers online now; with ``chat_models``, only the chat workers of
-    those models (read along ix_workers_chat_model)."""
-    if chat_models is None:
-        rows = conn.execute(_ONLINE_WORKERS, {"now": now}).mappings()
-    else:
-        statement = _ONLINE_WORKERS.where(workers.c.chat_model.in_(list(chat_models)))
-        rows = conn.execute(statement, {"now": now}).mappings()
+    """Workers online now. ``chat``: only those that take chat jobs (a chat
+    request reads nothing of the others), and with ``models`` only those
+    whose chat model is one of them (read along ix_workers_chat_model)."""
+    statement = _ONLINE_WORKERS
+    if chat:
+        statement = statement.where(
+            workers.c.chat_model.is_not(None)
+            if models is None
+            else workers.c.chat_model.in_(list(models))
+        )
+    rows = conn.execute(statement, {"now": now}).mappings()
     return [_worker_view(r) for r in rows]
 
 
@@ -801,15 +812,25 @@ def _declaration(pop: PopRequest, now: float) -> dict[str, Any]:
     }
 
 
+# Every pop of a known worker runs this: the statement is built once per
+# set of columns (one, in practice), not per pop.
+@functools.cache
+def _touch_statement(columns: tuple[str, ...]) -> Update:
+    return (
+        update(workers)
+        .where(workers.c.id == bindparam("worker_id"))
+        .values({c: bindparam(c, type_=workers.c[c].type) for c in columns})
+    )
+
+
 def _touch_worker(
     conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules, until: float
 ) -> None:
     """Store the declaration of this pop: the worker is online from now until ``until``."""
-    values = {**_declaration(pop, now), "online_until": until}
     gap = now - row["last_check_in"]
-    if 0 < gap <= rules.worker_online:
-        values["uptime"] = row["uptime"] + gap
-    conn.execute(update(workers).where(workers.c.id == row["id"]).values(**values))
+    uptime = row["uptime"] + gap if 0 < gap <= rules.worker_online else row["uptime"]
+    values = {**_declaration(pop, now), "online_until": until, "uptime": uptime}
+    conn.execute(_touch_statement(tuple(values)), {"worker_id": row["id"], **values})
 
 
 def update_worker(
@@ -1091,7 +1112,8 @@ def _slower_than_another(conn: Connection, worker: WorkerView, now: float, rules
     its model is online. Fast workers (the usual case) cost no query."""
     if worker.chat_model is None or worker.speed * PREFERRED_SECONDS >= worker.chat_max_length:
         return False
-    return any(_covers(w, worker) for w in _online_workers(conn, now, rules))
+    chat_peers = _online_workers(conn, now, rules, chat=True, models=[worker.chat_model])
+    return any(_covers(w, worker) for w in chat_peers)
 
 
 def _covers(other: WorkerView, worker: WorkerView) -> bool:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hordelite.contract.unicode_rules import MAX_NAME_KEY, fold_name, unsendable, worker_name_key
 from hordelite.errors import RC, HordeError
@@ -93,3 +96,11 @@ def test_a_name_no_worker_can_have_is_400_naming_the_field(name: str, why: str) 
 
 def test_a_name_key_is_at_most_255_characters() -> None:
     assert len(worker_name_key("x" * MAX_NAME_KEY)) == MAX_NAME_KEY
+
+
+@given(st.text(st.characters(max_codepoint=0x7F)))
+def test_an_ascii_name_folds_as_the_full_rule_folds_it(name: str) -> None:
+    # fold_name takes a shortcut for ASCII: it must agree with NFKC, case
+    # folding and the removal of ignorables, which leave ASCII but its case.
+    full = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
+    assert fold_name(name) == full.strip()
