@@ -158,6 +158,9 @@ class _Exchange:
 
 
 _CLEANUPS = "hordelite.on_exchange_end"
+# When the request reached the application (anyio's clock): a long-poll's
+# wait counts from here, not from whenever a busy loop ran its handler.
+ARRIVED = "hordelite.arrived"
 
 
 def on_exchange_end(scope: Any, cleanup: Callable[[], Awaitable[None]]) -> None:
@@ -178,6 +181,7 @@ def guard_connections(app: ASGIApp) -> ASGIApp:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
+        scope[ARRIVED] = anyio.current_time()
         exchange = _Exchange(scope, receive, send)
         try:
             await app(scope, exchange.receive, exchange.send)

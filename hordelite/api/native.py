@@ -8,10 +8,11 @@ failures) with the return code's HTTP status.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from quart import Blueprint, Response, request
 
+from hordelite._http import ARRIVED
 from hordelite._request import client_agent, horde, json_body
 from hordelite.api import _render
 from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
@@ -81,7 +82,8 @@ async def text_cancel(request_id: str) -> Response:
 @native.post("/generate/text/pop")
 async def text_pop() -> Response:
     body = await json_body()
-    return json_response(_render.pop(await horde().pop(api_key(), body)))
+    arrived = cast(float | None, request.scope.get(ARRIVED))
+    return json_response(_render.pop(await horde().pop(api_key(), body, arrived=arrived)))
 
 
 @native.post("/generate/text/progress")

@@ -167,14 +167,21 @@ class ChatRequest:
 
     def fingerprint(self) -> str:
         """A digest of what was asked: reordering ``models`` does not change it."""
-        data = dataclasses.asdict(self)
+        data = self.to_json()
         data["models"] = sorted(self.models)
         raw = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(raw.encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form; ``from_json`` reads it back."""
-        return dataclasses.asdict(self)
+        """The stored form; ``from_json`` reads it back.
+
+        Shallow: the messages, tools and schemas are the request's own
+        objects, not copies (``dataclasses.asdict`` deep-copies them, which
+        cost a large conversation a millisecond per call); the result is
+        serialised, never changed."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["horde"] = dataclasses.asdict(self.horde)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ChatRequest:

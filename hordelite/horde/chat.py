@@ -165,9 +165,7 @@ def admit_within(
         )
         messages = kept
         context = estimate_tokens(flatten_messages(messages, req.tools))
-    queued = ChatRequest.from_json(
-        {**req.to_json(), "messages": messages, "max_length": max_length}
-    )
+    queued = dataclasses.replace(req, messages=messages, max_length=max_length)
     billions = max(reference.billions(m) for m in req.models)
     quote = kudos_rules.request_quote(max_length, 1, billions)
     if req.horde.max_kudos is not None and quote > req.horde.max_kudos:

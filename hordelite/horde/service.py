@@ -549,17 +549,20 @@ class Horde:
 
     # Jobs --------------------------------------------------------------
 
-    async def pop(self, api_key: str, body: Any) -> PopAnswer:
+    async def pop(self, api_key: str, body: Any, *, arrived: float | None = None) -> PopAnswer:
         """Check a worker in and hand it a job, waiting up to ``wait`` seconds for one.
 
         A waiting pop sleeps on the queue signal, woken when a job it can
         take is queued; each attempt is one transaction. The last attempt
         (or the only one, without ``wait``) also counts what was skipped.
+        ``arrived`` (anyio's clock): when the request reached the server; the
+        wait counts from then, so a pop that waited for a busy loop to run
+        it is not answered that much later than its client asked.
         """
         pop = parse_pop_request(body, self.config.horde.max_pop_wait)
         worker_name_key(pop.name)  # a name no worker can have is refused before the key is read
         key_hash = hash_key(api_key)
-        deadline = anyio.current_time() + pop.wait
+        deadline = (anyio.current_time() if arrived is None else arrived) + pop.wait
         worker: WorkerView | None = None
         while True:
             with self.signals.queue_waiter(worker) as waiter:

@@ -435,6 +435,18 @@ async def test_a_long_polling_pop_with_nothing_to_do_answers_empty_after_its_wai
             assert elapsed >= wait - 0.01
 
 
+async def test_a_long_polling_pop_counts_its_wait_from_when_it_arrived() -> None:
+    """A pop whose handler ran late (a busy loop) still answers when its
+    client's wait ends: the wait counts from the request's arrival."""
+    async with open_horde() as horde:
+        owner = await horde.create_key("bob")
+        body = {"name": "late", "models": ["m1"], "max_length": 80, "wait": 20}
+        arrived = anyio.current_time() - 19.5  # it reached the server 19.5 s ago
+        with anyio.fail_after(5):  # without the arrival, this pop waits 20 s
+            answer = await horde.horde.pop(owner, body, arrived=arrived)
+        assert answer.job is None
+
+
 async def test_a_pop_without_wait_answers_immediately() -> None:
     async with open_horde() as horde:
         owner = await horde.create_key("bob")
