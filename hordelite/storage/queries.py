@@ -120,6 +120,10 @@ _ONLINE_WORKERS = (
     .join(users, users.c.id == workers.c.user_id)
     .where(workers.c.online_until > bindparam("now"))
 )
+_ONLINE_CHAT_WORKERS = _ONLINE_WORKERS.where(workers.c.chat_model.is_not(None))
+_ONLINE_CHAT_WORKERS_OF = _ONLINE_WORKERS.where(
+    workers.c.chat_model.in_(bindparam("models", expanding=True))
+)
 _IN_FLIGHT = select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 0)).where(
     requests.c.user_id == bindparam("user_id"), requests.c.state == "waiting"
 )
@@ -713,14 +717,13 @@ def _online_workers(
     """Workers online now. ``chat``: only those that take chat jobs (a chat
     request reads nothing of the others), and with ``models`` only those
     whose chat model is one of them (read along ix_workers_chat_model)."""
-    statement = _ONLINE_WORKERS
-    if chat:
-        statement = statement.where(
-            workers.c.chat_model.is_not(None)
-            if models is None
-            else workers.c.chat_model.in_(list(models))
-        )
-    rows = conn.execute(statement, {"now": now}).mappings()
+    if not chat:
+        rows = conn.execute(_ONLINE_WORKERS, {"now": now}).mappings()
+    elif models is None:
+        rows = conn.execute(_ONLINE_CHAT_WORKERS, {"now": now}).mappings()
+    else:
+        params = {"now": now, "models": list(models)}
+        rows = conn.execute(_ONLINE_CHAT_WORKERS_OF, params).mappings()
     return [_worker_view(r) for r in rows]
 
 
