@@ -290,13 +290,9 @@ class Fuzzer:
         CASES[self.label] += 1
         self.previous = f"{method} {path[:200]} body={content!r:.100} -> {response.status_code}"
         answer = self.check(response, method, path, content, field, accepted)
-        if answer is None or (
-            response.status_code in (404, 405, 413)
-            and answer.rc in ("NotFound", "MethodNotAllowed", "PayloadTooLarge")
-        ):
-            # Refused before its body was read, the connection may still hold
-            # the body: the connection tests own that defect; a fresh
-            # connection keeps it from hiding others here.
+        if answer is None:
+            # A failed case may have left the connection in any state: a
+            # fresh one keeps it from hiding the next case's answer.
             self.renew_connection()
         return answer
 
