@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, RowMapping, func, insert, select, update
+from sqlalchemy import Connection, RowMapping, func, select, update
 
 from hordelite.contract.presence import is_online
+from hordelite.storage import queries
 from hordelite.storage.schema import users, workers
 
 REVOKED_PREFIX = "revoked:"
@@ -108,20 +109,8 @@ def create_user(
     taken = users_named(conn, username)
     if taken:
         return taken
-    user_id = conn.execute(
-        insert(users)
-        .values(
-            username=username,
-            key_hash=key_hash,
-            kudos=kudos,
-            admin=admin,
-            trusted=trusted,
-            anonymous=False,
-            created=now,
-        )
-        .returning(users.c.id)
-    ).scalar_one()
-    entry = user_by_id(conn, int(user_id))
+    user_id = queries.create_user(conn, username, key_hash, kudos, admin, trusted, now)
+    entry = user_by_id(conn, user_id)
     assert entry is not None
     return entry
 
