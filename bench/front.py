@@ -405,6 +405,10 @@ async def measure_held(
                 for http in requesters:
                     calls.start_soon(warm, http)
             stop.set()  # the worker's pop in flight returns empty within a second
+        # A pop without wait: the worker counts as online for the whole
+        # horde.worker_online window (after a long-poll, only about twice its
+        # wait), so the calls opened next are queued, not refused.
+        await cc.chat_pop(worker, worker_key, "bench-warmup-worker")
     offline_at = time.monotonic() + args.worker_online + 1.0
     await anyio.sleep(1.0)
     held.rss_before_kb = vm_rss_kb(server.pid)

@@ -132,6 +132,10 @@ class Http(Protocol):
         ...
 
 
+# Seconds idle after which the lean client reconnects (see LeanHttp.call).
+IDLE_RECONNECT = 4.0
+
+
 class LeanHttp:
     """One keep-alive HTTP/1.1 connection, one request at a time.
 
@@ -150,10 +154,16 @@ class LeanHttp:
         self._port = parts.port or 80
         self._stream: anyio.abc.SocketStream | None = None
         self._buffer = b""
+        self._last_used = 0.0
 
     async def call(
         self, method: str, path: str, body: Any = None, apikey: str = ""
     ) -> tuple[int, Any]:
+        if self._stream is not None and time.monotonic() - self._last_used > IDLE_RECONNECT:
+            # The server closes a connection idle for server.keep_alive_timeout
+            # (5 s): open a new one rather than race that close, as HTTP
+            # clients' pools do.
+            await self.aclose()
         if self._stream is None:
             self._stream = await anyio.connect_tcp(self._host, self._port)
             self._buffer = b""
@@ -165,6 +175,7 @@ class LeanHttp:
         )
         await self._stream.send(head.encode() + payload)
         status, answer = await self._read_answer()
+        self._last_used = time.monotonic()
         return status, json.loads(answer)
 
     async def _read_answer(self) -> tuple[int, bytes]:
