@@ -338,17 +338,13 @@ def judge_chat_reply(job_id: str, model: str, req: ChatRequest, sub: ChatSubmit)
 
 
 def heavy_to_judge(req: ChatRequest, reply: ChatReply) -> bool:
-    """Whether judging the reply may take long: a long reply, or content
-    checked against a client's schema (its patterns and size are the
-    client's, so its cost is not bounded by the reply's length)."""
-    chars = len(reply.content or "") + len(reply.reasoning_content or "")
-    fmt = req.response_format or {}
-    schema_checked = (
-        req.horde.strict
-        and fmt.get("type") == "json_schema"
-        and bool(fmt.get("json_schema", {}).get("strict"))
-    )
-    return chars > HEAVY_REPLY_CHARS or (schema_checked and bool(reply.content))
+    """Whether judging the reply may take long enough to hold up the event
+    loop: a long reply (parsing it and validating it against a schema grow
+    with its length). A short reply is judged on the loop: a thread hop per
+    structured reply cost more than the judging (and a thread would not help
+    against a costly pattern in a client's schema: ``re`` holds the GIL)."""
+    del req  # the request's schema is validated once per schema, then cached
+    return len(reply.content or "") + len(reply.reasoning_content or "") > HEAVY_REPLY_CHARS
 
 
 def verify_chat_reply(req: ChatRequest, reply: ChatReply) -> ChatReply:

@@ -177,13 +177,15 @@ async def check_the_loop_serves_while(
     assert seen[:1] == [True], seen
 
 
-async def test_the_event_loop_serves_while_a_schema_checked_reply_is_verified(
+async def test_the_event_loop_serves_while_a_long_schema_checked_reply_is_verified(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with open_chat_horde() as env:
 
         async def work() -> None:
-            await reply_to(env, chat_body(response_format=COLOUR_SCHEMA), '{"colour": "blue"}')
+            # Long enough to be judged off the loop (HEAVY_REPLY_CHARS).
+            padded = '{"colour": "blue"' + " " * chat_reply.HEAVY_REPLY_CHARS + "}"
+            await reply_to(env, chat_body(response_format=COLOUR_SCHEMA), padded)
 
         await check_the_loop_serves_while(
             monkeypatch, chat_reply, "_check_calls_are_usable", env, work
