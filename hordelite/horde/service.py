@@ -35,7 +35,7 @@ from hordelite.contract.chat_reply import (
     parse_chat_submit,
 )
 from hordelite.contract.chat_request import ChatRequest, parse_chat_request
-from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
+from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skipped_counts
 from hordelite.contract.faults import Fault
 from hordelite.contract.limits import (
     ANONYMOUS_API_KEY,
@@ -554,7 +554,8 @@ class Horde:
 
         A waiting pop sleeps on the queue signal, woken when a job it can
         take is queued; each attempt is one transaction. The last attempt
-        (or the only one, without ``wait``) also counts what was skipped.
+        (or the only one, without ``wait``) also counts what was skipped; a
+        pop whose wait runs out after an attempt answers without another.
         ``arrived`` (anyio's clock): when the request reached the server; the
         wait counts from then, so a pop that waited for a busy loop to run
         it is not answered that much later than its client asked.
@@ -572,6 +573,14 @@ class Horde:
                     None if pop.wait <= 0 else 0.0 if last else deadline - anyio.current_time()
                 )
                 sample = await self._skipped_sample.get() if last else None
+                if last and worker is not None:
+                    # The wait ran out (or the horde stops) after an attempt
+                    # found nothing, and any job queued since would have
+                    # woken this pop: no transaction, only the counts. The
+                    # check-in of that attempt lasts past this answer, and
+                    # the worker's next pop is the next attempt. (So 1,000
+                    # long-polls ending together cost no 1,000 writes.)
+                    return PopAnswer(None, skipped_counts(worker, sample or []))
                 result = await self.db.write(
                     q.pop_job,
                     key_hash,
