@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hordelite.contract.limits import (
@@ -41,3 +42,49 @@ def priority_key(base_priority: float, created: float) -> float:
     once and indexed; higher is served first.
     """
     return base_priority - AGING_PER_SECOND * created
+
+
+@dataclasses.dataclass(frozen=True)
+class Settlement:
+    """What a finished job moves: the tokens billed, the worker owner's reward,
+    the requester's cost, and the seconds the worker is credited with."""
+
+    tokens: int
+    reward: float
+    cost: float
+    seconds: float
+
+
+# A job submitted in the instant it started still credits its worker a little
+# time, so its measured speed (tokens / seconds) stays finite.
+MIN_CREDITED_SECONDS = 0.001
+
+
+def settle(
+    chars: int, max_length: int, model_billions: float, started: float, now: float
+) -> Settlement:
+    """Settle a job of ``chars`` characters of output, started at ``started``
+    and settled at ``now``, on a model of ``model_billions``."""
+    tokens = billed_tokens(chars, max_length)
+    reward = job_reward(tokens, model_billions)
+    return Settlement(tokens, reward, job_cost(reward), max(now - started, MIN_CREDITED_SECONDS))
+
+
+@dataclasses.dataclass(frozen=True)
+class KudosMove:
+    """One user's change in a settlement: balance, earned total, paid total."""
+
+    user_id: int
+    delta: float
+    earned: float
+    paid: float
+
+
+def kudos_moves(payer: int, cost: float, earner: int, reward: float) -> list[KudosMove]:
+    """The users' changes of a settlement, in user id order (so concurrent
+    settlements lock users in the same order and cannot deadlock). A user
+    paying their own worker gets one change holding both."""
+    changes = {payer: (-cost, 0.0, cost)}
+    delta, earned, paid = changes.get(earner, (0.0, 0.0, 0.0))
+    changes[earner] = (delta + reward, earned + reward, paid)
+    return [KudosMove(user_id, *changes[user_id]) for user_id in sorted(changes)]

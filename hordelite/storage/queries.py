@@ -672,10 +672,8 @@ def cancel_request(
             )
             if job is None or job["state"] != "processing" or billions is None:
                 continue
-            tokens = kudos_rules.billed_tokens(chars, job["request_max_length"])
-            _settle(
-                conn, job, tokens, {"charge_basis": "output_estimate"}, now, billions, "cancelled"
-            )
+            paid = _settlement(job, chars, now, billions)
+            _settle(conn, job, paid, {"charge_basis": "output_estimate"}, now, "cancelled")
         _end_request(conn, req["id"], "cancelled", now, abort_jobs=False)
     return status
 
@@ -1379,14 +1377,14 @@ def submit_job(
         raise HordeError(
             RC.ChatSubmitInvalid, "This is a text job: answer it with generation, not message."
         )
-    tokens = kudos_rules.billed_tokens(len(sub.generation), job["request_max_length"])
+    paid = _settlement(job, len(sub.generation), now, billions)
     values = {
         "text": sub.generation,
         "gen_state": sub.state,
         "seed": sub.seed,
         "gen_metadata": sub.gen_metadata,
     }
-    return _settle(conn, job, tokens, values, now, billions)
+    return _settle(conn, job, paid, values, now)
 
 
 def _accept_chat_reply(
@@ -1414,31 +1412,39 @@ def _accept_chat_reply(
         )
         return SubmitResult(0.0, job["request_id"], False, False, refusal)
     assert reply is not None
-    tokens = kudos_rules.billed_tokens(output_estimate_chars(reply), job["request_max_length"])
+    paid = _settlement(job, output_estimate_chars(reply), now, billions)
     values = {
         "text": reply.content,
         "gen_state": sub.state,
         "reply": reply.to_json(),
         "charge_basis": "output_estimate",
     }
-    return _settle(conn, job, tokens, values, now, billions)
+    return _settle(conn, job, paid, values, now)
+
+
+def _settlement(
+    job: RowMapping, chars: int, now: float, billions: Callable[[str], float]
+) -> kudos_rules.Settlement:
+    """What the job of this row moves for ``chars`` characters of output."""
+    return kudos_rules.settle(
+        chars, job["request_max_length"], billions(job["model"]), job["started"], now
+    )
 
 
 def _settle(
     conn: Connection,
     job: RowMapping,
-    tokens: int,
+    paid: kudos_rules.Settlement,
     values: dict[str, Any],
     now: float,
-    billions: Callable[[str], float],
     state: str = "done",
 ) -> SubmitResult:
-    """Store a finished job: reward its worker's owner, charge the requester.
+    """Store a finished job: reward its worker's owner, charge the requester,
+    with the amounts of ``paid``.
 
     A job settled at a cancel ends ``cancelled``: paid, not a generation.
     """
-    reward = kudos_rules.job_reward(tokens, billions(job["model"]))
-    cost = kudos_rules.job_cost(reward)
+    tokens, reward, cost = paid.tokens, paid.reward, paid.cost
     conn.execute(
         _FINISH_JOB,
         {
@@ -1458,7 +1464,7 @@ def _settle(
             "wid": job["worker_id"],
             "reward": reward,
             "tokens": tokens,
-            "seconds": max(now - job["started"], 0.001),
+            "seconds": paid.seconds,
         },
     )
     if state != "done":
@@ -1481,13 +1487,11 @@ def _settle(
 
 
 def _move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: float) -> None:
-    # Update the two users in id order so concurrent submits cannot deadlock.
-    changes = {payer: (-cost, 0.0, cost)}
-    delta, earned, paid = changes.get(earner, (0.0, 0.0, 0.0))
-    changes[earner] = (delta + reward, earned + reward, paid)
-    for user_id in sorted(changes):
-        delta, earned, paid = changes[user_id]
-        conn.execute(_MOVE_KUDOS, {"uid": user_id, "delta": delta, "earned": earned, "paid": paid})
+    for move in kudos_rules.kudos_moves(payer, cost, earner, reward):
+        conn.execute(
+            _MOVE_KUDOS,
+            {"uid": move.user_id, "delta": move.delta, "earned": move.earned, "paid": move.paid},
+        )
 
 
 def _fault_job(
