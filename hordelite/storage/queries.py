@@ -58,7 +58,6 @@ from hordelite.contract.eligibility import (
     skipped_counts,
 )
 from hordelite.contract.limits import (
-    ABORT_WINDOW_SECONDS,
     MAX_AGENT_CHARS,
     PREFERRED_SECONDS,
     SKIPPED_SAMPLE,
@@ -1497,40 +1496,37 @@ def _move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: 
 def _fault_job(
     conn: Connection, job: RowMapping, now: float, rules: Rules, reason: str | None
 ) -> SubmitResult:
-    """A job the worker gave up on: back to the queue, or the request faults.
-
-    A fault right after a nonconformant reply counts in the worker's
-    nonconformant_replies instead of its aborted jobs: the refusal was the
-    horde's, and such faults must not lead to maintenance. The message the
-    client will read is the refusal's when the worker reports reply_refused,
-    else the fixed sentence of its reason.
-
-    A request holding text no worker can send to its backend (``unsendable``:
-    a lone surrogate, stored before the boundary refused them) ends faulted
-    at its first fault, and the fault is not the worker's abort: the horde
-    finds the cause in the request itself, without trusting the worker's
-    reason, which never changes how a fault counts.
-    """
+    """A job the worker gave up on: back to the queue, or the request faults,
+    as ``faults.job_fault`` decides."""
     conn.execute(
         update(jobs)
         .where(jobs.c.id == job["id"])
         .values(state="faulted", submitted=now, gen_state="faulted", fault_reason=reason)
     )
     req = _get_request(conn, job["request_id"], job["kind"])
-    if _holds_unsendable(req):
-        _fault_request(conn, req, now, faults.UNSENDABLE)
+    decision = faults.job_fault(
+        reason, job["refusal_rc"], job["refusal_message"], _holds_unsendable(req)
+    )
+    if decision.end_request:
+        _fault_request(conn, req, now, decision.fault)
         return SubmitResult(0.0, req["id"], True, False)
-    if faults.counts_as_nonconformant(job["refusal_rc"]):
+    _charge(conn, job["worker_id"], decision.charge, now, rules)
+    requeued, ended = _give_back(conn, req, now, rules, decision)
+    return SubmitResult(0.0, req["id"], ended, requeued)
+
+
+def _charge(
+    conn: Connection, worker_id: str, charge: faults.Charge, now: float, rules: Rules
+) -> None:
+    """Add a job given back to the worker counter ``charge`` names."""
+    if charge == "nonconformant":
         conn.execute(
             update(workers)
-            .where(workers.c.id == job["worker_id"])
+            .where(workers.c.id == worker_id)
             .values(nonconformant_replies=workers.c.nonconformant_replies + 1)
         )
-    else:
-        _count_abort(conn, job["worker_id"], now, rules)
-    fault = faults.worker_fault(reason, job["refusal_message"])
-    requeued, ended = _give_back(conn, req, now, rules, faulted=True, fault=fault)
-    return SubmitResult(0.0, req["id"], ended, requeued)
+    elif charge == "abort":
+        _count_abort(conn, worker_id, now, rules)
 
 
 def _holds_unsendable(req: RowMapping) -> bool:
@@ -1551,29 +1547,35 @@ def _fault_request(conn: Connection, req: RowMapping, now: float, fault: faults.
 
 
 def _give_back(
-    conn: Connection, req: RowMapping, now: float, rules: Rules, faulted: bool, fault: faults.Fault
+    conn: Connection, req: RowMapping, now: float, rules: Rules, given: faults.JobFault
 ) -> tuple[bool, bool]:
-    """Return a job's slot to its request: requeue it, or fault the request.
+    """Return a job's slot to its request: requeue it, or fault the request,
+    as ``faults.give_back`` decides; returns (requeued, ended).
 
-    ``fault`` is kept as the request's last fault, which its status shows
-    once the request ends faulted.
+    ``given.fault`` is kept as the request's last fault, which its status
+    shows once the request ends faulted.
     """
     if req["state"] != "waiting":
         return False, False
-    count = req["faults"] + (1 if faulted else 0)
-    last = {"fault_rc": fault.rc, "fault_message": fault.message}
-    if count > rules.max_faults:
+    back = faults.give_back(req["faults"], req["remaining"], given.counted, rules.max_faults)
+    last = {"fault_rc": given.fault.rc, "fault_message": given.fault.message}
+    if not back.requeue:
         conn.execute(
-            update(requests).where(requests.c.id == req["id"]).values(faults=count, **last)
+            update(requests).where(requests.c.id == req["id"]).values(faults=back.faults, **last)
         )
         _end_request(conn, req["id"], "faulted", now)
         return False, True
     conn.execute(
         update(requests)
         .where(requests.c.id == req["id"])
-        .values(faults=count, restarts=req["restarts"] + 1, remaining=req["remaining"] + 1, **last)
+        .values(
+            faults=back.faults,
+            restarts=req["restarts"] + 1,
+            remaining=req["remaining"] + 1,
+            **last,
+        )
     )
-    if req["remaining"] == 0:
+    if back.enqueue:
         _enqueue(conn, req, now)
     return True, False
 
@@ -1584,16 +1586,21 @@ def _count_abort(conn: Connection, worker_id: str, now: float, rules: Rules) -> 
         .mappings()
         .one()
     )
-    in_window = now - row["abort_window_start"] < ABORT_WINDOW_SECONDS
-    aborts = row["aborts_in_window"] + 1 if in_window else 1
+    aborts = faults.count_abort(
+        row["aborts_in_window"],
+        row["abort_window_start"],
+        row["maintenance"],
+        now,
+        rules.maintenance_aborts,
+    )
     conn.execute(
         update(workers)
         .where(workers.c.id == worker_id)
         .values(
-            aborts_in_window=aborts,
-            abort_window_start=row["abort_window_start"] if in_window else now,
+            aborts_in_window=aborts.in_window,
+            abort_window_start=aborts.window_start,
             uncompleted_jobs=row["uncompleted_jobs"] + 1,
-            maintenance=row["maintenance"] or aborts > rules.maintenance_aborts,
+            maintenance=aborts.maintenance,
         )
     )
 
@@ -1646,10 +1653,8 @@ def sweep(
             .mappings()
             .one()
         )
-        was_requeued, was_ended = _give_back(
-            conn, req, now, rules, faulted=False, fault=faults.LEASE_EXPIRED
-        )
-        _count_abort(conn, job["worker_id"], now, rules)
+        was_requeued, was_ended = _give_back(conn, req, now, rules, faults.LEASE_EXPIRY)
+        _charge(conn, job["worker_id"], faults.LEASE_EXPIRY.charge, now, rules)
         requeued += was_requeued
         if was_ended:
             ended.append(req["id"])
