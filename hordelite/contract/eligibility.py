@@ -11,7 +11,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND, SLOW_WORKER_TOKENS_PER_SECOND
+from hordelite.contract.limits import (
+    ASSUMED_TOKENS_PER_SECOND,
+    PREFERRED_SECONDS,
+    SLOW_WORKER_TOKENS_PER_SECOND,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,3 +164,52 @@ def can_serve(worker: WorkerView, request: RequestView) -> bool:
     if request.kind == "chat" and worker.chat_model not in request.models:
         return False
     return skip_reason(worker, request) is None
+
+
+# The lease preference (worker guide, "Streaming progress"): a chat worker
+# that cannot generate its own max_length within PREFERRED_SECONDS takes only
+# the chat jobs it can finish in that time while a faster peer covers it.
+
+
+def preferred_tokens(worker: WorkerView) -> int:
+    """The most tokens this worker generates within PREFERRED_SECONDS: the
+    cap on a passed-over worker's chat jobs."""
+    return int(worker.speed * PREFERRED_SECONDS)
+
+
+def may_be_passed_over(worker: WorkerView) -> bool:
+    """Whether this worker is slow enough for the preference to matter: a chat
+    worker whose own max_length takes longer than PREFERRED_SECONDS. Fast
+    workers (the usual case) need no look at their peers."""
+    return (
+        worker.chat_model is not None and worker.speed * PREFERRED_SECONDS < worker.chat_max_length
+    )
+
+
+def covers(other: WorkerView, worker: WorkerView) -> bool:
+    """Whether ``other`` is faster and can take every chat job ``worker``
+    can: so passing ``worker`` over never strands a request."""
+    return (
+        other.id != worker.id
+        and other.chat_model == worker.chat_model
+        and not other.maintenance
+        and other.speed > worker.speed
+        and other.chat_mask & worker.chat_mask == worker.chat_mask
+        and other.chat_max_length >= worker.chat_max_length
+        and other.chat_max_context_length >= worker.chat_max_context_length
+        and (
+            other.tools_max_temperature is None
+            or (
+                worker.tools_max_temperature is not None
+                and other.tools_max_temperature >= worker.tools_max_temperature
+            )
+        )
+        and (other.trusted or not worker.trusted)
+        and (other.nsfw or not worker.nsfw)
+    )
+
+
+def passed_over(worker: WorkerView, peers: Sequence[WorkerView]) -> bool:
+    """Whether this worker's chat jobs are capped at preferred_tokens: it may
+    be passed over and one of its online chat peers covers it."""
+    return may_be_passed_over(worker) and any(covers(other, worker) for other in peers)

@@ -55,11 +55,13 @@ from hordelite.contract.eligibility import (
     RequestView,
     WorkerView,
     can_serve,
+    may_be_passed_over,
+    passed_over,
+    preferred_tokens,
     skipped_counts,
 )
 from hordelite.contract.limits import (
     MAX_AGENT_CHARS,
-    PREFERRED_SECONDS,
     SKIPPED_SAMPLE,
 )
 from hordelite.contract.presence import online_until
@@ -1079,7 +1081,7 @@ def _classes(conn: Connection, worker: WorkerView) -> list[_Class]:
 def _candidate_params(worker: WorkerView, cls: _Class, owner_id: int) -> dict[str, Any]:
     chat = cls.kind == "chat"
     return {
-        "slow_cap": int(worker.speed * PREFERRED_SECONDS),
+        "slow_cap": preferred_tokens(worker),
         "model": cls.model,
         "features": cls.features,
         "max_length": worker.chat_max_length if chat else worker.max_length,
@@ -1107,36 +1109,13 @@ def _statement_for(
 
 
 def _slower_than_another(conn: Connection, worker: WorkerView, now: float, rules: Rules) -> bool:
-    """Whether this chat worker may be passed over: it cannot generate its own
-    max_length within PREFERRED_SECONDS, and a faster chat worker serving
-    its model is online. Fast workers (the usual case) cost no query."""
-    if worker.chat_model is None or worker.speed * PREFERRED_SECONDS >= worker.chat_max_length:
+    """Whether this chat worker's jobs are capped (eligibility.passed_over).
+    Fast workers (the usual case) cost no query."""
+    model = worker.chat_model
+    if model is None or not may_be_passed_over(worker):
         return False
-    chat_peers = _online_workers(conn, now, rules, chat=True, models=[worker.chat_model])
-    return any(_covers(w, worker) for w in chat_peers)
-
-
-def _covers(other: WorkerView, worker: WorkerView) -> bool:
-    """Whether ``other`` is faster and can take every chat job ``worker``
-    can: so passing ``worker`` over never strands a request."""
-    return (
-        other.id != worker.id
-        and other.chat_model == worker.chat_model
-        and not other.maintenance
-        and other.speed > worker.speed
-        and other.chat_mask & worker.chat_mask == worker.chat_mask
-        and other.chat_max_length >= worker.chat_max_length
-        and other.chat_max_context_length >= worker.chat_max_context_length
-        and (
-            other.tools_max_temperature is None
-            or (
-                worker.tools_max_temperature is not None
-                and other.tools_max_temperature >= worker.tools_max_temperature
-            )
-        )
-        and (other.trusted or not worker.trusted)
-        and (other.nsfw or not worker.nsfw)
-    )
+    chat_peers = _online_workers(conn, now, rules, chat=True, models=[model])
+    return passed_over(worker, chat_peers)
 
 
 def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Select[Any]:
