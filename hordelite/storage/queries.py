@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ColumnElement, Select, Update
 
-from hordelite.contract import faults
+from hordelite.contract import faults, refusals
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import (
@@ -263,7 +263,7 @@ def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> dict[str, Any]
 def user_by_id(conn: Connection, user_id: int) -> dict[str, Any]:
     row = conn.execute(select(users).where(users.c.id == user_id)).mappings().first()
     if row is None:
-        raise HordeError(RC.UserNotFound, f"No user with id {user_id}.")
+        raise refusals.unknown_user(user_id)
     return _user_details(conn, row)
 
 
@@ -390,10 +390,7 @@ def _first_request(
         .first()
     )
     if first is not None and (first["fingerprint"] != fingerprint or first["kind"] != kind):
-        raise HordeError(
-            RC.OperationKeyReused,
-            "This Idempotency-Key was used for a different request; use a new key.",
-        )
+        raise refusals.operation_key_reused()
     return first
 
 
@@ -416,7 +413,7 @@ def _store(
         )
         missing = [w for w in new.workers if w not in found]
         if missing:
-            raise HordeError(RC.WorkerNotFound, f"workers: no worker with id {missing[0]}.")
+            raise refusals.unknown_listed_worker(missing[0])
     new = _check_upfront(new, user, upfront_max_length)
     _check_concurrency(conn, user, new.n, rules)
     row = {
@@ -496,11 +493,8 @@ def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -
         return new
     if new.downgrade is not None:
         return new.downgrade
-    raise HordeError(
-        RC.KudosUpfront,
-        f"{new.downgrade_field} {new.max_length} is over {upfront_max_length} and needs {new.quote} "
-        f"kudos up front; this account has {round(user['kudos'], 2)}. Lower it"
-        + (" or set allow_downgrade." if new.kind == "text" else "."),
+    raise refusals.kudos_upfront(
+        new.downgrade_field, new.max_length, upfront_max_length, new.quote, user["kudos"], new.kind
     )
 
 
@@ -512,10 +506,7 @@ def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules)
         return
     in_flight = conn.execute(_IN_FLIGHT, {"user_id": user["id"]}).scalar_one()
     if in_flight + n > limit:
-        raise HordeError(
-            RC.TooManyPrompts,
-            f"This account has {in_flight} generations in flight and may have at most {limit}.",
-        )
+        raise refusals.too_many_in_flight(in_flight, limit)
 
 
 def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping, now: float) -> None:
@@ -572,7 +563,7 @@ def _get_request(conn: Connection, request_id: str, kind: str, lock: bool = Fals
     q = _REQUEST_BY_ID.with_for_update() if lock else _REQUEST_BY_ID
     row = conn.execute(q, {"rid": request_id, "kind": kind}).mappings().first()
     if row is None:
-        raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id}.")
+        raise refusals.unknown_request(kind, request_id)
     return row
 
 
@@ -783,17 +774,9 @@ def _validate_worker(
     if row is None:
         return None
     if row["user_id"] != user["id"]:
-        raise HordeError(
-            RC.WrongCredentials,
-            f"The worker name {pop.name!r} belongs to another user"
-            + (f" (as {row['name']!r})." if row["name"] != pop.name else "."),
-        )
+        raise refusals.worker_name_taken(pop.name, row["name"])
     if row["maintenance"]:
-        raise HordeError(
-            RC.WorkerMaintenance,
-            f"Worker {pop.name!r} is in maintenance mode; its owner can clear it with "
-            f"PUT /api/v2/workers/{row['id']} and maintenance: false.",
-        )
+        raise refusals.worker_in_maintenance(pop.name, row["id"])
     return row
 
 
@@ -852,9 +835,9 @@ def update_worker(
         .first()
     )
     if row is None:
-        raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id}.")
+        raise refusals.unknown_worker(worker_id)
     if row["user_id"] != user["id"] and not user["admin"]:
-        raise HordeError(RC.WrongCredentials, "Only the worker's owner can change it.")
+        raise refusals.not_the_workers_owner()
     changes: dict[str, Any] = {}
     if maintenance is not None:
         changes["maintenance"] = maintenance
@@ -1330,31 +1313,26 @@ def submit_job(
     # Locks the job and its request (PostgreSQL), in that order.
     job = conn.execute(_JOB_WITH_REQUEST.with_for_update(), {"job_id": sub.id}).mappings().first()
     if job is None:
-        raise HordeError(RC.InvalidJobID, f"No job with id {sub.id}.")
+        raise refusals.unknown_job(sub.id)
     if job["owner_id"] != user["id"]:
-        raise HordeError(RC.WrongCredentials, "This job was given to another user's worker.")
+        raise refusals.job_of_another_user()
     if job["state"] == "done":
         raise HordeError(RC.DuplicateGen)
     lease_end = max(job["lease_expires"], lease_until or 0)
     if job["state"] == "expired" or (job["state"] == "processing" and lease_end < now):
         # A lease past its end is refused at once; the sweep requeues it.
-        raise HordeError(RC.AbortedGen, "This job was aborted: its lease expired.")
+        raise refusals.job_lease_expired()
     if job["state"] != "processing":
-        raise HordeError(RC.AbortedGen, "This job was aborted: its request ended.")
+        raise refusals.job_request_ended()
     if sub.state == "faulted":
         reason = sub.fault_reason if isinstance(sub, ChatSubmit) else None
         return _fault_job(conn, job, now, rules, reason)
     if job["kind"] == "chat":
         if not isinstance(sub, ChatSubmit):
-            raise HordeError(
-                RC.ChatSubmitInvalid,
-                "This is a chat job: answer it with message, finish_reason and model_id, not generation.",
-            )
+            raise refusals.wrong_answer_kind(job["kind"])
         return _accept_chat_reply(conn, job, sub, now, billions, verdict)
     if isinstance(sub, ChatSubmit):
-        raise HordeError(
-            RC.ChatSubmitInvalid, "This is a text job: answer it with generation, not message."
-        )
+        raise refusals.wrong_answer_kind(job["kind"])
     paid = _settlement(job, len(sub.generation), now, billions)
     values = {
         "text": sub.generation,

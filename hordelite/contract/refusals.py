@@ -1,0 +1,113 @@
+"""The words of the refusals the horde decides inside a storage transaction.
+
+Pure: storage reads the rows, then raises what these build from the values it
+read; the texts live here, next to the other user-facing words of contract/,
+not among the SQL.
+"""
+
+from __future__ import annotations
+
+from hordelite.errors import RC, HordeError
+
+# Users and requests --------------------------------------------------------
+
+
+def unknown_user(user_id: int) -> HordeError:
+    return HordeError(RC.UserNotFound, f"No user with id {user_id}.")
+
+
+def operation_key_reused() -> HordeError:
+    """An Idempotency-Key sent again with a different request."""
+    return HordeError(
+        RC.OperationKeyReused,
+        "This Idempotency-Key was used for a different request; use a new key.",
+    )
+
+
+def unknown_listed_worker(worker_id: str) -> HordeError:
+    """A request's ``workers`` names a worker the horde does not know."""
+    return HordeError(RC.WorkerNotFound, f"workers: no worker with id {worker_id}.")
+
+
+def kudos_upfront(
+    field: str, max_length: int, upfront_max_length: int, quote: float, kudos: float, kind: str
+) -> HordeError:
+    """A request over the free max_length whose account cannot pay up front;
+    a text request could instead have asked to be downgraded."""
+    return HordeError(
+        RC.KudosUpfront,
+        f"{field} {max_length} is over {upfront_max_length} and needs {quote} "
+        f"kudos up front; this account has {round(kudos, 2)}. Lower it"
+        + (" or set allow_downgrade." if kind == "text" else "."),
+    )
+
+
+def too_many_in_flight(in_flight: int, limit: int) -> HordeError:
+    return HordeError(
+        RC.TooManyPrompts,
+        f"This account has {in_flight} generations in flight and may have at most {limit}.",
+    )
+
+
+def unknown_request(kind: str, request_id: str) -> HordeError:
+    return HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id}.")
+
+
+# Workers -------------------------------------------------------------------
+
+
+def worker_name_taken(name: str, stored_name: str) -> HordeError:
+    """A pop under a worker name (or a look-alike of it, ``stored_name``)
+    that another user's worker first popped with."""
+    return HordeError(
+        RC.WrongCredentials,
+        f"The worker name {name!r} belongs to another user"
+        + (f" (as {stored_name!r})." if stored_name != name else "."),
+    )
+
+
+def worker_in_maintenance(name: str, worker_id: str) -> HordeError:
+    return HordeError(
+        RC.WorkerMaintenance,
+        f"Worker {name!r} is in maintenance mode; its owner can clear it with "
+        f"PUT /api/v2/workers/{worker_id} and maintenance: false.",
+    )
+
+
+def unknown_worker(worker_id: str) -> HordeError:
+    return HordeError(RC.WorkerNotFound, f"No worker with id {worker_id}.")
+
+
+def not_the_workers_owner() -> HordeError:
+    return HordeError(RC.WrongCredentials, "Only the worker's owner can change it.")
+
+
+# Jobs ----------------------------------------------------------------------
+
+
+def unknown_job(job_id: str) -> HordeError:
+    return HordeError(RC.InvalidJobID, f"No job with id {job_id}.")
+
+
+def job_of_another_user() -> HordeError:
+    return HordeError(RC.WrongCredentials, "This job was given to another user's worker.")
+
+
+def job_lease_expired() -> HordeError:
+    return HordeError(RC.AbortedGen, "This job was aborted: its lease expired.")
+
+
+def job_request_ended() -> HordeError:
+    return HordeError(RC.AbortedGen, "This job was aborted: its request ended.")
+
+
+def wrong_answer_kind(job_kind: str) -> HordeError:
+    """A text answer to a chat job, or a chat answer to a text job."""
+    if job_kind == "chat":
+        return HordeError(
+            RC.ChatSubmitInvalid,
+            "This is a chat job: answer it with message, finish_reason and model_id, not generation.",
+        )
+    return HordeError(
+        RC.ChatSubmitInvalid, "This is a text job: answer it with generation, not message."
+    )

@@ -1,0 +1,80 @@
+"""The refusals storage raises (contract/refusals.py): their return codes and
+their exact words, which clients and the docs read."""
+
+from __future__ import annotations
+
+import pytest
+
+from hordelite.contract import refusals
+from hordelite.errors import RC, HordeError
+
+
+@pytest.mark.parametrize(
+    ("error", "rc", "message"),
+    [
+        (refusals.unknown_user(7), RC.UserNotFound, "No user with id 7."),
+        (
+            refusals.operation_key_reused(),
+            RC.OperationKeyReused,
+            "This Idempotency-Key was used for a different request; use a new key.",
+        ),
+        (refusals.unknown_listed_worker("w1"), RC.WorkerNotFound, "workers: no worker with id w1."),
+        (
+            refusals.too_many_in_flight(3, 2),
+            RC.TooManyPrompts,
+            "This account has 3 generations in flight and may have at most 2.",
+        ),
+        (refusals.unknown_request("chat", "r1"), RC.RequestNotFound, "No chat request with id r1."),
+        (
+            refusals.worker_in_maintenance("Alice", "w1"),
+            RC.WorkerMaintenance,
+            "Worker 'Alice' is in maintenance mode; its owner can clear it with "
+            "PUT /api/v2/workers/w1 and maintenance: false.",
+        ),
+        (refusals.unknown_worker("w1"), RC.WorkerNotFound, "No worker with id w1."),
+        (
+            refusals.not_the_workers_owner(),
+            RC.WrongCredentials,
+            "Only the worker's owner can change it.",
+        ),
+        (refusals.unknown_job("j1"), RC.InvalidJobID, "No job with id j1."),
+        (
+            refusals.job_of_another_user(),
+            RC.WrongCredentials,
+            "This job was given to another user's worker.",
+        ),
+        (refusals.job_lease_expired(), RC.AbortedGen, "This job was aborted: its lease expired."),
+        (refusals.job_request_ended(), RC.AbortedGen, "This job was aborted: its request ended."),
+        (
+            refusals.wrong_answer_kind("chat"),
+            RC.ChatSubmitInvalid,
+            "This is a chat job: answer it with message, finish_reason and model_id, not generation.",
+        ),
+        (
+            refusals.wrong_answer_kind("text"),
+            RC.ChatSubmitInvalid,
+            "This is a text job: answer it with generation, not message.",
+        ),
+    ],
+)
+def test_a_refusal_has_its_code_and_words(error: HordeError, rc: RC, message: str) -> None:
+    assert (error.rc, error.message) == (rc, message)
+
+
+def test_a_worker_name_of_another_user_names_the_look_alike_it_matched() -> None:
+    same = refusals.worker_name_taken("Alice", "Alice")
+    assert same.rc is RC.WrongCredentials
+    assert same.message == "The worker name 'Alice' belongs to another user."
+    alike = refusals.worker_name_taken("ALICE", "Alice")
+    assert alike.message == "The worker name 'ALICE' belongs to another user (as 'Alice')."
+
+
+def test_kudos_up_front_suggests_a_downgrade_only_for_text() -> None:
+    text = refusals.kudos_upfront("max_length", 1024, 512, 50.78, 3.14159, "text")
+    assert text.rc is RC.KudosUpfront
+    assert text.message == (
+        "max_length 1024 is over 512 and needs 50.78 kudos up front; this account has 3.14. "
+        "Lower it or set allow_downgrade."
+    )
+    chat = refusals.kudos_upfront("max_completion_tokens", 1024, 512, 50.78, 0.0, "chat")
+    assert chat.message.endswith("this account has 0.0. Lower it.")
