@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ColumnElement, Select, Update
 
-from hordelite.contract import faults, refusals
+from hordelite.contract import admission, faults, refusals
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import (
@@ -487,11 +487,17 @@ def _view_of(new: NewRequest) -> RequestView:
 
 
 def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -> NewRequest:
-    if new.max_length <= upfront_max_length:
+    decision = admission.upfront(
+        new.max_length,
+        upfront_max_length,
+        new.quote,
+        user["kudos"],
+        user["anonymous"],
+        new.downgrade is not None,
+    )
+    if decision == "accepted":
         return new
-    if user["kudos"] >= new.quote and not user["anonymous"]:
-        return new
-    if new.downgrade is not None:
+    if decision == "downgrade" and new.downgrade is not None:
         return new.downgrade
     raise refusals.kudos_upfront(
         new.downgrade_field, new.max_length, upfront_max_length, new.quote, user["kudos"], new.kind
@@ -499,13 +505,13 @@ def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -
 
 
 def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules) -> None:
-    limit = user["concurrency"]
-    if limit is None:
-        limit = rules.anonymous_concurrency if user["anonymous"] else rules.concurrency
-    if limit <= 0:
-        return
+    limit = admission.concurrency_limit(
+        user["concurrency"], user["anonymous"], rules.concurrency, rules.anonymous_concurrency
+    )
+    if admission.unlimited(limit):
+        return  # without a limit, no read of the generations in flight
     in_flight = conn.execute(_IN_FLIGHT, {"user_id": user["id"]}).scalar_one()
-    if in_flight + n > limit:
+    if admission.over_limit(in_flight, n, limit):
         raise refusals.too_many_in_flight(in_flight, limit)
 
 
