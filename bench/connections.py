@@ -310,6 +310,16 @@ class Run:
     cpu: dict[str, tc.CpuUse] = dataclasses.field(default_factory=dict)
 
 
+async def until_connections_gone(server: tc.Server, idle: int, settle: float) -> None:
+    """Until the server holds no more sockets than ``idle`` (at most 30 s), then ``settle`` s."""
+    with anyio.move_on_after(30):
+        while True:
+            if open_sockets(server.pid) <= idle:
+                break
+            await anyio.sleep(0.2)
+    await anyio.sleep(settle)
+
+
 async def measure(
     server: tc.Server, worker_key: str, key: str, db: Database, args: argparse.Namespace
 ) -> Run:
@@ -383,12 +393,7 @@ async def measure(
         run.cpu["disconnect"] = cpu[-1]
 
         probe.switch("after")
-        with anyio.move_on_after(30):
-            while True:
-                if open_sockets(server.pid) <= run.sockets_idle:
-                    break
-                await anyio.sleep(0.2)
-        await anyio.sleep(args.settle)
+        await until_connections_gone(server, run.sockets_idle, args.settle)
         run.rss_after_kb = fr.vm_rss_kb(server.pid)
 
         # The same burst again (short pops): memory kept past the first that
@@ -406,12 +411,7 @@ async def measure(
         for http in again.calls:
             await http.aclose()
         await until_cancelled(time.monotonic() + args.cancel_timeout)
-        with anyio.move_on_after(30):
-            while True:
-                if open_sockets(server.pid) <= run.sockets_idle:
-                    break
-                await anyio.sleep(0.2)
-        await anyio.sleep(args.settle)
+        await until_connections_gone(server, run.sockets_idle, args.settle)
         run.rss_second_kb = fr.vm_rss_kb(server.pid)
     finally:
         await anyio.to_thread.run_sync(probe.stop)

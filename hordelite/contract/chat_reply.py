@@ -337,13 +337,12 @@ def judge_chat_reply(job_id: str, model: str, req: ChatRequest, sub: ChatSubmit)
         return Verdict(job_id, model, None, refusal)
 
 
-def heavy_to_judge(req: ChatRequest, reply: ChatReply) -> bool:
+def heavy_to_judge(reply: ChatReply) -> bool:
     """Whether judging the reply may take long enough to hold up the event
     loop: a long reply (parsing it and validating it against a schema grow
     with its length). A short reply is judged on the loop: a thread hop per
     structured reply cost more than the judging (and a thread would not help
     against a costly pattern in a client's schema: ``re`` holds the GIL)."""
-    del req  # the request's schema is validated once per schema, then cached
     return len(reply.content or "") + len(reply.reasoning_content or "") > HEAVY_REPLY_CHARS
 
 

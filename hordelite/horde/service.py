@@ -701,7 +701,7 @@ class Horde:
         model, stored = job
         req = ChatRequest.from_json(stored)
         assert sub.reply is not None
-        heavy = heavy_to_judge(req, sub.reply)
+        heavy = heavy_to_judge(sub.reply)
         return await run_pure(heavy, judge_chat_reply, sub.id, model, req, sub)
 
     async def _parse_chat_submit(self, api_key: str, body: dict[str, Any]) -> ChatSubmit:
@@ -883,7 +883,7 @@ class Horde:
     async def _compute_model_stats(
         self, now: float
     ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        online = await self.db.read(q.online_workers, now, self.rules)
+        online = await self.db.read(q.online_workers, now)
         queued = await self.db.read(q.model_queue_stats)
         stats: dict[str, dict[str, Any]] = {}
         for w in online:

@@ -366,7 +366,7 @@ def submit_chat_request(
             return first
     # Admission and the possible check read only chat workers: a chat
     # request cannot go to a worker without a chat declaration.
-    online = _online_workers(conn, now, rules, chat=True)
+    online = _online_workers(conn, now, chat=True)
     new = admit(online)
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
 
@@ -464,7 +464,7 @@ def _store(
     _enqueue(conn, row, now)
     view = request_view(row)
     if online is None:
-        online = _online_workers(conn, now, rules)
+        online = _online_workers(conn, now)
     possible = any(can_serve(w, view) for w in online)
     return Submitted(request_id, new, view, possible, False, online)
 
@@ -598,7 +598,7 @@ def request_status(
     # its status reads nothing else of the pool (eligibility, the impossible
     # reason): read just those, not every online text worker.
     chat = req["kind"] == "chat"
-    online = _online_workers(conn, now, rules, chat=chat, models=req["models"]) if queued else []
+    online = _online_workers(conn, now, chat=chat, models=req["models"]) if queued else []
     counted = with_position and queued
     position = _queue_position(conn, req) if counted else 0
     parts = {"request": req, "jobs": gens, "online": online, "position": position}
@@ -705,7 +705,6 @@ def _end_request(
 def _online_workers(
     conn: Connection,
     now: float,
-    rules: Rules,
     *,
     chat: bool = False,
     models: Sequence[str] | None = None,
@@ -761,8 +760,8 @@ def _chat_view(chat: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def online_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerView]:
-    return _online_workers(conn, now, rules)
+def online_workers(conn: Connection, now: float) -> list[WorkerView]:
+    return _online_workers(conn, now)
 
 
 def _validate_worker(
@@ -1103,7 +1102,7 @@ def _slower_than_another(conn: Connection, worker: WorkerView, now: float, rules
     model = worker.chat_model
     if model is None or not may_be_passed_over(worker):
         return False
-    chat_peers = _online_workers(conn, now, rules, chat=True, models=[model])
+    chat_peers = _online_workers(conn, now, chat=True, models=[model])
     return passed_over(worker, chat_peers)
 
 

@@ -9,6 +9,7 @@ accepted cases may have stored a request or a worker, or moved kudos.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -222,11 +223,15 @@ def test_pop_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
     )
 
 
-def test_submit_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
+def explore_submits(
+    fuzzer: Fuzzer, body: Callable[[str], dict[str, Any]], *, stream: bool, examples: int
+) -> None:
+    """Mutated submits of ``body(job_id)`` for a job leased per batch."""
+
     def case(batch: Batch, changes: list[Mutation]) -> None:
-        job_id = fuzzer.leased_job(batch)
+        job_id = fuzzer.leased_job(batch, stream=stream)
         for change in changes:
-            content, field = change.apply(submit_body(job_id))
+            content, field = change.apply(body(job_id))
             # Once the job is settled, any submit is refused for that, not its fields.
             field = None if batch.settled else field
             answer = post(
@@ -236,33 +241,20 @@ def test_submit_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
                 batch.settled = True
 
     fuzzer.explore(
-        mutation_lists(submit_body(NO_JOB)),
+        mutation_lists(body(NO_JOB)),
         case,
-        examples=EXAMPLES,
-        min_cases=EXAMPLES * PER_EXAMPLE,
-        systematic=sweep(submit_body(NO_JOB)),
+        examples=examples,
+        min_cases=examples * PER_EXAMPLE,
+        systematic=sweep(body(NO_JOB)),
     )
+
+
+def test_submit_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
+    explore_submits(fuzzer, submit_body, stream=False, examples=EXAMPLES)
 
 
 def test_chat_submit_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
-    def case(batch: Batch, changes: list[Mutation]) -> None:
-        job_id = fuzzer.leased_job(batch, stream=True)
-        for change in changes:
-            content, field = change.apply(chat_submit_body(job_id))
-            field = None if batch.settled else field
-            answer = post(
-                fuzzer, "POST", "/api/v2/generate/text/submit", fuzzer.bob, content, field=field
-            )
-            if answer is not None and answer.rc is None:
-                batch.settled = True
-
-    fuzzer.explore(
-        mutation_lists(chat_submit_body(NO_JOB)),
-        case,
-        examples=EXAMPLES // 2,
-        min_cases=EXAMPLES // 2 * PER_EXAMPLE,
-        systematic=sweep(chat_submit_body(NO_JOB)),
-    )
+    explore_submits(fuzzer, chat_submit_body, stream=True, examples=EXAMPLES // 2)
 
 
 def test_progress_refuses_each_bad_field(fuzzer: Fuzzer) -> None:

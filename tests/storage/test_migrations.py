@@ -174,6 +174,6 @@ def test_upgrading_a_version_4_database_keeps_its_workers_online_300_s_after_the
     before, after = db.run_sync(upgrade, True)
 
     assert (before, after) == (4, LATEST)
-    online = db.run_sync(queries.online_workers, False, NOW + 299, RULES)
+    online = db.run_sync(queries.online_workers, False, NOW + 299)
     assert [w.id for w in online] != []
-    assert db.run_sync(queries.online_workers, False, NOW + 301, RULES) == []
+    assert db.run_sync(queries.online_workers, False, NOW + 301) == []
