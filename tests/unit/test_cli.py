@@ -506,8 +506,12 @@ START_DEADLINE = 20.0
 STOP_TIMEOUT = 15.0
 
 
-def _lines(stream: IO[str]) -> queue.Queue[str | None]:
-    """Lines of ``stream`` as they arrive (None at end of file), read by a thread."""
+def _lines(stream: IO[str]) -> tuple[queue.Queue[str | None], threading.Thread]:
+    """Lines of ``stream`` as they arrive (None at end of file), read by a thread.
+
+    The thread is the stream's only reader: join it (it ends at end of file,
+    when the process exits) before closing the stream, or it reads a closed
+    file."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
@@ -515,8 +519,9 @@ def _lines(stream: IO[str]) -> queue.Queue[str | None]:
             lines.put(line.rstrip("\n"))
         lines.put(None)
 
-    threading.Thread(target=read, daemon=True).start()
-    return lines
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
 
 
 def _banner(lines: queue.Queue[str | None], deadline: float) -> list[str]:
@@ -558,9 +563,11 @@ def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
             cwd=tmp_path,
             env=env,
         )
+        reader: threading.Thread | None = None
         try:
             assert process.stdout is not None
-            banner = _banner(_lines(process.stdout), time.monotonic() + START_DEADLINE)
+            lines, reader = _lines(process.stdout)
+            banner = _banner(lines, time.monotonic() + START_DEADLINE)
             text = "\n".join(banner)
             match = re.search(r"serving at (http://127\.0\.0\.1:(\d+))", text)
             assert match, text
@@ -575,11 +582,12 @@ def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
 
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
+            reader.join(timeout=STOP_TIMEOUT)
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-            if process.stdout is not None:
+            if process.stdout is not None and not (reader and reader.is_alive()):
                 process.stdout.close()
     assert db.exists()
 
@@ -589,26 +597,32 @@ def served_banner(tmp_path: Path, config_text: str) -> list[str]:
     (then stopped with SIGTERM, which must exit 0)."""
     config = tmp_path / "serve.toml"
     config.write_text(config_text, encoding="utf-8")
+    stderr_path = tmp_path / "stderr.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
-    try:
-        assert process.stdout is not None
-        banner = _banner(_lines(process.stdout), time.monotonic() + START_DEADLINE)
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=STOP_TIMEOUT)
-        assert process.returncode == 0, err
-        return banner
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    with stderr_path.open("w", encoding="utf-8") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+        )
+        reader: threading.Thread | None = None
+        try:
+            assert process.stdout is not None
+            lines, reader = _lines(process.stdout)
+            banner = _banner(lines, time.monotonic() + START_DEADLINE)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
+            reader.join(timeout=STOP_TIMEOUT)
+            return banner
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            if process.stdout is not None and not (reader and reader.is_alive()):
+                process.stdout.close()
 
 
 def test_the_banner_shows_the_anonymous_key_and_the_horde_sdk_base_url(tmp_path: Path) -> None:
