@@ -80,18 +80,19 @@ def new_text_request(
 
     def build(r: TextRequest) -> q.NewRequest:
         return q.NewRequest(
-            kind="text",
+            eligibility=RequestView(
+                models=r.models,
+                max_length=r.max_length,
+                max_context_length=r.max_context_length,
+                trusted_workers=r.trusted_workers,
+                slow_workers=r.slow_workers,
+                nsfw=r.nsfw,
+                worker_ids=r.workers,
+                worker_blacklist=r.worker_blacklist,
+            ),
             prompt=r.prompt,
             params=r.params,
-            models=r.models,
-            workers=r.workers,
-            worker_blacklist=r.worker_blacklist,
-            trusted_workers=r.trusted_workers,
-            slow_workers=r.slow_workers,
-            nsfw=r.nsfw,
             n=r.n,
-            max_length=r.max_length,
-            max_context_length=r.max_context_length,
             quote=quote(r),
             softprompt=r.softprompt,
             proxied_account=r.proxied_account,

@@ -277,35 +277,37 @@ def _user_details(conn: Connection, row: RowMapping) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class NewRequest:
-    """What ``submit_request`` stores: a text or a chat request."""
+    """What ``submit_request`` stores: a text or a chat request.
 
-    kind: str
+    ``eligibility`` holds every field that decides which worker may take it,
+    declared once in RequestView: the requests table has a column of each
+    name and the queue rows are derived from it (``_queue_row``).
+    """
+
+    eligibility: RequestView
     prompt: str  # the text prompt, or the kept conversation flattened
     params: dict[str, Any]
-    models: tuple[str, ...]
-    workers: tuple[str, ...]
-    worker_blacklist: bool
-    trusted_workers: bool
-    slow_workers: bool
-    nsfw: bool
     n: int
-    max_length: int
-    max_context_length: int
     quote: float  # the dry-run price, checked against kudos up front
     softprompt: str | None = None
     proxied_account: str | None = None
     webhook: str | None = None
     chat: dict[str, Any] | None = None
     submitted_prompt: str | None = None
-    features: int = 0
-    context_tokens: int = 0
-    tools_temperature: float | None = None
     context_adjustments: list[dict[str, Any]] | None = None
     operation_key: str | None = None
     fingerprint: str | None = None
     # Queued instead when the kudos up front are missing (allow_downgrade).
     downgrade: NewRequest | None = None
     downgrade_field: str = "params.max_length"
+
+    @property
+    def kind(self) -> str:
+        return self.eligibility.kind
+
+    @property
+    def max_length(self) -> int:
+        return self.eligibility.max_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,7 +339,7 @@ def submit_request(
     if new.operation_key is not None:
         first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
         if first is not None:
-            return Submitted(first["id"], new, _view_of(new), True, True)
+            return Submitted(first["id"], new, new.eligibility, True, True)
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, None)
 
 
@@ -407,34 +409,26 @@ def _store(
 ) -> Submitted:
     """Check what storing needs (worker ids, kudos up front, concurrency) and
     queue the request; ``online`` saves reading the online workers again."""
-    if new.workers:
-        found = set(
-            conn.execute(select(workers.c.id).where(workers.c.id.in_(new.workers))).scalars()
-        )
-        missing = [w for w in new.workers if w not in found]
+    listed = new.eligibility.worker_ids
+    if listed:
+        found = set(conn.execute(select(workers.c.id).where(workers.c.id.in_(listed))).scalars())
+        missing = [w for w in listed if w not in found]
         if missing:
             raise refusals.unknown_listed_worker(missing[0])
     new = _check_upfront(new, user, upfront_max_length)
     _check_concurrency(conn, user, new.n, rules)
+    view = new.eligibility
     row = {
+        **_eligibility_columns(view),
         "id": request_id,
-        "kind": new.kind,
         "user_id": user["id"],
         "state": "waiting",
         "prompt": new.prompt,
         "params": {**new.params, "n": new.n},
-        "models": list(new.models),
-        "worker_ids": list(new.workers),
-        "worker_blacklist": new.worker_blacklist,
-        "trusted_workers": new.trusted_workers,
-        "slow_workers": new.slow_workers,
-        "nsfw": new.nsfw,
         "softprompt": new.softprompt,
         "n": new.n,
         "remaining": new.n,
         "finished": 0,
-        "max_length": new.max_length,
-        "max_context_length": new.max_context_length,
         "anonymous": bool(user["anonymous"]),
         "priority": float(user["kudos"]),
         "prio_key": kudos_rules.priority_key(float(user["kudos"]), now),
@@ -448,42 +442,27 @@ def _store(
         "webhook": new.webhook,
         "chat": new.chat,
         "submitted_prompt": new.submitted_prompt,
-        "features": new.features,
-        "context_tokens": new.context_tokens,
-        "tools_temperature": new.tools_temperature,
         "context_adjustments": new.context_adjustments,
         "operation_key": new.operation_key,
         "fingerprint": new.fingerprint,
     }
     conn.execute(_INSERT_REQUEST, row)
-    if new.workers:
+    if listed:
         conn.execute(
             insert(request_workers),
-            [{"request_id": request_id, "worker_id": w} for w in new.workers],
+            [{"request_id": request_id, "worker_id": w} for w in listed],
         )
-    _enqueue(conn, row, now)
-    view = request_view(row)
+    _enqueue(conn, row, view, now)
     if online is None:
         online = _online_workers(conn, now)
     possible = any(can_serve(w, view) for w in online)
     return Submitted(request_id, new, view, possible, False, online)
 
 
-def _view_of(new: NewRequest) -> RequestView:
-    return RequestView(
-        models=new.models,
-        max_length=new.max_length,
-        max_context_length=new.max_context_length,
-        trusted_workers=new.trusted_workers,
-        slow_workers=new.slow_workers,
-        nsfw=new.nsfw,
-        worker_ids=new.workers,
-        worker_blacklist=new.worker_blacklist,
-        kind=new.kind,
-        features=new.features,
-        context_tokens=new.context_tokens,
-        tools_temperature=new.tools_temperature,
-    )
+def _eligibility_columns(view: RequestView) -> dict[str, Any]:
+    """The requests columns of a view (REQUEST_FIELDS; sequences as JSON lists)."""
+    columns = {name: getattr(view, name) for name in REQUEST_FIELDS}
+    return {**columns, "models": list(view.models), "worker_ids": list(view.worker_ids)}
 
 
 def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -> NewRequest:
@@ -515,7 +494,9 @@ def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules)
         raise refusals.too_many_in_flight(in_flight, limit)
 
 
-def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping, now: float) -> None:
+def _enqueue(
+    conn: Connection, req: dict[str, Any] | RowMapping, view: RequestView, now: float
+) -> None:
     """The queue rows of a request that has jobs to hand out (one per model)."""
     base = {
         "request_id": req["id"],
@@ -523,22 +504,31 @@ def _enqueue(conn: Connection, req: dict[str, Any] | RowMapping, now: float) -> 
         "anonymous": req["anonymous"],
         "prio_key": req["prio_key"],
         "created": req["created"],
-        "max_length": req["max_length"],
-        "max_context_length": req["max_context_length"],
-        "trusted_only": req["trusted_workers"],
-        "fast_only": not req["slow_workers"],
-        "nsfw": req["nsfw"],
-        "worker_filter": (2 if req["worker_blacklist"] else 1) if req["worker_ids"] else 0,
-        "kind": req["kind"],
-        "features": req["features"],
-        "context_tokens": req["context_tokens"],
-        "tools_temperature": req["tools_temperature"],
+        **_queue_row(view),
     }
-    models = req["models"] or [""]
+    models = view.models or ("",)
     conn.execute(_INSERT_QUEUE, [{**base, "model": m} for m in models])
-    if req["kind"] == "chat":
+    if view.kind == "chat":
         for model in models:
-            _use_class(conn, {"model": model, "kind": "chat", "features": req["features"]}, now)
+            _use_class(conn, {"model": model, "kind": "chat", "features": view.features}, now)
+
+
+def _queue_row(view: RequestView) -> dict[str, Any]:
+    """The queue columns the pop's candidate query filters on, from the
+    request's eligibility fields (one row per model adds ``model``)."""
+    listed = 0 if not view.worker_ids else 2 if view.worker_blacklist else 1
+    return {
+        "max_length": view.max_length,
+        "max_context_length": view.max_context_length,
+        "trusted_only": view.trusted_workers,
+        "fast_only": not view.slow_workers,
+        "nsfw": view.nsfw,
+        "worker_filter": listed,
+        "kind": view.kind,
+        "features": view.features,
+        "context_tokens": view.context_tokens,
+        "tools_temperature": view.tools_temperature,
+    }
 
 
 def _use_class(conn: Connection, key: dict[str, Any], now: float) -> None:
@@ -1538,7 +1528,7 @@ def _give_back(
         )
     )
     if back.enqueue:
-        _enqueue(conn, req, now)
+        _enqueue(conn, req, RequestView.of(req), now)
     return True, False
 
 

@@ -11,7 +11,6 @@ is left out.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 
 import pytest
@@ -90,25 +89,13 @@ def requests(draw: st.DrawFn, ids: tuple[str, str]) -> RequestView:
 def _queue(conn: Connection, view: RequestView) -> None:
     """Store the request as submit_request does (its eligibility fields are the view's)."""
     user = queries._user(conn, ANONYMOUS_HASH, RULES)
-    fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(RequestView)}
     new = queries.NewRequest(
-        kind=view.kind,
+        eligibility=view,
         prompt="p",
         params={},
-        models=view.models,
-        workers=view.worker_ids,
-        worker_blacklist=view.worker_blacklist,
-        trusted_workers=view.trusted_workers,
-        slow_workers=view.slow_workers,
-        nsfw=view.nsfw,
         n=1,
-        max_length=view.max_length,
-        max_context_length=view.max_context_length,
         quote=0.0,
         chat={} if view.kind == "chat" else None,
-        features=fields["features"],
-        context_tokens=view.context_tokens,
-        tools_temperature=view.tools_temperature,
     )
     queries._store(conn, user, new, str(uuid.uuid4()), NOW, RULES, 10**9, "test", [])
 
