@@ -8,8 +8,6 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping
-
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.chat_request import (
@@ -247,8 +245,9 @@ def chat_summary(online: Sequence[WorkerView]) -> dict[str, dict[str, Any]]:
     return summary
 
 
-def render_generation(job: RowMapping) -> dict[str, Any]:
-    reply = ChatReply.from_json(job["reply"])
+def render_generation(job: q.StoredJob) -> dict[str, Any]:
+    assert job.reply is not None  # a done chat job holds its verified reply
+    reply = ChatReply.from_json(job.reply)
     return {
         "message": reply.message(),
         "finish_reason": reply.finish_reason,
@@ -256,10 +255,10 @@ def render_generation(job: RowMapping) -> dict[str, Any]:
         "prompt_tokens": reply.prompt_tokens,
         "completion_tokens": reply.completion_tokens,
         "reasoning_tokens": reply.reasoning_tokens,
-        "worker_id": job["worker_id"],
-        "worker_name": job["worker_name"],
-        "model": job["model"],
-        "state": job["gen_state"],
-        "kudos": job["cost"],
-        "charge_basis": job["charge_basis"],
+        "worker_id": job.worker_id,
+        "worker_name": job.worker_name,
+        "model": job.model,
+        "state": job.gen_state,
+        "kudos": job.cost,
+        "charge_basis": job.charge_basis,
     }

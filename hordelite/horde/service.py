@@ -14,7 +14,7 @@ import json
 import math
 import secrets
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -476,76 +476,71 @@ class Horde:
             )
         return self._status_of(parts)
 
-    def _status_of(self, parts: dict[str, Any]) -> RequestStatus:
-        req: RowMapping = parts["request"]
-        jobs: Sequence[RowMapping] = parts["jobs"]
-        done_jobs = [j for j in jobs if j["state"] == "done"]
-        processing = len(jobs) - len(done_jobs)
-        # Waiting for a worker to take a job (not only for jobs in progress).
-        waiting_state = req["state"] == "waiting" and req["remaining"] > 0
-        view = q.request_view(req)
-        eligible = [w for w in parts["online"] if can_serve(w, view)]
-        wait_time = (
-            self._wait_time(req, parts["position"], processing, eligible) if waiting_state else 0
-        )
+    def _status_of(self, parts: q.StatusSnapshot) -> RequestStatus:
+        req = parts.request
+        done_jobs = [j for j in parts.jobs if j.state == "done"]
+        processing = len(parts.jobs) - len(done_jobs)
+        queued = req.queued
+        eligible = [w for w in parts.online if can_serve(w, req.view)]
+        wait_time = self._wait_time(req, parts.position, processing, eligible) if queued else 0
         impossible = None
-        if req["kind"] == "chat" and waiting_state and not eligible:
-            impossible = chat.impossible_reason(view, parts["online"])
-        faulted = req["state"] in ("faulted", "expired")
-        busy: dict[str, int] | None = parts.get("busy")
+        if req.kind == "chat" and queued and not eligible:
+            impossible = chat.impossible_reason(req.view, parts.online)
+        faulted = req.state in ("faulted", "expired")
         free_threads = None
-        if waiting_state and busy is not None:
+        if queued and parts.busy is not None:
+            busy = parts.busy
             free_threads = sum(max(w.threads - busy.get(w.id, 0), 0) for w in eligible)
         return RequestStatus(
-            kind=req["kind"],
+            kind=req.kind,
             finished=len(done_jobs),
             processing=processing,
-            restarted=req["restarts"],
-            waiting=req["remaining"] if req["state"] == "waiting" else 0,
-            done=req["state"] in ("done", "cancelled"),
+            restarted=req.restarts,
+            waiting=req.remaining if req.state == "waiting" else 0,
+            done=req.state in ("done", "cancelled"),
             faulted=faulted,
             wait_time=wait_time,
-            queue_position=parts["position"],
-            kudos=round(req["kudos"], 2),
-            is_possible=bool(eligible) if waiting_state else True,
+            queue_position=parts.position,
+            kudos=round(req.kudos, 2),
+            is_possible=bool(eligible) if queued else True,
             generations=tuple(self._render_generation(j) for j in done_jobs),
             impossible=impossible,
-            context_adjustments=req["context_adjustments"] if req["kind"] == "chat" else None,
+            context_adjustments=req.context_adjustments if req.kind == "chat" else None,
             fault=self._fault_of(req) if faulted else None,
             free_threads=free_threads,
         )
 
-    def _fault_of(self, req: RowMapping) -> Fault:
+    def _fault_of(self, req: q.StoredRequest) -> Fault:
         """The last fault a faulted or expired request shows (decision 0022)."""
-        if req["fault_rc"]:
-            return Fault(req["fault_rc"], req["fault_message"])
+        if req.fault_rc:
+            return Fault(req.fault_rc, req.fault_message or "")
         expiry = int(self.config.horde.request_expiry)
         return Fault(
             RC.RequestExpired.name, f"The request expired: no worker took it within {expiry} s."
         )
 
     @staticmethod
-    def _render_generation(job: RowMapping) -> dict[str, Any]:
-        if job["kind"] == "chat":
+    def _render_generation(job: q.StoredJob) -> dict[str, Any]:
+        if job.kind == "chat":
             return chat.render_generation(job)
         return {
-            "text": job["text"],
-            "seed": job["seed"] if job["seed"] is not None else 0,
-            "gen_metadata": job["gen_metadata"] or [],
-            "worker_id": job["worker_id"],
-            "worker_name": job["worker_name"],
-            "model": job["model"],
-            "state": job["gen_state"],
+            "text": job.text,
+            "seed": job.seed if job.seed is not None else 0,
+            "gen_metadata": job.gen_metadata or [],
+            "worker_id": job.worker_id,
+            "worker_name": job.worker_name,
+            "model": job.model,
+            "state": job.gen_state,
         }
 
     def _wait_time(
-        self, req: RowMapping, position: int, processing: int, eligible: list[WorkerView]
+        self, req: q.StoredRequest, position: int, processing: int, eligible: list[WorkerView]
     ) -> int:
         """Seconds until the request is done, from the throughput of the workers that can serve it."""
         if not eligible:
             return 0
         throughput = sum(w.speed * w.threads for w in eligible)
-        tokens: int = (position + req["remaining"] + processing) * req["max_length"]
+        tokens = (position + req.remaining + processing) * req.view.max_length
         return math.ceil(tokens / throughput)
 
     # Jobs --------------------------------------------------------------

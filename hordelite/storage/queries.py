@@ -186,8 +186,43 @@ _FINISH_REQUEST = (
 _REQUEST_BY_ID = select(requests).where(
     requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind")
 )
+# What a status reads of a request: not its prompt or conversation.
+_STATUS_FIELDS = (
+    "id",
+    "state",
+    "n",
+    "remaining",
+    "finished",
+    "restarts",
+    "kudos",
+    "anonymous",
+    "prio_key",
+    "created",
+    "ended",
+    "context_adjustments",
+    "fault_rc",
+    "fault_message",
+)
+_REQUEST_STATUS = select(
+    *(requests.c[name] for name in dict.fromkeys((*_STATUS_FIELDS, *REQUEST_FIELDS)))
+).where(requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind"))
+_GENERATION_FIELDS = (
+    "id",
+    "kind",
+    "state",
+    "worker_id",
+    "model",
+    "gen_state",
+    "text",
+    "seed",
+    "gen_metadata",
+    "tokens",
+    "reply",
+    "cost",
+    "charge_basis",
+)
 _REQUEST_JOBS = (
-    select(jobs, workers.c.name.label("worker_name"))
+    select(*(jobs.c[name] for name in _GENERATION_FIELDS), workers.c.name.label("worker_name"))
     .join(workers, workers.c.id == jobs.c.worker_id)
     .where(jobs.c.request_id == bindparam("rid"), jobs.c.state.in_(("done", "processing")))
     .order_by(jobs.c.submitted)
@@ -563,6 +598,82 @@ def _get_request(conn: Connection, request_id: str, kind: str, lock: bool = Fals
     return row
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredRequest:
+    """What a status reads of a stored request (``view``: its eligibility)."""
+
+    id: str
+    view: RequestView
+    state: str
+    n: int
+    remaining: int
+    finished: int
+    restarts: int
+    kudos: float
+    anonymous: bool
+    prio_key: float
+    created: float
+    ended: float | None
+    context_adjustments: list[dict[str, Any]] | None
+    fault_rc: str | None
+    fault_message: str | None
+
+    @property
+    def kind(self) -> str:
+        return self.view.kind
+
+    @property
+    def queued(self) -> bool:
+        """Waiting for a worker to take a job (not only for jobs in progress)."""
+        return self.state == "waiting" and self.remaining > 0
+
+    @classmethod
+    def of(cls, row: RowMapping) -> StoredRequest:
+        return cls(view=RequestView.of(row), **{name: row[name] for name in _STATUS_FIELDS})
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredJob:
+    """A job of a request that a worker holds or finished, with its reply."""
+
+    id: str
+    kind: str
+    state: str  # "processing" or "done"
+    worker_id: str
+    worker_name: str
+    model: str
+    gen_state: str | None
+    text: str | None
+    seed: int | None
+    gen_metadata: list[dict[str, Any]] | None
+    tokens: int | None
+    reply: dict[str, Any] | None
+    cost: float | None
+    charge_basis: str | None
+
+    @classmethod
+    def of(cls, row: RowMapping) -> StoredJob:
+        return cls(
+            worker_name=row["worker_name"], **{name: row[name] for name in _GENERATION_FIELDS}
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusSnapshot:
+    """What a status answer is made of, read in one transaction.
+
+    ``online``: the online workers that could matter (none once every job is
+    handed out); ``position``: the waiting requests ahead; ``busy``: the jobs
+    in progress of each online worker, when asked for.
+    """
+
+    request: StoredRequest
+    jobs: tuple[StoredJob, ...]
+    online: tuple[WorkerView, ...]
+    position: int
+    busy: dict[str, int] | None = None
+
+
 def request_status(
     conn: Connection,
     request_id: str,
@@ -571,30 +682,30 @@ def request_status(
     rules: Rules,
     with_position: bool = True,
     with_busy: bool = False,
-) -> dict[str, Any]:
-    """The raw parts of a status answer (see horde.service for its shape).
+) -> StatusSnapshot:
+    """The parts of a status answer (the service renders them).
 
     ``with_position`` False skips the queue position (a count that follows
     the position): a waiting OpenAI call re-checking its request needs only
     whether it ended and whether it is possible. ``with_busy`` adds
     ``busy``: the jobs in progress of each online worker.
     """
-    req = _get_request(conn, request_id, kind)
-    gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings().all()
+    row = conn.execute(_REQUEST_STATUS, {"rid": request_id, "kind": kind}).mappings().first()
+    if row is None:
+        raise refusals.unknown_request(kind, request_id)
+    req = StoredRequest.of(row)
+    gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings()
     # Once every job is in a worker's hands, eligibility and the queue ahead
     # no longer matter: the status skips both reads.
-    queued = req["state"] == "waiting" and req["remaining"] > 0
+    queued = req.queued
     # A chat request can only go to a chat worker of one of its models, and
     # its status reads nothing else of the pool (eligibility, the impossible
     # reason): read just those, not every online text worker.
-    chat = req["kind"] == "chat"
-    online = _online_workers(conn, now, chat=chat, models=req["models"]) if queued else []
-    counted = with_position and queued
-    position = _queue_position(conn, req) if counted else 0
-    parts = {"request": req, "jobs": gens, "online": online, "position": position}
-    if with_busy and queued:
-        parts["busy"] = _busy(conn, [w.id for w in online])
-    return parts
+    chat = req.kind == "chat"
+    online = _online_workers(conn, now, chat=chat, models=req.view.models) if queued else []
+    position = _queue_position(conn, req) if with_position and queued else 0
+    busy = _busy(conn, [w.id for w in online]) if with_busy and queued else None
+    return StatusSnapshot(req, tuple(StoredJob.of(g) for g in gens), tuple(online), position, busy)
 
 
 def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
@@ -609,16 +720,16 @@ def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
     return {worker_id: int(count) for worker_id, count in rows}
 
 
-def _queue_position(conn: Connection, req: RowMapping) -> int:
+def _queue_position(conn: Connection, req: StoredRequest) -> int:
     """Waiting requests ahead of this one that compete for its models.
 
     Read along ix_queue_order (one range per model), so the cost follows the
     position, not the length of the queue.
     """
-    anon, key = req["anonymous"], req["prio_key"]
-    if req["models"]:
+    anon, key = req.anonymous, req.prio_key
+    if req.view.models:
         table, rid = queue, queue.c.request_id
-        where: list[ColumnElement[bool]] = [queue.c.model.in_([*req["models"], ""])]
+        where: list[ColumnElement[bool]] = [queue.c.model.in_([*req.view.models, ""])]
     else:  # any model: every waiting request competes
         table, rid = requests, requests.c.id
         where = [requests.c.state == "waiting", requests.c.remaining > 0]
@@ -641,7 +752,7 @@ def cancel_request(
     rules: Rules,
     posted: dict[str, int] | None = None,
     billions: Callable[[str], float] | None = None,
-) -> dict[str, Any]:
+) -> StatusSnapshot:
     """End a waiting request; returns its status parts as they were before.
 
     ``posted`` maps the request's streamed jobs to the characters of content
@@ -650,8 +761,8 @@ def cancel_request(
     stream is not settled.
     """
     status = request_status(conn, request_id, kind, now, rules)
-    req = status["request"]
-    if req["state"] == "waiting":
+    req = status.request
+    if req.state == "waiting":
         for job_id, chars in (posted or {}).items():
             job = (
                 conn.execute(_JOB_WITH_REQUEST.with_for_update(), {"job_id": job_id})
@@ -662,7 +773,7 @@ def cancel_request(
                 continue
             paid = _settlement(job, chars, now, billions)
             _settle(conn, job, paid, {"charge_basis": "output_estimate"}, now, "cancelled")
-        _end_request(conn, req["id"], "cancelled", now, abort_jobs=False)
+        _end_request(conn, req.id, "cancelled", now, abort_jobs=False)
     return status
 
 

@@ -102,5 +102,5 @@ async def pop(
     )
 
 
-async def status(db: Database, request_id: str, now: float = NOW) -> dict[str, Any]:
+async def status(db: Database, request_id: str, now: float = NOW) -> queries.StatusSnapshot:
     return await db.read(queries.request_status, request_id, "text", now, RULES)

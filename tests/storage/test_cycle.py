@@ -83,9 +83,9 @@ async def test_a_submitted_request_is_popped_by_a_worker_of_its_model_with_its_p
     assert result.job.payload["prompt"] == "Hello there"
     assert result.job.ttl == RULES.job_ttl
     parts = await status(database, request_id, now=NOW + 5)
-    assert parts["request"]["state"] == "waiting"
-    assert parts["request"]["remaining"] == 0
-    assert [(j["id"], j["state"], j["worker_name"]) for j in parts["jobs"]] == [
+    assert parts.request.state == "waiting"
+    assert parts.request.remaining == 0
+    assert [(j.id, j.state, j.worker_name) for j in parts.jobs] == [
         (result.job.id, "processing", "w1")
     ]
 
@@ -129,11 +129,11 @@ async def test_submitting_a_job_charges_the_requester_reward_plus_one_and_reward
     assert earner["kudos"] == pytest.approx(reward)
     assert earner["kudos_earned"] == pytest.approx(reward)
     parts = await status(database, request_id, now=NOW + 11)
-    assert parts["request"]["state"] == "done"
-    assert parts["request"]["finished"] == 1
-    assert parts["request"]["kudos"] == pytest.approx(reward + 1)
-    [job] = parts["jobs"]
-    assert (job["state"], job["text"], job["tokens"]) == ("done", generation, tokens)
+    assert parts.request.state == "done"
+    assert parts.request.finished == 1
+    assert parts.request.kudos == pytest.approx(reward + 1)
+    [job] = parts.jobs
+    assert (job.state, job.text, job.tokens) == ("done", generation, tokens)
 
 
 async def test_a_job_cannot_be_submitted_twice(database: Database) -> None:
@@ -182,9 +182,9 @@ async def test_a_fault_on_a_request_holding_a_lone_surrogate_ends_it_and_is_not_
     result = await database.write(queries.submit_job, owner, fault, NOW, RULES, billions)
 
     assert (result.request_ended, result.requeued) == (True, False)
-    ended = (await status(database, spoiled))["request"]
-    assert (ended["state"], ended["restarts"]) == ("faulted", 0)
-    assert "not valid Unicode" in ended["fault_message"]
+    ended = (await status(database, spoiled)).request
+    assert (ended.state, ended.restarts) == ("faulted", 0)
+    assert "not valid Unicode" in ended.fault_message
     worker = await database.read(queries.worker_details, None, "w1")
     assert (worker["aborts_in_window"], worker["uncompleted_jobs"]) == (0, 0)
     # An ordinary fault still counts.
@@ -215,10 +215,10 @@ async def test_cancelling_a_waiting_request_ends_it_and_no_worker_gets_it(
 
     before = await database.write(queries.cancel_request, request_id, "text", NOW + 3, RULES)
 
-    assert before["request"]["state"] == "waiting"
+    assert before.request.state == "waiting"
     after = await status(database, request_id, now=NOW + 3)
-    assert after["request"]["state"] == "cancelled"
-    assert after["request"]["ended"] == NOW + 3
+    assert after.request.state == "cancelled"
+    assert after.request.ended == NOW + 3
     assert (await pop(database, owner, "w1", ["m1"], now=NOW + 4)).job is None
 
 
@@ -257,8 +257,8 @@ async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database
 
     assert (after.expired_jobs, after.requeued, after.ended_requests) == (1, 1, [])
     parts = await status(database, request_id, now=lease_end + 1)
-    assert parts["request"]["remaining"] == 1
-    assert parts["request"]["restarts"] == 1
+    assert parts.request.remaining == 1
+    assert parts.request.restarts == 1
     second = await pop(database, owner, "w2", ["m1"], now=lease_end + 2)
     assert second.job is not None
     assert second.job.request_id == request_id
@@ -290,9 +290,9 @@ async def test_an_ended_request_is_purged_with_its_jobs_only_after_the_retention
 
     kept = await database.write(queries.sweep, ended_at + RULES.retention, RULES)
     assert kept.purged_requests == 0
-    assert (await status(database, request_id, now=ended_at + RULES.retention))["request"][
-        "state"
-    ] == "done"
+    assert (
+        await status(database, request_id, now=ended_at + RULES.retention)
+    ).request.state == "done"
 
     purged = await database.write(queries.sweep, ended_at + RULES.retention + 1, RULES)
 

@@ -59,8 +59,8 @@ async def test_a_request_for_one_job_is_handed_to_exactly_one_of_eight_concurren
     assert len(handed) == 1
     assert handed[0].request_id == request_id
     parts = await status(database, request_id)
-    assert parts["request"]["remaining"] == 0
-    assert len(parts["jobs"]) == 1
+    assert parts.request.remaining == 0
+    assert len(parts.jobs) == 1
 
 
 async def test_a_request_for_five_jobs_hands_out_exactly_five_distinct_jobs_to_twenty_concurrent_pops(
@@ -79,8 +79,8 @@ async def test_a_request_for_five_jobs_hands_out_exactly_five_distinct_jobs_to_t
     assert len({job.id for job in handed}) == 5
     assert {job.request_id for job in handed} == {request_id}
     parts = await status(database, request_id)
-    assert parts["request"]["remaining"] == 0
-    assert sorted(j["id"] for j in parts["jobs"]) == sorted(job.id for job in handed)
+    assert parts.request.remaining == 0
+    assert sorted(j.id for j in parts.jobs) == sorted(job.id for job in handed)
 
 
 async def test_a_request_listing_several_models_is_handed_out_only_n_times_to_workers_of_each_model(
@@ -98,7 +98,7 @@ async def test_a_request_listing_several_models_is_handed_out_only_n_times_to_wo
     assert len(handed) == 2
     assert len({job.id for job in handed}) == 2
     parts = await status(database, request_id)
-    assert parts["request"]["remaining"] == 0
-    assert len(parts["jobs"]) == 2
+    assert parts.request.remaining == 0
+    assert len(parts.jobs) == 2
     for model in models:
         assert (await pop(database, owners[1], f"late-{model}", [model])).job is None
