@@ -111,3 +111,33 @@ def wrong_answer_kind(job_kind: str) -> HordeError:
     return HordeError(
         RC.ChatSubmitInvalid, "This is a text job: answer it with generation, not message."
     )
+
+
+def submit_refusal(
+    job_state: str,
+    job_kind: str,
+    owned: bool,
+    lease_end: float,
+    now: float,
+    answer_kind: str,
+    faulted: bool,
+) -> HordeError | None:
+    """Why a worker's answer to a stored job cannot be taken, or None.
+
+    ``owned``: the job was given to the answering user's worker;
+    ``lease_end``: the later of the stored lease and the one progress posts
+    extended; ``answer_kind``: "chat" for a structured reply, else "text";
+    ``faulted``: the answer is a fault, which either kind of job takes.
+    """
+    if not owned:
+        return job_of_another_user()
+    if job_state == "done":
+        return HordeError(RC.DuplicateGen)
+    if job_state == "expired" or (job_state == "processing" and lease_end < now):
+        # A lease past its end is refused at once; the sweep requeues it.
+        return job_lease_expired()
+    if job_state != "processing":
+        return job_request_ended()
+    if not faulted and answer_kind != job_kind:
+        return wrong_answer_kind(job_kind)
+    return None

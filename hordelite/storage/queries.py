@@ -1420,25 +1420,23 @@ def submit_job(
     job = conn.execute(_JOB_WITH_REQUEST.with_for_update(), {"job_id": sub.id}).mappings().first()
     if job is None:
         raise refusals.unknown_job(sub.id)
-    if job["owner_id"] != user["id"]:
-        raise refusals.job_of_another_user()
-    if job["state"] == "done":
-        raise HordeError(RC.DuplicateGen)
-    lease_end = max(job["lease_expires"], lease_until or 0)
-    if job["state"] == "expired" or (job["state"] == "processing" and lease_end < now):
-        # A lease past its end is refused at once; the sweep requeues it.
-        raise refusals.job_lease_expired()
-    if job["state"] != "processing":
-        raise refusals.job_request_ended()
+    chat = isinstance(sub, ChatSubmit)
+    refusal = refusals.submit_refusal(
+        job["state"],
+        job["kind"],
+        job["owner_id"] == user["id"],
+        max(job["lease_expires"], lease_until or 0),
+        now,
+        "chat" if chat else "text",
+        sub.state == "faulted",
+    )
+    if refusal is not None:
+        raise refusal
     if sub.state == "faulted":
         reason = sub.fault_reason if isinstance(sub, ChatSubmit) else None
         return _fault_job(conn, job, now, rules, reason)
-    if job["kind"] == "chat":
-        if not isinstance(sub, ChatSubmit):
-            raise refusals.wrong_answer_kind(job["kind"])
-        return _accept_chat_reply(conn, job, sub, now, billions, verdict)
     if isinstance(sub, ChatSubmit):
-        raise refusals.wrong_answer_kind(job["kind"])
+        return _accept_chat_reply(conn, job, sub, now, billions, verdict)
     paid = _settlement(job, len(sub.generation), now, billions)
     values = {
         "text": sub.generation,

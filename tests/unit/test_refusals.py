@@ -78,3 +78,49 @@ def test_kudos_up_front_suggests_a_downgrade_only_for_text() -> None:
     )
     chat = refusals.kudos_upfront("max_completion_tokens", 1024, 512, 50.78, 0.0, "chat")
     assert chat.message.endswith("this account has 0.0. Lower it.")
+
+
+NOW = 1000.0
+
+
+def _submit(**overrides: object) -> RC | None:
+    """The code of submit_refusal for a text answer to the owner's text job in
+    progress within its lease, with ``overrides``."""
+    args: dict[str, object] = {
+        "job_state": "processing",
+        "job_kind": "text",
+        "owned": True,
+        "lease_end": NOW + 1,
+        "now": NOW,
+        "answer_kind": "text",
+        "faulted": False,
+    }
+    refusal = refusals.submit_refusal(**{**args, **overrides})  # type: ignore[arg-type]
+    return None if refusal is None else refusal.rc
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rc"),
+    [
+        ({}, None),
+        ({"owned": False}, RC.WrongCredentials),
+        # Ownership is checked first: another user learns nothing of the job's state.
+        ({"owned": False, "job_state": "done"}, RC.WrongCredentials),
+        ({"job_state": "done"}, RC.DuplicateGen),
+        ({"job_state": "expired"}, RC.AbortedGen),
+        ({"lease_end": NOW - 0.001}, RC.AbortedGen),
+        ({"lease_end": NOW}, None),
+        ({"job_state": "cancelled"}, RC.AbortedGen),
+        ({"job_state": "faulted"}, RC.AbortedGen),
+        ({"answer_kind": "chat"}, RC.ChatSubmitInvalid),
+        ({"job_kind": "chat"}, RC.ChatSubmitInvalid),
+        ({"job_kind": "chat", "answer_kind": "chat"}, None),
+        # A fault is taken from either kind of answer.
+        ({"job_kind": "chat", "faulted": True}, None),
+        ({"answer_kind": "chat", "faulted": True}, None),
+        # A late fault is refused like a late reply.
+        ({"lease_end": NOW - 1, "faulted": True}, RC.AbortedGen),
+    ],
+)
+def test_which_answers_a_stored_job_takes(overrides: dict[str, object], rc: RC | None) -> None:
+    assert _submit(**overrides) is rc
