@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hordelite.horde.results import PopAnswer, RequestStatus
+from hordelite.horde.results import Generation, PopAnswer, RequestStatus
 
 
 def status(s: RequestStatus) -> dict[str, Any]:
@@ -21,7 +21,7 @@ def status(s: RequestStatus) -> dict[str, Any]:
         "queue_position": s.queue_position,
         "kudos": s.kudos,
         "is_possible": s.is_possible,
-        "generations": list(s.generations),
+        "generations": [generation(g) for g in s.generations],
     }
     if s.impossible is not None:
         answer["impossible_reason"] = {"rc": s.impossible.rc.name, "message": s.impossible.message}
@@ -30,6 +30,36 @@ def status(s: RequestStatus) -> dict[str, Any]:
     if s.fault is not None:
         answer["fault"] = {"rc": s.fault.rc, "message": s.fault.message}
     return answer
+
+
+def generation(g: Generation) -> dict[str, Any]:
+    """A finished job: the AI Horde's text generation, or a chat reply with
+    its message, finish reasons, reported counts and cost (chat guide)."""
+    if g.reply is None:
+        return {
+            "text": g.text,
+            "seed": g.seed,
+            "gen_metadata": list(g.gen_metadata),
+            "worker_id": g.worker_id,
+            "worker_name": g.worker_name,
+            "model": g.model,
+            "state": g.state,
+        }
+    reply = g.reply
+    return {
+        "message": reply.message(),
+        "finish_reason": reply.finish_reason,
+        "native_finish_reason": reply.native_finish_reason,
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+        "reasoning_tokens": reply.reasoning_tokens,
+        "worker_id": g.worker_id,
+        "worker_name": g.worker_name,
+        "model": g.model,
+        "state": g.state,
+        "kudos": g.kudos,
+        "charge_basis": g.charge_basis,
+    }
 
 
 def pop(answer: PopAnswer) -> dict[str, Any]:

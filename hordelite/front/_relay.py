@@ -143,14 +143,12 @@ async def relay(
                 until = now + content.tick if busy else min(recheck, next_keepalive)
                 with anyio.move_on_after(max(until - anyio.current_time(), 0)):
                     await posted.wait()
-    generation = status.generations[0]
-    model = generation["model"]
-    message = generation["message"]
+    _, reply = _shape.reply_of(status)
     if include_reasoning:
-        rest = reasoning.rest_of(message.get("reasoning_content") or "")
+        rest = reasoning.rest_of(reply.reasoning_content or "")
         if rest:
             yield chunk({"reasoning_content": rest})
-    rest = content.rest_of(message.get("content") or "")
+    rest = content.rest_of(reply.content or "")
     if rest is None:
         raise HordeError(
             RC.ChatStreamDiverged,

@@ -9,25 +9,33 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.limits import CHARS_PER_TOKEN_PRICING
-from hordelite.horde.results import RequestStatus
+from hordelite.horde.results import Generation, RequestStatus
 
 
 def _estimate(chars: int) -> int:
     return math.ceil(chars / CHARS_PER_TOKEN_PRICING)
 
 
-def usage(generation: dict[str, Any], prompt_chars: int) -> tuple[dict[str, Any], bool]:
+def reply_of(status: RequestStatus) -> tuple[Generation, ChatReply]:
+    """The finished chat job of a done status (an OpenAI call asks for one),
+    with its reply."""
+    generation = status.generations[0]
+    assert generation.reply is not None  # a chat job is done with its verified reply
+    return generation, generation.reply
+
+
+def usage(reply: ChatReply, prompt_chars: int) -> tuple[dict[str, Any], bool]:
     """OpenAI's usage from the worker's counts; counts it did not report are
     estimated from the text (4 characters a token). Returns (usage, estimated)."""
-    message = generation["message"]
-    calls = message.get("tool_calls") or []
-    reasoning = message.get("reasoning_content") or ""
-    out_chars = len(message.get("content") or "") + len(reasoning)
+    calls = reply.tool_calls or []
+    reasoning = reply.reasoning_content or ""
+    out_chars = len(reply.content or "") + len(reasoning)
     out_chars += sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) for c in calls)
-    prompt = generation.get("prompt_tokens")
-    completion = generation.get("completion_tokens")
-    reasoning_tokens = generation.get("reasoning_tokens")
+    prompt = reply.prompt_tokens
+    completion = reply.completion_tokens
+    reasoning_tokens = reply.reasoning_tokens
     estimated = prompt is None or completion is None or (reasoning and reasoning_tokens is None)
     if prompt is None:
         prompt = _estimate(prompt_chars)
@@ -46,17 +54,12 @@ def usage(generation: dict[str, Any], prompt_chars: int) -> tuple[dict[str, Any]
     )
 
 
-def _message(generation: dict[str, Any], include_reasoning: bool) -> dict[str, Any]:
-    source = generation["message"]
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": source.get("content"),
-        "refusal": None,
-    }
-    if source.get("tool_calls"):
-        message["tool_calls"] = source["tool_calls"]
-    if include_reasoning and source.get("reasoning_content"):
-        message["reasoning_content"] = source["reasoning_content"]
+def _message(reply: ChatReply, include_reasoning: bool) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    if include_reasoning and reply.reasoning_content:
+        message["reasoning_content"] = reply.reasoning_content
     return message
 
 
@@ -65,9 +68,9 @@ def x_horde(request_id: str, status: RequestStatus, estimated: bool) -> dict[str
     return {
         "request_id": request_id,
         "kudos": status.kudos,
-        "charge_basis": generation.get("charge_basis"),
-        "worker": {"id": generation["worker_id"], "name": generation["worker_name"]},
-        "model": generation["model"],
+        "charge_basis": generation.charge_basis,
+        "worker": {"id": generation.worker_id, "name": generation.worker_name},
+        "model": generation.model,
         "estimated_usage": estimated,
     }
 
@@ -76,18 +79,18 @@ def completion(
     request_id: str, status: RequestStatus, prompt_chars: int, include_reasoning: bool
 ) -> dict[str, Any]:
     """The non-streamed answer: ``chat.completion`` with usage and x_horde."""
-    generation = status.generations[0]
-    used, estimated = usage(generation, prompt_chars)
+    generation, reply = reply_of(status)
+    used, estimated = usage(reply, prompt_chars)
     return {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": generation["model"],
+        "model": generation.model,
         "choices": [
             {
                 "index": 0,
-                "message": _message(generation, include_reasoning),
-                "finish_reason": generation["finish_reason"],
+                "message": _message(reply, include_reasoning),
+                "finish_reason": reply.finish_reason,
                 "logprobs": None,
             }
         ],
@@ -126,9 +129,9 @@ def chunks(
 ) -> Iterator[bytes]:
     """A finished reply as a stream: a role chunk, the reasoning and content
     chunks, a tool-call chunk when there are calls, then ``finish_chunks``."""
-    generation = status.generations[0]
-    message = _message(generation, include_reasoning)
-    base = chunk_base(request_id, generation["model"])
+    generation, reply = reply_of(status)
+    message = _message(reply, include_reasoning)
+    base = chunk_base(request_id, generation.model)
     yield _chunk(base, {"role": "assistant", "content": ""}, None, include_usage)
     if message.get("reasoning_content"):
         yield _chunk(base, {"reasoning_content": message["reasoning_content"]}, None, include_usage)
@@ -145,11 +148,11 @@ def finish_chunks(
 ) -> Iterator[bytes]:
     """The end of every stream: the finish chunk, the usage chunk when asked
     for, then [DONE]."""
-    generation = status.generations[0]
-    base = chunk_base(request_id, generation["model"])
-    yield _chunk(base, {}, generation["finish_reason"], include_usage)
+    generation, reply = reply_of(status)
+    base = chunk_base(request_id, generation.model)
+    yield _chunk(base, {}, reply.finish_reason, include_usage)
     if include_usage:
-        used, estimated = usage(generation, prompt_chars)
+        used, estimated = usage(reply, prompt_chars)
         yield sse(
             {
                 **base,

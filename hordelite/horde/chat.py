@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from hordelite.contract import kudos as kudos_rules
-from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.chat_request import (
     ChatRequest,
     conversation_chars,
@@ -243,22 +242,3 @@ def chat_summary(online: Sequence[WorkerView]) -> dict[str, dict[str, Any]]:
     for entry in summary.values():
         entry["features"] = sorted(entry["features"])
     return summary
-
-
-def render_generation(job: q.StoredJob) -> dict[str, Any]:
-    assert job.reply is not None  # a done chat job holds its verified reply
-    reply = ChatReply.from_json(job.reply)
-    return {
-        "message": reply.message(),
-        "finish_reason": reply.finish_reason,
-        "native_finish_reason": reply.native_finish_reason,
-        "prompt_tokens": reply.prompt_tokens,
-        "completion_tokens": reply.completion_tokens,
-        "reasoning_tokens": reply.reasoning_tokens,
-        "worker_id": job.worker_id,
-        "worker_name": job.worker_name,
-        "model": job.model,
-        "state": job.gen_state,
-        "kudos": job.cost,
-        "charge_basis": job.charge_basis,
-    }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.faults import Fault
 from hordelite.errors import RC
 
@@ -23,11 +24,27 @@ class Impossible:
 
 
 @dataclasses.dataclass(frozen=True)
+class Generation:
+    """A finished job: who made it, and its text (a text job) or its verified
+    reply with what it cost (a chat job)."""
+
+    worker_id: str
+    worker_name: str
+    model: str
+    state: str | None  # the worker's gen_state: "ok" or "censored"
+    text: str | None = None
+    seed: int = 0
+    gen_metadata: tuple[dict[str, Any], ...] = ()
+    reply: ChatReply | None = None
+    kudos: float | None = None
+    charge_basis: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class RequestStatus:
     """A request's status (text or chat).
 
-    ``generations`` are the finished jobs in the native shape both envelopes
-    read. ``free_threads``: the threads of the eligible online workers not
+    ``generations`` are the finished jobs. ``free_threads``: the threads of the eligible online workers not
     busy with a job, counted only when asked for (the front's fail_fast
     check) and while the request waits for a worker; None otherwise.
     """
@@ -43,7 +60,7 @@ class RequestStatus:
     queue_position: int
     kudos: float
     is_possible: bool
-    generations: tuple[dict[str, Any], ...]
+    generations: tuple[Generation, ...]
     impossible: Impossible | None = None
     context_adjustments: list[dict[str, Any]] | None = None
     fault: Fault | None = None

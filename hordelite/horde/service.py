@@ -27,6 +27,7 @@ from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
 from hordelite.contract.chat_reply import (
+    ChatReply,
     ChatSubmit,
     Verdict,
     heavy_to_judge,
@@ -57,7 +58,7 @@ from hordelite.contract.text import (
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, HordeliteError, bad_request
 from hordelite.horde import chat
-from hordelite.horde.results import PopAnswer, PoppedJob, RequestStatus
+from hordelite.horde.results import Generation, PopAnswer, PoppedJob, RequestStatus
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
@@ -503,7 +504,7 @@ class Horde:
             queue_position=parts.position,
             kudos=round(req.kudos, 2),
             is_possible=bool(eligible) if queued else True,
-            generations=tuple(self._render_generation(j) for j in done_jobs),
+            generations=tuple(self._generation(j) for j in done_jobs),
             impossible=impossible,
             context_adjustments=req.context_adjustments if req.kind == "chat" else None,
             fault=self._fault_of(req) if faulted else None,
@@ -520,18 +521,19 @@ class Horde:
         )
 
     @staticmethod
-    def _render_generation(job: q.StoredJob) -> dict[str, Any]:
-        if job.kind == "chat":
-            return chat.render_generation(job)
-        return {
-            "text": job.text,
-            "seed": job.seed if job.seed is not None else 0,
-            "gen_metadata": job.gen_metadata or [],
-            "worker_id": job.worker_id,
-            "worker_name": job.worker_name,
-            "model": job.model,
-            "state": job.gen_state,
-        }
+    def _generation(job: q.StoredJob) -> Generation:
+        return Generation(
+            worker_id=job.worker_id,
+            worker_name=job.worker_name,
+            model=job.model,
+            state=job.gen_state,
+            text=job.text,
+            seed=job.seed if job.seed is not None else 0,
+            gen_metadata=tuple(job.gen_metadata or ()),
+            reply=None if job.reply is None else ChatReply.from_json(job.reply),
+            kudos=job.cost if job.kind == "chat" else None,
+            charge_basis=job.charge_basis,
+        )
 
     def _wait_time(
         self, req: q.StoredRequest, position: int, processing: int, eligible: list[WorkerView]
