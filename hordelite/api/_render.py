@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hordelite.horde.results import PopAnswer, RequestStatus
+from hordelite.horde.results import PopAnswer, RequestStatus, UserAnswer
 
 
 def status(s: RequestStatus) -> dict[str, Any]:
@@ -48,4 +48,28 @@ def pop(answer: PopAnswer) -> dict[str, Any]:
         "extra_source_images": None,
         # Only chat jobs carry the key: a text job's answer is unchanged.
         **({"chat": True} if job.chat else {}),
+    }
+
+
+def user(u: UserAnswer) -> dict[str, Any]:
+    """A user (find_user, users/<id>): what hordelite counts of the AI
+    Horde's fields; the kinds of kudos it has no use for are 0."""
+    return {
+        "username": f"{u.username}#{u.id}",
+        "id": u.id,
+        "kudos": u.kudos,
+        "concurrency": u.concurrency,
+        "worker_count": len(u.worker_ids),
+        "worker_ids": list(u.worker_ids),
+        "trusted": u.trusted,
+        "moderator": u.moderator,
+        "kudos_details": {
+            "accumulated": u.kudos_earned,
+            "gifted": 0,
+            "admin": 0,
+            "received": 0,
+            "recurring": 0,
+        },
+        "usage": {},
+        "contributions": {},
     }

@@ -138,9 +138,9 @@ async def worker_by_name(name: str) -> Response:
 
 @native.get("/find_user")
 async def find_user() -> Response:
-    return json_response(await horde().find_user(api_key()))
+    return json_response(_render.user(await horde().find_user(api_key())))
 
 
 @native.get("/users/<user_id>")
 async def user(user_id: str) -> Response:
-    return json_response(await horde().user(user_id))
+    return json_response(_render.user(await horde().user(user_id)))

@@ -68,3 +68,19 @@ class PopAnswer:
 
     job: PoppedJob | None
     skipped: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class UserAnswer:
+    """A user as the horde shows it. ``kudos`` and ``kudos_earned`` are to
+    the hundredth; ``concurrency`` is the user's own or the horde's default
+    for its kind of user (anonymous or registered)."""
+
+    id: int
+    username: str
+    kudos: float
+    kudos_earned: float
+    concurrency: int
+    worker_ids: tuple[str, ...]
+    trusted: bool
+    moderator: bool

@@ -57,7 +57,7 @@ from hordelite.contract.text import (
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, HordeliteError, bad_request
 from hordelite.horde import chat
-from hordelite.horde.results import PopAnswer, PoppedJob, RequestStatus
+from hordelite.horde.results import PopAnswer, PoppedJob, RequestStatus, UserAnswer
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
@@ -731,7 +731,7 @@ class Horde:
 
     # Users and workers -------------------------------------------------
 
-    async def find_user(self, api_key: str) -> dict[str, Any]:
+    async def find_user(self, api_key: str) -> UserAnswer:
         """The key's user; an unknown key is 404 UserNotFound here, as on the AI Horde."""
         try:
             user = await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
@@ -739,38 +739,29 @@ class Horde:
             if exc.rc is RC.InvalidAPIKey:
                 raise HordeError(RC.UserNotFound, "No user matches this API key.") from None
             raise
-        return self._render_user(user)
+        return self._user_answer(user)
 
-    async def user(self, user_id: str) -> dict[str, Any]:
+    async def user(self, user_id: str) -> UserAnswer:
         # isascii: str.isdigit() also accepts "²", which int() refuses.
         if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > MAX_USER_ID_DIGITS:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
-        return self._render_user(await self.db.read(q.user_by_id, int(user_id)))
+        return self._user_answer(await self.db.read(q.user_by_id, int(user_id)))
 
-    def _render_user(self, user: dict[str, Any]) -> dict[str, Any]:
-        concurrency = user["concurrency"]
+    def _user_answer(self, user: q.UserRecord) -> UserAnswer:
+        concurrency = user.concurrency
         if concurrency is None:
             h = self.config.horde
-            concurrency = h.anonymous_concurrency if user["anonymous"] else h.concurrency
-        return {
-            "username": f"{user['username']}#{user['id']}",
-            "id": user["id"],
-            "kudos": round(user["kudos"], 2),
-            "concurrency": concurrency,
-            "worker_count": len(user["worker_ids"]),
-            "worker_ids": user["worker_ids"],
-            "trusted": bool(user["trusted"]),
-            "moderator": bool(user["admin"]),
-            "kudos_details": {
-                "accumulated": round(user["kudos_earned"], 2),
-                "gifted": 0,
-                "admin": 0,
-                "received": 0,
-                "recurring": 0,
-            },
-            "usage": {},
-            "contributions": {},
-        }
+            concurrency = h.anonymous_concurrency if user.anonymous else h.concurrency
+        return UserAnswer(
+            id=user.id,
+            username=user.username,
+            kudos=round(user.kudos, 2),
+            kudos_earned=round(user.kudos_earned, 2),
+            concurrency=concurrency,
+            worker_ids=user.worker_ids,
+            trusted=user.trusted,
+            moderator=user.admin,
+        )
 
     async def worker(self, worker_id: str) -> dict[str, Any]:
         canonical = parse_uuid(worker_id)

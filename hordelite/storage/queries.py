@@ -256,20 +256,47 @@ def _user(conn: Connection, key_hash: str, rules: Rules) -> RowMapping:
     return row
 
 
-def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class UserRecord:
+    """A user as the service reads it (never its key hash)."""
+
+    id: int
+    username: str
+    anonymous: bool
+    admin: bool
+    trusted: bool
+    kudos: float
+    kudos_earned: float
+    kudos_spent: float
+    concurrency: int | None  # None: the horde's default for its kind of user
+    worker_ids: tuple[str, ...]
+
+
+def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> UserRecord:
     return _user_details(conn, _user(conn, key_hash, rules))
 
 
-def user_by_id(conn: Connection, user_id: int) -> dict[str, Any]:
+def user_by_id(conn: Connection, user_id: int) -> UserRecord:
     row = conn.execute(select(users).where(users.c.id == user_id)).mappings().first()
     if row is None:
         raise refusals.unknown_user(user_id)
     return _user_details(conn, row)
 
 
-def _user_details(conn: Connection, row: RowMapping) -> dict[str, Any]:
+def _user_details(conn: Connection, row: RowMapping) -> UserRecord:
     worker_ids = conn.execute(select(workers.c.id).where(workers.c.user_id == row["id"])).scalars()
-    return {**row, "worker_ids": list(worker_ids)}
+    return UserRecord(
+        id=row["id"],
+        username=row["username"],
+        anonymous=bool(row["anonymous"]),
+        admin=bool(row["admin"]),
+        trusted=bool(row["trusted"]),
+        kudos=row["kudos"],
+        kudos_earned=row["kudos_earned"],
+        kudos_spent=row["kudos_spent"],
+        concurrency=row["concurrency"],
+        worker_ids=tuple(worker_ids),
+    )
 
 
 # Requests ------------------------------------------------------------------

@@ -412,7 +412,7 @@ async def check_ledger(ex: Example, db: Database) -> None:
             for a, b in zip(balances[uid], expected, strict=True)
         ), f"{name}: (kudos, earned, spent) {balances[uid]}, expected {expected}"
         user = await ex.horde.find_user(ex.keys[name])
-        assert user["kudos"] == round(expected[0], 2)
+        assert user.kudos == round(expected[0], 2)
     start = {ex.ids[name]: kudos for name, kudos in START.items()}
     errors = await db.read(ledger_errors, start, lambda model: BILLIONS)
     assert not errors, "\n".join(errors)
