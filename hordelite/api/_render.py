@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hordelite.horde.results import PopAnswer, RequestStatus, UserAnswer
+from hordelite.horde.results import PopAnswer, RequestStatus, UserAnswer, WorkerAnswer, WorkerUpdate
 
 
 def status(s: RequestStatus) -> dict[str, Any]:
@@ -73,3 +73,46 @@ def user(u: UserAnswer) -> dict[str, Any]:
         "usage": {},
         "contributions": {},
     }
+
+
+def worker(w: WorkerAnswer) -> dict[str, Any]:
+    """A text worker in the AI Horde's shape, with hordelite's chat fields."""
+    return {
+        "type": "text",
+        "name": w.name,
+        "id": w.id,
+        "online": w.online,
+        "requests_fulfilled": w.requests_fulfilled,
+        "kudos_rewards": round(w.kudos_rewards, 2),
+        "kudos_details": {"generated": round(w.kudos_rewards, 2), "uptime": 0},
+        "performance": f"{w.speed:.1f} tokens per second",
+        "threads": w.threads,
+        "uptime": int(w.uptime),
+        "uncompleted_jobs": w.uncompleted_jobs,
+        "maintenance_mode": w.maintenance,
+        "nsfw": w.nsfw,
+        "trusted": w.trusted,
+        "flagged": False,
+        "bridge_agent": w.bridge_agent,
+        "models": list(w.models),
+        "max_length": w.max_length,
+        "max_context_length": w.max_context_length,
+        "info": None,
+        "owner": w.owner,
+        "accepts_chat_jobs": w.chat is not None,
+        "accepts_prompt_jobs": w.prompt_jobs,
+        "nonconformant_replies": w.nonconformant_replies,
+        **({"chat": w.chat} if w.chat is not None else {}),
+    }
+
+
+def worker_update(u: WorkerUpdate) -> dict[str, Any]:
+    """What a worker update changed, and only that."""
+    answer: dict[str, Any] = {}
+    if u.maintenance is not None:
+        answer["maintenance"] = u.maintenance
+    if u.aborts_in_window is not None:
+        answer["aborts_in_window"] = u.aborts_in_window
+    if u.online is not None:
+        answer["online"] = u.online
+    return answer

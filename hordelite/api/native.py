@@ -117,23 +117,25 @@ async def workers() -> Response:
     # An empty type means every type (horde_sdk's default listing sends ``type=``).
     if request.args.get("type", "text") not in ("text", ""):
         return json_response([])
-    return json_response(await horde().workers())
+    return json_response([_render.worker(w) for w in await horde().workers()])
 
 
 @native.get("/workers/<worker_id>")
 async def worker(worker_id: str) -> Response:
-    return json_response(await horde().worker(worker_id))
+    return json_response(_render.worker(await horde().worker(worker_id)))
 
 
 @native.put("/workers/<worker_id>")
 async def worker_update(worker_id: str) -> Response:
     body = await json_body()
-    return json_response(await horde().update_worker(api_key(), worker_id, body))
+    return json_response(
+        _render.worker_update(await horde().update_worker(api_key(), worker_id, body))
+    )
 
 
 @native.get("/workers/name/<path:name>")
 async def worker_by_name(name: str) -> Response:
-    return json_response(await horde().worker_by_name(name))
+    return json_response(_render.worker(await horde().worker_by_name(name)))
 
 
 @native.get("/find_user")

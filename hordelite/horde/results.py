@@ -84,3 +84,41 @@ class UserAnswer:
     worker_ids: tuple[str, ...]
     trusted: bool
     moderator: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerAnswer:
+    """A worker as the horde shows it. ``online``: checked in within the
+    presence window now; ``speed``: the tokens per second it measured;
+    ``chat``: the declaration of its last pop, as sent (unknown names
+    dropped), None when it takes no chat jobs."""
+
+    id: str
+    name: str
+    owner: str
+    online: bool
+    trusted: bool
+    maintenance: bool
+    nsfw: bool
+    threads: int
+    models: tuple[str, ...]
+    max_length: int
+    max_context_length: int
+    bridge_agent: str
+    uptime: float
+    requests_fulfilled: int
+    uncompleted_jobs: int
+    kudos_rewards: float
+    speed: float
+    prompt_jobs: bool
+    nonconformant_replies: int
+    chat: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerUpdate:
+    """What a worker update changed; None: left as it was."""
+
+    maintenance: bool | None
+    aborts_in_window: int | None
+    online: bool | None

@@ -57,7 +57,14 @@ from hordelite.contract.text import (
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, HordeliteError, bad_request
 from hordelite.horde import chat
-from hordelite.horde.results import PopAnswer, PoppedJob, RequestStatus, UserAnswer
+from hordelite.horde.results import (
+    PopAnswer,
+    PoppedJob,
+    RequestStatus,
+    UserAnswer,
+    WorkerAnswer,
+    WorkerUpdate,
+)
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
@@ -763,30 +770,31 @@ class Horde:
             moderator=user.admin,
         )
 
-    async def worker(self, worker_id: str) -> dict[str, Any]:
+    async def worker(self, worker_id: str) -> WorkerAnswer:
         canonical = parse_uuid(worker_id)
-        row = None if canonical is None else await self.db.read(q.worker_details, canonical)
-        if row is None:
+        found = None if canonical is None else await self.db.read(q.worker_details, canonical)
+        if found is None:
             raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
-        return self._render_worker(row)
+        return self._worker_answer(found, self.clock.now())
 
-    async def worker_by_name(self, name: str) -> dict[str, Any]:
+    async def worker_by_name(self, name: str) -> WorkerAnswer:
         """The worker whose name has the same key (``worker_name_key``): any
         case or look-alike spelling of its name finds it."""
         try:
             key = worker_name_key(name)
         except HordeError:
             key = None  # no worker can be named so (a control character, say)
-        row = None if key is None else await self.db.read(q.worker_details, None, key)
-        if row is None:
+        found = None if key is None else await self.db.read(q.worker_details, None, key)
+        if found is None:
             raise HordeError(RC.WorkerNotFound, f"No worker named {name[:64]!r}.")
-        return self._render_worker(row)
+        return self._worker_answer(found, self.clock.now())
 
-    async def workers(self) -> list[dict[str, Any]]:
-        rows = await self.db.read(q.list_workers, self.clock.now(), self.rules)
-        return [self._render_worker(r) for r in rows]
+    async def workers(self) -> list[WorkerAnswer]:
+        now = self.clock.now()
+        found = await self.db.read(q.list_workers, now, self.rules)
+        return [self._worker_answer(w, now) for w in found]
 
-    async def update_worker(self, api_key: str, worker_id: str, body: Any) -> dict[str, Any]:
+    async def update_worker(self, api_key: str, worker_id: str, body: Any) -> WorkerUpdate:
         canonical = parse_uuid(worker_id)
         if canonical is None:
             raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
@@ -816,43 +824,32 @@ class Horde:
             self.rules,
             None if online is None else self.clock.now(),
         )
-        return changes
+        return WorkerUpdate(changes.maintenance, changes.aborts_in_window, changes.online)
 
-    def _render_worker(self, row: RowMapping) -> dict[str, Any]:
-        now = self.clock.now()
-        speed = (
-            row["tokens_generated"] / row["seconds_generating"]
-            if row["seconds_generating"]
-            else 0.0
+    @staticmethod
+    def _worker_answer(w: q.WorkerRecord, now: float) -> WorkerAnswer:
+        return WorkerAnswer(
+            id=w.id,
+            name=w.name,
+            owner=w.owner,
+            online=is_online(w.online_until, now),
+            trusted=w.trusted,
+            maintenance=w.maintenance,
+            nsfw=w.nsfw,
+            threads=w.threads,
+            models=w.models,
+            max_length=w.max_length,
+            max_context_length=w.max_context_length,
+            bridge_agent=w.bridge_agent,
+            uptime=w.uptime,
+            requests_fulfilled=w.requests_fulfilled,
+            uncompleted_jobs=w.uncompleted_jobs,
+            kudos_rewards=w.kudos_rewards,
+            speed=w.tokens_generated / w.seconds_generating if w.seconds_generating else 0.0,
+            prompt_jobs=w.prompt_jobs,
+            nonconformant_replies=w.nonconformant_replies,
+            chat=w.chat,
         )
-        return {
-            "type": "text",
-            "name": row["name"],
-            "id": row["id"],
-            "online": is_online(row["online_until"], now),
-            "requests_fulfilled": row["requests_fulfilled"],
-            "kudos_rewards": round(row["kudos_rewards"], 2),
-            "kudos_details": {"generated": round(row["kudos_rewards"], 2), "uptime": 0},
-            "performance": f"{speed:.1f} tokens per second",
-            "threads": row["threads"],
-            "uptime": int(row["uptime"]),
-            "uncompleted_jobs": row["uncompleted_jobs"],
-            "maintenance_mode": bool(row["maintenance"]),
-            "nsfw": bool(row["nsfw"]),
-            "trusted": bool(row["trusted"]),
-            "flagged": False,
-            "bridge_agent": row["bridge_agent"],
-            "models": list(row["models"]),
-            "max_length": row["max_length"],
-            "max_context_length": row["max_context_length"],
-            "info": None,
-            "owner": row["username"],
-            "accepts_chat_jobs": row["chat"] is not None,
-            "accepts_prompt_jobs": bool(row["prompt_jobs"]),
-            "nonconformant_replies": row["nonconformant_replies"],
-            # The declaration of the last pop, as sent (unknown names dropped).
-            **({"chat": row["chat"]} if row["chat"] is not None else {}),
-        }
 
     async def model_stats(self, with_chat: bool = False) -> list[dict[str, Any]]:
         """The models of online workers with their queues (cached for MODEL_STATS_TTL).

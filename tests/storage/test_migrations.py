@@ -140,7 +140,7 @@ def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker
     # Any spelling now finds the oldest, and its owner's pops are that worker.
     found = db.run_sync(queries.worker_details, False, None, "alice")
     assert found is not None
-    assert found["id"] == first
+    assert found.id == first
     popped = db.run_sync(
         queries.pop_job, True, owner, pop_request("ALICE", ["m1"]), NOW + 3, RULES, False, False
     )
