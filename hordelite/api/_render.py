@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from hordelite.horde.results import PopAnswer, RequestStatus, UserAnswer, WorkerAnswer, WorkerUpdate
+from hordelite.horde.results import (
+    ModelStats,
+    PopAnswer,
+    RequestStatus,
+    UserAnswer,
+    WorkerAnswer,
+    WorkerUpdate,
+)
 
 
 def status(s: RequestStatus) -> dict[str, Any]:
@@ -116,3 +123,17 @@ def worker_update(u: WorkerUpdate) -> dict[str, Any]:
     if u.online is not None:
         answer["online"] = u.online
     return answer
+
+
+def model(m: ModelStats) -> dict[str, Any]:
+    """An entry of status/models; ``chat`` only where it was asked for and applies."""
+    return {
+        "name": m.name,
+        "count": m.count,
+        "performance": m.performance,
+        "queued": m.queued,
+        "jobs": m.jobs,
+        "eta": m.eta,
+        "type": "text",
+        **({"chat": m.chat} if m.chat is not None else {}),
+    }

@@ -109,7 +109,7 @@ async def status_models() -> Response:
     if request.args.get("type", "text") != "text":
         return json_response([])
     with_chat = request.args.get("chat", "false").lower() in ("true", "1", "yes")
-    return json_response(await horde().model_stats(with_chat))
+    return json_response([_render.model(m) for m in await horde().model_stats(with_chat)])
 
 
 @native.get("/workers")

@@ -224,12 +224,12 @@ async def _chat_models() -> list[dict[str, Any]]:
     chat declaration summary (ids with a colon cannot be reached here)."""
     return [
         {
-            "id": e["name"],
+            "id": e.name,
             "object": "model",
             "created": 0,
             "owned_by": "hordelite",
-            "chat": e["chat"],
+            "chat": e.chat,
         }
         for e in await horde().model_stats(with_chat=True)
-        if "chat" in e and ":" not in e["name"]
+        if e.chat is not None and ":" not in e.name
     ]

@@ -122,3 +122,20 @@ class WorkerUpdate:
     maintenance: bool | None
     aborts_in_window: int | None
     online: bool | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelStats:
+    """A model of the online workers with its queue. ``performance``: the
+    thread-weighted mean tokens per second; ``queued``: the tokens of its
+    waiting jobs; ``eta``: seconds to clear them. ``chat``: its online chat
+    workers, their largest limits and the union of their features, in the
+    shape both envelopes show (None: not asked for, or no chat worker)."""
+
+    name: str
+    count: int
+    performance: float
+    queued: int
+    jobs: int
+    eta: int
+    chat: dict[str, Any] | None = None

@@ -58,6 +58,7 @@ from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, HordeliteError, bad_request
 from hordelite.horde import chat
 from hordelite.horde.results import (
+    ModelStats,
     PopAnswer,
     PoppedJob,
     RequestStatus,
@@ -229,7 +230,7 @@ class Horde:
             allow_anonymous=h.allow_anonymous,
         )
         self._model_stats: (
-            tuple[float, tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]] | None
+            tuple[float, tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]] | None
         ) = None
         self._stopping = False
         # The capacity each set of chat models last had (chat admission).
@@ -851,51 +852,50 @@ class Horde:
             chat=w.chat,
         )
 
-    async def model_stats(self, with_chat: bool = False) -> list[dict[str, Any]]:
+    async def model_stats(self, with_chat: bool = False) -> list[ModelStats]:
         """The models of online workers with their queues (cached for MODEL_STATS_TTL).
 
-        ``with_chat`` adds each model's ``chat`` object: its online chat
+        ``with_chat`` adds each model's ``chat`` summary: its online chat
         workers, their largest limits and the sorted union of their features.
         """
         now = self.clock.now()
         if self._model_stats is None or now - self._model_stats[0] >= MODEL_STATS_TTL:
             self._model_stats = (now, await self._compute_model_stats(now))
-        answer, chat_summary = self._model_stats[1]
-        if not with_chat:
-            return answer
-        return [
-            {**e, "chat": chat_summary[e["name"]]} if e["name"] in chat_summary else e
-            for e in answer
-        ]
+        plain, with_summary = self._model_stats[1]
+        return list(with_summary if with_chat else plain)
 
     async def _compute_model_stats(
         self, now: float
-    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    ) -> tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]:
+        """The entries without and with their chat summaries."""
         online = await self.db.read(q.online_workers, now)
         queued = await self.db.read(q.model_queue_stats)
-        stats: dict[str, dict[str, Any]] = {}
+        threads: dict[str, int] = {}
+        speed: dict[str, float] = {}
         for w in online:
             if w.maintenance:
                 continue
             for model in w.models:
-                entry = stats.setdefault(model, {"count": 0, "speed": 0.0})
-                entry["count"] += w.threads
-                entry["speed"] += w.speed * w.threads
-        answer = []
-        for model, entry in sorted(stats.items()):
+                threads[model] = threads.get(model, 0) + w.threads
+                speed[model] = speed.get(model, 0.0) + w.speed * w.threads
+        plain = []
+        for model in sorted(threads):
             jobs, tokens = queued.get(model, (0, 0))
-            answer.append(
-                {
-                    "name": model,
-                    "count": entry["count"],
-                    "performance": round(entry["speed"] / entry["count"], 1),
-                    "queued": tokens,
-                    "jobs": jobs,
-                    "eta": math.ceil(tokens / entry["speed"]) if entry["speed"] else 0,
-                    "type": "text",
-                }
+            plain.append(
+                ModelStats(
+                    name=model,
+                    count=threads[model],
+                    performance=round(speed[model] / threads[model], 1),
+                    queued=tokens,
+                    jobs=jobs,
+                    eta=math.ceil(tokens / speed[model]) if speed[model] else 0,
+                )
             )
-        return answer, chat.chat_summary(online)
+        summary = chat.chat_summary(online)
+        with_summary = tuple(
+            dataclasses.replace(e, chat=summary[e.name]) if e.name in summary else e for e in plain
+        )
+        return tuple(plain), with_summary
 
     def heartbeat(self) -> dict[str, Any]:
         return {"message": "OK", "version": __version__}
