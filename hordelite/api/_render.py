@@ -7,7 +7,11 @@ from typing import Any
 from hordelite.horde.results import (
     ModelStats,
     PopAnswer,
+    ProgressAnswer,
+    Queued,
+    Quote,
     RequestStatus,
+    SubmitAnswer,
     UserAnswer,
     WorkerAnswer,
     WorkerUpdate,
@@ -137,3 +141,25 @@ def model(m: ModelStats) -> dict[str, Any]:
         "type": "text",
         **({"chat": m.chat} if m.chat is not None else {}),
     }
+
+
+def queued(answer: Queued | Quote) -> dict[str, Any]:
+    """A text or chat submit's answer: the queued request, or a dry run's quote."""
+    if isinstance(answer, Quote):
+        return {"kudos": answer.kudos}
+    body: dict[str, Any] = {"id": answer.id, "kudos": answer.kudos}
+    if answer.context_adjustments:
+        body["context_adjustments"] = answer.context_adjustments
+    if answer.message is not None:
+        body["message"] = answer.message
+    if answer.warnings:
+        body["warnings"] = [{"code": w.code, "message": w.message} for w in answer.warnings]
+    return body
+
+
+def progress(answer: ProgressAnswer) -> dict[str, Any]:
+    return {"accepted_seq": answer.accepted_seq, "cancelled": answer.cancelled}
+
+
+def submitted(answer: SubmitAnswer) -> dict[str, Any]:
+    return {"reward": answer.reward}

@@ -17,6 +17,7 @@ from hordelite._request import client_agent, horde, json_body
 from hordelite.api import _render
 from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
 from hordelite.errors import RC, HordeError, bad_request
+from hordelite.horde.results import Queued
 
 native = Blueprint("native", __name__, url_prefix="/api/v2")
 
@@ -49,14 +50,15 @@ def operation_key() -> str | None:
 async def text_async() -> Response:
     body = await json_body()
     answer = await horde().submit_text(api_key(), body, client_agent(), operation_key())
-    return json_response(answer, 202 if "id" in answer else 200)
+    # A dry run queues nothing: 200 with its quote.
+    return json_response(_render.queued(answer), 202 if isinstance(answer, Queued) else 200)
 
 
 @native.post("/generate/chat/async")
 async def chat_async() -> Response:
     body = await json_body()
     answer = await horde().submit_chat(api_key(), body, client_agent(), operation_key())
-    return json_response(answer, 202)
+    return json_response(_render.queued(answer), 202)
 
 
 @native.get("/generate/chat/status/<request_id>")
@@ -89,13 +91,13 @@ async def text_pop() -> Response:
 @native.post("/generate/text/progress")
 async def text_progress() -> Response:
     body = await json_body()
-    return json_response(await horde().post_progress(api_key(), body))
+    return json_response(_render.progress(await horde().post_progress(api_key(), body)))
 
 
 @native.post("/generate/text/submit")
 async def text_submit() -> Response:
     body = await json_body()
-    return json_response(await horde().submit(api_key(), body))
+    return json_response(_render.submitted(await horde().submit(api_key(), body)))
 
 
 @native.get("/status/heartbeat")

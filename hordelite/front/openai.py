@@ -122,7 +122,7 @@ async def chat_completions() -> Response:
         # operation key: the service is called in-process, so no answer can
         # be lost on the way back, and there is nothing to recover.
         answer = await run_to_completion(lambda: horde().queue_chat(key, req, agent, None))
-        call = Call(horde(), current_app.config["HORDE"].config.front, answer["id"], req, started)
+        call = Call(horde(), current_app.config["HORDE"].config.front, answer.id, req, started)
         prompt_chars = len(flatten_messages(req.messages, req.tools))
         try:
             status = await call.first_read()

@@ -139,3 +139,48 @@ class ModelStats:
     jobs: int
     eta: int
     chat: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestWarning:
+    """Something a queued request should know (``code``: the AI Horde's
+    warning codes, and hordelite's own)."""
+
+    code: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """A queued request (text or chat), or the first one again for a
+    resubmit with its operation key. ``kudos``: what it costs up front;
+    ``message``: why it waits, when no online worker can serve it now."""
+
+    id: str
+    kudos: float
+    context_adjustments: list[dict[str, Any]] | None = None
+    message: str | None = None
+    warnings: tuple[RequestWarning, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Quote:
+    """A dry run's answer: what the request would cost up front; nothing queued."""
+
+    kudos: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressAnswer:
+    """A progress post accepted. ``cancelled``: the request was cancelled,
+    the worker stops."""
+
+    accepted_seq: int
+    cancelled: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitAnswer:
+    """A worker's submit accepted: the kudos it earned."""
+
+    reward: float

@@ -61,7 +61,12 @@ from hordelite.horde.results import (
     ModelStats,
     PopAnswer,
     PoppedJob,
+    ProgressAnswer,
+    Queued,
+    Quote,
     RequestStatus,
+    RequestWarning,
+    SubmitAnswer,
     UserAnswer,
     WorkerAnswer,
     WorkerUpdate,
@@ -281,7 +286,7 @@ class Horde:
 
     async def submit_text(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Queued | Quote:
         """Queue a text request; answers the 202 body (or the dry-run quote).
 
         A resubmit with the same ``operation_key`` (Idempotency-Key) answers
@@ -291,28 +296,31 @@ class Horde:
         req = parse_text_request(body)
         if req.dry_run:
             await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
-            return {"kudos": self.quote(req)}
+            return Quote(self.quote(req))
         new = self._new_text(req, _scoped_operation_key(api_key, operation_key))
         submitted = await self._submit(api_key, new, client_agent)
-        answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
         warnings = []
         if submitted.queued.max_length != req.max_length:
             warnings.append(
-                {
-                    "code": "MaxLengthDowngraded",
-                    "message": f"params.max_length was lowered from {req.max_length} to "
+                RequestWarning(
+                    "MaxLengthDowngraded",
+                    f"params.max_length was lowered from {req.max_length} to "
                     f"{submitted.queued.max_length} because of allow_downgrade.",
-                }
+                )
             )
+        message = None
         if not submitted.possible:
-            answer["message"] = (
+            message = (
                 "No worker online can serve this request now; it waits for one "
                 f"and expires {int(self.config.horde.request_expiry)} s after its last chance."
             )
-            warnings.append({"code": "NoAvailableWorker", "message": answer["message"]})
-        if warnings:
-            answer["warnings"] = warnings
-        return answer
+            warnings.append(RequestWarning("NoAvailableWorker", message))
+        return Queued(
+            submitted.request_id,
+            submitted.queued.quote,
+            message=message,
+            warnings=tuple(warnings),
+        )
 
     async def _submit(self, api_key: str, new: q.NewRequest, client_agent: str) -> q.Submitted:
         submitted = await self.db.write(
@@ -334,13 +342,13 @@ class Horde:
 
     async def submit_chat(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Queued:
         """Queue a chat request (see horde.chat.admit_within for what is refused)."""
         return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
 
     async def queue_chat(
         self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Queued:
         """Queue a validated chat request; answers the 202 body.
 
         A resubmit with the same operation key answers the first request
@@ -403,19 +411,22 @@ class Horde:
         if not isinstance(outcome, q.Submitted):
             billions = max(self.models.billions(m) for m in outcome["models"])
             quote = kudos_rules.request_quote(outcome["max_length"], 1, billions)
-            return {"id": outcome["id"], "kudos": quote}
+            return Queued(outcome["id"], quote)
         submitted = outcome
         self._queue_changed(submitted.view)
-        answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
-        if submitted.queued.context_adjustments:
-            answer["context_adjustments"] = submitted.queued.context_adjustments
+        message = None
         if not submitted.possible:
             reason = chat.impossible_reason(submitted.view, submitted.online or [])
-            answer["message"] = (
+            message = (
                 reason.message if reason else "No worker online can take this request now."
             ) + " It waits for one."
-            answer["warnings"] = [{"code": "NoAvailableWorker", "message": answer["message"]}]
-        return answer
+        return Queued(
+            submitted.request_id,
+            submitted.queued.quote,
+            context_adjustments=submitted.queued.context_adjustments or None,
+            message=message,
+            warnings=() if message is None else (RequestWarning("NoAvailableWorker", message),),
+        )
 
     def _remember_capacity(self, models: tuple[str, ...], cap: chat.Capacity) -> None:
         self._capacities.pop(models, None)
@@ -631,7 +642,7 @@ class Horde:
             )
         return _pop_answer(result)
 
-    async def post_progress(self, api_key: str, body: Any) -> dict[str, Any]:
+    async def post_progress(self, api_key: str, body: Any) -> ProgressAnswer:
         """A streamed job's progress post, answered from its lease: no
         database read on this path (worker guide, "Streaming progress")."""
         post = parse_progress(body)
@@ -658,9 +669,9 @@ class Horde:
                     model=lease.model,
                 ),
             )
-        return accepted.answer
+        return ProgressAnswer(accepted.accepted_seq, accepted.cancelled)
 
-    async def submit(self, api_key: str, body: Any) -> dict[str, Any]:
+    async def submit(self, api_key: str, body: Any) -> SubmitAnswer:
         """A worker's answer to a job: a text generation, a chat reply or a fault.
 
         A refused chat reply is recorded on its job (a fault that follows is
@@ -696,7 +707,7 @@ class Horde:
         self.signals.notify_request(result.request_id)
         if result.request_ended:
             self.signals.end_stream(result.request_id, now)
-        return {"reward": result.reward}
+        return SubmitAnswer(result.reward)
 
     async def _judge(self, key_hash: str, sub: ChatSubmit) -> Verdict | None:
         """The reply judged against its job before the write transaction, so

@@ -186,6 +186,7 @@ async def test_a_fault_on_a_request_holding_a_lone_surrogate_ends_it_and_is_not_
     assert (ended["state"], ended["restarts"]) == ("faulted", 0)
     assert "not valid Unicode" in ended["fault_message"]
     worker = await database.read(queries.worker_details, None, "w1")
+    assert worker is not None
     assert (worker.aborts_in_window, worker.uncompleted_jobs) == (0, 0)
     # An ordinary fault still counts.
     ordinary = await submit(database, requester, text_request(models=["m1"]))
@@ -196,6 +197,7 @@ async def test_a_fault_on_a_request_holding_a_lone_surrogate_ends_it_and_is_not_
     result = await database.write(queries.submit_job, owner, fault, NOW + 1, RULES, billions)
     assert result.requeued is True
     worker = await database.read(queries.worker_details, None, "w1")
+    assert worker is not None
     assert (worker.aborts_in_window, worker.uncompleted_jobs) == (1, 1)
 
 
