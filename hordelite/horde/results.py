@@ -89,9 +89,9 @@ class UserAnswer:
 @dataclasses.dataclass(frozen=True)
 class WorkerAnswer:
     """A worker as the horde shows it. ``online``: checked in within the
-    presence window now; ``speed``: the tokens per second it measured;
-    ``chat``: the declaration of its last pop, as sent (unknown names
-    dropped), None when it takes no chat jobs."""
+    presence window now; ``kudos_rewards``: to the hundredth; ``speed``: the
+    tokens per second it measured; ``chat``: the declaration of its last
+    pop, as sent (unknown names dropped), None when it takes no chat jobs."""
 
     id: str
     name: str

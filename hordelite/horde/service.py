@@ -1,8 +1,9 @@
 """The horde service: what the routes call.
 
 Each method validates through ``hordelite.contract``, runs one transaction
-through ``Database``, signals waiters, and returns the answer's fields. It
-raises HordeError for every refusal; routes only render.
+through ``Database``, signals waiters, and returns the answer's fields as a
+frozen result (``hordelite.horde.results``). It raises HordeError for every
+refusal; routes only render.
 """
 
 from __future__ import annotations
@@ -856,7 +857,7 @@ class Horde:
             uptime=w.uptime,
             requests_fulfilled=w.requests_fulfilled,
             uncompleted_jobs=w.uncompleted_jobs,
-            kudos_rewards=w.kudos_rewards,
+            kudos_rewards=round(w.kudos_rewards, 2),
             speed=w.tokens_generated / w.seconds_generating if w.seconds_generating else 0.0,
             prompt_jobs=w.prompt_jobs,
             nonconformant_replies=w.nonconformant_replies,

@@ -924,6 +924,7 @@ class WorkerRecord:
     nonconformant_replies: int
 
 
+# A worker with its owner's trust and name (worker details, the worker list).
 _WORKER_DETAILS = select(workers, users.c.trusted, users.c.username).join(
     users, users.c.id == workers.c.user_id
 )
