@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from hordelite.horde.results import Generation, PopAnswer, RequestStatus
+from hordelite.horde.results import (
+    Generation,
+    ModelStats,
+    PopAnswer,
+    ProgressAnswer,
+    Queued,
+    Quote,
+    RequestStatus,
+    SubmitAnswer,
+    UserAnswer,
+    WorkerAnswer,
+    WorkerUpdate,
+)
 
 
 def status(s: RequestStatus) -> dict[str, Any]:
@@ -79,3 +91,106 @@ def pop(answer: PopAnswer) -> dict[str, Any]:
         # Only chat jobs carry the key: a text job's answer is unchanged.
         **({"chat": True} if job.chat else {}),
     }
+
+
+def user(u: UserAnswer) -> dict[str, Any]:
+    """A user (find_user, users/<id>): what hordelite counts of the AI
+    Horde's fields; the kinds of kudos it has no use for are 0."""
+    return {
+        "username": f"{u.username}#{u.id}",
+        "id": u.id,
+        "kudos": u.kudos,
+        "concurrency": u.concurrency,
+        "worker_count": len(u.worker_ids),
+        "worker_ids": list(u.worker_ids),
+        "trusted": u.trusted,
+        "moderator": u.moderator,
+        "kudos_details": {
+            "accumulated": u.kudos_earned,
+            "gifted": 0,
+            "admin": 0,
+            "received": 0,
+            "recurring": 0,
+        },
+        "usage": {},
+        "contributions": {},
+    }
+
+
+def worker(w: WorkerAnswer) -> dict[str, Any]:
+    """A text worker in the AI Horde's shape, with hordelite's chat fields."""
+    return {
+        "type": "text",
+        "name": w.name,
+        "id": w.id,
+        "online": w.online,
+        "requests_fulfilled": w.requests_fulfilled,
+        "kudos_rewards": w.kudos_rewards,
+        "kudos_details": {"generated": w.kudos_rewards, "uptime": 0},
+        "performance": f"{w.speed:.1f} tokens per second",
+        "threads": w.threads,
+        "uptime": int(w.uptime),
+        "uncompleted_jobs": w.uncompleted_jobs,
+        "maintenance_mode": w.maintenance,
+        "nsfw": w.nsfw,
+        "trusted": w.trusted,
+        "flagged": False,
+        "bridge_agent": w.bridge_agent,
+        "models": list(w.models),
+        "max_length": w.max_length,
+        "max_context_length": w.max_context_length,
+        "info": None,
+        "owner": w.owner,
+        "accepts_chat_jobs": w.chat is not None,
+        "accepts_prompt_jobs": w.prompt_jobs,
+        "nonconformant_replies": w.nonconformant_replies,
+        **({"chat": w.chat} if w.chat is not None else {}),
+    }
+
+
+def worker_update(u: WorkerUpdate) -> dict[str, Any]:
+    """What a worker update changed, and only that."""
+    answer: dict[str, Any] = {}
+    if u.maintenance is not None:
+        answer["maintenance"] = u.maintenance
+    if u.aborts_in_window is not None:
+        answer["aborts_in_window"] = u.aborts_in_window
+    if u.online is not None:
+        answer["online"] = u.online
+    return answer
+
+
+def model(m: ModelStats) -> dict[str, Any]:
+    """An entry of status/models; ``chat`` only where it was asked for and applies."""
+    return {
+        "name": m.name,
+        "count": m.count,
+        "performance": m.performance,
+        "queued": m.queued,
+        "jobs": m.jobs,
+        "eta": m.eta,
+        "type": "text",
+        **({"chat": m.chat} if m.chat is not None else {}),
+    }
+
+
+def queued(answer: Queued | Quote) -> dict[str, Any]:
+    """A text or chat submit's answer: the queued request, or a dry run's quote."""
+    if isinstance(answer, Quote):
+        return {"kudos": answer.kudos}
+    body: dict[str, Any] = {"id": answer.id, "kudos": answer.kudos}
+    if answer.context_adjustments:
+        body["context_adjustments"] = answer.context_adjustments
+    if answer.message is not None:
+        body["message"] = answer.message
+    if answer.warnings:
+        body["warnings"] = [{"code": w.code, "message": w.message} for w in answer.warnings]
+    return body
+
+
+def progress(answer: ProgressAnswer) -> dict[str, Any]:
+    return {"accepted_seq": answer.accepted_seq, "cancelled": answer.cancelled}
+
+
+def submitted(answer: SubmitAnswer) -> dict[str, Any]:
+    return {"reward": answer.reward}

@@ -17,6 +17,7 @@ from hordelite._request import client_agent, horde, json_body
 from hordelite.api import _render
 from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
 from hordelite.errors import RC, HordeError, bad_request
+from hordelite.horde.results import Queued
 
 native = Blueprint("native", __name__, url_prefix="/api/v2")
 
@@ -49,14 +50,15 @@ def operation_key() -> str | None:
 async def text_async() -> Response:
     body = await json_body()
     answer = await horde().submit_text(api_key(), body, client_agent(), operation_key())
-    return json_response(answer, 202 if "id" in answer else 200)
+    # A dry run queues nothing: 200 with its quote.
+    return json_response(_render.queued(answer), 202 if isinstance(answer, Queued) else 200)
 
 
 @native.post("/generate/chat/async")
 async def chat_async() -> Response:
     body = await json_body()
     answer = await horde().submit_chat(api_key(), body, client_agent(), operation_key())
-    return json_response(answer, 202)
+    return json_response(_render.queued(answer), 202)
 
 
 @native.get("/generate/chat/status/<request_id>")
@@ -89,13 +91,13 @@ async def text_pop() -> Response:
 @native.post("/generate/text/progress")
 async def text_progress() -> Response:
     body = await json_body()
-    return json_response(await horde().post_progress(api_key(), body))
+    return json_response(_render.progress(await horde().post_progress(api_key(), body)))
 
 
 @native.post("/generate/text/submit")
 async def text_submit() -> Response:
     body = await json_body()
-    return json_response(await horde().submit(api_key(), body))
+    return json_response(_render.submitted(await horde().submit(api_key(), body)))
 
 
 @native.get("/status/heartbeat")
@@ -109,7 +111,7 @@ async def status_models() -> Response:
     if request.args.get("type", "text") != "text":
         return json_response([])
     with_chat = request.args.get("chat", "false").lower() in ("true", "1", "yes")
-    return json_response(await horde().model_stats(with_chat))
+    return json_response([_render.model(m) for m in await horde().model_stats(with_chat)])
 
 
 @native.get("/workers")
@@ -117,30 +119,32 @@ async def workers() -> Response:
     # An empty type means every type (horde_sdk's default listing sends ``type=``).
     if request.args.get("type", "text") not in ("text", ""):
         return json_response([])
-    return json_response(await horde().workers())
+    return json_response([_render.worker(w) for w in await horde().workers()])
 
 
 @native.get("/workers/<worker_id>")
 async def worker(worker_id: str) -> Response:
-    return json_response(await horde().worker(worker_id))
+    return json_response(_render.worker(await horde().worker(worker_id)))
 
 
 @native.put("/workers/<worker_id>")
 async def worker_update(worker_id: str) -> Response:
     body = await json_body()
-    return json_response(await horde().update_worker(api_key(), worker_id, body))
+    return json_response(
+        _render.worker_update(await horde().update_worker(api_key(), worker_id, body))
+    )
 
 
 @native.get("/workers/name/<path:name>")
 async def worker_by_name(name: str) -> Response:
-    return json_response(await horde().worker_by_name(name))
+    return json_response(_render.worker(await horde().worker_by_name(name)))
 
 
 @native.get("/find_user")
 async def find_user() -> Response:
-    return json_response(await horde().find_user(api_key()))
+    return json_response(_render.user(await horde().find_user(api_key())))
 
 
 @native.get("/users/<user_id>")
 async def user(user_id: str) -> Response:
-    return json_response(await horde().user(user_id))
+    return json_response(_render.user(await horde().user(user_id)))

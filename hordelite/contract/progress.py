@@ -124,9 +124,11 @@ class Lease:
 
 @dataclasses.dataclass(frozen=True)
 class Accepted:
-    """What a post did: its answer, and whether it appended an entry."""
+    """What a post did: the seq it accepted, whether the job was cancelled
+    (its worker stops), and whether it appended an entry."""
 
-    answer: dict[str, Any]
+    accepted_seq: int
+    cancelled: bool
     appended: bool
 
 
@@ -138,7 +140,7 @@ def accept(lease: Lease, post: ProgressPost, now: float) -> Accepted:
     ChatProgressCapReached past the caps; 404 ChatJobAborted past the lease.
     """
     if lease.cancelled:
-        return Accepted({"accepted_seq": post.seq, "cancelled": True}, False)
+        return Accepted(post.seq, True, False)
     if now > lease.expires:
         raise HordeError(
             RC.ChatJobAborted, "This job's lease ran out; stop generating, do not submit."
@@ -146,7 +148,7 @@ def accept(lease: Lease, post: ProgressPost, now: float) -> Accepted:
     text = (post.content, post.reasoning_content)
     if post.seq == lease.accepted_seq and lease.accepted_seq:
         if text == lease.last:  # a retry of a lost answer
-            return Accepted({"accepted_seq": post.seq, "cancelled": False}, False)
+            return Accepted(post.seq, False, False)
         raise HordeError(
             RC.ChatProgressOutOfSequence,
             f"seq {post.seq} was accepted with other text; text already posted cannot change.",
@@ -175,4 +177,4 @@ def accept(lease: Lease, post: ProgressPost, now: float) -> Accepted:
     lease.reasoning += post.reasoning_content
     if post.size:
         lease.expires = min(now + PROGRESS_LEASE_SECONDS, lease.max_expires)
-    return Accepted({"accepted_seq": post.seq, "cancelled": False}, True)
+    return Accepted(post.seq, False, True)

@@ -122,7 +122,7 @@ async def chat_completions() -> Response:
         # operation key: the service is called in-process, so no answer can
         # be lost on the way back, and there is nothing to recover.
         answer = await run_to_completion(lambda: horde().queue_chat(key, req, agent, None))
-        call = Call(horde(), current_app.config["HORDE"].config.front, answer["id"], req, started)
+        call = Call(horde(), current_app.config["HORDE"].config.front, answer.id, req, started)
         prompt_chars = len(flatten_messages(req.messages, req.tools))
         try:
             status = await call.first_read()
@@ -224,12 +224,12 @@ async def _chat_models() -> list[dict[str, Any]]:
     chat declaration summary (ids with a colon cannot be reached here)."""
     return [
         {
-            "id": e["name"],
+            "id": e.name,
             "object": "model",
             "created": 0,
             "owned_by": "hordelite",
-            "chat": e["chat"],
+            "chat": e.chat,
         }
         for e in await horde().model_stats(with_chat=True)
-        if "chat" in e and ":" not in e["name"]
+        if e.chat is not None and ":" not in e.name
     ]

@@ -85,3 +85,119 @@ class PopAnswer:
 
     job: PoppedJob | None
     skipped: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class UserAnswer:
+    """A user as the horde shows it. ``kudos`` and ``kudos_earned`` are to
+    the hundredth; ``concurrency`` is the user's own or the horde's default
+    for its kind of user (anonymous or registered)."""
+
+    id: int
+    username: str
+    kudos: float
+    kudos_earned: float
+    concurrency: int
+    worker_ids: tuple[str, ...]
+    trusted: bool
+    moderator: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerAnswer:
+    """A worker as the horde shows it. ``online``: checked in within the
+    presence window now; ``kudos_rewards``: to the hundredth; ``speed``: the
+    tokens per second it measured; ``chat``: the declaration of its last
+    pop, as sent (unknown names dropped), None when it takes no chat jobs."""
+
+    id: str
+    name: str
+    owner: str
+    online: bool
+    trusted: bool
+    maintenance: bool
+    nsfw: bool
+    threads: int
+    models: tuple[str, ...]
+    max_length: int
+    max_context_length: int
+    bridge_agent: str
+    uptime: float
+    requests_fulfilled: int
+    uncompleted_jobs: int
+    kudos_rewards: float
+    speed: float
+    prompt_jobs: bool
+    nonconformant_replies: int
+    chat: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerUpdate:
+    """What a worker update changed; None: left as it was."""
+
+    maintenance: bool | None
+    aborts_in_window: int | None
+    online: bool | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelStats:
+    """A model of the online workers with its queue. ``performance``: the
+    thread-weighted mean tokens per second; ``queued``: the tokens of its
+    waiting jobs; ``eta``: seconds to clear them. ``chat``: its online chat
+    workers, their largest limits and the union of their features, in the
+    shape both envelopes show (None: not asked for, or no chat worker)."""
+
+    name: str
+    count: int
+    performance: float
+    queued: int
+    jobs: int
+    eta: int
+    chat: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestWarning:
+    """Something a queued request should know (``code``: the AI Horde's
+    warning codes, and hordelite's own)."""
+
+    code: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """A queued request (text or chat), or the first one again for a
+    resubmit with its operation key. ``kudos``: what it costs up front;
+    ``message``: why it waits, when no online worker can serve it now."""
+
+    id: str
+    kudos: float
+    context_adjustments: list[dict[str, Any]] | None = None
+    message: str | None = None
+    warnings: tuple[RequestWarning, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Quote:
+    """A dry run's answer: what the request would cost up front; nothing queued."""
+
+    kudos: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressAnswer:
+    """A progress post accepted. ``cancelled``: the request was cancelled,
+    the worker stops."""
+
+    accepted_seq: int
+    cancelled: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitAnswer:
+    """A worker's submit accepted: the kudos it earned."""
+
+    reward: float

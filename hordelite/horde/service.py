@@ -1,8 +1,9 @@
 """The horde service: what the routes call.
 
 Each method validates through ``hordelite.contract``, runs one transaction
-through ``Database``, signals waiters, and returns the answer's fields. It
-raises HordeError for every refusal; routes only render.
+through ``Database``, signals waiters, and returns the answer's fields as a
+frozen result (``hordelite.horde.results``). It raises HordeError for every
+refusal; routes only render.
 """
 
 from __future__ import annotations
@@ -58,7 +59,21 @@ from hordelite.contract.text import (
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, HordeliteError, bad_request
 from hordelite.horde import chat
-from hordelite.horde.results import Generation, PopAnswer, PoppedJob, RequestStatus
+from hordelite.horde.results import (
+    Generation,
+    ModelStats,
+    PopAnswer,
+    PoppedJob,
+    ProgressAnswer,
+    Queued,
+    Quote,
+    RequestStatus,
+    RequestWarning,
+    SubmitAnswer,
+    UserAnswer,
+    WorkerAnswer,
+    WorkerUpdate,
+)
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
@@ -224,7 +239,7 @@ class Horde:
             allow_anonymous=h.allow_anonymous,
         )
         self._model_stats: (
-            tuple[float, tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]] | None
+            tuple[float, tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]] | None
         ) = None
         self._stopping = False
         # The capacity each set of chat models last had (chat admission).
@@ -275,7 +290,7 @@ class Horde:
 
     async def submit_text(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Queued | Quote:
         """Queue a text request; answers the 202 body (or the dry-run quote).
 
         A resubmit with the same ``operation_key`` (Idempotency-Key) answers
@@ -285,28 +300,31 @@ class Horde:
         req = parse_text_request(body)
         if req.dry_run:
             await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
-            return {"kudos": self.quote(req)}
+            return Quote(self.quote(req))
         new = self._new_text(req, _scoped_operation_key(api_key, operation_key))
         submitted = await self._submit(api_key, new, client_agent)
-        answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
         warnings = []
         if submitted.queued.max_length != req.max_length:
             warnings.append(
-                {
-                    "code": "MaxLengthDowngraded",
-                    "message": f"params.max_length was lowered from {req.max_length} to "
+                RequestWarning(
+                    "MaxLengthDowngraded",
+                    f"params.max_length was lowered from {req.max_length} to "
                     f"{submitted.queued.max_length} because of allow_downgrade.",
-                }
+                )
             )
+        message = None
         if not submitted.possible:
-            answer["message"] = (
+            message = (
                 "No worker online can serve this request now; it waits for one "
                 f"and expires {int(self.config.horde.request_expiry)} s after its last chance."
             )
-            warnings.append({"code": "NoAvailableWorker", "message": answer["message"]})
-        if warnings:
-            answer["warnings"] = warnings
-        return answer
+            warnings.append(RequestWarning("NoAvailableWorker", message))
+        return Queued(
+            submitted.request_id,
+            submitted.queued.quote,
+            message=message,
+            warnings=tuple(warnings),
+        )
 
     async def _submit(self, api_key: str, new: q.NewRequest, client_agent: str) -> q.Submitted:
         submitted = await self.db.write(
@@ -328,13 +346,13 @@ class Horde:
 
     async def submit_chat(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Queued:
         """Queue a chat request (see horde.chat.admit_within for what is refused)."""
         return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
 
     async def queue_chat(
         self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Queued:
         """Queue a validated chat request; answers the 202 body.
 
         A resubmit with the same operation key answers the first request
@@ -397,19 +415,22 @@ class Horde:
         if not isinstance(outcome, q.Submitted):
             billions = max(self.models.billions(m) for m in outcome["models"])
             quote = kudos_rules.request_quote(outcome["max_length"], 1, billions)
-            return {"id": outcome["id"], "kudos": quote}
+            return Queued(outcome["id"], quote)
         submitted = outcome
         self._queue_changed(submitted.view)
-        answer: dict[str, Any] = {"id": submitted.request_id, "kudos": submitted.queued.quote}
-        if submitted.queued.context_adjustments:
-            answer["context_adjustments"] = submitted.queued.context_adjustments
+        message = None
         if not submitted.possible:
             reason = chat.impossible_reason(submitted.view, submitted.online or [])
-            answer["message"] = (
+            message = (
                 reason.message if reason else "No worker online can take this request now."
             ) + " It waits for one."
-            answer["warnings"] = [{"code": "NoAvailableWorker", "message": answer["message"]}]
-        return answer
+        return Queued(
+            submitted.request_id,
+            submitted.queued.quote,
+            context_adjustments=submitted.queued.context_adjustments or None,
+            message=message,
+            warnings=() if message is None else (RequestWarning("NoAvailableWorker", message),),
+        )
 
     def _remember_capacity(self, models: tuple[str, ...], cap: chat.Capacity) -> None:
         self._capacities.pop(models, None)
@@ -621,7 +642,7 @@ class Horde:
             )
         return _pop_answer(result)
 
-    async def post_progress(self, api_key: str, body: Any) -> dict[str, Any]:
+    async def post_progress(self, api_key: str, body: Any) -> ProgressAnswer:
         """A streamed job's progress post, answered from its lease: no
         database read on this path (worker guide, "Streaming progress")."""
         post = parse_progress(body)
@@ -648,9 +669,9 @@ class Horde:
                     model=lease.model,
                 ),
             )
-        return accepted.answer
+        return ProgressAnswer(accepted.accepted_seq, accepted.cancelled)
 
-    async def submit(self, api_key: str, body: Any) -> dict[str, Any]:
+    async def submit(self, api_key: str, body: Any) -> SubmitAnswer:
         """A worker's answer to a job: a text generation, a chat reply or a fault.
 
         A refused chat reply is recorded on its job (a fault that follows is
@@ -686,7 +707,7 @@ class Horde:
         self.signals.notify_request(result.request_id)
         if result.request_ended:
             self.signals.end_stream(result.request_id, now)
-        return {"reward": result.reward}
+        return SubmitAnswer(result.reward)
 
     async def _judge(self, key_hash: str, sub: ChatSubmit) -> Verdict | None:
         """The reply judged against its job before the write transaction, so
@@ -729,7 +750,7 @@ class Horde:
 
     # Users and workers -------------------------------------------------
 
-    async def find_user(self, api_key: str) -> dict[str, Any]:
+    async def find_user(self, api_key: str) -> UserAnswer:
         """The key's user; an unknown key is 404 UserNotFound here, as on the AI Horde."""
         try:
             user = await self.db.read(q.user_by_key, hash_key(api_key), self.rules)
@@ -737,63 +758,55 @@ class Horde:
             if exc.rc is RC.InvalidAPIKey:
                 raise HordeError(RC.UserNotFound, "No user matches this API key.") from None
             raise
-        return self._render_user(user)
+        return self._user_answer(user)
 
-    async def user(self, user_id: str) -> dict[str, Any]:
+    async def user(self, user_id: str) -> UserAnswer:
         # isascii: str.isdigit() also accepts "²", which int() refuses.
         if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > MAX_USER_ID_DIGITS:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
-        return self._render_user(await self.db.read(q.user_by_id, int(user_id)))
+        return self._user_answer(await self.db.read(q.user_by_id, int(user_id)))
 
-    def _render_user(self, user: dict[str, Any]) -> dict[str, Any]:
-        concurrency = user["concurrency"]
+    def _user_answer(self, user: q.UserRecord) -> UserAnswer:
+        concurrency = user.concurrency
         if concurrency is None:
             h = self.config.horde
-            concurrency = h.anonymous_concurrency if user["anonymous"] else h.concurrency
-        return {
-            "username": f"{user['username']}#{user['id']}",
-            "id": user["id"],
-            "kudos": round(user["kudos"], 2),
-            "concurrency": concurrency,
-            "worker_count": len(user["worker_ids"]),
-            "worker_ids": user["worker_ids"],
-            "trusted": bool(user["trusted"]),
-            "moderator": bool(user["admin"]),
-            "kudos_details": {
-                "accumulated": round(user["kudos_earned"], 2),
-                "gifted": 0,
-                "admin": 0,
-                "received": 0,
-                "recurring": 0,
-            },
-            "usage": {},
-            "contributions": {},
-        }
+            concurrency = h.anonymous_concurrency if user.anonymous else h.concurrency
+        return UserAnswer(
+            id=user.id,
+            username=user.username,
+            kudos=round(user.kudos, 2),
+            kudos_earned=round(user.kudos_earned, 2),
+            concurrency=concurrency,
+            worker_ids=user.worker_ids,
+            trusted=user.trusted,
+            moderator=user.admin,
+        )
 
-    async def worker(self, worker_id: str) -> dict[str, Any]:
+    async def worker(self, worker_id: str) -> WorkerAnswer:
         canonical = parse_uuid(worker_id)
-        row = None if canonical is None else await self.db.read(q.worker_details, canonical)
-        if row is None:
+        found = None if canonical is None else await self.db.read(q.worker_details, canonical)
+        if found is None:
             raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
-        return self._render_worker(row)
+        return self._worker_answer(found, self.clock.now())
 
-    async def worker_by_name(self, name: str) -> dict[str, Any]:
+    async def worker_by_name(self, name: str) -> WorkerAnswer:
         """The worker whose name has the same key (``worker_name_key``): any
         case or look-alike spelling of its name finds it."""
         try:
             key = worker_name_key(name)
         except HordeError:
             key = None  # no worker can be named so (a control character, say)
-        row = None if key is None else await self.db.read(q.worker_details, None, key)
-        if row is None:
+        found = None if key is None else await self.db.read(q.worker_details, None, key)
+        if found is None:
             raise HordeError(RC.WorkerNotFound, f"No worker named {name[:64]!r}.")
-        return self._render_worker(row)
+        return self._worker_answer(found, self.clock.now())
 
-    async def workers(self) -> list[dict[str, Any]]:
-        rows = await self.db.read(q.list_workers, self.clock.now(), self.rules)
-        return [self._render_worker(r) for r in rows]
+    async def workers(self) -> list[WorkerAnswer]:
+        now = self.clock.now()
+        found = await self.db.read(q.list_workers, now, self.rules)
+        return [self._worker_answer(w, now) for w in found]
 
-    async def update_worker(self, api_key: str, worker_id: str, body: Any) -> dict[str, Any]:
+    async def update_worker(self, api_key: str, worker_id: str, body: Any) -> WorkerUpdate:
         canonical = parse_uuid(worker_id)
         if canonical is None:
             raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
@@ -823,89 +836,77 @@ class Horde:
             self.rules,
             None if online is None else self.clock.now(),
         )
-        return changes
+        return WorkerUpdate(changes.maintenance, changes.aborts_in_window, changes.online)
 
-    def _render_worker(self, row: RowMapping) -> dict[str, Any]:
-        now = self.clock.now()
-        speed = (
-            row["tokens_generated"] / row["seconds_generating"]
-            if row["seconds_generating"]
-            else 0.0
+    @staticmethod
+    def _worker_answer(w: q.WorkerRecord, now: float) -> WorkerAnswer:
+        return WorkerAnswer(
+            id=w.id,
+            name=w.name,
+            owner=w.owner,
+            online=is_online(w.online_until, now),
+            trusted=w.trusted,
+            maintenance=w.maintenance,
+            nsfw=w.nsfw,
+            threads=w.threads,
+            models=w.models,
+            max_length=w.max_length,
+            max_context_length=w.max_context_length,
+            bridge_agent=w.bridge_agent,
+            uptime=w.uptime,
+            requests_fulfilled=w.requests_fulfilled,
+            uncompleted_jobs=w.uncompleted_jobs,
+            kudos_rewards=round(w.kudos_rewards, 2),
+            speed=w.tokens_generated / w.seconds_generating if w.seconds_generating else 0.0,
+            prompt_jobs=w.prompt_jobs,
+            nonconformant_replies=w.nonconformant_replies,
+            chat=w.chat,
         )
-        return {
-            "type": "text",
-            "name": row["name"],
-            "id": row["id"],
-            "online": is_online(row["online_until"], now),
-            "requests_fulfilled": row["requests_fulfilled"],
-            "kudos_rewards": round(row["kudos_rewards"], 2),
-            "kudos_details": {"generated": round(row["kudos_rewards"], 2), "uptime": 0},
-            "performance": f"{speed:.1f} tokens per second",
-            "threads": row["threads"],
-            "uptime": int(row["uptime"]),
-            "uncompleted_jobs": row["uncompleted_jobs"],
-            "maintenance_mode": bool(row["maintenance"]),
-            "nsfw": bool(row["nsfw"]),
-            "trusted": bool(row["trusted"]),
-            "flagged": False,
-            "bridge_agent": row["bridge_agent"],
-            "models": list(row["models"]),
-            "max_length": row["max_length"],
-            "max_context_length": row["max_context_length"],
-            "info": None,
-            "owner": row["username"],
-            "accepts_chat_jobs": row["chat"] is not None,
-            "accepts_prompt_jobs": bool(row["prompt_jobs"]),
-            "nonconformant_replies": row["nonconformant_replies"],
-            # The declaration of the last pop, as sent (unknown names dropped).
-            **({"chat": row["chat"]} if row["chat"] is not None else {}),
-        }
 
-    async def model_stats(self, with_chat: bool = False) -> list[dict[str, Any]]:
+    async def model_stats(self, with_chat: bool = False) -> list[ModelStats]:
         """The models of online workers with their queues (cached for MODEL_STATS_TTL).
 
-        ``with_chat`` adds each model's ``chat`` object: its online chat
+        ``with_chat`` adds each model's ``chat`` summary: its online chat
         workers, their largest limits and the sorted union of their features.
         """
         now = self.clock.now()
         if self._model_stats is None or now - self._model_stats[0] >= MODEL_STATS_TTL:
             self._model_stats = (now, await self._compute_model_stats(now))
-        answer, chat_summary = self._model_stats[1]
-        if not with_chat:
-            return answer
-        return [
-            {**e, "chat": chat_summary[e["name"]]} if e["name"] in chat_summary else e
-            for e in answer
-        ]
+        plain, with_summary = self._model_stats[1]
+        return list(with_summary if with_chat else plain)
 
     async def _compute_model_stats(
         self, now: float
-    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    ) -> tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]:
+        """The entries without and with their chat summaries."""
         online = await self.db.read(q.online_workers, now)
         queued = await self.db.read(q.model_queue_stats)
-        stats: dict[str, dict[str, Any]] = {}
+        threads: dict[str, int] = {}
+        speed: dict[str, float] = {}
         for w in online:
             if w.maintenance:
                 continue
             for model in w.models:
-                entry = stats.setdefault(model, {"count": 0, "speed": 0.0})
-                entry["count"] += w.threads
-                entry["speed"] += w.speed * w.threads
-        answer = []
-        for model, entry in sorted(stats.items()):
+                threads[model] = threads.get(model, 0) + w.threads
+                speed[model] = speed.get(model, 0.0) + w.speed * w.threads
+        plain = []
+        for model in sorted(threads):
             jobs, tokens = queued.get(model, (0, 0))
-            answer.append(
-                {
-                    "name": model,
-                    "count": entry["count"],
-                    "performance": round(entry["speed"] / entry["count"], 1),
-                    "queued": tokens,
-                    "jobs": jobs,
-                    "eta": math.ceil(tokens / entry["speed"]) if entry["speed"] else 0,
-                    "type": "text",
-                }
+            plain.append(
+                ModelStats(
+                    name=model,
+                    count=threads[model],
+                    performance=round(speed[model] / threads[model], 1),
+                    queued=tokens,
+                    jobs=jobs,
+                    eta=math.ceil(tokens / speed[model]) if speed[model] else 0,
+                )
             )
-        return answer, chat.chat_summary(online)
+        summary = chat.chat_summary(online)
+        with_summary = tuple(
+            dataclasses.replace(e, chat=summary[e.name]) if e.name in summary else e for e in plain
+        )
+        return tuple(plain), with_summary
 
     def heartbeat(self) -> dict[str, Any]:
         return {"message": "OK", "version": __version__}

@@ -291,20 +291,47 @@ def _user(conn: Connection, key_hash: str, rules: Rules) -> RowMapping:
     return row
 
 
-def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class UserRecord:
+    """A user as the service reads it (never its key hash)."""
+
+    id: int
+    username: str
+    anonymous: bool
+    admin: bool
+    trusted: bool
+    kudos: float
+    kudos_earned: float
+    kudos_spent: float
+    concurrency: int | None  # None: the horde's default for its kind of user
+    worker_ids: tuple[str, ...]
+
+
+def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> UserRecord:
     return _user_details(conn, _user(conn, key_hash, rules))
 
 
-def user_by_id(conn: Connection, user_id: int) -> dict[str, Any]:
+def user_by_id(conn: Connection, user_id: int) -> UserRecord:
     row = conn.execute(select(users).where(users.c.id == user_id)).mappings().first()
     if row is None:
         raise refusals.unknown_user(user_id)
     return _user_details(conn, row)
 
 
-def _user_details(conn: Connection, row: RowMapping) -> dict[str, Any]:
+def _user_details(conn: Connection, row: RowMapping) -> UserRecord:
     worker_ids = conn.execute(select(workers.c.id).where(workers.c.user_id == row["id"])).scalars()
-    return {**row, "worker_ids": list(worker_ids)}
+    return UserRecord(
+        id=row["id"],
+        username=row["username"],
+        anonymous=bool(row["anonymous"]),
+        admin=bool(row["admin"]),
+        trusted=bool(row["trusted"]),
+        kudos=row["kudos"],
+        kudos_earned=row["kudos_earned"],
+        kudos_spent=row["kudos_spent"],
+        concurrency=row["concurrency"],
+        worker_ids=tuple(worker_ids),
+    )
 
 
 # Requests ------------------------------------------------------------------
@@ -924,6 +951,15 @@ def _touch_worker(
     conn.execute(_touch_statement(tuple(values)), {"worker_id": row["id"], **values})
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerChanges:
+    """What a worker update changed; None: left as it was."""
+
+    maintenance: bool | None = None
+    aborts_in_window: int | None = None  # reset when maintenance is cleared
+    online: bool | None = None  # False: the worker said it stops
+
+
 def update_worker(
     conn: Connection,
     key_hash: str,
@@ -931,7 +967,7 @@ def update_worker(
     maintenance: bool | None,
     rules: Rules,
     offline_at: float | None = None,
-) -> dict[str, Any]:
+) -> WorkerChanges:
     """``offline_at``: the worker says it stops; it is offline from then
     until its next pop (hordelite.contract.presence)."""
     user = _user(conn, key_hash, rules)
@@ -944,45 +980,101 @@ def update_worker(
         raise refusals.unknown_worker(worker_id)
     if row["user_id"] != user["id"] and not user["admin"]:
         raise refusals.not_the_workers_owner()
-    changes: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     if maintenance is not None:
-        changes["maintenance"] = maintenance
+        values["maintenance"] = maintenance
         if not maintenance:
-            changes["aborts_in_window"] = 0
-    values = dict(changes)
+            values["aborts_in_window"] = 0
     if offline_at is not None:
-        changes["online"] = False
         values["online_until"] = min(row["online_until"], offline_at)
     if values:
         conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
     # The answer lists what changed: clearing maintenance also reset the count.
-    return changes
+    return WorkerChanges(
+        maintenance=maintenance,
+        aborts_in_window=values.get("aborts_in_window"),
+        online=False if offline_at is not None else None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRecord:
+    """A worker with its owner's name and trust, as the service reads it."""
+
+    id: str
+    name: str
+    owner: str  # the owner's username
+    trusted: bool  # the owner's trust
+    bridge_agent: str
+    models: tuple[str, ...]
+    max_length: int
+    max_context_length: int
+    nsfw: bool
+    threads: int
+    maintenance: bool
+    online_until: float
+    uptime: float
+    requests_fulfilled: int
+    uncompleted_jobs: int
+    aborts_in_window: int
+    kudos_rewards: float
+    tokens_generated: float
+    seconds_generating: float
+    chat: dict[str, Any] | None  # the chat declaration of the last pop, as sent
+    prompt_jobs: bool
+    nonconformant_replies: int
+
+
+# A worker with its owner's trust and name (worker details, the worker list).
+_WORKER_DETAILS = select(workers, users.c.trusted, users.c.username).join(
+    users, users.c.id == workers.c.user_id
+)
+
+
+def _worker_record(row: RowMapping) -> WorkerRecord:
+    return WorkerRecord(
+        id=row["id"],
+        name=row["name"],
+        owner=row["username"],
+        trusted=bool(row["trusted"]),
+        bridge_agent=row["bridge_agent"],
+        models=tuple(row["models"]),
+        max_length=row["max_length"],
+        max_context_length=row["max_context_length"],
+        nsfw=bool(row["nsfw"]),
+        threads=row["threads"],
+        maintenance=bool(row["maintenance"]),
+        online_until=row["online_until"],
+        uptime=row["uptime"],
+        requests_fulfilled=row["requests_fulfilled"],
+        uncompleted_jobs=row["uncompleted_jobs"],
+        aborts_in_window=row["aborts_in_window"],
+        kudos_rewards=row["kudos_rewards"],
+        tokens_generated=row["tokens_generated"],
+        seconds_generating=row["seconds_generating"],
+        chat=row["chat"],
+        prompt_jobs=bool(row["prompt_jobs"]),
+        nonconformant_replies=row["nonconformant_replies"],
+    )
 
 
 def worker_details(
     conn: Connection, worker_id: str | None = None, name_key: str | None = None
-) -> RowMapping | None:
+) -> WorkerRecord | None:
     """A worker with its owner's trust and name, by id or by name key; None
     when there is none."""
-    q = select(workers, users.c.trusted, users.c.username).join(
-        users, users.c.id == workers.c.user_id
-    )
     q = (
-        q.where(workers.c.id == worker_id)
+        _WORKER_DETAILS.where(workers.c.id == worker_id)
         if worker_id is not None
-        else q.where(workers.c.name_key == name_key)
+        else _WORKER_DETAILS.where(workers.c.name_key == name_key)
     )
-    return conn.execute(q).mappings().first()
+    row = conn.execute(q).mappings().first()
+    return None if row is None else _worker_record(row)
 
 
-def list_workers(conn: Connection, now: float, rules: Rules) -> Sequence[RowMapping]:
-    q = (
-        select(workers, users.c.trusted, users.c.username)
-        .join(users, users.c.id == workers.c.user_id)
-        .where(workers.c.online_until > now)
-        .order_by(workers.c.name)
-    )
-    return conn.execute(q).mappings().all()
+def list_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerRecord]:
+    q = _WORKER_DETAILS.where(workers.c.online_until > now).order_by(workers.c.name)
+    return [_worker_record(r) for r in conn.execute(q).mappings()]
 
 
 # Pop -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
@@ -36,12 +36,15 @@ from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.limits import PROGRESS_BYTES_PER_TOKEN
 from hordelite.contract.models import ModelReference
 from hordelite.errors import RC, HordeError
+from hordelite.horde.results import Queued
 from hordelite.horde.service import Horde
 from hordelite.storage.database import Database
 from hordelite.storage.schema import users
 from tests.integration._ledger import TOLERANCE, ledger_errors
 
 pytestmark = pytest.mark.anyio
+
+T = TypeVar("T")
 
 BILLIONS = 13.0  # each example's model is priced as a 13 B model
 START = {"rich": 1000.0, "poor": 0.0, "owner": 0.0}  # kudos at creation
@@ -182,12 +185,12 @@ STEPS = st.lists(
 )
 
 
-async def attempt(call: Awaitable[dict[str, Any]]) -> tuple[dict[str, Any], HordeError | None]:
-    """The answer, or the refusal (with an empty answer)."""
+async def attempt(call: Awaitable[T]) -> tuple[T, None] | tuple[None, HordeError]:
+    """The answer, or the refusal (with no answer)."""
     try:
         return await call, None
     except HordeError as refusal:
-        return {}, refusal
+        return None, refusal
 
 
 async def submit(
@@ -223,14 +226,15 @@ async def submit(
         assert refusal.rc is RC.OperationKeyReused, refusal
         event("a key reused for another request is refused")
         return
+    assert isinstance(answer, Queued), answer
     if first is not None:
         # A duplicate submit answers the first request and queues nothing.
         assert first.shape == shape
-        assert answer["id"] == first.id
+        assert answer.id == first.id
         event("a duplicate submit answers the first request")
         return
-    assert all(r.id != answer["id"] for r in ex.requests)
-    req = Req(answer["id"], kind, payer, n, max_length, shape, tag, remaining=n)
+    assert all(r.id != answer.id for r in ex.requests)
+    req = Req(answer.id, kind, payer, n, max_length, shape, tag, remaining=n)
     ex.requests.append(req)
     if key is not None:
         ex.by_key[(payer, key)] = req
@@ -283,7 +287,8 @@ async def generate(ex: Example, job: Job, chars: int) -> None:
         event(f"a generation of a {job.state} job is refused")
         return
     assert job.state == "processing", f"a {job.state} job's generation was accepted"
-    assert answer["reward"] == ex.pay(job, chars)
+    assert answer is not None
+    assert answer.reward == ex.pay(job, chars)
     event(f"a {job.req.kind} generation is paid")
     job.state = "done"
     req = job.req
@@ -304,7 +309,8 @@ async def fault(ex: Example, job: Job) -> None:
         assert refusal.rc is _refused_as(job), refusal
         return
     assert job.state == "processing", f"a {job.state} job's fault was accepted"
-    assert answer["reward"] == 0
+    assert answer is not None
+    assert answer.reward == 0
     job.state = "faulted"
     ex.give_back(job.req, faulted=True)
     event(f"a fault leaves its request {job.req.state}")
@@ -323,7 +329,8 @@ async def progress(ex: Example, job: Job, chars: int) -> None:
         assert job.state != "processing" or not fits, refusal
         event(f"a progress post is refused: {refusal.rc.name}")
         return
-    if answer["cancelled"]:
+    assert answer is not None
+    if answer.cancelled:
         # The cancel settled the job: this text is not paid.
         assert job.state == "settled", answer
         return
@@ -412,7 +419,7 @@ async def check_ledger(ex: Example, db: Database) -> None:
             for a, b in zip(balances[uid], expected, strict=True)
         ), f"{name}: (kudos, earned, spent) {balances[uid]}, expected {expected}"
         user = await ex.horde.find_user(ex.keys[name])
-        assert user["kudos"] == round(expected[0], 2)
+        assert user.kudos == round(expected[0], 2)
     start = {ex.ids[name]: kudos for name, kudos in START.items()}
     errors = await db.read(ledger_errors, start, lambda model: BILLIONS)
     assert not errors, "\n".join(errors)

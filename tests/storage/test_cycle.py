@@ -45,8 +45,8 @@ async def test_ensure_anonymous_creates_the_anonymous_user_once(database: Databa
 
     assert await database.read(_anonymous_users) == 1
     anonymous = await database.read(queries.user_by_key, ANONYMOUS_HASH, RULES)
-    assert anonymous["id"] == 0
-    assert anonymous["anonymous"] is True
+    assert anonymous.id == 0
+    assert anonymous.anonymous is True
 
 
 async def test_created_users_get_distinct_ids_and_are_found_by_their_key_hash(
@@ -58,14 +58,14 @@ async def test_created_users_get_distinct_ids_and_are_found_by_their_key_hash(
     found_alice = await database.read(queries.user_by_key, alice, RULES)
     found_bob = await database.read(queries.user_by_key, bob, RULES)
 
-    assert found_alice["id"] != found_bob["id"]
-    assert 0 not in (found_alice["id"], found_bob["id"])
-    assert (found_alice["username"], found_alice["kudos"], found_alice["anonymous"]) == (
+    assert found_alice.id != found_bob.id
+    assert 0 not in (found_alice.id, found_bob.id)
+    assert (found_alice.username, found_alice.kudos, found_alice.anonymous) == (
         "alice",
         10,
         False,
     )
-    assert (found_bob["username"], found_bob["kudos"]) == ("bob", 0)
+    assert (found_bob.username, found_bob.kudos) == ("bob", 0)
 
 
 async def test_a_submitted_request_is_popped_by_a_worker_of_its_model_with_its_prompt(
@@ -124,10 +124,10 @@ async def test_submitting_a_job_charges_the_requester_reward_plus_one_and_reward
     assert result.request_ended is True
     payer = await database.read(queries.user_by_key, requester, RULES)
     earner = await database.read(queries.user_by_key, owner, RULES)
-    assert payer["kudos"] == pytest.approx(100 - (reward + 1))
-    assert payer["kudos_spent"] == pytest.approx(reward + 1)
-    assert earner["kudos"] == pytest.approx(reward)
-    assert earner["kudos_earned"] == pytest.approx(reward)
+    assert payer.kudos == pytest.approx(100 - (reward + 1))
+    assert payer.kudos_spent == pytest.approx(reward + 1)
+    assert earner.kudos == pytest.approx(reward)
+    assert earner.kudos_earned == pytest.approx(reward)
     parts = await status(database, request_id, now=NOW + 11)
     assert parts.request.state == "done"
     assert parts.request.finished == 1
@@ -153,7 +153,7 @@ async def test_a_job_cannot_be_submitted_twice(database: Database) -> None:
 
     assert refused.value.rc is RC.DuplicateGen
     payer = await database.read(queries.user_by_key, requester, RULES)
-    assert payer["kudos_spent"] == pytest.approx(1 + round(20 * MODEL_BILLIONS / 21, 2))
+    assert payer.kudos_spent == pytest.approx(1 + round(20 * MODEL_BILLIONS / 21, 2))
 
 
 def _spoil_stop_sequence(conn: Connection, request_id: str) -> None:
@@ -186,7 +186,8 @@ async def test_a_fault_on_a_request_holding_a_lone_surrogate_ends_it_and_is_not_
     assert (ended.state, ended.restarts) == ("faulted", 0)
     assert "not valid Unicode" in ended.fault_message
     worker = await database.read(queries.worker_details, None, "w1")
-    assert (worker["aborts_in_window"], worker["uncompleted_jobs"]) == (0, 0)
+    assert worker is not None
+    assert (worker.aborts_in_window, worker.uncompleted_jobs) == (0, 0)
     # An ordinary fault still counts.
     ordinary = await submit(database, requester, text_request(models=["m1"]))
     popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
@@ -196,7 +197,8 @@ async def test_a_fault_on_a_request_holding_a_lone_surrogate_ends_it_and_is_not_
     result = await database.write(queries.submit_job, owner, fault, NOW + 1, RULES, billions)
     assert result.requeued is True
     worker = await database.read(queries.worker_details, None, "w1")
-    assert (worker["aborts_in_window"], worker["uncompleted_jobs"]) == (1, 1)
+    assert worker is not None
+    assert (worker.aborts_in_window, worker.uncompleted_jobs) == (1, 1)
 
 
 async def test_request_status_of_an_unknown_id_is_RequestNotFound(database: Database) -> None:
@@ -237,7 +239,7 @@ async def test_a_job_in_progress_at_a_cancel_is_still_submitted_and_charged(
         queries.submit_job, owner, job_submit(popped.job.id, "late"), NOW + 4, RULES, billions
     )
     payer = await database.read(queries.user_by_key, requester, RULES)
-    assert payer["kudos"] == pytest.approx(50 - (result.reward + 1))
+    assert payer.kudos == pytest.approx(50 - (result.reward + 1))
 
 
 async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database: Database) -> None:

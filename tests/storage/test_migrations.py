@@ -47,8 +47,8 @@ def test_a_second_upgrade_changes_nothing_and_keeps_the_data(empty_database: Dat
     assert db.run_sync(current_version, False) == LATEST
     assert db.run_sync(_version_rows, False) == 1
     user = db.run_sync(queries.user_by_id, False, user_id)
-    assert user["username"] == "alice"
-    assert user["kudos"] == 12.5
+    assert user.username == "alice"
+    assert user.kudos == 12.5
 
 
 def _as_version_1(conn: Connection) -> None:
@@ -82,7 +82,7 @@ def test_upgrading_a_version_1_database_puts_ix_queue_order_in_pop_order_and_kee
 
     assert (before, after) == (1, LATEST)
     assert "prio_key DESC" in db.run_sync(_queue_order_definition, False)
-    assert db.run_sync(queries.user_by_id, False, user_id)["username"] == "alice"
+    assert db.run_sync(queries.user_by_id, False, user_id).username == "alice"
 
 
 def _as_version_3(conn: Connection) -> None:
@@ -140,7 +140,7 @@ def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker
     # Any spelling now finds the oldest, and its owner's pops are that worker.
     found = db.run_sync(queries.worker_details, False, None, "alice")
     assert found is not None
-    assert found["id"] == first
+    assert found.id == first
     popped = db.run_sync(
         queries.pop_job, True, owner, pop_request("ALICE", ["m1"]), NOW + 3, RULES, False, False
     )

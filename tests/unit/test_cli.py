@@ -16,6 +16,7 @@ from typing import IO
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from hordelite.cli import main
 from hordelite.config import Config
@@ -23,6 +24,7 @@ from hordelite.horde.service import Horde, hash_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version
+from hordelite.storage.schema import users
 from hordelite.testing import FakeTextWorker, open_horde
 
 
@@ -62,11 +64,25 @@ def created_key(output: str) -> tuple[str, int]:
     return key, int(match.group(1))
 
 
-def authenticates(database: str, key: str) -> dict[str, object]:
+def authenticates(database: str, key: str) -> queries.UserRecord:
     db = Database(database, 1)
     try:
         rules = Horde(Config(), db).rules
         return db.run_sync(queries.user_by_key, False, hash_key(key), rules)
+    finally:
+        db.dispose()
+
+
+def stored_user(database: str, user_id: int) -> dict[str, object]:
+    """The user's row as stored."""
+    db = Database(database, 1)
+    try:
+        return db.run_sync(
+            lambda conn: dict(
+                conn.execute(select(users).where(users.c.id == user_id)).mappings().one()
+            ),
+            False,
+        )
     finally:
         db.dispose()
 
@@ -89,10 +105,10 @@ def test_a_created_key_is_stored_only_as_its_hash(
 ) -> None:
     assert main(["keys", "create", "alice", "--database", database]) == 0
     key, user_id = created_key(capsys.readouterr().out)
-    user = authenticates(database, key)
-    assert user["id"] == user_id
-    assert user["key_hash"] == hash_key(key)
-    assert key not in user.values()
+    assert authenticates(database, key).id == user_id
+    row = stored_user(database, user_id)
+    assert row["key_hash"] == hash_key(key)
+    assert key not in row.values()
 
 
 @pytest.mark.anyio
@@ -287,7 +303,7 @@ def test_the_anonymous_key_cannot_be_revoked_or_rotated(
         code, out, err = cli(capsys, "keys", action, "0", "--database", database)
         assert_one_line_refusal(code, err, "anonymous", "allow_anonymous")
         assert "API key" not in out
-    assert authenticates(database, "0000000000")["id"] == 0
+    assert authenticates(database, "0000000000").id == 0
 
 
 @pytest.mark.parametrize("how", ["name", "id", "handle"])
@@ -304,7 +320,7 @@ def test_kudos_grant_adds_kudos_to_a_user_given_by_name_id_or_handle(
     assert "5 -> 15" in out
     code, _, _ = cli(capsys, "kudos", "grant", user, "-2.5", "--database", database)
     assert code == 0
-    assert authenticates(database, key)["kudos"] == 12.5
+    assert authenticates(database, key).kudos == 12.5
 
 
 def test_kudos_grant_refuses_an_unknown_or_ambiguous_user_and_a_non_number(
@@ -333,7 +349,7 @@ def test_kudos_grant_refuses_an_unknown_or_ambiguous_user_and_a_non_number(
         code, _, err = cli(capsys, "kudos", "grant", *args, "--database", database)
         assert_one_line_refusal(code, err, *words)
     for user_id in ids:
-        assert authenticates(database, f"k{user_id - ids[0]}")["kudos"] == 1.0
+        assert authenticates(database, f"k{user_id - ids[0]}").kudos == 1.0
 
 
 @pytest.mark.anyio
@@ -450,7 +466,7 @@ def test_db_upgrade_is_idempotent_and_keeps_the_data(
     finally:
         db.dispose()
     user = authenticates(database, key)
-    assert (user["id"], user["kudos"]) == (user_id, 7)
+    assert (user.id, user.kudos) == (user_id, 7)
 
 
 # A bad configuration stops serve before it starts ------------------------------

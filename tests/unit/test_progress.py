@@ -61,8 +61,8 @@ def test_a_post_with_the_next_seq_is_accepted_with_accepted_seq_and_cancelled_fa
     held = lease()
     first = accept(held, post(held, 1, "Blue"), POPPED + 1)
     second = accept(held, post(held, 2, " is", "thinking"), POPPED + 2)
-    assert first.answer == {"accepted_seq": 1, "cancelled": False}
-    assert second.answer == {"accepted_seq": 2, "cancelled": False}
+    assert (first.accepted_seq, first.cancelled) == (1, False)
+    assert (second.accepted_seq, second.cancelled) == (2, False)
     assert first.appended
     assert second.appended
     assert held.content == "Blue is"
@@ -73,11 +73,11 @@ def test_a_retried_post_with_the_same_seq_and_text_is_accepted_again_without_app
     held = lease()
     accept(held, post(held, 1, "Blue"), POPPED + 1)
     retry = accept(held, post(held, 1, "Blue"), POPPED + 2)
-    assert retry.answer == {"accepted_seq": 1, "cancelled": False}
+    assert (retry.accepted_seq, retry.cancelled) == (1, False)
     assert retry.appended is False
     assert held.content == "Blue"
     # The next post still follows the first.
-    assert accept(held, post(held, 2, "!"), POPPED + 3).answer["accepted_seq"] == 2
+    assert accept(held, post(held, 2, "!"), POPPED + 3).accepted_seq == 2
 
 
 def test_a_retried_post_does_not_extend_the_lease() -> None:
@@ -215,7 +215,7 @@ def test_a_post_with_new_text_extends_the_lease_to_150_s_after_the_post(
 def test_an_empty_post_is_accepted_and_does_not_extend_the_lease() -> None:
     held = lease()
     answer = accept(held, post(held, 1), POPPED + 100)
-    assert answer.answer == {"accepted_seq": 1, "cancelled": False}
+    assert (answer.accepted_seq, answer.cancelled) == (1, False)
     assert held.expires == POPPED + TTL
 
 
@@ -246,11 +246,11 @@ def test_a_cancelled_lease_answers_cancelled_true_without_appending() -> None:
     accept(held, post(held, 1, "Blue"), POPPED + 1)
     held.cancelled = True
     answer = accept(held, post(held, 2, " sky"), POPPED + 2)
-    assert answer.answer == {"accepted_seq": 2, "cancelled": True}
+    assert (answer.accepted_seq, answer.cancelled) == (2, True)
     assert answer.appended is False
     assert held.content == "Blue"
     # A retry of the last post before the cancel hears it too.
-    assert accept(held, post(held, 1, "Blue"), POPPED + 3).answer["cancelled"] is True
+    assert accept(held, post(held, 1, "Blue"), POPPED + 3).cancelled is True
 
 
 # Parsing a post -------------------------------------------------------------------
