@@ -20,7 +20,6 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import RowMapping
 
 from hordelite import __version__
 from hordelite.clock import Clock, SystemClock
@@ -370,7 +369,7 @@ class Horde:
         # uses the outcome when their capacity is the same (nearly always);
         # otherwise it gives up before writing anything, and admission runs
         # again outside it against what it saw. The last try admits inside.
-        outcome: q.Submitted | RowMapping | None = None
+        outcome: q.Submitted | q.FirstRequest | None = None
         for attempt in range(ADMISSION_TRIES):
             last = attempt == ADMISSION_TRIES - 1
             seen = self._capacities.get(req.models)
@@ -398,7 +397,6 @@ class Horde:
                 outcome = await self.db.write(
                     q.submit_chat_request,
                     key_hash,
-                    req.models,
                     operation_key,
                     fingerprint,
                     admit,
@@ -413,9 +411,9 @@ class Horde:
                 self._remember_capacity(req.models, replan.capacity)
         assert outcome is not None
         if not isinstance(outcome, q.Submitted):
-            billions = max(self.models.billions(m) for m in outcome["models"])
-            quote = kudos_rules.request_quote(outcome["max_length"], 1, billions)
-            return Queued(outcome["id"], quote)
+            billions = max(self.models.billions(m) for m in outcome.models)
+            quote = kudos_rules.request_quote(outcome.max_length, 1, billions)
+            return Queued(outcome.id, quote)
         submitted = outcome
         self._queue_changed(submitted.view)
         message = None
@@ -803,7 +801,7 @@ class Horde:
 
     async def workers(self) -> list[WorkerAnswer]:
         now = self.clock.now()
-        found = await self.db.read(q.list_workers, now, self.rules)
+        found = await self.db.read(q.list_workers, now)
         return [self._worker_answer(w, now) for w in found]
 
     async def update_worker(self, api_key: str, worker_id: str, body: Any) -> WorkerUpdate:

@@ -401,14 +401,13 @@ def submit_request(
     if new.operation_key is not None:
         first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
         if first is not None:
-            return Submitted(first["id"], new, new.eligibility, True, True)
+            return Submitted(first.id, new, new.eligibility, True, True)
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, None)
 
 
 def submit_chat_request(
     conn: Connection,
     key_hash: str,
-    models: Sequence[str],
     operation_key: str | None,
     fingerprint: str | None,
     admit: Callable[[list[WorkerView]], NewRequest],
@@ -417,10 +416,9 @@ def submit_chat_request(
     rules: Rules,
     upfront_max_length: int,
     client_agent: str,
-) -> Submitted | RowMapping:
+) -> Submitted | FirstRequest:
     """A chat submission in one transaction: authenticate, answer a resubmit
-    of an operation key with its first request (a RowMapping with its id,
-    max_length and models), else admit against the online workers
+    of an operation key with its first request, else admit against the online workers
     (``admit(online)`` raises the refusals) and queue.
     """
     user = _user(conn, key_hash, rules)
@@ -435,9 +433,19 @@ def submit_chat_request(
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
 
 
+@dataclasses.dataclass(frozen=True)
+class FirstRequest:
+    """The request a user first queued under an operation key (a resubmit
+    answers it)."""
+
+    id: str
+    max_length: int
+    models: tuple[str, ...]
+
+
 def _first_request(
     conn: Connection, user: RowMapping, operation_key: str, kind: str, fingerprint: str | None
-) -> RowMapping | None:
+) -> FirstRequest | None:
     """The request this user queued under ``operation_key``; 409 OperationKeyReused
     when that was a different request."""
     first = (
@@ -453,9 +461,11 @@ def _first_request(
         .mappings()
         .first()
     )
-    if first is not None and (first["fingerprint"] != fingerprint or first["kind"] != kind):
+    if first is None:
+        return None
+    if first["fingerprint"] != fingerprint or first["kind"] != kind:
         raise refusals.operation_key_reused()
-    return first
+    return FirstRequest(first["id"], first["max_length"], tuple(first["models"]))
 
 
 def _store(
@@ -1072,7 +1082,7 @@ def worker_details(
     return None if row is None else _worker_record(row)
 
 
-def list_workers(conn: Connection, now: float, rules: Rules) -> list[WorkerRecord]:
+def list_workers(conn: Connection, now: float) -> list[WorkerRecord]:
     q = _WORKER_DETAILS.where(workers.c.online_until > now).order_by(workers.c.name)
     return [_worker_record(r) for r in conn.execute(q).mappings()]
 
@@ -1289,7 +1299,7 @@ def _statement_for(
     )
 
 
-def _slower_than_another(conn: Connection, worker: WorkerView, now: float, rules: Rules) -> bool:
+def _slower_than_another(conn: Connection, worker: WorkerView, now: float) -> bool:
     """Whether this chat worker's jobs are capped (eligibility.passed_over).
     Fast workers (the usual case) cost no query."""
     model = worker.chat_model
@@ -1337,7 +1347,7 @@ def _claim(
     conn: Connection, worker: WorkerView, owner_id: int, now: float, rules: Rules, skip_locked: bool
 ) -> PoppedJob | None:
     exclude: set[str] = set()
-    capped = _slower_than_another(conn, worker, now, rules)
+    capped = _slower_than_another(conn, worker, now)
     for _ in range(4):
         cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude, capped)
         if cand is None and skip_locked:
