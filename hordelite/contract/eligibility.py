@@ -1,6 +1,6 @@
 """Which worker may take which request: the rule the pop query encodes in SQL.
 
-The pop applies it as an indexed query (hordelite.storage.queries); this pure
+The pop applies it as an indexed query (hordelite.storage.pop); this pure
 form serves the status route's ``is_possible`` and the pop's ``skipped``
 counts, and the tests hold the two to the same answers.
 """

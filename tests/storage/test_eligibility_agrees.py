@@ -20,7 +20,8 @@ from sqlalchemy import Connection
 
 from hordelite.contract.chat_features import ChatFeature
 from hordelite.contract.eligibility import RequestView, WorkerView, skip_reason
-from hordelite.storage import queries
+from hordelite.storage import accounts, pop, queries
+from hordelite.storage import requests as requests_store
 from hordelite.storage.database import Database
 from tests.storage.helpers import ANONYMOUS_HASH, NOW, RULES, new_key_hash, pop_request
 
@@ -88,7 +89,7 @@ def requests(draw: st.DrawFn, ids: tuple[str, str]) -> RequestView:
 
 def _queue(conn: Connection, view: RequestView) -> None:
     """Store the request as submit_request does (its eligibility fields are the view's)."""
-    user = queries._user(conn, ANONYMOUS_HASH, RULES)
+    user = accounts.authenticate(conn, ANONYMOUS_HASH, RULES)
     new = queries.NewRequest(
         eligibility=view,
         prompt="p",
@@ -97,14 +98,14 @@ def _queue(conn: Connection, view: RequestView) -> None:
         quote=0.0,
         chat={} if view.kind == "chat" else None,
     )
-    queries._store(conn, user, new, str(uuid.uuid4()), NOW, RULES, 10**9, "test", [])
+    requests_store._store(conn, user, new, str(uuid.uuid4()), NOW, RULES, 10**9, "test", [])
 
 
 def _sql_finds(conn: Connection, worker: WorkerView, view: RequestView) -> bool:
     """Queue the request, run the pop's candidate queries, then roll back
     (raising _Rollback with what they found)."""
     _queue(conn, view)
-    found = queries._best_candidate(conn, worker, -1, skip_locked=False, exclude=set())
+    found = pop._best_candidate(conn, worker, -1, skip_locked=False, exclude=set())
     raise _Rollback(found is not None)
 
 

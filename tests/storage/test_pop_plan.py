@@ -16,7 +16,7 @@ from sqlalchemy import Connection, insert
 
 from hordelite.contract.eligibility import WorkerView
 from hordelite.horde.service import new_text_request
-from hordelite.storage import queries
+from hordelite.storage import pop, queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import queue, requests, users
 from tests.storage.helpers import NOW, RULES, new_key_hash, pop_request, text_request
@@ -37,7 +37,7 @@ WORKER = WorkerView(
 
 
 def _candidate_sql(conn: Connection, skip_locked: bool) -> str:
-    query = queries._candidate_query(WORKER, "m1", skip_locked)
+    query = pop._candidate_query(WORKER, "m1", skip_locked)
     return str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
 
 

@@ -1,0 +1,165 @@
+"""A worker's answer to a job: a generation, a chat reply, or a fault."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    select,
+)
+
+from hordelite.contract import refusals
+from hordelite.contract.chat_reply import (
+    ChatSubmit,
+    Verdict,
+    judge_chat_reply,
+    output_estimate_chars,
+)
+from hordelite.contract.chat_request import ChatRequest
+from hordelite.contract.text import JobSubmit
+from hordelite.errors import HordeError
+from hordelite.storage.accounts import USER_BY_KEY, authenticate
+from hordelite.storage.ledger import (
+    FINISH_JOB,
+    JOB_WITH_REQUEST,
+    SubmitResult,
+    fault_job,
+    settle,
+    settlement,
+)
+from hordelite.storage.rules import Rules
+from hordelite.storage.schema import (
+    jobs,
+    requests,
+    users,
+)
+
+
+def record_refusal(conn: Connection, key_hash: str, job_id: str, refusal: HordeError) -> None:
+    """Record on its chat job a reply refused before it reached the job (a
+    malformed structured submit), as the checks against the request record
+    theirs: a fault with reply_refused then reports this refusal's message.
+    Records nothing for an unknown key, another user's job or a job no longer
+    processing; the caller raises the refusal either way."""
+    user = conn.execute(USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
+    if user is None:
+        return
+    conn.execute(
+        FINISH_JOB.where(
+            jobs.c.owner_id == user["id"], jobs.c.state == "processing", jobs.c.kind == "chat"
+        ),
+        {"job_id": job_id, "refusal_rc": refusal.rc.name, "refusal_message": refusal.message},
+    )
+
+
+def chat_job_to_judge(
+    conn: Connection, key_hash: str, job_id: str
+) -> tuple[str, dict[str, Any]] | None:
+    """The model and stored chat request of a chat job in progress that the
+    key's user's worker holds (what a reply is judged against before the
+    write transaction), or None: then submit_job refuses or judges it."""
+    row = (
+        conn.execute(
+            select(jobs.c.model, requests.c.chat)
+            .join(requests, requests.c.id == jobs.c.request_id)
+            .join(users, users.c.id == jobs.c.owner_id)
+            .where(
+                jobs.c.id == job_id,
+                jobs.c.state == "processing",
+                jobs.c.kind == "chat",
+                users.c.key_hash == key_hash,
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    return row["model"], row["chat"]
+
+
+def submit_job(
+    conn: Connection,
+    key_hash: str,
+    sub: JobSubmit | ChatSubmit,
+    now: float,
+    rules: Rules,
+    billions: Callable[[str], float],
+    lease_until: float | None = None,
+    verdict: Verdict | None = None,
+) -> SubmitResult:
+    """Store a worker's answer to a job: a text generation, a chat reply, or a fault.
+
+    ``lease_until``: the end of the job's progress lease, which progress
+    posts may have extended past the stored one. ``verdict``: the chat reply
+    already judged against this job outside the transaction (without it, or
+    judged against another job or model, it is judged here).
+    """
+    user = authenticate(conn, key_hash, rules)
+    # Locks the job and its request (PostgreSQL), in that order.
+    job = conn.execute(JOB_WITH_REQUEST.with_for_update(), {"job_id": sub.id}).mappings().first()
+    if job is None:
+        raise refusals.unknown_job(sub.id)
+    chat = isinstance(sub, ChatSubmit)
+    refusal = refusals.submit_refusal(
+        job["state"],
+        job["kind"],
+        job["owner_id"] == user["id"],
+        max(job["lease_expires"], lease_until or 0),
+        now,
+        "chat" if chat else "text",
+        sub.state == "faulted",
+    )
+    if refusal is not None:
+        raise refusal
+    if sub.state == "faulted":
+        reason = sub.fault_reason if isinstance(sub, ChatSubmit) else None
+        return fault_job(conn, job, now, rules, reason)
+    if isinstance(sub, ChatSubmit):
+        return _accept_chat_reply(conn, job, sub, now, billions, verdict)
+    paid = settlement(job, len(sub.generation), now, billions)
+    values = {
+        "text": sub.generation,
+        "gen_state": sub.state,
+        "seed": sub.seed,
+        "gen_metadata": sub.gen_metadata,
+    }
+    return settle(conn, job, paid, values, now)
+
+
+def _accept_chat_reply(
+    conn: Connection,
+    job: RowMapping,
+    sub: ChatSubmit,
+    now: float,
+    billions: Callable[[str], float],
+    verdict: Verdict | None,
+) -> SubmitResult:
+    if verdict is None or verdict.job_id != job["id"] or verdict.model != job["model"]:
+        chat = conn.execute(
+            select(requests.c.chat).where(requests.c.id == job["request_id"])
+        ).scalar_one()
+        verdict = judge_chat_reply(job["id"], job["model"], ChatRequest.from_json(chat), sub)
+    reply, refusal = verdict.reply, verdict.refusal
+    if refusal is not None:
+        conn.execute(
+            FINISH_JOB,
+            {
+                "job_id": job["id"],
+                "refusal_rc": refusal.rc.name,
+                "refusal_message": refusal.message,
+            },
+        )
+        return SubmitResult(0.0, job["request_id"], False, False, refusal)
+    assert reply is not None
+    paid = settlement(job, output_estimate_chars(reply), now, billions)
+    values = {
+        "text": reply.content,
+        "gen_state": sub.state,
+        "reply": reply.to_json(),
+        "charge_basis": "output_estimate",
+    }
+    return settle(conn, job, paid, values, now)

@@ -1,0 +1,269 @@
+"""What a finished or given-back job moves: settlement, kudos, worker counters, faults."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    bindparam,
+    select,
+    update,
+)
+
+from hordelite.contract import faults
+from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.eligibility import (
+    RequestView,
+)
+from hordelite.contract.unicode_rules import unsendable
+from hordelite.errors import HordeError
+from hordelite.storage.queueing import end_request, enqueue, get_request
+from hordelite.storage.rules import Rules
+from hordelite.storage.schema import (
+    jobs,
+    requests,
+    users,
+    workers,
+)
+
+JOB_WITH_REQUEST = (
+    select(
+        jobs,
+        requests.c.user_id.label("requester_id"),
+        requests.c.state.label("request_state"),
+        requests.c.n,
+        requests.c.finished,
+        requests.c.max_length.label("request_max_length"),
+    )
+    .join(requests, requests.c.id == jobs.c.request_id)
+    .where(jobs.c.id == bindparam("job_id"))
+)
+
+FINISH_JOB = update(jobs).where(jobs.c.id == bindparam("job_id"))
+
+_MOVE_KUDOS = (
+    update(users)
+    .where(users.c.id == bindparam("uid"))
+    .values(
+        kudos=users.c.kudos + bindparam("delta"),
+        kudos_earned=users.c.kudos_earned + bindparam("earned"),
+        kudos_spent=users.c.kudos_spent + bindparam("paid"),
+    )
+)
+
+_CREDIT_WORKER = (
+    update(workers)
+    .where(workers.c.id == bindparam("wid"))
+    .values(
+        kudos_rewards=workers.c.kudos_rewards + bindparam("reward"),
+        requests_fulfilled=workers.c.requests_fulfilled + 1,
+        tokens_generated=workers.c.tokens_generated + bindparam("tokens"),
+        seconds_generating=workers.c.seconds_generating + bindparam("seconds"),
+    )
+)
+
+_FINISH_REQUEST = (
+    update(requests)
+    .where(requests.c.id == bindparam("rid"))
+    .values(finished=requests.c.finished + 1, kudos=requests.c.kudos + bindparam("cost"))
+    .returning(requests.c.finished, requests.c.n)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitResult:
+    reward: float
+    request_id: str
+    request_ended: bool  # done or faulted: waiters can be told
+    requeued: bool  # a faulted job went back to the queue
+    # A refused chat reply: recorded on the job (a later fault counts by it),
+    # then raised by the service once this transaction has committed.
+    refusal: HordeError | None = None
+
+
+def settlement(
+    job: RowMapping, chars: int, now: float, billions: Callable[[str], float]
+) -> kudos_rules.Settlement:
+    """What the job of this row moves for ``chars`` characters of output."""
+    return kudos_rules.settle(
+        chars, job["request_max_length"], billions(job["model"]), job["started"], now
+    )
+
+
+def settle(
+    conn: Connection,
+    job: RowMapping,
+    paid: kudos_rules.Settlement,
+    values: dict[str, Any],
+    now: float,
+    state: str = "done",
+) -> SubmitResult:
+    """Store a finished job: reward its worker's owner, charge the requester,
+    with the amounts of ``paid``.
+
+    A job settled at a cancel ends ``cancelled``: paid, not a generation.
+    """
+    tokens, reward, cost = paid.tokens, paid.reward, paid.cost
+    conn.execute(
+        FINISH_JOB,
+        {
+            "job_id": job["id"],
+            "state": state,
+            "submitted": now,
+            "tokens": tokens,
+            "reward": reward,
+            "cost": cost,
+            **values,
+        },
+    )
+    move_kudos(conn, payer=job["requester_id"], cost=cost, earner=job["owner_id"], reward=reward)
+    conn.execute(
+        _CREDIT_WORKER,
+        {
+            "wid": job["worker_id"],
+            "reward": reward,
+            "tokens": tokens,
+            "seconds": paid.seconds,
+        },
+    )
+    if state != "done":
+        conn.execute(
+            update(requests)
+            .where(requests.c.id == job["request_id"])
+            .values(kudos=requests.c.kudos + cost)
+        )
+        return SubmitResult(reward, job["request_id"], False, False)
+    counts = conn.execute(_FINISH_REQUEST, {"rid": job["request_id"], "cost": cost}).one()
+    done = counts.finished >= counts.n
+    if done:
+        # A cancelled request stays cancelled when its last job comes in.
+        conn.execute(
+            update(requests)
+            .where(requests.c.id == job["request_id"], requests.c.state == "waiting")
+            .values(state="done", ended=now, remaining=0)
+        )
+    return SubmitResult(reward, job["request_id"], done, False)
+
+
+def move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: float) -> None:
+    for move in kudos_rules.kudos_moves(payer, cost, earner, reward):
+        conn.execute(
+            _MOVE_KUDOS,
+            {"uid": move.user_id, "delta": move.delta, "earned": move.earned, "paid": move.paid},
+        )
+
+
+def fault_job(
+    conn: Connection, job: RowMapping, now: float, rules: Rules, reason: str | None
+) -> SubmitResult:
+    """A job the worker gave up on: back to the queue, or the request faults,
+    as ``faults.job_fault`` decides."""
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job["id"])
+        .values(state="faulted", submitted=now, gen_state="faulted", fault_reason=reason)
+    )
+    req = get_request(conn, job["request_id"], job["kind"])
+    decision = faults.job_fault(
+        reason, job["refusal_rc"], job["refusal_message"], holds_unsendable(req)
+    )
+    if decision.end_request:
+        fault_request(conn, req, now, decision.fault)
+        return SubmitResult(0.0, req["id"], True, False)
+    charge_worker(conn, job["worker_id"], decision.charge, now, rules)
+    requeued, ended = give_back(conn, req, now, rules, decision)
+    return SubmitResult(0.0, req["id"], ended, requeued)
+
+
+def charge_worker(
+    conn: Connection, worker_id: str, charge: faults.Charge, now: float, rules: Rules
+) -> None:
+    """Add a job given back to the worker counter ``charge`` names."""
+    if charge == "nonconformant":
+        conn.execute(
+            update(workers)
+            .where(workers.c.id == worker_id)
+            .values(nonconformant_replies=workers.c.nonconformant_replies + 1)
+        )
+    elif charge == "abort":
+        count_abort(conn, worker_id, now, rules)
+
+
+def holds_unsendable(req: RowMapping) -> bool:
+    """The request's text or parameters hold what no worker can encode."""
+    return unsendable([req["prompt"], req["params"], req["chat"]]) is not None
+
+
+def fault_request(conn: Connection, req: RowMapping, now: float, fault: faults.Fault) -> None:
+    """End a waiting request faulted at once, with ``fault`` as its last fault."""
+    if req["state"] != "waiting":
+        return
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == req["id"])
+        .values(faults=req["faults"] + 1, fault_rc=fault.rc, fault_message=fault.message)
+    )
+    end_request(conn, req["id"], "faulted", now)
+
+
+def give_back(
+    conn: Connection, req: RowMapping, now: float, rules: Rules, given: faults.JobFault
+) -> tuple[bool, bool]:
+    """Return a job's slot to its request: requeue it, or fault the request,
+    as ``faults.give_back`` decides; returns (requeued, ended).
+
+    ``given.fault`` is kept as the request's last fault, which its status
+    shows once the request ends faulted.
+    """
+    if req["state"] != "waiting":
+        return False, False
+    back = faults.give_back(req["faults"], req["remaining"], given.counted, rules.max_faults)
+    last = {"fault_rc": given.fault.rc, "fault_message": given.fault.message}
+    if not back.requeue:
+        conn.execute(
+            update(requests).where(requests.c.id == req["id"]).values(faults=back.faults, **last)
+        )
+        end_request(conn, req["id"], "faulted", now)
+        return False, True
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == req["id"])
+        .values(
+            faults=back.faults,
+            restarts=req["restarts"] + 1,
+            remaining=req["remaining"] + 1,
+            **last,
+        )
+    )
+    if back.enqueue:
+        enqueue(conn, req, RequestView.of(req), now)
+    return True, False
+
+
+def count_abort(conn: Connection, worker_id: str, now: float, rules: Rules) -> None:
+    row = (
+        conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update())
+        .mappings()
+        .one()
+    )
+    aborts = faults.count_abort(
+        row["aborts_in_window"],
+        row["abort_window_start"],
+        row["maintenance"],
+        now,
+        rules.maintenance_aborts,
+    )
+    conn.execute(
+        update(workers)
+        .where(workers.c.id == worker_id)
+        .values(
+            aborts_in_window=aborts.in_window,
+            abort_window_start=aborts.window_start,
+            uncompleted_jobs=row["uncompleted_jobs"] + 1,
+            maintenance=aborts.maintenance,
+        )
+    )

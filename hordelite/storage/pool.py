@@ -1,0 +1,294 @@
+"""Workers: who is online, a pop's check-in, and the records the worker routes show."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    bindparam,
+    select,
+    update,
+)
+from sqlalchemy.sql import Update
+
+from hordelite.contract import refusals
+from hordelite.contract.chat_declaration import ChatDeclaration
+from hordelite.contract.chat_features import (
+    ChatWorkerLimits,
+)
+from hordelite.contract.eligibility import (
+    WorkerView,
+)
+from hordelite.contract.text import PopRequest
+from hordelite.storage.accounts import authenticate
+from hordelite.storage.rules import Rules
+from hordelite.storage.schema import (
+    users,
+    workers,
+)
+
+WORKER_BY_KEY = select(workers).where(workers.c.name_key == bindparam("name_key"))
+
+_ONLINE_WORKERS = (
+    select(workers, users.c.trusted)
+    .join(users, users.c.id == workers.c.user_id)
+    .where(workers.c.online_until > bindparam("now"))
+)
+
+_ONLINE_CHAT_WORKERS = _ONLINE_WORKERS.where(workers.c.chat_model.is_not(None))
+
+_ONLINE_CHAT_WORKERS_OF = _ONLINE_WORKERS.where(
+    workers.c.chat_model.in_(bindparam("models", expanding=True))
+)
+
+
+def online_now(
+    conn: Connection,
+    now: float,
+    *,
+    chat: bool = False,
+    models: Sequence[str] | None = None,
+) -> list[WorkerView]:
+    """Workers online now. ``chat``: only those that take chat jobs (a chat
+    request reads nothing of the others), and with ``models`` only those
+    whose chat model is one of them (read along ix_workers_chat_model)."""
+    if not chat:
+        rows = conn.execute(_ONLINE_WORKERS, {"now": now}).mappings()
+    elif models is None:
+        rows = conn.execute(_ONLINE_CHAT_WORKERS, {"now": now}).mappings()
+    else:
+        params = {"now": now, "models": list(models)}
+        rows = conn.execute(_ONLINE_CHAT_WORKERS_OF, params).mappings()
+    return [worker_view(r) for r in rows]
+
+
+def worker_view(row: RowMapping | dict[str, Any]) -> WorkerView:
+    return WorkerView(
+        id=row["id"],
+        models=tuple(row["models"]),
+        max_length=row["max_length"],
+        max_context_length=row["max_context_length"],
+        nsfw=row["nsfw"],
+        trusted=bool(row["trusted"]),
+        threads=row["threads"],
+        extra_slow=row["extra_slow"],
+        maintenance=row["maintenance"],
+        tokens_generated=row["tokens_generated"],
+        seconds_generating=row["seconds_generating"],
+        prompt_jobs=bool(row["prompt_jobs"]),
+        **_chat_view(row["chat"]),
+    )
+
+
+def _chat_view(chat: dict[str, Any] | None) -> dict[str, Any]:
+    """WorkerView's chat fields from a stored (or popped) declaration."""
+    if not chat:
+        return {}
+    declaration = ChatDeclaration(
+        model_id=chat["model_id"],
+        features=tuple(chat["features"]),
+        limits=ChatWorkerLimits(**chat["limits"]),
+        image_transports=tuple(chat["image_transports"]),
+    )
+    return {
+        "chat_model": declaration.model_id,
+        "chat_features": declaration.features,
+        "chat_mask": declaration.mask,
+        "chat_max_context_length": declaration.limits.max_context_length,
+        "chat_max_length": declaration.limits.max_length,
+        "tools_max_temperature": declaration.limits.tools_max_temperature,
+    }
+
+
+def online_workers(conn: Connection, now: float) -> list[WorkerView]:
+    return online_now(conn, now)
+
+
+def worker_for_pop(
+    conn: Connection, user: RowMapping, pop: PopRequest, name_key: str
+) -> RowMapping | None:
+    """The worker row for this pop's name, or None on its first pop.
+
+    A worker name belongs to the user who first popped with it; names are
+    compared by their key, so "ALICE" is the worker first named "Alice", and
+    another user's look-alike of a name is that name. Read without a lock:
+    the row is updated after the claim (``touch_worker``), so a pop locks
+    its request before its worker, in the order submits take them.
+    """
+    row = conn.execute(WORKER_BY_KEY, {"name_key": name_key}).mappings().first()
+    if row is None:
+        return None
+    if row["user_id"] != user["id"]:
+        raise refusals.worker_name_taken(pop.name, row["name"])
+    if row["maintenance"]:
+        raise refusals.worker_in_maintenance(pop.name, row["id"])
+    return row
+
+
+def stored_declaration(pop: PopRequest, now: float) -> dict[str, Any]:
+    return {
+        "bridge_agent": pop.bridge_agent,
+        "models": list(pop.models),
+        "max_length": pop.max_length,
+        "max_context_length": pop.max_context_length,
+        "nsfw": pop.nsfw,
+        "threads": pop.threads,
+        "extra_slow": pop.extra_slow_worker,
+        "last_check_in": now,
+        # Stored from every pop: a pop without chat_jobs withdraws it.
+        "chat": pop.chat.to_json() if pop.chat else None,
+        "chat_model": pop.chat.model_id if pop.chat else None,
+        "prompt_jobs": pop.prompt_jobs,
+    }
+
+
+# Every pop of a known worker runs this: the statement is built once per
+# set of columns (one, in practice), not per pop.
+@functools.cache
+def _touch_statement(columns: tuple[str, ...]) -> Update:
+    return (
+        update(workers)
+        .where(workers.c.id == bindparam("worker_id"))
+        .values({c: bindparam(c, type_=workers.c[c].type) for c in columns})
+    )
+
+
+def touch_worker(
+    conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules, until: float
+) -> None:
+    """Store the declaration of this pop: the worker is online from now until ``until``."""
+    gap = now - row["last_check_in"]
+    uptime = row["uptime"] + gap if 0 < gap <= rules.worker_online else row["uptime"]
+    values = {**stored_declaration(pop, now), "online_until": until, "uptime": uptime}
+    conn.execute(_touch_statement(tuple(values)), {"worker_id": row["id"], **values})
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerChanges:
+    """What a worker update changed; None: left as it was."""
+
+    maintenance: bool | None = None
+    aborts_in_window: int | None = None  # reset when maintenance is cleared
+    online: bool | None = None  # False: the worker said it stops
+
+
+def update_worker(
+    conn: Connection,
+    key_hash: str,
+    worker_id: str,
+    maintenance: bool | None,
+    rules: Rules,
+    offline_at: float | None = None,
+) -> WorkerChanges:
+    """``offline_at``: the worker says it stops; it is offline from then
+    until its next pop (hordelite.contract.presence)."""
+    user = authenticate(conn, key_hash, rules)
+    row = (
+        conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update())
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise refusals.unknown_worker(worker_id)
+    if row["user_id"] != user["id"] and not user["admin"]:
+        raise refusals.not_the_workers_owner()
+    values: dict[str, Any] = {}
+    if maintenance is not None:
+        values["maintenance"] = maintenance
+        if not maintenance:
+            values["aborts_in_window"] = 0
+    if offline_at is not None:
+        values["online_until"] = min(row["online_until"], offline_at)
+    if values:
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
+    # The answer lists what changed: clearing maintenance also reset the count.
+    return WorkerChanges(
+        maintenance=maintenance,
+        aborts_in_window=values.get("aborts_in_window"),
+        online=False if offline_at is not None else None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRecord:
+    """A worker with its owner's name and trust, as the service reads it."""
+
+    id: str
+    name: str
+    owner: str  # the owner's username
+    trusted: bool  # the owner's trust
+    bridge_agent: str
+    models: tuple[str, ...]
+    max_length: int
+    max_context_length: int
+    nsfw: bool
+    threads: int
+    maintenance: bool
+    online_until: float
+    uptime: float
+    requests_fulfilled: int
+    uncompleted_jobs: int
+    aborts_in_window: int
+    kudos_rewards: float
+    tokens_generated: float
+    seconds_generating: float
+    chat: dict[str, Any] | None  # the chat declaration of the last pop, as sent
+    prompt_jobs: bool
+    nonconformant_replies: int
+
+
+# A worker with its owner's trust and name (worker details, the worker list).
+_WORKER_DETAILS = select(workers, users.c.trusted, users.c.username).join(
+    users, users.c.id == workers.c.user_id
+)
+
+
+def _worker_record(row: RowMapping) -> WorkerRecord:
+    return WorkerRecord(
+        id=row["id"],
+        name=row["name"],
+        owner=row["username"],
+        trusted=bool(row["trusted"]),
+        bridge_agent=row["bridge_agent"],
+        models=tuple(row["models"]),
+        max_length=row["max_length"],
+        max_context_length=row["max_context_length"],
+        nsfw=bool(row["nsfw"]),
+        threads=row["threads"],
+        maintenance=bool(row["maintenance"]),
+        online_until=row["online_until"],
+        uptime=row["uptime"],
+        requests_fulfilled=row["requests_fulfilled"],
+        uncompleted_jobs=row["uncompleted_jobs"],
+        aborts_in_window=row["aborts_in_window"],
+        kudos_rewards=row["kudos_rewards"],
+        tokens_generated=row["tokens_generated"],
+        seconds_generating=row["seconds_generating"],
+        chat=row["chat"],
+        prompt_jobs=bool(row["prompt_jobs"]),
+        nonconformant_replies=row["nonconformant_replies"],
+    )
+
+
+def worker_details(
+    conn: Connection, worker_id: str | None = None, name_key: str | None = None
+) -> WorkerRecord | None:
+    """A worker with its owner's trust and name, by id or by name key; None
+    when there is none."""
+    q = (
+        _WORKER_DETAILS.where(workers.c.id == worker_id)
+        if worker_id is not None
+        else _WORKER_DETAILS.where(workers.c.name_key == name_key)
+    )
+    row = conn.execute(q).mappings().first()
+    return None if row is None else _worker_record(row)
+
+
+def list_workers(conn: Connection, now: float) -> list[WorkerRecord]:
+    q = _WORKER_DETAILS.where(workers.c.online_until > now).order_by(workers.c.name)
+    return [_worker_record(r) for r in conn.execute(q).mappings()]

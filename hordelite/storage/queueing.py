@@ -1,0 +1,134 @@
+"""The queue rows a waiting request keeps (one per model) and how a request leaves the queue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    bindparam,
+    delete,
+    insert,
+    select,
+    update,
+)
+
+from hordelite.contract import refusals
+from hordelite.contract.eligibility import (
+    RequestView,
+)
+from hordelite.storage.schema import (
+    jobs,
+    queue,
+    queue_classes,
+    requests,
+)
+
+INSERT_QUEUE = insert(queue)
+
+DEQUEUE = delete(queue).where(queue.c.request_id == bindparam("rid"))
+
+_CLASS_LAST_USED = select(queue_classes.c.last_used).where(
+    queue_classes.c.model == bindparam("model"),
+    queue_classes.c.kind == bindparam("kind"),
+    queue_classes.c.features == bindparam("features"),
+)
+
+CLASS_REFRESH_SECONDS = 60.0
+
+REQUEST_BY_ID = select(requests).where(
+    requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind")
+)
+
+
+def enqueue(
+    conn: Connection, req: dict[str, Any] | RowMapping, view: RequestView, now: float
+) -> None:
+    """The queue rows of a request that has jobs to hand out (one per model)."""
+    base = {
+        "request_id": req["id"],
+        "user_id": req["user_id"],
+        "anonymous": req["anonymous"],
+        "prio_key": req["prio_key"],
+        "created": req["created"],
+        **_queue_row(view),
+    }
+    models = view.models or ("",)
+    conn.execute(INSERT_QUEUE, [{**base, "model": m} for m in models])
+    if view.kind == "chat":
+        for model in models:
+            use_class(conn, {"model": model, "kind": "chat", "features": view.features}, now)
+
+
+def _queue_row(view: RequestView) -> dict[str, Any]:
+    """The queue columns the pop's candidate query filters on, from the
+    request's eligibility fields (one row per model adds ``model``)."""
+    listed = 0 if not view.worker_ids else 2 if view.worker_blacklist else 1
+    return {
+        "max_length": view.max_length,
+        "max_context_length": view.max_context_length,
+        "trusted_only": view.trusted_workers,
+        "fast_only": not view.slow_workers,
+        "nsfw": view.nsfw,
+        "worker_filter": listed,
+        "kind": view.kind,
+        "features": view.features,
+        "context_tokens": view.context_tokens,
+        "tools_temperature": view.tools_temperature,
+    }
+
+
+def use_class(conn: Connection, key: dict[str, Any], now: float) -> None:
+    """Make sure a chat pop will visit this class (see queue_classes.last_used)."""
+    last_used = conn.execute(_CLASS_LAST_USED, key).scalar()
+    if last_used is not None and last_used >= now - CLASS_REFRESH_SECONDS:
+        return
+    if last_used is not None:
+        touched = conn.execute(
+            update(queue_classes)
+            .where(
+                queue_classes.c.model == key["model"],
+                queue_classes.c.kind == key["kind"],
+                queue_classes.c.features == key["features"],
+            )
+            .values(last_used=now)
+        ).rowcount
+        if touched:
+            return
+    conn.execute(insert(queue_classes).values(**key, last_used=now))
+
+
+def dequeue(conn: Connection, request_id: str) -> None:
+    conn.execute(DEQUEUE, {"rid": request_id})
+
+
+def get_request(conn: Connection, request_id: str, kind: str, lock: bool = False) -> RowMapping:
+    q = REQUEST_BY_ID.with_for_update() if lock else REQUEST_BY_ID
+    row = conn.execute(q, {"rid": request_id, "kind": kind}).mappings().first()
+    if row is None:
+        raise refusals.unknown_request(kind, request_id)
+    return row
+
+
+def end_request(
+    conn: Connection, request_id: str, state: str, now: float, abort_jobs: bool = True
+) -> None:
+    """End a request: out of the queue; with ``abort_jobs`` its jobs still
+    out are aborted (a late submit gets AbortedGen and charges nobody).
+
+    A client's cancel does not abort them (worker guide, step 7): a job that does not
+    stream is submitted as usual and rewarded for its reply.
+    """
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == request_id)
+        .values(state=state, ended=now, remaining=0)
+    )
+    if abort_jobs:
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
+            .values(state="cancelled")
+        )
+    dequeue(conn, request_id)

@@ -1,0 +1,500 @@
+"""Requests: queue one (text or chat), read its status, cancel it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    RowMapping,
+    bindparam,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.sql import ColumnElement
+
+from hordelite.contract import admission, refusals
+from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.eligibility import (
+    REQUEST_FIELDS,
+    RequestView,
+    WorkerView,
+    can_serve,
+)
+from hordelite.contract.limits import (
+    MAX_AGENT_CHARS,
+)
+from hordelite.storage.accounts import authenticate
+from hordelite.storage.ledger import JOB_WITH_REQUEST, settle, settlement
+from hordelite.storage.pool import online_now
+from hordelite.storage.queueing import end_request, enqueue
+from hordelite.storage.rules import Rules
+from hordelite.storage.schema import (
+    jobs,
+    queue,
+    request_workers,
+    requests,
+    workers,
+)
+
+_INSERT_REQUEST = insert(requests)
+
+_IN_FLIGHT = select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 0)).where(
+    requests.c.user_id == bindparam("user_id"), requests.c.state == "waiting"
+)
+
+# What a status reads of a request: not its prompt or conversation.
+_STATUS_FIELDS = (
+    "id",
+    "state",
+    "n",
+    "remaining",
+    "finished",
+    "restarts",
+    "kudos",
+    "anonymous",
+    "prio_key",
+    "created",
+    "ended",
+    "context_adjustments",
+    "fault_rc",
+    "fault_message",
+)
+
+_REQUEST_STATUS = select(
+    *(requests.c[name] for name in dict.fromkeys((*_STATUS_FIELDS, *REQUEST_FIELDS)))
+).where(requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind"))
+
+_GENERATION_FIELDS = (
+    "id",
+    "kind",
+    "state",
+    "worker_id",
+    "model",
+    "gen_state",
+    "text",
+    "seed",
+    "gen_metadata",
+    "tokens",
+    "reply",
+    "cost",
+    "charge_basis",
+)
+
+_REQUEST_JOBS = (
+    select(*(jobs.c[name] for name in _GENERATION_FIELDS), workers.c.name.label("worker_name"))
+    .join(workers, workers.c.id == jobs.c.worker_id)
+    .where(jobs.c.request_id == bindparam("rid"), jobs.c.state.in_(("done", "processing")))
+    .order_by(jobs.c.submitted)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NewRequest:
+    """What ``submit_request`` stores: a text or a chat request.
+
+    ``eligibility`` holds every field that decides which worker may take it,
+    declared once in RequestView: the requests table has a column of each
+    name and the queue rows are derived from it (``queueing.enqueue``).
+    """
+
+    eligibility: RequestView
+    prompt: str  # the text prompt, or the kept conversation flattened
+    params: dict[str, Any]
+    n: int
+    quote: float  # the dry-run price, checked against kudos up front
+    softprompt: str | None = None
+    proxied_account: str | None = None
+    webhook: str | None = None
+    chat: dict[str, Any] | None = None
+    submitted_prompt: str | None = None
+    context_adjustments: list[dict[str, Any]] | None = None
+    operation_key: str | None = None
+    fingerprint: str | None = None
+    # Queued instead when the kudos up front are missing (allow_downgrade).
+    downgrade: NewRequest | None = None
+    downgrade_field: str = "params.max_length"
+
+    @property
+    def kind(self) -> str:
+        return self.eligibility.kind
+
+    @property
+    def max_length(self) -> int:
+        return self.eligibility.max_length
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    request_id: str
+    queued: NewRequest
+    view: RequestView
+    possible: bool  # an online worker can serve it now
+    replayed: bool  # an earlier request with the same operation key
+    online: list[WorkerView] | None = None  # the online workers it was checked against
+
+
+def submit_request(
+    conn: Connection,
+    key_hash: str,
+    new: NewRequest,
+    request_id: str,
+    now: float,
+    rules: Rules,
+    upfront_max_length: int,
+    client_agent: str,
+) -> Submitted:
+    """Queue a request, or find the one an operation key already queued.
+
+    Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
+    OperationKeyReused (the key was used for a different request).
+    """
+    user = authenticate(conn, key_hash, rules)
+    if new.operation_key is not None:
+        first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
+        if first is not None:
+            return Submitted(first.id, new, new.eligibility, True, True)
+    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, None)
+
+
+def submit_chat_request(
+    conn: Connection,
+    key_hash: str,
+    operation_key: str | None,
+    fingerprint: str | None,
+    admit: Callable[[list[WorkerView]], NewRequest],
+    request_id: str,
+    now: float,
+    rules: Rules,
+    upfront_max_length: int,
+    client_agent: str,
+) -> Submitted | FirstRequest:
+    """A chat submission in one transaction: authenticate, answer a resubmit
+    of an operation key with its first request, else admit against the online workers
+    (``admit(online)`` raises the refusals) and queue.
+    """
+    user = authenticate(conn, key_hash, rules)
+    if operation_key is not None:
+        first = _first_request(conn, user, operation_key, "chat", fingerprint)
+        if first is not None:
+            return first
+    # Admission and the possible check read only chat workers: a chat
+    # request cannot go to a worker without a chat declaration.
+    online = online_now(conn, now, chat=True)
+    new = admit(online)
+    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstRequest:
+    """The request a user first queued under an operation key (a resubmit
+    answers it)."""
+
+    id: str
+    max_length: int
+    models: tuple[str, ...]
+
+
+def _first_request(
+    conn: Connection, user: RowMapping, operation_key: str, kind: str, fingerprint: str | None
+) -> FirstRequest | None:
+    """The request this user queued under ``operation_key``; 409 OperationKeyReused
+    when that was a different request."""
+    first = (
+        conn.execute(
+            select(
+                requests.c.id,
+                requests.c.kind,
+                requests.c.fingerprint,
+                requests.c.max_length,
+                requests.c.models,
+            ).where(requests.c.user_id == user["id"], requests.c.operation_key == operation_key)
+        )
+        .mappings()
+        .first()
+    )
+    if first is None:
+        return None
+    if first["fingerprint"] != fingerprint or first["kind"] != kind:
+        raise refusals.operation_key_reused()
+    return FirstRequest(first["id"], first["max_length"], tuple(first["models"]))
+
+
+def _store(
+    conn: Connection,
+    user: RowMapping,
+    new: NewRequest,
+    request_id: str,
+    now: float,
+    rules: Rules,
+    upfront_max_length: int,
+    client_agent: str,
+    online: list[WorkerView] | None,
+) -> Submitted:
+    """Check what storing needs (worker ids, kudos up front, concurrency) and
+    queue the request; ``online`` saves reading the online workers again."""
+    listed = new.eligibility.worker_ids
+    if listed:
+        found = set(conn.execute(select(workers.c.id).where(workers.c.id.in_(listed))).scalars())
+        missing = [w for w in listed if w not in found]
+        if missing:
+            raise refusals.unknown_listed_worker(missing[0])
+    new = _check_upfront(new, user, upfront_max_length)
+    _check_concurrency(conn, user, new.n, rules)
+    view = new.eligibility
+    row = {
+        **_eligibility_columns(view),
+        "id": request_id,
+        "user_id": user["id"],
+        "state": "waiting",
+        "prompt": new.prompt,
+        "params": {**new.params, "n": new.n},
+        "softprompt": new.softprompt,
+        "n": new.n,
+        "remaining": new.n,
+        "finished": 0,
+        "anonymous": bool(user["anonymous"]),
+        "priority": float(user["kudos"]),
+        "prio_key": kudos_rules.priority_key(float(user["kudos"]), now),
+        "kudos": 0.0,
+        "faults": 0,
+        "restarts": 0,
+        "created": now,
+        "expires": now + rules.request_expiry,
+        "client_agent": client_agent[:MAX_AGENT_CHARS],
+        "proxied_account": new.proxied_account,
+        "webhook": new.webhook,
+        "chat": new.chat,
+        "submitted_prompt": new.submitted_prompt,
+        "context_adjustments": new.context_adjustments,
+        "operation_key": new.operation_key,
+        "fingerprint": new.fingerprint,
+    }
+    conn.execute(_INSERT_REQUEST, row)
+    if listed:
+        conn.execute(
+            insert(request_workers),
+            [{"request_id": request_id, "worker_id": w} for w in listed],
+        )
+    enqueue(conn, row, view, now)
+    if online is None:
+        online = online_now(conn, now)
+    possible = any(can_serve(w, view) for w in online)
+    return Submitted(request_id, new, view, possible, False, online)
+
+
+def _eligibility_columns(view: RequestView) -> dict[str, Any]:
+    """The requests columns of a view (REQUEST_FIELDS; sequences as JSON lists)."""
+    columns = {name: getattr(view, name) for name in REQUEST_FIELDS}
+    return {**columns, "models": list(view.models), "worker_ids": list(view.worker_ids)}
+
+
+def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -> NewRequest:
+    decision = admission.upfront(
+        new.max_length,
+        upfront_max_length,
+        new.quote,
+        user["kudos"],
+        user["anonymous"],
+        new.downgrade is not None,
+    )
+    if decision == "accepted":
+        return new
+    if decision == "downgrade" and new.downgrade is not None:
+        return new.downgrade
+    raise refusals.kudos_upfront(
+        new.downgrade_field, new.max_length, upfront_max_length, new.quote, user["kudos"], new.kind
+    )
+
+
+def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules) -> None:
+    limit = admission.concurrency_limit(
+        user["concurrency"], user["anonymous"], rules.concurrency, rules.anonymous_concurrency
+    )
+    if admission.unlimited(limit):
+        return  # without a limit, no read of the generations in flight
+    in_flight = conn.execute(_IN_FLIGHT, {"user_id": user["id"]}).scalar_one()
+    if admission.over_limit(in_flight, n, limit):
+        raise refusals.too_many_in_flight(in_flight, limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredRequest:
+    """What a status reads of a stored request (``view``: its eligibility)."""
+
+    id: str
+    view: RequestView
+    state: str
+    n: int
+    remaining: int
+    finished: int
+    restarts: int
+    kudos: float
+    anonymous: bool
+    prio_key: float
+    created: float
+    ended: float | None
+    context_adjustments: list[dict[str, Any]] | None
+    fault_rc: str | None
+    fault_message: str | None
+
+    @property
+    def kind(self) -> str:
+        return self.view.kind
+
+    @property
+    def queued(self) -> bool:
+        """Waiting for a worker to take a job (not only for jobs in progress)."""
+        return self.state == "waiting" and self.remaining > 0
+
+    @classmethod
+    def of(cls, row: RowMapping) -> StoredRequest:
+        return cls(view=RequestView.of(row), **{name: row[name] for name in _STATUS_FIELDS})
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredJob:
+    """A job of a request that a worker holds or finished, with its reply."""
+
+    id: str
+    kind: str
+    state: str  # "processing" or "done"
+    worker_id: str
+    worker_name: str
+    model: str
+    gen_state: str | None
+    text: str | None
+    seed: int | None
+    gen_metadata: list[dict[str, Any]] | None
+    tokens: int | None
+    reply: dict[str, Any] | None
+    cost: float | None
+    charge_basis: str | None
+
+    @classmethod
+    def of(cls, row: RowMapping) -> StoredJob:
+        return cls(
+            worker_name=row["worker_name"], **{name: row[name] for name in _GENERATION_FIELDS}
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusSnapshot:
+    """What a status answer is made of, read in one transaction.
+
+    ``online``: the online workers that could matter (none once every job is
+    handed out); ``position``: the waiting requests ahead; ``busy``: the jobs
+    in progress of each online worker, when asked for.
+    """
+
+    request: StoredRequest
+    jobs: tuple[StoredJob, ...]
+    online: tuple[WorkerView, ...]
+    position: int
+    busy: dict[str, int] | None = None
+
+
+def request_status(
+    conn: Connection,
+    request_id: str,
+    kind: str,
+    now: float,
+    rules: Rules,
+    with_position: bool = True,
+    with_busy: bool = False,
+) -> StatusSnapshot:
+    """The parts of a status answer (the service renders them).
+
+    ``with_position`` False skips the queue position (a count that follows
+    the position): a waiting OpenAI call re-checking its request needs only
+    whether it ended and whether it is possible. ``with_busy`` adds
+    ``busy``: the jobs in progress of each online worker.
+    """
+    row = conn.execute(_REQUEST_STATUS, {"rid": request_id, "kind": kind}).mappings().first()
+    if row is None:
+        raise refusals.unknown_request(kind, request_id)
+    req = StoredRequest.of(row)
+    gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings()
+    # Once every job is in a worker's hands, eligibility and the queue ahead
+    # no longer matter: the status skips both reads.
+    queued = req.queued
+    # A chat request can only go to a chat worker of one of its models, and
+    # its status reads nothing else of the pool (eligibility, the impossible
+    # reason): read just those, not every online text worker.
+    chat = req.kind == "chat"
+    online = online_now(conn, now, chat=chat, models=req.view.models) if queued else []
+    position = _queue_position(conn, req) if with_position and queued else 0
+    busy = _busy(conn, [w.id for w in online]) if with_busy and queued else None
+    return StatusSnapshot(req, tuple(StoredJob.of(g) for g in gens), tuple(online), position, busy)
+
+
+def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
+    """Jobs in progress per worker, for these workers (read along ix_jobs_state_lease)."""
+    if not worker_ids:
+        return {}
+    rows = conn.execute(
+        select(jobs.c.worker_id, func.count())
+        .where(jobs.c.state == "processing", jobs.c.worker_id.in_(worker_ids))
+        .group_by(jobs.c.worker_id)
+    )
+    return {worker_id: int(count) for worker_id, count in rows}
+
+
+def _queue_position(conn: Connection, req: StoredRequest) -> int:
+    """Waiting requests ahead of this one that compete for its models.
+
+    Read along ix_queue_order (one range per model), so the cost follows the
+    position, not the length of the queue.
+    """
+    anon, key = req.anonymous, req.prio_key
+    if req.view.models:
+        table, rid = queue, queue.c.request_id
+        where: list[ColumnElement[bool]] = [queue.c.model.in_([*req.view.models, ""])]
+    else:  # any model: every waiting request competes
+        table, rid = requests, requests.c.id
+        where = [requests.c.state == "waiting", requests.c.remaining > 0]
+    count = func.count(func.distinct(rid))
+    ahead = conn.execute(
+        select(count).where(*where, table.c.anonymous == anon, table.c.prio_key > key)
+    ).scalar_one()
+    if anon:  # every registered request comes first
+        ahead += conn.execute(
+            select(count).where(*where, table.c.anonymous.is_(False))
+        ).scalar_one()
+    return int(ahead)
+
+
+def cancel_request(
+    conn: Connection,
+    request_id: str,
+    kind: str,
+    now: float,
+    rules: Rules,
+    posted: dict[str, int] | None = None,
+    billions: Callable[[str], float] | None = None,
+) -> StatusSnapshot:
+    """End a waiting request; returns its status parts as they were before.
+
+    ``posted`` maps the request's streamed jobs to the characters of content
+    and reasoning their workers posted: each is settled on them (the worker
+    rewarded, the requester charged, no dropped job). A job that does not
+    stream is not settled.
+    """
+    status = request_status(conn, request_id, kind, now, rules)
+    req = status.request
+    if req.state == "waiting":
+        for job_id, chars in (posted or {}).items():
+            job = (
+                conn.execute(JOB_WITH_REQUEST.with_for_update(), {"job_id": job_id})
+                .mappings()
+                .first()
+            )
+            if job is None or job["state"] != "processing" or billions is None:
+                continue
+            paid = settlement(job, chars, now, billions)
+            settle(conn, job, paid, {"charge_basis": "output_estimate"}, now, "cancelled")
+        end_request(conn, req.id, "cancelled", now, abort_jobs=False)
+    return status

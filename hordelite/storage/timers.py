@@ -1,0 +1,133 @@
+"""The sweep: expired leases and requests, purged history, idle queue classes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlalchemy import (
+    Connection,
+    delete,
+    exists,
+    func,
+    select,
+    update,
+)
+
+from hordelite.contract import faults
+from hordelite.storage.ledger import charge_worker, give_back
+from hordelite.storage.queueing import end_request
+from hordelite.storage.rules import Rules
+from hordelite.storage.schema import (
+    jobs,
+    queue,
+    queue_classes,
+    request_workers,
+    requests,
+)
+
+CLASS_IDLE_SECONDS = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    expired_jobs: int
+    requeued: int
+    ended_requests: list[str]
+    purged_requests: int
+    expired_job_ids: list[str] = dataclasses.field(default_factory=list)
+
+
+def sweep(
+    conn: Connection, now: float, rules: Rules, extended: dict[str, float] | None = None
+) -> SweepResult:
+    """Expire leases and requests, purge ended requests past retention.
+
+    ``extended`` holds the progress leases of streamed jobs: a job whose
+    progress lease still runs has its stored lease moved to that end instead.
+    """
+    extended = extended or {}
+    expired = (
+        conn.execute(
+            select(jobs)
+            .where(jobs.c.state == "processing", jobs.c.lease_expires < now)
+            .with_for_update(skip_locked=True)
+        )
+        .mappings()
+        .all()
+    )
+    requeued = 0
+    ended: list[str] = []
+    still = [j for j in expired if extended.get(j["id"], 0) >= now]
+    for job in still:
+        conn.execute(
+            update(jobs).where(jobs.c.id == job["id"]).values(lease_expires=extended[job["id"]])
+        )
+    expired = [j for j in expired if extended.get(j["id"], 0) < now]
+    for job in expired:
+        # Locks in the order submits take them: job, request, worker.
+        conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
+        req = (
+            conn.execute(
+                select(requests).where(requests.c.id == job["request_id"]).with_for_update()
+            )
+            .mappings()
+            .one()
+        )
+        was_requeued, was_ended = give_back(conn, req, now, rules, faults.LEASE_EXPIRY)
+        charge_worker(conn, job["worker_id"], faults.LEASE_EXPIRY.charge, now, rules)
+        requeued += was_requeued
+        if was_ended:
+            ended.append(req["id"])
+    stale = (
+        conn.execute(
+            select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now)
+        )
+        .scalars()
+        .all()
+    )
+    for request_id in stale:
+        busy = conn.execute(
+            select(jobs.c.id)
+            .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
+            .limit(1)
+        ).first()
+        if busy is None:
+            end_request(conn, request_id, "expired", now)
+            ended.append(request_id)
+    purged = _purge(conn, now - rules.retention)
+    _drop_idle_classes(conn, now)
+    return SweepResult(len(expired), requeued, ended, purged, [j["id"] for j in expired])
+
+
+def _drop_idle_classes(conn: Connection, now: float) -> None:
+    """Forget queue classes idle for an hour and empty, so chat pops stop visiting them."""
+    rows = exists().where(
+        queue.c.model == queue_classes.c.model,
+        queue.c.kind == queue_classes.c.kind,
+        queue.c.features == queue_classes.c.features,
+    )
+    conn.execute(
+        delete(queue_classes).where(queue_classes.c.last_used < now - CLASS_IDLE_SECONDS, ~rows)
+    )
+
+
+def _purge(conn: Connection, before: float) -> int:
+    old = select(requests.c.id).where(requests.c.ended < before)
+    conn.execute(delete(jobs).where(jobs.c.request_id.in_(old)))
+    conn.execute(delete(request_workers).where(request_workers.c.request_id.in_(old)))
+    return conn.execute(delete(requests).where(requests.c.ended < before)).rowcount or 0
+
+
+def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
+    """Per model: (waiting jobs, queued tokens). "" is the any-model queue."""
+    rows = conn.execute(
+        select(
+            queue.c.model,
+            # Jobs, not requests: a request with n = 3 waits for 3 jobs.
+            func.coalesce(func.sum(requests.c.remaining), 0),
+            func.coalesce(func.sum(requests.c.remaining * requests.c.max_length), 0),
+        )
+        .join(requests, requests.c.id == queue.c.request_id)
+        .group_by(queue.c.model)
+    ).all()
+    return {model: (int(count), int(tokens)) for model, count, tokens in rows}
