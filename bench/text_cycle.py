@@ -26,13 +26,39 @@ Figures, each with its target:
 (c) Long-poll wake latency: a worker waits in a pop with "wait": 10; a request
     is submitted; time from sending the async POST to the pop's answer.
     Target: p50 <= 20 ms.
+(d) The server's CPU per status read: with 4 requests waiting (queued, never
+    popped) and 4 done (queued, popped, submitted), ``--requesters`` clients
+    read GET /api/v2/status/heartbeat, then GET
+    /api/v2/generate/text/status/{id} of the waiting ones, then of the done
+    ones (client i reads request i mod 4), then the same in reverse order,
+    each run a quarter of ``--duration``. Server CPU seconds (from /proc)
+    divided by the requests answered, per kind. Target: status CPU per
+    request / heartbeat CPU per request <= 1.5, for waiting and for done.
+(e) The cycle as AI Horde clients run it: ``--requesters`` requesters as in
+    (a) (POST async, GET status every ``--poll-interval`` until done, the
+    next), and ``--workers`` workers that pop as koboldcpp's embedded worker
+    does, its body field for field and no "wait": on a job they submit at
+    once and pop again, on an empty pop they pause ``--idle-pause`` (0.1 s;
+    koboldcpp pauses 1 s, then 2 s and 3 s after 10 and 25 empty pops in a
+    row, and 0.1 s after each job while it generates). Completed requests/s,
+    p50/p95 from the async POST to the poll that sees it done, the server's
+    cores busy, and the rate the requesters' pacing alone allows (each
+    request needs at least one poll interval: requesters / poll interval).
+    Targets: p50 <= 110 ms, server < 0.90 cores.
+
+``--status-wait [N]`` makes the requesters of (a) and (e) long-poll GET
+.../status/{id}?wait=N (5 s by default) instead of polling, to compare the
+two once the server holds such reads. An answer not done that came back in
+under 40 ms was not held (a server that ignores ``wait`` answers at once),
+and the requester then waits the poll interval before the next read, so
+the loop stays paced on any server.
 
 For each measurement the table also shows the CPU that the server, this load
 generator and everything else on the machine used (from /proc, so Linux
 only): if the client is the busy one, the figure measures the client. The
 exit status is 1 when a target is missed.
 
-    .venv/bin/python bench/text_cycle.py              # the default run, 1-2 minutes
+    .venv/bin/python bench/text_cycle.py              # the default run, about 2 minutes
     .venv/bin/python bench/text_cycle.py --help
 
 HORDELITE_BENCH_PROFILE=DIR runs each server under cProfile in every thread
@@ -94,6 +120,18 @@ MIN_POPS = 20
 TARGET_RATIO = 0.40
 TARGET_POP_GROWTH = 2.0
 TARGET_WAKE_MS = 20.0
+TARGET_STATUS_COST = 1.5  # (d): server CPU per status read / per heartbeat
+TARGET_HORDE_P50_MS = 110.0  # (e): async POST -> the poll that sees it done
+TARGET_HORDE_CPU = 0.90  # (e): the server's cores busy on average
+
+# With --status-wait: a status answer back sooner than this was not held by
+# the server (see poll_until_done).
+LONG_POLL_HELD = 0.04
+# (e)'s rate counts as held down by the requesters' pacing when their poll
+# pauses fill at least this share of a cycle's time: the answers and the
+# wait for a worker's pop add little, so a faster server would not make
+# many more cycles.
+PACED_SHARE = 0.75
 
 
 def text_request(model: str, prompt: str = "Once upon a time, a benchmark") -> dict[str, Any]:
@@ -393,6 +431,8 @@ class Window:
     # (the request is done on the server then), whatever the poll interval.
     done: list[float] = dataclasses.field(default_factory=list)
     sent: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Poll intervals the requesters paused for between status reads.
+    pauses: int = 0
 
     def open(self) -> None:
         self.deadline = time.perf_counter() + self.duration
@@ -436,28 +476,54 @@ async def measure_noop(url: str, args: argparse.Namespace) -> Window:
     return window
 
 
+async def request_cycles(
+    http: Http, key: str, model: str, args: argparse.Namespace, window: Window
+) -> None:
+    """One requester: POST async a request for ``model``, poll its status until
+    done, then the next, until the window's deadline."""
+    while True:
+        # A prompt of its own lets the worker tell when this request was sent.
+        prompt = f"bench request {uuid.uuid4()}"
+        sent = window.sent[prompt] = time.perf_counter()
+        request_id = await post_text(http, key, text_request(model, prompt))
+        window.count("async")
+        if not await poll_until_done(http, f"/generate/text/status/{request_id}", args, window):
+            return
+        window.latencies.append(time.perf_counter() - sent)
+
+
+async def poll_until_done(http: Http, path: str, args: argparse.Namespace, window: Window) -> bool:
+    """GET the status ``path`` until it says done; False once past the window's deadline.
+
+    Plain polling waits ``args.poll_interval`` before each read. With
+    ``--status-wait N`` each read is a long poll, ``path?wait=N``, sent at
+    once; an answer that came back not done within LONG_POLL_HELD was not
+    held (a server that ignores ``wait``, or a change short of done), so the
+    next read waits the poll interval, as plain polling would, rather than
+    spin.
+    """
+    # chat_cycle.py's text runs pass their own flags, which have no --status-wait.
+    wait = getattr(args, "status_wait", 0.0)
+    query = f"?wait={wait:g}" if wait else ""
+    while True:
+        if not wait:
+            window.pauses += 1
+            await anyio.sleep(args.poll_interval)
+        asked = time.perf_counter()
+        status = await expect(200, http.call("GET", path + query))
+        if not window.count("status"):
+            return False
+        if status["done"]:
+            return True
+        if wait and time.perf_counter() - asked < LONG_POLL_HELD:
+            window.pauses += 1
+            await anyio.sleep(args.poll_interval)
+
+
 async def measure_cycle(
     url: str, worker_key: str, requester_keys: list[str], args: argparse.Namespace
 ) -> Window:
     window = Window(args.duration)
-
-    async def requester(http: Http, key: str) -> None:
-        while True:
-            # A prompt of its own lets the worker tell when this request was sent.
-            prompt = f"bench request {uuid.uuid4()}"
-            sent = window.sent[prompt] = time.perf_counter()
-            path = (
-                f"/generate/text/status/{await post_text(http, key, text_request(MODEL, prompt))}"
-            )
-            window.count("async")
-            while True:
-                await anyio.sleep(args.poll_interval)
-                status = await expect(200, http.call("GET", path))
-                if not window.count("status"):
-                    return
-                if status["done"]:
-                    window.latencies.append(time.perf_counter() - sent)
-                    break
 
     async def worker(http: Http, name: str) -> None:
         while True:
@@ -479,7 +545,7 @@ async def measure_cycle(
             functools.partial(worker, http, name) for http, name in zip(workers, names, strict=True)
         ]
         tasks += [
-            functools.partial(requester, http, key)
+            functools.partial(request_cycles, http, key, MODEL, args, window)
             for http, key in zip(requesters, requester_keys, strict=True)
         ]
         await run_until_deadline(window, tasks)
@@ -628,6 +694,152 @@ async def wait_for_job(
     answered.append((time.perf_counter(), job))
 
 
+# (d) the server's CPU per status read, next to a heartbeat -----------------
+
+# (d)'s timed reads in the order they run: mirrored, so that a drift in the
+# machine's load falls on the three kinds alike.
+STATUS_READS = ("heartbeat", "waiting", "done", "done", "waiting", "heartbeat")
+# Each of them lasts this share of --duration (2.5 s of the default 10 s).
+STATUS_READ_SHARE = 0.25
+# Requests of each state (waiting, done) whose status (d)'s clients read.
+STATUS_REQUESTS = 4
+
+
+@dataclasses.dataclass
+class ReadCost:
+    """The requests answered and the server CPU they took, over the runs of one kind."""
+
+    requests: int = 0
+    server_seconds: float = 0.0
+    uses: list[CpuUse] = dataclasses.field(default_factory=list)
+
+
+async def measure_status_reads(
+    server: Server, worker_key: str, requester_key: str, args: argparse.Namespace
+) -> dict[str, ReadCost]:
+    """Server CPU and requests answered for GET heartbeat and for GET status of
+    unchanged waiting and done requests, ``args.requesters`` clients each."""
+    async with open_clients(args.client, server.url, 1) as (setup,):
+        worker = "bench-status-worker"
+        await pop(setup, worker_key, worker)  # check in
+        done = []
+        for _ in range(STATUS_REQUESTS):
+            done.append(await post_text(setup, requester_key))
+            job = await pop(setup, worker_key, worker)
+            if job["id"] is None:
+                raise RuntimeError(f"the worker's pop came back empty: {job}")
+            await submit(setup, worker_key, job["id"])
+        # Queued after the worker's last pop, and nobody pops again: they wait.
+        waiting = [await post_text(setup, requester_key) for _ in range(STATUS_REQUESTS)]
+        for kind, ids in (("done", done), ("waiting", waiting)):
+            for request_id in ids:
+                status = await expect(200, setup.call("GET", f"/generate/text/status/{request_id}"))
+                if not status[kind]:
+                    raise RuntimeError(f"a request meant to be {kind} is not: {status}")
+    paths = {
+        "heartbeat": ["/status/heartbeat"],
+        "waiting": [f"/generate/text/status/{request_id}" for request_id in waiting],
+        "done": [f"/generate/text/status/{request_id}" for request_id in done],
+    }
+    costs = {kind: ReadCost() for kind in paths}
+
+    async def read(http: Http, path: str, window: Window) -> None:
+        while True:
+            await expect(200, http.call("GET", path))
+            window.count("read")
+
+    for kind in STATUS_READS:
+        window = Window(args.duration * STATUS_READ_SHARE)
+        reads = [paths[kind][i % len(paths[kind])] for i in range(args.requesters)]
+        # Fresh clients for each run: the end of a run cancels reads in flight,
+        # which leaves their connections mid-answer.
+        async with open_clients(args.client, server.url, args.requesters) as clients:
+            for http, path in zip(clients, reads, strict=True):
+                await expect(200, http.call("GET", path))  # connect, untimed
+            tasks: list[Task] = [
+                functools.partial(read, http, path, window)
+                for http, path in zip(clients, reads, strict=True)
+            ]
+            use: list[CpuUse] = []
+            with cpu_use(server.pid, use):
+                await run_until_deadline(window, tasks)
+        cost = costs[kind]
+        cost.requests += window.total
+        cost.server_seconds += use[0].server * use[0].wall
+        cost.uses.append(use[0])
+    return costs
+
+
+def combined(uses: Sequence[CpuUse]) -> CpuUse:
+    """The CPU use of several measurements taken as one."""
+    wall = sum(use.wall for use in uses)
+    return CpuUse(
+        wall,
+        sum(use.server * use.wall for use in uses) / wall,
+        sum(use.client * use.wall for use in uses) / wall,
+        sum(use.others * use.wall for use in uses) / wall,
+    )
+
+
+# (e) the cycle as AI Horde clients run it: koboldcpp's pops, no waits ------
+
+# koboldcpp's embedded worker serves "koboldcpp/<its model>" and names itself so.
+KOBOLD_MODEL = "koboldcpp/bench-model"
+KOBOLD_AGENT = "KoboldCppEmbedWorker:2:https://github.com/LostRuins/koboldcpp"
+
+
+def kobold_pop_body(name: str) -> dict[str, Any]:
+    """The body of koboldcpp's embedded worker's pop, field for field: no "wait"."""
+    return {
+        "name": name,
+        "models": [KOBOLD_MODEL],
+        "max_length": 512,
+        "max_context_length": 4096,
+        "priority_usernames": [],
+        "softprompts": [],
+        "bridge_agent": KOBOLD_AGENT,
+    }
+
+
+async def measure_horde_cycle(
+    url: str, worker_key: str, requester_keys: list[str], args: argparse.Namespace
+) -> Window:
+    """(a)'s requesters with workers that pop without wait, pausing ``args.idle_pause`` when idle."""
+    window = Window(args.duration)
+
+    async def worker(http: Http, name: str) -> None:
+        while True:
+            job = await expect(
+                200, http.call("POST", "/generate/text/pop", kobold_pop_body(name), worker_key)
+            )
+            if job["id"] is None:
+                window.count("empty pop")
+                await anyio.sleep(args.idle_pause)
+                continue
+            window.count("pop")
+            await submit(http, worker_key, job["id"])
+            if window.count("submit"):
+                window.done.append(time.perf_counter() - window.sent.pop(job["payload"]["prompt"]))
+
+    async with open_clients(args.client, url, args.requesters + args.workers) as clients:
+        workers, requesters = clients[: args.workers], clients[args.workers :]
+        names = [f"bench-kobold-{i}" for i in range(args.workers)]
+        for http, name in zip(workers, names, strict=True):
+            # Check in first, so that no request is queued before a worker is online.
+            await expect(
+                200, http.call("POST", "/generate/text/pop", kobold_pop_body(name), worker_key)
+            )
+        tasks: list[Task] = [
+            functools.partial(worker, http, name) for http, name in zip(workers, names, strict=True)
+        ]
+        tasks += [
+            functools.partial(request_cycles, http, key, KOBOLD_MODEL, args, window)
+            for http, key in zip(requesters, requester_keys, strict=True)
+        ]
+        await run_until_deadline(window, tasks)
+    return window
+
+
 # Running the phases ---------------------------------------------------------
 
 
@@ -678,6 +890,8 @@ def run_cycle_phase(workdir: Path, args: argparse.Namespace, report: Report) -> 
     ratio = rate / (noop_rate / per_cycle)
     p50, p95 = percentile(cycle.done, 50), percentile(cycle.done, 95)
     seen50, seen95 = percentile(cycle.latencies, 50), percentile(cycle.latencies, 95)
+    if args.status_wait:
+        report.add("(a) status reads", status_reads(args))
     report.add("(a) no-op GET heartbeat", f"{noop_rate:.0f} req/s")
     report.add("(a) text cycles completed", f"{rate:.1f} /s")
     kinds = ", ".join(
@@ -768,6 +982,137 @@ def run_wake_phase(workdir: Path, args: argparse.Namespace, report: Report) -> N
     )
     report.add("(c) long-poll wake p95", ms(percentile(latencies, 95)))
     report.figures["wake_p50_ms"] = p50 * 1000
+
+
+def run_status_phase(workdir: Path, args: argparse.Namespace, report: Report) -> None:
+    with running_server(workdir, "status", args.server_backend) as server:
+        worker_key = create_key(server, "bench-worker")
+        requester_key = create_key(server, "bench-requester")
+        costs = anyio.run(
+            measure_status_reads,
+            server,
+            worker_key,
+            requester_key,
+            args,
+            backend=args.client_backend,
+        )
+    labels = {
+        "heartbeat": "GET /status/heartbeat",
+        "waiting": "GET text status, waiting",
+        "done": "GET text status, done",
+    }
+    per_request: dict[str, float] = {}
+    for kind, cost in costs.items():
+        if not cost.requests:
+            raise RuntimeError(f"no {kind} read was answered in (d)")
+        use = combined(cost.uses)
+        report.cpu.append((f"(d) {kind} reads", use))
+        per_request[kind] = cost.server_seconds / cost.requests
+        report.add(
+            f"(d) server CPU per {labels[kind]}",
+            f"{ms(per_request[kind])} ({cost.requests / use.wall:.0f} req/s)",
+        )
+    report.figures["status_cost"] = {
+        kind: {"cpu_ms_per_request": seconds * 1000} for kind, seconds in per_request.items()
+    }
+    for kind in ("waiting", "done"):
+        ratio = per_request[kind] / per_request["heartbeat"]
+        report.add(
+            f"(d) CPU ratio status {kind} / heartbeat",
+            f"{ratio:.2f}",
+            f"<= {TARGET_STATUS_COST:.1f}",
+            ratio <= TARGET_STATUS_COST,
+        )
+        report.figures["status_cost"][f"ratio_{kind}"] = ratio
+
+
+def run_horde_phase(workdir: Path, args: argparse.Namespace, report: Report) -> None:
+    with running_server(workdir, "horde-style", args.server_backend) as server:
+        worker_key = create_key(server, "bench-workers")
+        requester_keys = [
+            create_key(server, f"bench-requester-{i}") for i in range(args.requesters)
+        ]
+        cpu: list[CpuUse] = []
+        with cpu_use(server.pid, cpu):
+            cycle = anyio.run(
+                measure_horde_cycle,
+                server.url,
+                worker_key,
+                requester_keys,
+                args,
+                backend=args.client_backend,
+            )
+    use = cpu[0]
+    report.cpu.append(("(e) AI Horde style cycle", use))
+    cycles = len(cycle.latencies)
+    if not cycles:
+        raise RuntimeError("no text request completed the AI Horde style cycle")
+    rate = cycles / cycle.duration
+    kinds = ("async", "pop", "empty pop", "submit", "status")
+    per_kind = ", ".join(f"{kind} {cycle.requests.get(kind, 0) / cycles:.2f}" for kind in kinds)
+    report.add("(e) status reads", status_reads(args))
+    report.add("(e) AI Horde style cycles completed", f"{rate:.1f} /s")
+    report.add("(e) HTTP requests per cycle", f"{cycle.total / cycles:.2f} ({per_kind})")
+    p50, p95 = percentile(cycle.latencies, 50), percentile(cycle.latencies, 95)
+    report.add(
+        "(e) async-to-seen-done p50",
+        ms(p50),
+        f"<= {TARGET_HORDE_P50_MS:.0f} ms",
+        p50 * 1000 <= TARGET_HORDE_P50_MS,
+    )
+    report.add("(e) async-to-seen-done p95", ms(p95))
+    done50, done95 = percentile(cycle.done, 50), percentile(cycle.done, 95)
+    report.add("(e) async-to-submitted p50 / p95", f"{ms(done50)} / {ms(done95)}")
+    report.add(
+        "(e) server CPU",
+        f"{use.server:.2f} cores",
+        f"< {TARGET_HORDE_CPU:.2f}",
+        use.server < TARGET_HORDE_CPU,
+    )
+    pacing = None if args.status_wait else args.requesters / args.poll_interval
+    if pacing is not None:
+        report.add(
+            "(e) requesters' pacing allows",
+            f"<= {pacing:.0f} /s ({args.requesters} x one {ms(args.poll_interval)} poll "
+            f"per cycle); measured {rate / pacing:.0%} of it",
+        )
+    # Little's law: every requester is always in a cycle.
+    cycle_time = args.requesters / rate
+    paused = cycle.pauses * args.poll_interval / cycles
+    report.add(
+        "(e) requester's cycle time",
+        f"{ms(cycle_time)}: {ms(paused)} poll pauses, {ms(cycle_time - paused)} answers "
+        "and waits for a pop",
+    )
+    report.add("(e) rate limited by", horde_limit(use.server, paused / cycle_time))
+    report.figures["horde_style"] = {
+        "cycles_per_s": rate,
+        "requests_by_kind": cycle.requests,
+        "seen_done_p50_ms": p50 * 1000,
+        "seen_done_p95_ms": p95 * 1000,
+        "submitted_p50_ms": done50 * 1000,
+        "submitted_p95_ms": done95 * 1000,
+        "server_cores": use.server,
+        "pacing_bound_per_s": pacing,
+        "cycle_time_ms": cycle_time * 1000,
+        "poll_pauses_ms": paused * 1000,
+        "status_wait": args.status_wait,
+    }
+
+
+def status_reads(args: argparse.Namespace) -> str:
+    if args.status_wait:
+        return f"long polls, GET .../status/{{id}}?wait={args.status_wait:g}"
+    return f"GET .../status/{{id}} every {ms(args.poll_interval)}"
+
+
+def horde_limit(server_cores: float, paused_share: float) -> str:
+    """What most likely holds (e)'s rate down, read from its figures."""
+    if server_cores >= TARGET_HORDE_CPU:
+        return "the server (saturated)"
+    if paused_share >= PACED_SHARE:
+        return f"the requesters' pacing ({paused_share:.0%} of a cycle in poll pauses)"
+    return f"neither alone: {paused_share:.0%} of a cycle in poll pauses, the rest answers and pops"
 
 
 def print_report(report: Report, args: argparse.Namespace) -> None:
@@ -884,20 +1229,49 @@ def _sizes(text: str) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument(
-        "--phases", default="abc", help="which phases to run: any of a, b, c (default abc)"
+        "--phases",
+        default="abcde",
+        help="which phases to run: any of a, b, c, d, e (default abcde)",
     )
     p.add_argument(
-        "--duration", type=float, default=10.0, help="seconds of each timed run in (a) (default 10)"
+        "--duration",
+        type=float,
+        default=10.0,
+        help="seconds of each timed run in (a) and (e); each of the six reads in (d) "
+        f"runs {STATUS_READ_SHARE:g} of it (default 10)",
     )
     p.add_argument(
-        "--requesters", type=int, default=16, help="concurrent requesters in (a) (default 16)"
+        "--requesters",
+        type=int,
+        default=16,
+        help="concurrent requesters in (a) and (e), clients in (d) (default 16)",
     )
-    p.add_argument("--workers", type=int, default=4, help="concurrent workers in (a) (default 4)")
+    p.add_argument(
+        "--workers", type=int, default=4, help="concurrent workers in (a) and (e) (default 4)"
+    )
     p.add_argument(
         "--poll-interval",
         type=float,
         default=0.05,
-        help="seconds a requester waits before each status poll in (a) (default 0.05)",
+        help="seconds a requester waits before each status poll in (a) and (e) (default 0.05)",
+    )
+    p.add_argument(
+        "--status-wait",
+        type=float,
+        nargs="?",
+        const=5.0,
+        default=0.0,
+        metavar="SECONDS",
+        help="requesters in (a) and (e) long-poll GET .../status/{id}?wait=SECONDS "
+        "(5 when given alone) instead of polling every --poll-interval (default off)",
+    )
+    p.add_argument(
+        "--idle-pause",
+        type=float,
+        default=0.1,
+        help="seconds a worker in (e) waits after an empty pop before popping again "
+        "(default 0.1; koboldcpp's embedded worker waits 1 s, then 2 s and 3 s "
+        "after 10 and 25 empty pops in a row)",
     )
     p.add_argument(
         "--pop-wait", type=float, default=5.0, help='the workers\' pop "wait" in (a) (default 5)'
@@ -981,7 +1355,14 @@ def main(argv: list[str] | None = None) -> int:
         run_pop_phase(workdir, args, report, servable=True)
 
     return run_phases(
-        parser().parse_args(argv), {"a": run_cycle_phase, "b": pops, "c": run_wake_phase}
+        parser().parse_args(argv),
+        {
+            "a": run_cycle_phase,
+            "b": pops,
+            "c": run_wake_phase,
+            "d": run_status_phase,
+            "e": run_horde_phase,
+        },
     )
 
 
