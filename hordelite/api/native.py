@@ -16,6 +16,7 @@ from hordelite._http import ARRIVED
 from hordelite._request import client_agent, horde, json_body
 from hordelite.api import _render
 from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
+from hordelite.contract.text import parse_status_wait
 from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde.results import Queued
 
@@ -63,7 +64,8 @@ async def chat_async() -> Response:
 
 @native.get("/generate/chat/status/<request_id>")
 async def chat_status(request_id: str) -> Response:
-    return json_response(_render.status(await horde().chat_status(request_id)))
+    wait = parse_status_wait(request.args.get("wait"))
+    return json_response(_render.status(await horde().chat_status(request_id, wait=wait)))
 
 
 @native.delete("/generate/chat/status/<request_id>")
@@ -73,7 +75,8 @@ async def chat_cancel(request_id: str) -> Response:
 
 @native.get("/generate/text/status/<request_id>")
 async def text_status(request_id: str) -> Response:
-    return json_response(_render.status(await horde().text_status(request_id)))
+    wait = parse_status_wait(request.args.get("wait"))
+    return json_response(_render.status(await horde().text_status(request_id, wait=wait)))
 
 
 @native.delete("/generate/text/status/<request_id>")

@@ -131,6 +131,20 @@ MODEL_STATS_TTL: Final = 2.0
 # many pops without wait) then reads and decodes them once, not once each.
 SKIPPED_SAMPLE_SECONDS: Final = 1.0
 
+# A status read is answered from the status cache while its request's
+# version is unchanged. The queue position, wait time and is_possible of a
+# request still waiting for a worker also move with the rest of the queue and
+# the pool: those are re-read at most this long after they were read, as the
+# AI Horde caches them (decision 0038).
+STATUS_POSITION_SECONDS: Final = 1.0
+# Statuses kept by the cache (the most recently read), and request versions
+# kept by the in-process signals (the most recently changed).
+STATUS_CACHE_ENTRIES: Final = 8192
+REQUEST_VERSIONS: Final = 65536
+# The longest ``wait`` of a long-polled status read
+# (GET .../status/{id}?wait=N), in seconds.
+MAX_STATUS_WAIT: Final = 60.0
+
 # The window in which aborted jobs are counted towards maintenance.
 ABORT_WINDOW_SECONDS: Final = 3600.0
 

@@ -30,6 +30,7 @@ from hordelite.contract.limits import (
     MAX_PRIORITY_USERNAMES,
     MAX_REQUEST_N,
     MAX_STATE_CHARS,
+    MAX_STATUS_WAIT,
     MAX_STOP_SEQUENCE_CHARS,
     MAX_STOP_SEQUENCES,
     MAX_WEBHOOK_CHARS,
@@ -330,3 +331,17 @@ def _parse_gen_metadata(value: Any) -> list[dict[str, Any]]:
             item["ref"] = ref
         out.append(item)
     return out
+
+
+def parse_status_wait(value: str | None) -> float:
+    """The ``wait`` of a long-polled status read (``?wait=N``, a hordelite
+    extension): seconds, 0 (the default: answer at once) to MAX_STATUS_WAIT."""
+    if value is None or value == "":
+        return 0.0
+    try:
+        wait = float(value)
+    except ValueError:
+        raise bad_request("wait", "expected a number of seconds") from None
+    if not 0 <= wait <= MAX_STATUS_WAIT:  # also refuses nan and inf
+        raise bad_request("wait", f"expected 0 to {MAX_STATUS_WAIT:g} seconds")
+    return wait

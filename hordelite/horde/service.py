@@ -15,6 +15,7 @@ import json
 import math
 import secrets
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -43,6 +44,8 @@ from hordelite.contract.limits import (
     MAX_USER_ID_DIGITS,
     MODEL_STATS_TTL,
     SKIPPED_SAMPLE_SECONDS,
+    STATUS_CACHE_ENTRIES,
+    STATUS_POSITION_SECONDS,
     UPFRONT_MAX_LENGTH,
 )
 from hordelite.contract.models import ModelReference
@@ -175,6 +178,42 @@ def _scoped_operation_key(api_key: str, operation_key: str | None) -> str | None
     return None if api_key == ANONYMOUS_API_KEY else operation_key
 
 
+_StatusKey = tuple[str, str, bool, bool]  # kind, request id, with_position, with_free_threads
+
+
+class _StatusCache:
+    """Statuses as last read, each under its request's version (decision 0038).
+
+    An entry answers while the version is the one it was read under and, for
+    a request still waiting for a worker (its position, wait time and
+    is_possible move with the rest of the queue), for STATUS_POSITION_SECONDS
+    at most. The least recently read entries go past STATUS_CACHE_ENTRIES.
+    """
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[_StatusKey, tuple[int, float, RequestStatus]] = OrderedDict()
+
+    def get(self, key: _StatusKey, version: int, now: float) -> RequestStatus | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != version or now >= entry[1]:
+            return None
+        self._entries.move_to_end(key)
+        return entry[2]
+
+    def put(self, key: _StatusKey, version: int, now: float, status: RequestStatus) -> None:
+        until = now + STATUS_POSITION_SECONDS if _moves_with_queue(status) else math.inf
+        self._entries[key] = (version, until, status)
+        self._entries.move_to_end(key)
+        if len(self._entries) > STATUS_CACHE_ENTRIES:
+            self._entries.popitem(last=False)
+
+
+def _moves_with_queue(status: RequestStatus) -> bool:
+    """Whether parts of this status follow other requests and the pool, not
+    only its own request: while it waits for a worker to take a job."""
+    return not (status.done or status.faulted) and status.waiting > 0
+
+
 class _SkippedSample:
     """The waiting requests an empty pop counts ``skipped`` over, read at most
     SKIPPED_SAMPLE_SECONDS ago (the counts are advice to the worker's owner;
@@ -244,6 +283,7 @@ class Horde:
         # The capacity each set of chat models last had (chat admission).
         self._capacities: dict[tuple[str, ...], chat.Capacity] = {}
         self._skipped_sample = _SkippedSample(db)
+        self._statuses = _StatusCache()
 
     def _queue_changed(self, request: RequestView | None = None) -> None:
         """Wake the pops that may take ``request`` (any pop: None), and let
@@ -437,8 +477,14 @@ class Horde:
             # Model names are the clients': keep only the latest sets.
             del self._capacities[next(iter(self._capacities))]
 
-    async def text_status(self, request_id: str, *, cancel: bool = False) -> RequestStatus:
-        """The status; with ``cancel``, end the request (answering its state before)."""
+    async def text_status(
+        self, request_id: str, *, cancel: bool = False, wait: float = 0.0
+    ) -> RequestStatus:
+        """The status; with ``cancel``, end the request (answering its state
+        before); with ``wait``, answer at the request's next change or after
+        ``wait`` seconds (``long_polled``)."""
+        if wait > 0 and not cancel:
+            return await self.long_polled("text", request_id, wait)
         return await self._status("text", request_id, cancel)
 
     async def chat_status(
@@ -448,6 +494,7 @@ class Horde:
         cancel: bool = False,
         with_position: bool = True,
         with_free_threads: bool = False,
+        wait: float = 0.0,
     ) -> RequestStatus:
         """A chat request's status: the text fields, the structured replies,
         why no online worker can take it (``impossible``), and the fault.
@@ -457,7 +504,27 @@ class Horde:
         ``with_free_threads`` also counts the eligible threads not busy with
         a job (one more read), for the front's fail_fast check.
         """
+        if wait > 0 and not cancel:
+            return await self.long_polled("chat", request_id, wait)
         return await self._status("chat", request_id, cancel, with_position, with_free_threads)
+
+    async def long_polled(self, kind: str, request_id: str, wait: float) -> RequestStatus:
+        """A status read that waits for news (GET .../status/{id}?wait=N, a
+        hordelite extension): the status at once when the request has ended,
+        else at its next change (a job handed out or given back, a
+        generation, the end) or after ``wait`` seconds, whichever is first.
+
+        The waiter is taken before the first read, so that a change committed
+        during it is not missed; the process stopping wakes it.
+        """
+        canonical = parse_uuid(request_id) or request_id
+        with self.signals.status_waiter(canonical) as changed:
+            status = await self._status(kind, request_id, cancel=False)
+            if status.done or status.faulted or self._stopping:
+                return status
+            with anyio.move_on_after(wait):
+                await changed.wait()
+        return await self._status(kind, request_id, cancel=False)
 
     async def _status(
         self,
@@ -484,17 +551,20 @@ class Horde:
             )
             self.signals.notify_request(canonical)
             self.signals.end_stream(canonical, now)
-        else:
-            parts = await self.db.read(
-                q.request_status,
-                canonical,
-                kind,
-                now,
-                self.rules,
-                with_position,
-                with_free_threads,
-            )
-        return self._status_of(parts)
+            return self._status_of(parts)
+        # Read before the database: a change committed after this read
+        # bumps the version, so what is cached below is not served for it.
+        version = self.signals.request_version(canonical)
+        key = (kind, canonical, with_position, with_free_threads)
+        cached = self._statuses.get(key, version, now)
+        if cached is not None:
+            return cached
+        parts = await self.db.read(
+            q.request_status, canonical, kind, now, self.rules, with_position, with_free_threads
+        )
+        status = self._status_of(parts)
+        self._statuses.put(key, version, now, status)
+        return status
 
     def _status_of(self, parts: q.StatusSnapshot) -> RequestStatus:
         req = parts.request
@@ -621,6 +691,8 @@ class Horde:
                         self.signals.notify_queue()
                     raise
         job = result.job
+        if job is not None:
+            self.signals.touch_request(job.request_id)
         if job is not None and job.stream:
             assert result.worker is not None
             self.signals.put_lease(
@@ -743,6 +815,8 @@ class Horde:
             self._queue_changed()
         for request_id in result.ended_requests:
             self.signals.notify_request(request_id)
+        for request_id in result.changed_requests:
+            self.signals.touch_request(request_id)
         self.signals.sweep_progress(now, result.ended_requests)
         return result
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
@@ -7,7 +9,11 @@ from typing import Any, Protocol
 import anyio
 
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
-from hordelite.contract.limits import ENDED_MARKER_SECONDS, STREAM_RETENTION_SECONDS
+from hordelite.contract.limits import (
+    ENDED_MARKER_SECONDS,
+    REQUEST_VERSIONS,
+    STREAM_RETENTION_SECONDS,
+)
 from hordelite.contract.progress import Lease
 
 
@@ -86,7 +92,26 @@ class Signals(Protocol):
         the duration of the block (take it before reading the status)."""
         ...
 
-    def notify_request(self, request_id: str) -> None: ...
+    def notify_request(self, request_id: str) -> None:
+        """The request got a generation or ended: wake its waiters and
+        streams, and bump its version (``touch_request``)."""
+        ...
+
+    def touch_request(self, request_id: str) -> None:
+        """The request's status changed (a job handed out or given back, a
+        generation, an end): bump its version and wake its status
+        long-polls. Call it after the change is committed."""
+        ...
+
+    def request_version(self, request_id: str) -> int:
+        """A number that changes whenever the request's status may have: a
+        status cached under one version is current while the version is."""
+        ...
+
+    def status_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
+        """An event set at the request's next change (``touch_request``),
+        held for the duration of the block (take it before reading)."""
+        ...
 
     def notify_all_requests(self) -> None: ...
 
@@ -147,6 +172,15 @@ class LocalSignals:
         self._streams: dict[str, list[ProgressEntry]] = {}
         self._stream_events = _Wakeups()
         self._stream_ends: dict[str, float] = {}  # request id -> when its stream goes
+        self._status_events = _Wakeups()
+        # Versions come from one counter, so no two changes share one. Of the
+        # requests changed last, REQUEST_VERSIONS keep theirs; any other reads
+        # the highest version dropped, which differs from every version a
+        # status was cached under since that request's last change: a dropped
+        # version can cost a read, never serve a stale status.
+        self._versions: OrderedDict[str, int] = OrderedDict()
+        self._counter = itertools.count(1)
+        self._floor = 0
 
     @contextmanager
     def queue_waiter(self, worker: WorkerView | None) -> Iterator[QueueWaiter]:
@@ -170,13 +204,30 @@ class LocalSignals:
         return self._requests.hold(request_id)
 
     def notify_request(self, request_id: str) -> None:
+        self.touch_request(request_id)
         self._requests.wake(request_id)
         self._stream_events.wake(request_id)
+
+    def touch_request(self, request_id: str) -> None:
+        versions = self._versions
+        versions[request_id] = next(self._counter)
+        versions.move_to_end(request_id)
+        if len(versions) > REQUEST_VERSIONS:
+            _, dropped = versions.popitem(last=False)
+            self._floor = max(self._floor, dropped)
+        self._status_events.wake(request_id)
+
+    def request_version(self, request_id: str) -> int:
+        return self._versions.get(request_id, self._floor)
+
+    def status_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
+        return self._status_events.hold(request_id)
 
     def notify_all_requests(self) -> None:
         """Wake every waiter of every request (the process is stopping)."""
         self._requests.wake_all()
         self._stream_events.wake_all()
+        self._status_events.wake_all()
 
     # Progress ------------------------------------------------------------
 
@@ -252,6 +303,7 @@ class LocalSignals:
         return {
             "queue_waiters": len(self._waiters),
             "request_waiters": len(self._requests),
+            "status_waiters": len(self._status_events),
             "leases": len(self._leases),
             "leased_requests": len(self._request_jobs),
             "ended_markers": len(self._ended),

@@ -35,6 +35,8 @@ class SweepResult:
     ended_requests: list[str]
     purged_requests: int
     expired_job_ids: list[str] = dataclasses.field(default_factory=list)
+    # Requests whose status changed or that are gone (their statuses are stale).
+    changed_requests: list[str] = dataclasses.field(default_factory=list)
 
 
 def sweep(
@@ -96,7 +98,12 @@ def sweep(
             ended.append(request_id)
     purged = _purge(conn, now - rules.retention)
     _drop_idle_classes(conn, now)
-    return SweepResult(len(expired), requeued, ended, purged, [j["id"] for j in expired])
+    # Every request of an expired job changed (requeued or ended), and a
+    # purged one is gone: their cached statuses must not answer.
+    changed = list(dict.fromkeys([*(j["request_id"] for j in expired), *ended, *purged]))
+    return SweepResult(
+        len(expired), requeued, ended, len(purged), [j["id"] for j in expired], changed
+    )
 
 
 def _drop_idle_classes(conn: Connection, now: float) -> None:
@@ -111,11 +118,16 @@ def _drop_idle_classes(conn: Connection, now: float) -> None:
     )
 
 
-def _purge(conn: Connection, before: float) -> int:
+def _purge(conn: Connection, before: float) -> list[str]:
+    """Delete the requests that ended before ``before``; returns their ids."""
     old = select(requests.c.id).where(requests.c.ended < before)
     conn.execute(delete(jobs).where(jobs.c.request_id.in_(old)))
     conn.execute(delete(request_workers).where(request_workers.c.request_id.in_(old)))
-    return conn.execute(delete(requests).where(requests.c.ended < before)).rowcount or 0
+    return list(
+        conn.execute(delete(requests).where(requests.c.ended < before).returning(requests.c.id))
+        .scalars()
+        .all()
+    )
 
 
 def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:

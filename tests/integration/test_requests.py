@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Connection, select
 
 from hordelite import __version__
+from hordelite.contract.limits import STATUS_POSITION_SECONDS
 from hordelite.storage.schema import requests as requests_table
 from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
 
@@ -319,6 +320,9 @@ async def test_queue_position_counts_the_requests_ahead_for_the_same_model() -> 
         assert positions == {"a": 0, "b": 1, "c": 0, "d": 2}
         async with await bobs_worker(horde, models=["m1"]) as worker:
             assert (await worker.pop())["payload"]["prompt"] == "request a"  # the head of m1
+        # A waiting request's position is at most STATUS_POSITION_SECONDS old
+        # (decision 0038): read again past that, it counts the pop of "a".
+        clock.advance(STATUS_POSITION_SECONDS)
         assert (await status_of(client, ids["b"]))["queue_position"] == 0
         assert (await status_of(client, ids["d"]))["queue_position"] == 1
 

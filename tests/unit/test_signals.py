@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hordelite.contract.limits import STREAM_RETENTION_SECONDS
+from hordelite.contract.limits import REQUEST_VERSIONS, STREAM_RETENTION_SECONDS
 from hordelite.contract.progress import Lease
 from hordelite.signals import LocalSignals, ProgressEntry
 
@@ -86,3 +86,29 @@ async def test_waiters_that_leave_unwoken_leave_no_event_and_share_one_while_the
         with signals.request_waiter("r1") as later:
             assert not later.is_set()
     assert signals.statistics()["request_waiters"] == 0
+
+
+# Request versions (the status cache's key) ----------------------------------
+
+
+def test_a_version_read_before_a_change_never_matches_one_read_after_it() -> None:
+    signals = LocalSignals()
+    before_any = signals.request_version("a")
+    signals.touch_request("a")
+    after_first = signals.request_version("a")
+    assert after_first != before_any
+    assert signals.request_version("a") == after_first  # unchanged: the same
+    # So many other requests change that "a"'s version is dropped: what "a"
+    # reads then still differs from what it read before its change.
+    for i in range(REQUEST_VERSIONS + 1):
+        signals.touch_request(f"other-{i}")
+    assert signals.request_version("a") != before_any
+    signals.touch_request("a")
+    assert signals.request_version("a") not in (before_any, after_first)
+
+
+def test_notify_request_also_bumps_the_version() -> None:
+    signals = LocalSignals()
+    before = signals.request_version("a")
+    signals.notify_request("a")
+    assert signals.request_version("a") != before

@@ -1,0 +1,287 @@
+"""Status reads answered from the status cache (decision 0038), and the
+long-polled status read ``GET .../status/{id}?wait=N``.
+
+A status read of a request that has not changed must not touch the database;
+every change (a job handed out or given back, a generation, a cancel, an
+expiry, a purge) must show at the next read. Statements are counted on the
+horde's own engines as SQLAlchemy sends them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from sqlalchemy import event
+
+from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
+from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
+
+pytestmark = pytest.mark.anyio
+
+TLS = ssl.create_default_context()
+MODEL = "fake-model"
+READS = 20
+
+
+def client_for(horde: TestHorde) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=horde.url, verify=TLS)
+
+
+def status_path(request_id: str, kind: str = "text") -> str:
+    return f"/api/v2/generate/{kind}/status/{request_id}"
+
+
+async def status_of(client: httpx.AsyncClient, request_id: str, **params: Any) -> dict[str, Any]:
+    r = await client.get(status_path(request_id), params=params)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+async def queue_text(client: httpx.AsyncClient, key: str, **body: Any) -> str:
+    body.setdefault("prompt", "Once upon a time")
+    body.setdefault("models", [MODEL])
+    r = await client.post("/api/v2/generate/text/async", headers={"apikey": key}, json=body)
+    assert r.status_code == 202, r.text
+    return r.json()["id"]  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def statements(horde: TestHorde) -> Iterator[list[str]]:
+    """The SQL statements the horde sends while the block runs."""
+    sent: list[str] = []
+    db = horde.horde.db
+    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    for engine in engines.values():
+        event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield sent
+    finally:
+        for engine in engines.values():
+            event.remove(engine, "before_cursor_execute", count)
+
+
+async def test_reads_of_an_unchanged_request_send_no_statement() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        async with FakeTextWorker(horde.url, await horde.create_key("bob"), models=[MODEL]) as w:
+            waiting = await queue_text(client, key)
+            first = await status_of(client, waiting)
+            with statements(horde) as sent:
+                again = [await status_of(client, waiting) for _ in range(READS)]
+            assert sent == []
+            assert again == [first] * READS
+
+            job = await w.pop()
+            assert job["id"] is not None
+            processing = await status_of(client, waiting)
+            assert (processing["processing"], processing["waiting"]) == (1, 0)
+            with statements(horde) as sent:
+                for _ in range(READS):
+                    assert await status_of(client, waiting) == processing
+                clock.advance(STATUS_POSITION_SECONDS * 10)  # not waiting: no time limit
+                assert await status_of(client, waiting) == processing
+            assert sent == []
+
+            await w.submit(job["id"], "The end.", seed=1)
+            done = await status_of(client, waiting)
+            assert (done["done"], done["finished"]) == (True, 1)
+            with statements(horde) as sent:
+                for _ in range(READS):
+                    assert await status_of(client, waiting) == done
+            assert sent == []
+
+
+async def test_a_waiting_request_is_read_again_after_the_position_window() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        request_id = await queue_text(client, key)
+        await status_of(client, request_id)
+        with statements(horde) as sent:
+            clock.advance(STATUS_POSITION_SECONDS / 2)
+            await status_of(client, request_id)
+            assert sent == []
+            clock.advance(STATUS_POSITION_SECONDS / 2)
+            await status_of(client, request_id)
+            assert sent != []
+
+
+async def test_every_change_shows_at_the_next_read() -> None:
+    clock = ManualClock()
+    async with (
+        open_horde(clock=clock, job_ttl=30, retention=60) as horde,
+        client_for(horde) as client,
+    ):
+        key = await horde.create_key("alice", kudos=100)
+        async with FakeTextWorker(horde.url, await horde.create_key("bob"), models=[MODEL]) as w:
+            request_id = await queue_text(client, key)
+            assert (await status_of(client, request_id))["waiting"] == 1
+            # Handed out: processing at once (no wait for the position window).
+            job = await w.pop()
+            assert (await status_of(client, request_id))["processing"] == 1
+            # Its lease expires: the sweep gives it back.
+            clock.advance(31)
+            await horde.sweep()
+            back = await status_of(client, request_id)
+            assert (back["processing"], back["waiting"], back["restarted"]) == (0, 1, 1)
+            # Handed out again and done.
+            job = await w.pop()
+            assert job["id"] is not None
+            assert (await status_of(client, request_id))["processing"] == 1
+            await w.submit(job["id"], "The end.", seed=1)
+            assert (await status_of(client, request_id))["done"] is True
+            # Purged past the retention: gone at once.
+            clock.advance(61)
+            await horde.sweep()
+            r = await client.get(status_path(request_id))
+            assert r.status_code == 404, r.text
+
+        cancelled = await queue_text(client, key)
+        assert (await status_of(client, cancelled))["done"] is False
+        r = await client.delete(status_path(cancelled))
+        assert r.status_code == 200, r.text
+        assert (await status_of(client, cancelled))["done"] is True
+
+        expiring = await queue_text(client, key)
+        assert (await status_of(client, expiring))["faulted"] is False
+        clock.advance(horde.horde.config.horde.request_expiry + 1)
+        await horde.sweep()
+        assert (await status_of(client, expiring))["faulted"] is True
+
+
+async def test_a_long_polled_status_answers_at_the_requests_next_change() -> None:
+    async with open_horde() as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        async with FakeTextWorker(horde.url, await horde.create_key("bob"), models=[MODEL]) as w:
+            request_id = await queue_text(client, key)
+            answers: list[dict[str, Any]] = []
+
+            async def long_poll() -> None:
+                answers.append(await status_of(client, request_id, wait=MAX_STATUS_WAIT))
+
+            with anyio.fail_after(10):  # far below the wait: the pop ends it
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(long_poll)
+                    await wait_for_status_waiter(horde)
+                    job = await w.pop()
+            assert job["id"] is not None
+            [answer] = answers
+            assert (answer["processing"], answer["waiting"]) == (1, 0)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(long_poll)
+                    await wait_for_status_waiter(horde)
+                    await w.submit(job["id"], "The end.", seed=1)
+            assert answers[1]["done"] is True
+
+            # An ended request answers at once.
+            with anyio.fail_after(5):
+                assert (await status_of(client, request_id, wait=MAX_STATUS_WAIT))["done"]
+
+
+async def test_a_long_polled_chat_status_answers_at_its_reply() -> None:
+    async with open_horde() as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob")
+        async with FakeChatWorker(horde.url, bob, model_id=MODEL) as w:
+            assert (await w.pop())["id"] is None  # online, declared
+            r = await client.post(
+                "/api/v2/generate/chat/async",
+                headers={"apikey": key},
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert r.status_code == 202, r.text
+            request_id = r.json()["id"]
+            answers: list[dict[str, Any]] = []
+
+            async def long_poll() -> None:
+                r = await client.get(status_path(request_id, "chat"), params={"wait": 30})
+                assert r.status_code == 200, r.text
+                answers.append(r.json())
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(long_poll)
+                    await wait_for_status_waiter(horde)
+                    assert await w.serve_one(wait=0) is not None
+            # The pop or the reply, whichever it saw first; then the reply.
+            if not answers[0]["done"]:
+                assert answers[0]["processing"] == 1
+                with anyio.fail_after(10):
+                    await long_poll()
+            assert answers[-1]["done"] is True
+            assert answers[-1]["generations"][0]["message"]["content"]
+
+
+async def test_a_long_poll_without_news_answers_after_its_wait() -> None:
+    async with open_horde() as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        request_id = await queue_text(client, key)
+        before = await status_of(client, request_id)
+        started = anyio.current_time()
+        with anyio.fail_after(10):
+            after = await status_of(client, request_id, wait=0.3)
+        assert anyio.current_time() - started >= 0.3
+        assert after["waiting"] == before["waiting"] == 1
+        assert horde.horde.signals.statistics()["status_waiters"] == 0
+
+
+async def test_a_stopping_horde_answers_its_long_polled_statuses() -> None:
+    answered: list[dict[str, Any]] = []
+    async with open_horde() as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        request_id = await queue_text(client, key)
+
+        async def long_poll() -> None:
+            answered.append(await status_of(client, request_id, wait=MAX_STATUS_WAIT))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(long_poll)
+                await wait_for_status_waiter(horde)
+                horde.horde.begin_shutdown()
+    assert len(answered) == 1
+    assert answered[0]["waiting"] == 1
+
+
+@pytest.mark.parametrize(
+    ("wait", "why"),
+    [
+        ("soon", "expected a number of seconds"),
+        ("-1", "expected 0 to"),
+        ("nan", "expected 0 to"),
+        ("inf", "expected 0 to"),
+        (str(MAX_STATUS_WAIT + 1), "expected 0 to"),
+    ],
+)
+async def test_a_bad_wait_is_refused_naming_it(wait: str, why: str) -> None:
+    async with open_horde() as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        request_id = await queue_text(client, key)
+        for kind in ("text", "chat"):
+            r = await client.get(status_path(request_id, kind), params={"wait": wait})
+            assert r.status_code == 400, r.text
+            body = r.json()
+            assert body["rc"] == "BadRequest"
+            assert why in body["errors"]["wait"]
+
+
+async def wait_for_status_waiter(horde: TestHorde) -> None:
+    """Until a long-polled status read is waiting (polled with a deadline)."""
+    with anyio.fail_after(5):
+        while True:
+            if horde.horde.signals.statistics()["status_waiters"]:
+                return
+            await anyio.sleep(0.005)
