@@ -659,7 +659,6 @@ class Horde:
                 poll_left = (
                     None if pop.wait <= 0 else 0.0 if last else deadline - anyio.current_time()
                 )
-                sample = await self._skipped_sample.get() if last else None
                 if last and worker is not None:
                     # The wait ran out (or the horde stops) after an attempt
                     # found nothing, and any job queued since would have
@@ -667,19 +666,23 @@ class Horde:
                     # check-in of that attempt lasts past this answer, and
                     # the worker's next pop is the next attempt. (So 1,000
                     # long-polls ending together cost no 1,000 writes.)
-                    return PopAnswer(None, skipped_counts(worker, sample or []))
+                    return await self._nothing_for(worker)
+                # ``skipped`` is counted after the transaction, and only
+                # when it hands out nothing: a pop that takes a job reads
+                # no sample.
                 result = await self.db.write(
                     q.pop_job,
                     key_hash,
                     pop,
                     self.clock.now(),
                     self.rules,
-                    last,
+                    False,
                     not self.db.is_sqlite,
                     poll_left,
-                    sample,
                 )
-                if result.job is not None or last:
+                if result.job is None and last:
+                    return await self._nothing_for(result.worker)
+                if result.job is not None:
                     break
                 worker = result.worker
                 try:
@@ -711,6 +714,11 @@ class Horde:
                 )
             )
         return _pop_answer(result)
+
+    async def _nothing_for(self, worker: WorkerView) -> PopAnswer:
+        """An empty pop's answer: what the worker skipped among the best
+        waiting requests (read at most SKIPPED_SAMPLE_SECONDS ago)."""
+        return PopAnswer(None, skipped_counts(worker, await self._skipped_sample.get()))
 
     async def post_progress(self, api_key: str, body: Any) -> ProgressAnswer:
         """A streamed job's progress post, answered from its lease: no
