@@ -137,6 +137,10 @@ SKIPPED_SAMPLE_SECONDS: Final = 1.0
 # the pool: those are re-read at most this long after they were read, as the
 # AI Horde caches them (decision 0038).
 STATUS_POSITION_SECONDS: Final = 1.0
+# The online workers a submit's ``possible`` and a status read are checked
+# against are read at most this long ago; a worker joining, leaving or
+# declaring anew is seen at once (decision 0038).
+POOL_SNAPSHOT_SECONDS: Final = 1.0
 # Statuses kept by the cache (the most recently read), and request versions
 # kept by the in-process signals (the most recently changed).
 STATUS_CACHE_ENTRIES: Final = 8192

@@ -43,6 +43,7 @@ from hordelite.contract.limits import (
     ANONYMOUS_API_KEY,
     MAX_USER_ID_DIGITS,
     MODEL_STATS_TTL,
+    POOL_SNAPSHOT_SECONDS,
     SKIPPED_SAMPLE_SECONDS,
     STATUS_CACHE_ENTRIES,
     STATUS_POSITION_SECONDS,
@@ -178,6 +179,36 @@ def _scoped_operation_key(api_key: str, operation_key: str | None) -> str | None
     return None if api_key == ANONYMOUS_API_KEY else operation_key
 
 
+class _PoolSnapshot:
+    """The online workers, read at most POOL_SNAPSHOT_SECONDS ago and under
+    the current pool version (decision 0038): a worker joining, coming back,
+    declaring anew or changed by its owner bumps the version, so only what
+    a worker's own jobs change (its measured speed) can be that old. A
+    worker whose check-in ends leaves the snapshot at its ``until``."""
+
+    def __init__(self, db: Database, signals: Signals) -> None:
+        self._db = db
+        self._signals = signals
+        self._lock = anyio.Lock()
+        self._workers: list[q.OnlineWorker] = []
+        self._read_at = -math.inf
+        self._version = -1
+
+    def _current(self) -> bool:
+        fresh = anyio.current_time() - self._read_at < POOL_SNAPSHOT_SECONDS
+        return fresh and self._version == self._signals.pool_version()
+
+    async def get(self, now: float) -> list[WorkerView]:
+        if not self._current():
+            async with self._lock:  # one read for every caller that needs a fresh one
+                if not self._current():
+                    version = self._signals.pool_version()  # before the read, as for statuses
+                    self._workers = await self._db.read(q.online_pool, now)
+                    self._read_at = anyio.current_time()
+                    self._version = version
+        return [w.view for w in self._workers if w.until > now]
+
+
 _StatusKey = tuple[str, str, bool, bool]  # kind, request id, with_position, with_free_threads
 
 
@@ -284,6 +315,7 @@ class Horde:
         self._capacities: dict[tuple[str, ...], chat.Capacity] = {}
         self._skipped_sample = _SkippedSample(db)
         self._statuses = _StatusCache()
+        self._pool = _PoolSnapshot(db, self.signals)
 
     def _queue_changed(self, request: RequestView | None = None) -> None:
         """Wake the pops that may take ``request`` (any pop: None), and let
@@ -375,6 +407,7 @@ class Horde:
             self.rules,
             UPFRONT_MAX_LENGTH,
             client_agent,
+            await self._pool.get(self.clock.now()),
         )
         if not submitted.replayed:
             self._queue_changed(submitted.view)
@@ -560,7 +593,14 @@ class Horde:
         if cached is not None:
             return cached
         parts = await self.db.read(
-            q.request_status, canonical, kind, now, self.rules, with_position, with_free_threads
+            q.request_status,
+            canonical,
+            kind,
+            now,
+            self.rules,
+            with_position,
+            with_free_threads,
+            await self._pool.get(now),
         )
         status = self._status_of(parts)
         self._statuses.put(key, version, now, status)
@@ -680,6 +720,8 @@ class Horde:
                     not self.db.is_sqlite,
                     poll_left,
                 )
+                if result.pool_changed:
+                    self.signals.notify_pool()
                 if result.job is None and last:
                     return await self._nothing_for(result.worker)
                 if result.job is not None:
@@ -916,6 +958,7 @@ class Horde:
             self.rules,
             None if online is None else self.clock.now(),
         )
+        self.signals.notify_pool()  # in or out of maintenance, or gone
         return WorkerUpdate(changes.maintenance, changes.aborts_in_window, changes.online)
 
     @staticmethod

@@ -115,6 +115,16 @@ class Signals(Protocol):
 
     def notify_all_requests(self) -> None: ...
 
+    def notify_pool(self) -> None:
+        """A worker came online, changed its declaration, or left: bump the
+        pool version (call it after the change is committed)."""
+        ...
+
+    def pool_version(self) -> int:
+        """A number that changes whenever the pool of online workers changes
+        other than by time passing (a snapshot read under it is current)."""
+        ...
+
     # Progress leases and streams (streamed jobs) ---------------------------
 
     def put_lease(self, lease: Lease) -> None: ...
@@ -181,6 +191,7 @@ class LocalSignals:
         self._versions: OrderedDict[str, int] = OrderedDict()
         self._counter = itertools.count(1)
         self._floor = 0
+        self._pool_version = 0
 
     @contextmanager
     def queue_waiter(self, worker: WorkerView | None) -> Iterator[QueueWaiter]:
@@ -222,6 +233,12 @@ class LocalSignals:
 
     def status_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._status_events.hold(request_id)
+
+    def notify_pool(self) -> None:
+        self._pool_version += 1
+
+    def pool_version(self) -> int:
+        return self._pool_version
 
     def notify_all_requests(self) -> None:
         """Wake every waiter of every request (the process is stopping)."""

@@ -67,6 +67,21 @@ def online_now(
     return [worker_view(r) for r in rows]
 
 
+@dataclasses.dataclass(frozen=True)
+class OnlineWorker:
+    """A worker online when read, and until when it stays so."""
+
+    until: float
+    view: WorkerView
+
+
+def online_pool(conn: Connection, now: float) -> list[OnlineWorker]:
+    """Every worker online now, with the end of its check-in (a snapshot
+    that stays true for each worker until its ``until``)."""
+    rows = conn.execute(_ONLINE_WORKERS, {"now": now}).mappings()
+    return [OnlineWorker(r["online_until"], worker_view(r)) for r in rows]
+
+
 def worker_view(row: RowMapping | dict[str, Any]) -> WorkerView:
     return WorkerView(
         id=row["id"],
@@ -156,6 +171,13 @@ def _touch_statement(columns: tuple[str, ...]) -> Update:
         .where(workers.c.id == bindparam("worker_id"))
         .values({c: bindparam(c, type_=workers.c[c].type) for c in columns})
     )
+
+
+def declaration_changed(row: RowMapping, pop: PopRequest, now: float) -> bool:
+    """Whether this pop declares other than what the worker's row holds
+    (what eligibility reads: its models, limits, flags and chat declaration)."""
+    declared = stored_declaration(pop, now)
+    return any(row[k] != v for k, v in declared.items() if k != "last_check_in")
 
 
 def touch_worker(

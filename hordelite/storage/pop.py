@@ -50,6 +50,7 @@ from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.pool import (
     WORKER_BY_KEY,
+    declaration_changed,
     online_now,
     stored_declaration,
     touch_worker,
@@ -131,6 +132,8 @@ class PopResult:
     worker: WorkerView
     job: PoppedJob | None
     skipped: dict[str, int]
+    # The worker joined the pool, came back to it, or declared something new.
+    pool_changed: bool = False
 
 
 def pop_job(
@@ -171,6 +174,7 @@ def pop_job(
         fresh = True
     else:
         fresh = False
+    pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, pop, now)
     worker = worker_view({**row, **stored_declaration(pop, now), "trusted": user["trusted"]})
     job = _claim(conn, worker, user["id"], now, rules, skip_locked)
     until = online_until(
@@ -187,7 +191,7 @@ def pop_job(
     skipped: dict[str, int] = {}
     if job is None and with_skipped:
         skipped = skipped_counts(worker, skipped_sample(conn) if sample is None else sample)
-    return PopResult(worker, job, skipped)
+    return PopResult(worker, job, skipped, pool_changed)
 
 
 @functools.lru_cache(maxsize=128)

@@ -31,9 +31,11 @@ from hordelite.storage.jobs import (
     submit_job,
 )
 from hordelite.storage.pool import (
+    OnlineWorker,
     WorkerChanges,
     WorkerRecord,
     list_workers,
+    online_pool,
     online_workers,
     update_worker,
     worker_details,
@@ -68,6 +70,7 @@ from hordelite.storage.timers import (
 __all__ = [
     "FirstRequest",
     "NewRequest",
+    "OnlineWorker",
     "PopResult",
     "PoppedJob",
     "Rules",
@@ -85,6 +88,7 @@ __all__ = [
     "ensure_anonymous",
     "list_workers",
     "model_queue_stats",
+    "online_pool",
     "online_workers",
     "pop_job",
     "record_refusal",

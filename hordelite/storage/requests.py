@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -146,9 +146,12 @@ def submit_request(
     rules: Rules,
     upfront_max_length: int,
     client_agent: str,
+    online: Sequence[WorkerView] | None = None,
 ) -> Submitted:
     """Queue a request, or find the one an operation key already queued.
 
+    ``online``: the online workers its ``possible`` is checked against, when
+    the caller holds them (the service's pool snapshot); read here otherwise.
     Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
     OperationKeyReused (the key was used for a different request).
     """
@@ -157,7 +160,8 @@ def submit_request(
         first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
         if first is not None:
             return Submitted(first.id, new, new.eligibility, True, True)
-    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, None)
+    held = None if online is None else list(online)
+    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, held)
 
 
 def submit_chat_request(
@@ -405,13 +409,15 @@ def request_status(
     rules: Rules,
     with_position: bool = True,
     with_busy: bool = False,
+    pool: Sequence[WorkerView] | None = None,
 ) -> StatusSnapshot:
     """The parts of a status answer (the service renders them).
 
     ``with_position`` False skips the queue position (a count that follows
     the position): a waiting OpenAI call re-checking its request needs only
     whether it ended and whether it is possible. ``with_busy`` adds
-    ``busy``: the jobs in progress of each online worker.
+    ``busy``: the jobs in progress of each online worker. ``pool``: the
+    online workers, when the caller holds them (read here otherwise).
     """
     row = conn.execute(_REQUEST_STATUS, {"rid": request_id, "kind": kind}).mappings().first()
     if row is None:
@@ -425,7 +431,14 @@ def request_status(
     # its status reads nothing else of the pool (eligibility, the impossible
     # reason): read just those, not every online text worker.
     chat = req.kind == "chat"
-    online = online_now(conn, now, chat=chat, models=req.view.models) if queued else []
+    if not queued:
+        online: list[WorkerView] = []
+    elif pool is None:
+        online = online_now(conn, now, chat=chat, models=req.view.models)
+    elif chat:
+        online = [w for w in pool if w.chat_model is not None and w.chat_model in req.view.models]
+    else:
+        online = list(pool)
     position = _queue_position(conn, req) if with_position and queued else 0
     busy = _busy(conn, [w.id for w in online]) if with_busy and queued else None
     return StatusSnapshot(req, tuple(StoredJob.of(g) for g in gens), tuple(online), position, busy)

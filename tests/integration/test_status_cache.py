@@ -285,3 +285,64 @@ async def wait_for_status_waiter(horde: TestHorde) -> None:
             if horde.horde.signals.statistics()["status_waiters"]:
                 return
             await anyio.sleep(0.005)
+
+
+# The pool snapshot: the online workers a submit and a status check against ---
+
+
+def reads_workers(sent: list[str]) -> bool:
+    return any("FROM workers" in s for s in sent)
+
+
+async def test_a_submit_reads_the_workers_at_most_once_a_pool_window() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=1000)
+        async with FakeTextWorker(horde.url, await horde.create_key("bob"), models=[MODEL]) as w:
+            assert (await w.pop())["id"] is None
+            await queue_text(client, key)
+            with statements(horde) as sent:
+                for _ in range(5):
+                    await queue_text(client, key)
+            assert not reads_workers(sent)
+
+
+async def test_a_worker_joining_or_leaving_shows_at_once() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=1000)
+        bob = await horde.create_key("bob")
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": key},
+            json={"prompt": "p", "models": ["other"]},
+        )
+        assert r.json()["warnings"][0]["code"] == "NoAvailableWorker"
+        waiting = r.json()["id"]
+        assert (await status_of(client, waiting))["is_possible"] is False
+        # Joins (no clock move): the next submit and status see it.
+        async with FakeTextWorker(horde.url, bob, models=["other"], name="w-other") as w:
+            # The pop takes the waiting request; the next one waits for it.
+            assert (await w.pop())["payload"]["prompt"] == "p"
+            r = await client.post(
+                "/api/v2/generate/text/async",
+                headers={"apikey": key},
+                json={"prompt": "p", "models": ["other"]},
+            )
+            assert "warnings" not in r.json()
+            second = r.json()["id"]
+            assert (await status_of(client, second))["is_possible"] is True
+            # Leaves, saying so: seen at once.
+            wid = (await client.get("/api/v2/workers/name/w-other")).json()["id"]
+            r = await client.put(
+                f"/api/v2/workers/{wid}", headers={"apikey": bob}, json={"online": False}
+            )
+            assert r.status_code == 200, r.text
+            r = await client.post(
+                "/api/v2/generate/text/async",
+                headers={"apikey": key},
+                json={"prompt": "p", "models": ["other"]},
+            )
+            assert r.json()["warnings"][0]["code"] == "NoAvailableWorker"
+            clock.advance(STATUS_POSITION_SECONDS)  # the second's cached position window
+            assert (await status_of(client, second))["is_possible"] is False
