@@ -120,6 +120,12 @@ def _database(value: str) -> str | None:
     return None
 
 
+def _signals_url(value: str) -> str | None:
+    if value and not value.startswith(("redis://", "rediss://")):
+        return f"must be empty (in-process signals) or a redis:// URL, got {value!r}"
+    return None
+
+
 def _existing_file_or_empty(value: str) -> str | None:
     return f"no such file {value!r}" if value and not Path(value).is_file() else None
 
@@ -174,6 +180,9 @@ class ServerConfig:
     max_header_bytes: int = bounded(16 * 1024, ge=1024, le=1024 * 1024)
     # Connections the kernel queues for accept (capped by net.core.somaxconn).
     backlog: int = bounded(4096, ge=1, le=65535)
+    # Processes serving the one listening socket, each a whole horde. Above 1
+    # needs PostgreSQL and Redis signals (decision 0039).
+    processes: int = bounded(1, ge=1, le=64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +195,14 @@ class StorageConfig:
     # event loop's thread, "threads" hands each to a thread. PostgreSQL always
     # uses threads.
     executor: str = bounded("inline", one_of=("inline", "threads"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalsConfig:
+    # Empty: wake-ups, request versions, progress leases and streams live in
+    # this process. redis://host:port/db: they go through Redis, so several
+    # processes or machines on one PostgreSQL database act as one horde.
+    url: str = bounded("", rule=_signals_url)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +311,7 @@ class WorkerConfig:
 class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
+    signals: SignalsConfig = dataclasses.field(default_factory=SignalsConfig)
     horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
@@ -311,6 +329,7 @@ class Config:
 _SECTIONS: dict[str, type[Any]] = {
     "server": ServerConfig,
     "storage": StorageConfig,
+    "signals": SignalsConfig,
     "horde": HordeConfig,
     "front": FrontConfig,
     "worker": WorkerConfig,
