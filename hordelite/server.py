@@ -23,7 +23,7 @@ from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.errors import StorageUnavailable
 from hordelite.horde.service import Horde
-from hordelite.signals import Signals
+from hordelite.signals import Signals, open_signals
 from hordelite.storage.database import Database
 
 log = logging.getLogger("hordelite")
@@ -81,6 +81,17 @@ async def _serve_http_until(
 @contextlib.asynccontextmanager
 async def open_server(
     config: Config, *, clock: Clock | None = None, signals: Signals | None = None
+) -> AsyncIterator[RunningHorde]:
+    async with contextlib.AsyncExitStack() as stack:
+        if signals is None:
+            signals = await stack.enter_async_context(open_signals(config.signals.url))
+        async with _open_horde(config, clock, signals) as running:
+            yield running
+
+
+@contextlib.asynccontextmanager
+async def _open_horde(
+    config: Config, clock: Clock | None, signals: Signals
 ) -> AsyncIterator[RunningHorde]:
     db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
     try:

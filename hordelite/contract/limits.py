@@ -145,6 +145,9 @@ POOL_SNAPSHOT_SECONDS: Final = 1.0
 # kept by the in-process signals (the most recently changed).
 STATUS_CACHE_ENTRIES: Final = 8192
 REQUEST_VERSIONS: Final = 65536
+# A request's version lives this long in Redis after its last change
+# (longer than any request stays readable).
+VERSION_TTL_SECONDS: Final = 7 * 24 * 3600.0
 # The longest ``wait`` of a long-polled status read
 # (GET .../status/{id}?wait=N), in seconds.
 MAX_STATUS_WAIT: Final = 60.0

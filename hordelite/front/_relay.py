@@ -113,7 +113,7 @@ async def relay(
         while status is None:
             with signals.progress_waiter(rid) as posted:
                 now = anyio.current_time()
-                for entry in signals.read_progress(rid, position):
+                for entry in await signals.read_progress(rid, position):
                     position += 1
                     gen = entry["gen"] if gen is None else gen
                     if entry["gen"] == gen:  # a later attempt is reconciled at the end

@@ -317,11 +317,11 @@ class Horde:
         self._statuses = _StatusCache()
         self._pool = _PoolSnapshot(db, self.signals)
 
-    def _queue_changed(self, request: RequestView | None = None) -> None:
+    async def _queue_changed(self, request: RequestView | None = None) -> None:
         """Wake the pops that may take ``request`` (any pop: None), and let
         the next empty pop count ``skipped`` over the queue as it is now."""
         self._skipped_sample.stale()
-        self.signals.notify_queue(request)
+        await self.signals.notify_queue(request)
 
     @property
     def stopping(self) -> bool:
@@ -331,8 +331,8 @@ class Horde:
         """Stop holding waits: each waiting pop answers now (a last try, then
         empty), each waiting OpenAI call gets its final answer."""
         self._stopping = True
-        self._queue_changed()
-        self.signals.notify_all_requests()
+        self._skipped_sample.stale()
+        self.signals.notify_all_requests()  # this process's pops, calls, streams and reads
 
     # Set-up ------------------------------------------------------------
 
@@ -410,7 +410,7 @@ class Horde:
             await self._pool.get(self.clock.now()),
         )
         if not submitted.replayed:
-            self._queue_changed(submitted.view)
+            await self._queue_changed(submitted.view)
         return submitted
 
     def _new_text(self, req: TextRequest, operation_key: str | None) -> q.NewRequest:
@@ -488,7 +488,7 @@ class Horde:
             quote = kudos_rules.request_quote(outcome.max_length, 1, billions)
             return Queued(outcome.id, quote)
         submitted = outcome
-        self._queue_changed(submitted.view)
+        await self._queue_changed(submitted.view)
         message = None
         if not submitted.possible:
             reason = chat.impossible_reason(submitted.view, submitted.online or [])
@@ -575,19 +575,20 @@ class Horde:
             # Streamed jobs are settled on what their workers posted before
             # the cancel: their leases take no more text from here on, and
             # the next progress answer says cancelled.
-            leases = self.signals.request_leases(canonical)
+            leases = await self.signals.request_leases(canonical)
             for lease in leases:
                 lease.cancelled = True
+                await self.signals.save_lease(lease)
             posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
             parts = await self.db.write(
                 q.cancel_request, canonical, kind, now, self.rules, posted, self.models.billions
             )
-            self.signals.notify_request(canonical)
-            self.signals.end_stream(canonical, now)
+            await self.signals.notify_request(canonical)
+            await self.signals.end_stream(canonical, now)
             return self._status_of(parts)
         # Read before the database: a change committed after this read
         # bumps the version, so what is cached below is not served for it.
-        version = self.signals.request_version(canonical)
+        version = await self.signals.request_version(canonical)
         key = (kind, canonical, with_position, with_free_threads)
         cached = self._statuses.get(key, version, now)
         if cached is not None:
@@ -721,7 +722,7 @@ class Horde:
                     poll_left,
                 )
                 if result.pool_changed:
-                    self.signals.notify_pool()
+                    await self.signals.notify_pool()
                 if result.job is None and last:
                     return await self._nothing_for(result.worker)
                 if result.job is not None:
@@ -733,14 +734,14 @@ class Horde:
                 except anyio.get_cancelled_exc_class():
                     if waiter.event.is_set():
                         # Woken for a job we will not pop: pass it on.
-                        self.signals.notify_queue()
+                        await self.signals.notify_queue()
                     raise
         job = result.job
         if job is not None:
-            self.signals.touch_request(job.request_id)
+            await self.signals.touch_request(job.request_id)
         if job is not None and job.stream:
             assert result.worker is not None
-            self.signals.put_lease(
+            await self.signals.put_lease(
                 Lease.at_pop(
                     job_id=job.id,
                     request_id=job.request_id,
@@ -766,9 +767,9 @@ class Horde:
         """A streamed job's progress post, answered from its lease: no
         database read on this path (worker guide, "Streaming progress")."""
         post = parse_progress(body)
-        lease = self.signals.lease(post.job_id)
+        lease = await self.signals.lease(post.job_id)
         if lease is None:
-            if self.signals.ended(post.job_id):
+            if await self.signals.ended(post.job_id):
                 raise HordeError(RC.ChatJobAborted)
             raise HordeError(
                 RC.ChatProgressNotStreaming,
@@ -777,8 +778,9 @@ class Horde:
         if hash_key(api_key) != lease.key_hash:
             raise HordeError(RC.WrongCredentials, "This job was given to another user's worker.")
         accepted = accept(lease, post, self.clock.now())
+        await self.signals.save_lease(lease)  # its counts, text and lease end moved
         if accepted.appended:
-            self.signals.append_progress(
+            await self.signals.append_progress(
                 lease.request_id,
                 ProgressEntry(
                     gen=lease.gen,
@@ -806,7 +808,7 @@ class Horde:
             sub: JobSubmit | ChatSubmit = chat_sub
         else:
             sub = parse_job_submit(body)
-        lease = self.signals.lease(sub.id)
+        lease = await self.signals.lease(sub.id)
         now = self.clock.now()
         result = await self.db.write(
             q.submit_job,
@@ -821,12 +823,12 @@ class Horde:
         if result.refusal is not None:
             raise result.refusal
         if lease is not None and not lease.cancelled:
-            self.signals.end_lease(sub.id, now)  # the submit ends its posts
+            await self.signals.end_lease(sub.id, now)  # the submit ends its posts
         if result.requeued:
-            self._queue_changed()
-        self.signals.notify_request(result.request_id)
+            await self._queue_changed()
+        await self.signals.notify_request(result.request_id)
         if result.request_ended:
-            self.signals.end_stream(result.request_id, now)
+            await self.signals.end_stream(result.request_id, now)
         return SubmitAnswer(result.reward)
 
     async def _judge(self, key_hash: str, sub: ChatSubmit) -> Verdict | None:
@@ -857,17 +859,17 @@ class Horde:
     async def sweep(self) -> q.SweepResult:
         """One pass of the timers: expired leases, expired requests, purge."""
         now = self.clock.now()
-        extended = self.signals.lease_ends()
+        extended = await self.signals.lease_ends()
         result = await self.db.write(q.sweep, now, self.rules, extended)
         for job_id in result.expired_job_ids:
-            self.signals.end_lease(job_id, now)
+            await self.signals.end_lease(job_id, now)
         if result.requeued:
-            self._queue_changed()
+            await self._queue_changed()
         for request_id in result.ended_requests:
-            self.signals.notify_request(request_id)
+            await self.signals.notify_request(request_id)
         for request_id in result.changed_requests:
-            self.signals.touch_request(request_id)
-        self.signals.sweep_progress(now, result.ended_requests)
+            await self.signals.touch_request(request_id)
+        await self.signals.sweep_progress(now, result.ended_requests)
         return result
 
     # Users and workers -------------------------------------------------
@@ -958,7 +960,7 @@ class Horde:
             self.rules,
             None if online is None else self.clock.now(),
         )
-        self.signals.notify_pool()  # in or out of maintenance, or gone
+        await self.signals.notify_pool()  # in or out of maintenance, or gone
         return WorkerUpdate(changes.maintenance, changes.aborts_in_window, changes.online)
 
     @staticmethod

@@ -1,7 +1,28 @@
 """Signals: wake waiting pops when the queue changes, waiting clients when a
-request ends. In-process by default; the truth is always in storage, so a
-lost signal only delays an answer until the waiter's own re-check."""
+request ends; request versions, progress leases and progress streams.
+
+In-process by default (``LocalSignals``); through Redis when ``[signals] url``
+names one (``RedisSignals``), so several processes act as one horde. The
+truth is always in storage, so a lost signal only delays an answer until the
+waiter's own re-check."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 from hordelite.signals._local import LocalSignals, ProgressEntry, Signals
 
-__all__ = ["LocalSignals", "ProgressEntry", "Signals"]
+__all__ = ["LocalSignals", "ProgressEntry", "Signals", "open_signals"]
+
+
+@contextlib.asynccontextmanager
+async def open_signals(url: str) -> AsyncIterator[Signals]:
+    """The signal backend ``url`` names (empty: in-process) for the block."""
+    if not url:
+        yield LocalSignals()
+        return
+    from hordelite.signals._redis import open_redis_signals
+
+    async with open_redis_signals(url) as signals:
+        yield signals

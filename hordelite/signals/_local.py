@@ -83,7 +83,7 @@ class Signals(Protocol):
         """Register a waiting pop for the duration of the block."""
         ...
 
-    def notify_queue(self, request: RequestView | None = None) -> None:
+    async def notify_queue(self, request: RequestView | None = None) -> None:
         """A job became available: for ``request``, or (None) for anyone."""
         ...
 
@@ -92,18 +92,18 @@ class Signals(Protocol):
         the duration of the block (take it before reading the status)."""
         ...
 
-    def notify_request(self, request_id: str) -> None:
+    async def notify_request(self, request_id: str) -> None:
         """The request got a generation or ended: wake its waiters and
         streams, and bump its version (``touch_request``)."""
         ...
 
-    def touch_request(self, request_id: str) -> None:
+    async def touch_request(self, request_id: str) -> None:
         """The request's status changed (a job handed out or given back, a
         generation, an end): bump its version and wake its status
         long-polls. Call it after the change is committed."""
         ...
 
-    def request_version(self, request_id: str) -> int:
+    async def request_version(self, request_id: str) -> int:
         """A number that changes whenever the request's status may have: a
         status cached under one version is current while the version is."""
         ...
@@ -115,7 +115,7 @@ class Signals(Protocol):
 
     def notify_all_requests(self) -> None: ...
 
-    def notify_pool(self) -> None:
+    async def notify_pool(self) -> None:
         """A worker came online, changed its declaration, or left: bump the
         pool version (call it after the change is committed)."""
         ...
@@ -127,36 +127,41 @@ class Signals(Protocol):
 
     # Progress leases and streams (streamed jobs) ---------------------------
 
-    def put_lease(self, lease: Lease) -> None: ...
+    async def put_lease(self, lease: Lease) -> None: ...
 
-    def lease(self, job_id: str) -> Lease | None: ...
+    async def save_lease(self, lease: Lease) -> None:
+        """Write back a lease changed after ``lease`` read it (a post
+        accepted, a cancel)."""
+        ...
 
-    def ended(self, job_id: str) -> bool:
+    async def lease(self, job_id: str) -> Lease | None: ...
+
+    async def ended(self, job_id: str) -> bool:
         """Whether the job had a lease that has ended (404 ChatJobAborted)."""
         ...
 
-    def end_lease(self, job_id: str, now: float) -> Lease | None: ...
+    async def end_lease(self, job_id: str, now: float) -> Lease | None: ...
 
-    def request_leases(self, request_id: str) -> list[Lease]: ...
+    async def request_leases(self, request_id: str) -> list[Lease]: ...
 
-    def lease_ends(self) -> dict[str, float]:
+    async def lease_ends(self) -> dict[str, float]:
         """Every live lease's end, by job id (the sweep honours them)."""
         ...
 
-    def append_progress(self, request_id: str, entry: ProgressEntry) -> None: ...
+    async def append_progress(self, request_id: str, entry: ProgressEntry) -> None: ...
 
-    def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]: ...
+    async def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]: ...
 
     def progress_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         """Set at the next progress entry of the request, or when it gets a
         generation or ends; held for the duration of the block."""
         ...
 
-    def end_stream(self, request_id: str, now: float) -> None:
+    async def end_stream(self, request_id: str, now: float) -> None:
         """The request ended: its progress stream goes after the retention."""
         ...
 
-    def sweep_progress(self, now: float, ended_requests: list[str]) -> None: ...
+    async def sweep_progress(self, now: float, ended_requests: list[str]) -> None: ...
 
     def statistics(self) -> dict[str, int]:
         """How much the backend holds, by kind (for tests and monitoring)."""
@@ -203,7 +208,11 @@ class LocalSignals:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
-    def notify_queue(self, request: RequestView | None = None) -> None:
+    async def notify_queue(self, request: RequestView | None = None) -> None:
+        self.wake_pops(request)
+
+    def wake_pops(self, request: RequestView | None) -> None:
+        """notify_queue within this process."""
         for waiter in list(self._waiters):
             if request is None or waiter.worker is None or can_serve(waiter.worker, request):
                 self._waiters.remove(waiter)
@@ -214,12 +223,21 @@ class LocalSignals:
     def request_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._requests.hold(request_id)
 
-    def notify_request(self, request_id: str) -> None:
-        self.touch_request(request_id)
+    async def notify_request(self, request_id: str) -> None:
+        self.wake_request(request_id)
+
+    def wake_request(self, request_id: str) -> None:
+        """notify_request within this process (the Redis backend calls it
+        for a change made by any process)."""
+        self.touch_locally(request_id)
         self._requests.wake(request_id)
         self._stream_events.wake(request_id)
 
-    def touch_request(self, request_id: str) -> None:
+    async def touch_request(self, request_id: str) -> None:
+        self.touch_locally(request_id)
+
+    def touch_locally(self, request_id: str) -> None:
+        """touch_request within this process."""
         versions = self._versions
         versions[request_id] = next(self._counter)
         versions.move_to_end(request_id)
@@ -228,39 +246,47 @@ class LocalSignals:
             self._floor = max(self._floor, dropped)
         self._status_events.wake(request_id)
 
-    def request_version(self, request_id: str) -> int:
+    async def request_version(self, request_id: str) -> int:
         return self._versions.get(request_id, self._floor)
 
     def status_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._status_events.hold(request_id)
 
-    def notify_pool(self) -> None:
+    async def notify_pool(self) -> None:
+        self.pool_changed_locally()
+
+    def pool_changed_locally(self) -> None:
         self._pool_version += 1
 
     def pool_version(self) -> int:
         return self._pool_version
 
     def notify_all_requests(self) -> None:
-        """Wake every waiter of every request (the process is stopping)."""
+        """Wake every waiter of this process: each waiting pop, call,
+        stream and status read (the process is stopping)."""
+        self.wake_pops(None)
         self._requests.wake_all()
         self._stream_events.wake_all()
         self._status_events.wake_all()
 
     # Progress ------------------------------------------------------------
 
-    def put_lease(self, lease: Lease) -> None:
+    async def save_lease(self, lease: Lease) -> None:
+        pass  # the lease is this process's own object: nothing to write back
+
+    async def put_lease(self, lease: Lease) -> None:
         self._leases[lease.job_id] = lease
         self._request_jobs.setdefault(lease.request_id, set()).add(lease.job_id)
         # A new attempt of a request that is still waiting: its stream lives on.
         self._stream_ends.pop(lease.request_id, None)
 
-    def lease(self, job_id: str) -> Lease | None:
+    async def lease(self, job_id: str) -> Lease | None:
         return self._leases.get(job_id)
 
-    def ended(self, job_id: str) -> bool:
+    async def ended(self, job_id: str) -> bool:
         return job_id in self._ended
 
-    def end_lease(self, job_id: str, now: float) -> Lease | None:
+    async def end_lease(self, job_id: str, now: float) -> Lease | None:
         """End a job's lease (submit, fault, expiry). When it was the last
         lease of its request, nothing more is appended to the request's
         stream: the stream goes after the retention, unless the request is
@@ -274,40 +300,44 @@ class LocalSignals:
             jobs.discard(job_id)
             if not jobs:
                 del self._request_jobs[lease.request_id]
-                self.end_stream(lease.request_id, now)
+                await self.end_stream(lease.request_id, now)
         return lease
 
-    def request_leases(self, request_id: str) -> list[Lease]:
+    async def request_leases(self, request_id: str) -> list[Lease]:
         return [self._leases[job_id] for job_id in self._request_jobs.get(request_id, ())]
 
-    def lease_ends(self) -> dict[str, float]:
+    async def lease_ends(self) -> dict[str, float]:
         return {job_id: lease.expires for job_id, lease in self._leases.items()}
 
-    def append_progress(self, request_id: str, entry: ProgressEntry) -> None:
+    async def append_progress(self, request_id: str, entry: ProgressEntry) -> None:
         self._streams.setdefault(request_id, []).append(entry)
+        self.wake_stream(request_id)
+
+    def wake_stream(self, request_id: str) -> None:
+        """Wake this process's readers of the request's progress stream."""
         self._stream_events.wake(request_id)
 
-    def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
+    async def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
         return self._streams.get(request_id, [])[position:]
 
     def progress_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._stream_events.hold(request_id)
 
-    def end_stream(self, request_id: str, now: float) -> None:
+    async def end_stream(self, request_id: str, now: float) -> None:
         # Kept a while, not dropped at once: a reader a little behind (the
         # front's relay between two reads) still gets the last entries
         # before it reconciles with the reply.
         if request_id in self._streams:
             self._stream_ends.setdefault(request_id, now + STREAM_RETENTION_SECONDS)
 
-    def sweep_progress(self, now: float, ended_requests: list[str]) -> None:
+    async def sweep_progress(self, now: float, ended_requests: list[str]) -> None:
         """Forget what ended: leases past their end, old markers, the streams
         of requests ended a while ago (so memory stays bounded)."""
         for request_id in ended_requests:
-            self.end_stream(request_id, now)
+            await self.end_stream(request_id, now)
         for job_id, lease in list(self._leases.items()):
             if lease.expires < now:
-                self.end_lease(job_id, now)
+                await self.end_lease(job_id, now)
         for job_id, until in list(self._ended.items()):
             if until < now:
                 del self._ended[job_id]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -54,7 +55,11 @@ async def open_horde(
     """
     with tempfile.TemporaryDirectory(prefix="hordelite-") as tmp:
         db = database or str(Path(tmp) / "horde.db")
-        base = config or Config()
+        # HORDELITE_SIGNALS_URL, as for `hordelite serve`: the same suites
+        # then run on Redis signals.
+        base = config or Config().replace(
+            signals={"url": os.environ.get("HORDELITE_SIGNALS_URL", "")}
+        )
         cfg = base.replace(
             server={"host": "127.0.0.1", "port": 0, "grace_period": 2},
             storage={"database": db},

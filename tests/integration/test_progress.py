@@ -180,7 +180,7 @@ async def test_accepted_posts_answer_their_seq_and_append_one_stream_entry_each(
         assert_accepted(await progress(worker, job, 1, "", "The user wants a colour."), 1)
         assert_accepted(await progress(worker, job, 2, "Blue"), 2)
         assert_accepted(await progress(worker, job, 3, " is nice."), 3)
-        entries = env.horde.horde.signals.read_progress(request_id, 0)
+        entries = await env.horde.horde.signals.read_progress(request_id, 0)
         assert [(e["seq"], e["content"], e["reasoning_content"]) for e in entries] == [
             (1, "", "The user wants a colour."),
             (2, "Blue", ""),
@@ -197,7 +197,7 @@ async def test_a_retried_post_is_accepted_again_without_appending(tmp_path: Path
         request_id, job = await streamed_job(env, worker)
         assert_accepted(await progress(worker, job, 1, "Blue"), 1)
         assert_accepted(await progress(worker, job, 1, "Blue"), 1)
-        entries = env.horde.horde.signals.read_progress(request_id, 0)
+        entries = await env.horde.horde.signals.read_progress(request_id, 0)
         assert [e["content"] for e in entries] == ["Blue"]
         assert_accepted(await progress(worker, job, 2, " sky"), 2)
 
@@ -224,7 +224,7 @@ async def test_a_post_out_of_sequence_is_refused_409_with_expected_seq(
             await progress(worker, job, seq, content), 409, "ChatProgressOutOfSequence"
         )
         assert body["expected_seq"] == expected_seq
-        entries = env.horde.horde.signals.read_progress(request_id, 0)
+        entries = await env.horde.horde.signals.read_progress(request_id, 0)
         assert [e["content"] for e in entries] == sent
 
 
@@ -275,7 +275,7 @@ async def test_a_post_with_another_users_key_is_refused_403(tmp_path: Path) -> N
             json={"id": job["id"], "seq": 1, "delta": {"content": "Blue"}},
         )
         assert_refused(response, 403, "WrongCredentials")
-        assert env.horde.horde.signals.read_progress(request_id, 0) == []
+        assert await env.horde.horde.signals.read_progress(request_id, 0) == []
         # The owner's worker still posts its first seq.
         assert_accepted(await progress(worker, job, 1, "Blue"), 1)
 
@@ -577,7 +577,7 @@ async def test_the_streams_of_completed_cancelled_and_faulted_requests_are_freed
             status = await env.status(request_id)
             assert status["faulted"] if outcome == "faulted" else status["done"], status
             # Kept a while after the end for a reader still behind.
-            assert [e["content"] for e in signals.read_progress(request_id, 0)] == ["Blue"]
+            assert [e["content"] for e in await signals.read_progress(request_id, 0)] == ["Blue"]
         assert signals.statistics()["streams"] == len(ended)
 
         clock.advance(STREAM_RETENTION + 1)

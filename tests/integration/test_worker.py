@@ -484,7 +484,7 @@ async def test_a_streamed_job_posts_reasoning_and_content_apart_then_submits_the
             request_id = await env.chat(body)
             status = await env.status_when(request_id, lambda s: s["done"])
             posts = worker.statistics().progress_posts
-    entries = env.horde.horde.signals.read_progress(request_id, 0)
+    entries = await env.horde.horde.signals.read_progress(request_id, 0)
     assert posts == len(entries) >= 1
     assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
     message = status["generations"][0]["message"]
@@ -505,7 +505,15 @@ async def test_a_streamed_job_the_client_cancels_stops_generating_and_is_not_sub
         async with serving(env, env.config()) as worker:
             request_id = await env.chat(chat_body(prompt, model=MODEL, stream=True))
             signals = env.horde.horde.signals
-            await eventually(lambda: bool(signals.read_progress(request_id, 0)))
+
+            async def posted() -> bool:
+                return bool(await signals.read_progress(request_id, 0))
+
+            with anyio.fail_after(10):
+                while True:
+                    if await posted():
+                        break
+                    await anyio.sleep(0.01)
             r = await env.client.delete(chat_status_path(request_id))
             assert r.status_code == 200, r.text
             # Well before the whole reply could have been generated.
@@ -517,7 +525,7 @@ async def test_a_streamed_job_the_client_cancels_stops_generating_and_is_not_sub
     assert stats.kudos == 0  # nothing submitted
     # The job was settled on the content posted before the cancel: the worker is paid.
     assert details["kudos_rewards"] > 0
-    posted = "".join(e["content"] for e in signals.read_progress(request_id, 0))
+    posted = "".join(e["content"] for e in await signals.read_progress(request_id, 0))
     full = "echo: " + prompt
     assert full.startswith(posted)
     assert len(posted) < len(full)
@@ -539,7 +547,9 @@ async def test_a_streamed_job_past_the_progress_cap_stops_posting_and_still_subm
     assert len(full.encode()) > 16 * 16  # the premise
     message = status["generations"][0]["message"]
     assert (message["content"], status["generations"][0]["finish_reason"]) == (full, "length")
-    posted = "".join(e["content"] for e in env.horde.horde.signals.read_progress(request_id, 0))
+    posted = "".join(
+        e["content"] for e in await env.horde.horde.signals.read_progress(request_id, 0)
+    )
     assert posted  # it posted until the cap refused a post
     assert len(posted.encode()) <= 16 * 16
     assert full.startswith(posted)

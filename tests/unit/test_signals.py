@@ -36,38 +36,40 @@ def entry(content: str, gen: int = 0) -> ProgressEntry:
     )
 
 
-def test_a_stream_goes_after_the_retention_once_its_last_lease_ended() -> None:
+async def test_a_stream_goes_after_the_retention_once_its_last_lease_ended() -> None:
     signals = LocalSignals()
-    signals.put_lease(lease("j1"))
-    signals.append_progress("r1", entry("Blue"))
-    signals.end_lease("j1", NOW + 10)
-    signals.sweep_progress(NOW + 10 + STREAM_RETENTION_SECONDS, [])
-    assert signals.read_progress("r1", 0) == [entry("Blue")]  # kept for late readers
-    signals.sweep_progress(NOW + 11 + STREAM_RETENTION_SECONDS, [])
-    assert signals.read_progress("r1", 0) == []
+    await signals.put_lease(lease("j1"))
+    await signals.append_progress("r1", entry("Blue"))
+    await signals.end_lease("j1", NOW + 10)
+    await signals.sweep_progress(NOW + 10 + STREAM_RETENTION_SECONDS, [])
+    assert await signals.read_progress("r1", 0) == [entry("Blue")]  # kept for late readers
+    await signals.sweep_progress(NOW + 11 + STREAM_RETENTION_SECONDS, [])
+    assert await signals.read_progress("r1", 0) == []
     stats = signals.statistics()
     assert (stats["streams"], stats["ending_streams"], stats["leased_requests"]) == (0, 0, 0)
 
 
-def test_a_request_popped_again_after_a_fault_keeps_its_stream() -> None:
+async def test_a_request_popped_again_after_a_fault_keeps_its_stream() -> None:
     signals = LocalSignals()
-    signals.put_lease(lease("j1"))
-    signals.append_progress("r1", entry("Blue"))
-    signals.end_lease("j1", NOW)  # the first attempt faulted; the request waits
-    signals.put_lease(lease("j2", gen=1))  # another worker took it
-    signals.append_progress("r1", entry("Red", gen=1))
-    signals.sweep_progress(NOW + 2 * STREAM_RETENTION_SECONDS, [])
-    assert [e["content"] for e in signals.read_progress("r1", 0)] == ["Blue", "Red"]
+    await signals.put_lease(lease("j1"))
+    await signals.append_progress("r1", entry("Blue"))
+    await signals.end_lease("j1", NOW)  # the first attempt faulted; the request waits
+    await signals.put_lease(lease("j2", gen=1))  # another worker took it
+    await signals.append_progress("r1", entry("Red", gen=1))
+    await signals.sweep_progress(NOW + 2 * STREAM_RETENTION_SECONDS, [])
+    assert [e["content"] for e in await signals.read_progress("r1", 0)] == ["Blue", "Red"]
 
 
-def test_a_cancelled_request_s_stream_goes_after_the_retention_though_its_lease_lives() -> None:
+async def test_a_cancelled_request_s_stream_goes_after_the_retention_though_its_lease_lives() -> (
+    None
+):
     signals = LocalSignals()
-    signals.put_lease(lease("j1"))
-    signals.append_progress("r1", entry("Blue"))
-    signals.end_stream("r1", NOW)  # the cancel: the lease stays until its end
-    signals.sweep_progress(NOW + STREAM_RETENTION_SECONDS + 1, [])
-    assert signals.read_progress("r1", 0) == []
-    assert signals.lease("j1") is not None
+    await signals.put_lease(lease("j1"))
+    await signals.append_progress("r1", entry("Blue"))
+    await signals.end_stream("r1", NOW)  # the cancel: the lease stays until its end
+    await signals.sweep_progress(NOW + STREAM_RETENTION_SECONDS + 1, [])
+    assert await signals.read_progress("r1", 0) == []
+    assert await signals.lease("j1") is not None
 
 
 async def test_waiters_that_leave_unwoken_leave_no_event_and_share_one_while_they_wait() -> None:
@@ -80,7 +82,7 @@ async def test_waiters_that_leave_unwoken_leave_no_event_and_share_one_while_the
         assert not posted.is_set()
     assert signals.statistics()["request_waiters"] == 0
     with signals.request_waiter("r1") as woken:
-        signals.notify_request("r1")
+        await signals.notify_request("r1")
         assert woken.is_set()
         # Woken: the next waiter gets a new event.
         with signals.request_waiter("r1") as later:
@@ -91,24 +93,24 @@ async def test_waiters_that_leave_unwoken_leave_no_event_and_share_one_while_the
 # Request versions (the status cache's key) ----------------------------------
 
 
-def test_a_version_read_before_a_change_never_matches_one_read_after_it() -> None:
+async def test_a_version_read_before_a_change_never_matches_one_read_after_it() -> None:
     signals = LocalSignals()
-    before_any = signals.request_version("a")
-    signals.touch_request("a")
-    after_first = signals.request_version("a")
+    before_any = await signals.request_version("a")
+    await signals.touch_request("a")
+    after_first = await signals.request_version("a")
     assert after_first != before_any
-    assert signals.request_version("a") == after_first  # unchanged: the same
+    assert await signals.request_version("a") == after_first  # unchanged: the same
     # So many other requests change that "a"'s version is dropped: what "a"
     # reads then still differs from what it read before its change.
     for i in range(REQUEST_VERSIONS + 1):
-        signals.touch_request(f"other-{i}")
-    assert signals.request_version("a") != before_any
-    signals.touch_request("a")
-    assert signals.request_version("a") not in (before_any, after_first)
+        await signals.touch_request(f"other-{i}")
+    assert await signals.request_version("a") != before_any
+    await signals.touch_request("a")
+    assert await signals.request_version("a") not in (before_any, after_first)
 
 
-def test_notify_request_also_bumps_the_version() -> None:
+async def test_notify_request_also_bumps_the_version() -> None:
     signals = LocalSignals()
-    before = signals.request_version("a")
-    signals.notify_request("a")
-    assert signals.request_version("a") != before
+    before = await signals.request_version("a")
+    await signals.notify_request("a")
+    assert await signals.request_version("a") != before
