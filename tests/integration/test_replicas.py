@@ -1,0 +1,224 @@
+"""Several hordes on one PostgreSQL schema and one Redis database act as one.
+
+Each test opens three replicas (A, B, C): complete hordes with their own
+HTTP servers, sharing the database and the Redis signals, as
+``hordelite serve`` replicas behind a load balancer would. Timings are held
+to deadlines far below the front's fallback re-check, so a signal that did
+not cross replicas fails the test rather than slowing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from hordelite.config import Config
+from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.postgres,
+    # The SDK leaves its inner async generators to the collector when a
+    # stream ends early; trio warns about that (the SDK's, not the front's).
+    pytest.mark.filterwarnings(
+        "ignore:Async generator '(openai|httpx|httpcore)\\.:ResourceWarning"
+    ),
+]
+
+TLS = ssl.create_default_context()
+MODEL = "fake-model"
+# Far below the front's fallback re-check of a waiting call, and below any
+# pop's wait: an answer within this came through a signal.
+PROMPT_ANSWER = 5.0
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@contextlib.asynccontextmanager
+async def replicas(database: str, redis_url: str, count: int = 3) -> AsyncIterator[list[TestHorde]]:
+    config = Config().replace(signals={"url": redis_url})
+    async with contextlib.AsyncExitStack() as stack:
+        hordes = [
+            await stack.enter_async_context(open_horde(config=config, database=database))
+            for _ in range(count)
+        ]
+        yield hordes
+
+
+def client(horde: TestHorde) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=horde.url, verify=TLS, timeout=30)
+
+
+async def queue_text(horde: TestHorde, key: str) -> str:
+    async with client(horde) as c:
+        r = await c.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": key},
+            json={"prompt": "Once upon a time", "models": [MODEL]},
+        )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+async def test_a_long_polled_pop_on_one_replica_is_woken_by_a_submit_on_another(
+    postgres_schema_url: str, redis_url: str
+) -> None:
+    async with replicas(postgres_schema_url, redis_url) as (a, b, _):
+        key = await a.create_key("alice", kudos=100)
+        owner = await a.create_key("bob")
+        async with FakeTextWorker(a.url, owner, models=[MODEL]) as worker:
+            assert (await worker.pop())["id"] is None  # online, declared
+            jobs: list[dict[str, Any]] = []
+
+            async def long_poll() -> None:
+                jobs.append(await worker.pop(wait=30))
+
+            with anyio.fail_after(PROMPT_ANSWER):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(long_poll)
+                    await wait_until(lambda: a.horde.signals.statistics()["queue_waiters"] == 1)
+                    await queue_text(b, key)
+            assert jobs[0]["id"] is not None
+
+
+async def test_a_status_on_one_replica_shows_a_change_made_on_another_at_once(
+    postgres_schema_url: str, redis_url: str
+) -> None:
+    async with replicas(postgres_schema_url, redis_url) as (a, b, c):
+        key = await a.create_key("alice", kudos=100)
+        owner = await a.create_key("bob")
+        request_id = await queue_text(a, key)
+        async with client(b) as reader, FakeTextWorker(c.url, owner, models=[MODEL]) as worker:
+            path = f"/api/v2/generate/text/status/{request_id}"
+            assert (await reader.get(path)).json()["waiting"] == 1  # now cached on B
+            job = await worker.pop()
+            assert (await reader.get(path)).json()["processing"] == 1
+            await worker.submit(job["id"], "The end.", seed=1)
+            done = (await reader.get(path)).json()
+            assert (done["done"], done["finished"]) == (True, 1)
+
+
+async def test_a_reply_submitted_on_one_replica_answers_a_call_waiting_on_another(
+    postgres_schema_url: str, redis_url: str
+) -> None:
+    async with replicas(postgres_schema_url, redis_url) as (a, b, _):
+        key = await a.create_key("alice", kudos=100)
+        owner = await a.create_key("bob")
+        async with (
+            FakeChatWorker(a.url, owner, model_id=MODEL) as worker,
+            httpx.AsyncClient(verify=TLS, timeout=60) as http,
+            openai.AsyncOpenAI(
+                base_url=b.url + "/v1", api_key=key, max_retries=0, http_client=http
+            ) as sdk,
+        ):
+            assert (await worker.pop())["id"] is None  # online, declared
+            answers: list[Any] = []
+
+            async def call() -> None:
+                answers.append(
+                    await sdk.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "Name a colour."}]
+                    )
+                )
+
+            with anyio.fail_after(PROMPT_ANSWER):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    assert await worker.serve_one(wait=30) is not None
+            assert answers[0].choices[0].message.content
+
+
+async def test_progress_posted_to_one_replica_streams_from_another_and_a_cancel_reaches_the_worker(
+    postgres_schema_url: str, redis_url: str
+) -> None:
+    """The worker pops on A and posts to B; the client streams from C, sees
+    deltas before any submit, then closes the stream (a cancel on C): the
+    worker's next post to A reports it."""
+    async with replicas(postgres_schema_url, redis_url) as (a, b, c):
+        key = await a.create_key("alice", kudos=100)
+        owner = await a.create_key("bob")
+        async with (
+            FakeChatWorker(a.url, owner, model_id=MODEL) as worker,
+            client(b) as poster_b,
+            client(a) as poster_a,
+            httpx.AsyncClient(verify=TLS, timeout=60) as http,
+            openai.AsyncOpenAI(
+                base_url=c.url + "/v1", api_key=key, max_retries=0, http_client=http
+            ) as sdk,
+        ):
+            assert (await worker.pop())["id"] is None
+            seen = anyio.Event()
+            deltas: list[str] = []
+
+            async def stream() -> None:
+                response = await sdk.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Name a colour."}],
+                    max_tokens=64,
+                    stream=True,
+                )
+                chunks = response.__aiter__()
+                try:
+                    async for chunk in chunks:
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            deltas.append(chunk.choices[0].delta.content)
+                            seen.set()
+                            break  # the client goes: a cancel
+                finally:
+                    await chunks.aclose()  # type: ignore[attr-defined]
+                    await response.close()
+
+            with anyio.fail_after(PROMPT_ANSWER):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stream)
+                    job = await worker.pop(wait=30)
+                    assert job["payload"]["stream_progress"] is True
+                    headers = {"apikey": owner}
+                    body = {"id": job["id"], "seq": 1, "delta": {"content": "Blue is a colour."}}
+                    r = await poster_b.post(
+                        "/api/v2/generate/text/progress", headers=headers, json=body
+                    )
+                    assert r.status_code == 200, r.text
+                    await seen.wait()
+                assert "".join(deltas)
+                # The cancel made through C is reported by A to the worker.
+                answer: dict[str, Any] = {}
+
+                async def cancelled() -> bool:
+                    nonlocal answer
+                    body = {"id": job["id"], "seq": 2, "delta": {"content": " Red too."}}
+                    r = await poster_a.post(
+                        "/api/v2/generate/text/progress", headers=headers, json=body
+                    )
+                    answer = r.json()
+                    return r.status_code == 200 and answer.get("cancelled") is True
+
+                await wait_until_async(cancelled)
+
+
+async def wait_until(check: Any) -> None:
+    """Until ``check()`` holds (polled with a deadline)."""
+    with anyio.fail_after(PROMPT_ANSWER):
+        while True:
+            if check():
+                return
+            await anyio.sleep(0.01)
+
+
+async def wait_until_async(check: Any) -> None:
+    with anyio.fail_after(PROMPT_ANSWER):
+        while True:
+            if await check():
+                return
+            await anyio.sleep(0.05)
