@@ -145,6 +145,12 @@ POOL_SNAPSHOT_SECONDS: Final = 1.0
 # kept by the in-process signals (the most recently changed).
 STATUS_CACHE_ENTRIES: Final = 8192
 REQUEST_VERSIONS: Final = 65536
+# While the Redis signals are down, waiters do not wait for a signal longer
+# than this: a waiting pop looks at the queue again, a waiting call re-reads
+# its status (decision 0039).
+DEGRADED_POLL_SECONDS: Final = 1.0
+# A Redis command that takes longer than this counts as Redis being down.
+REDIS_TIMEOUT_SECONDS: Final = 2.0
 # A request's version lives this long in Redis after its last change
 # (longer than any request stays readable).
 VERSION_TTL_SECONDS: Final = 7 * 24 * 3600.0

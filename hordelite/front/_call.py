@@ -17,6 +17,7 @@ import anyio
 from hordelite._http import run_to_completion
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest
+from hordelite.contract.limits import DEGRADED_POLL_SECONDS
 from hordelite.errors import RC, HordeError
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
@@ -113,6 +114,8 @@ class Call:
         online worker can take is re-read when its grace period ends: until
         a worker takes it (which signals), nothing else can change."""
         now = anyio.current_time()
+        if self.horde.signals.degraded:  # signals may be lost: re-read soon
+            return min(self.deadline, now + DEGRADED_POLL_SECONDS)
         if self._impossible_since is not None:
             grace_end = self._impossible_since + self.config.no_worker_grace
             return min(self.deadline, max(grace_end, now) + random.uniform(0.0, 1.0))

@@ -41,6 +41,7 @@ from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, s
 from hordelite.contract.faults import Fault
 from hordelite.contract.limits import (
     ANONYMOUS_API_KEY,
+    DEGRADED_POLL_SECONDS,
     MAX_USER_ID_DIGITS,
     MODEL_STATS_TTL,
     POOL_SNAPSHOT_SECONDS,
@@ -555,8 +556,18 @@ class Horde:
             status = await self._status(kind, request_id, cancel=False)
             if status.done or status.faulted or self._stopping:
                 return status
-            with anyio.move_on_after(wait):
-                await changed.wait()
+            deadline = anyio.current_time() + wait
+            while not changed.is_set() and anyio.current_time() < deadline:
+                # While signals may be lost, look again every DEGRADED_POLL_SECONDS.
+                left = deadline - anyio.current_time()
+                with anyio.move_on_after(
+                    min(left, DEGRADED_POLL_SECONDS) if self.signals.degraded else left
+                ):
+                    await changed.wait()
+                if self.signals.degraded:
+                    fresh = await self._status(kind, request_id, cancel=False)
+                    if fresh != status:
+                        return fresh
         return await self._status(kind, request_id, cancel=False)
 
     async def _status(
@@ -728,8 +739,11 @@ class Horde:
                 if result.job is not None:
                     break
                 worker = result.worker
+                until = deadline - anyio.current_time()
+                if self.signals.degraded:
+                    until = min(until, DEGRADED_POLL_SECONDS)  # no signal may come
                 try:
-                    with anyio.move_on_after(deadline - anyio.current_time()):
+                    with anyio.move_on_after(until):
                         await waiter.event.wait()
                 except anyio.get_cancelled_exc_class():
                     if waiter.event.is_set():
@@ -768,6 +782,10 @@ class Horde:
         database read on this path (worker guide, "Streaming progress")."""
         post = parse_progress(body)
         lease = await self.signals.lease(post.job_id)
+        if lease is None and self.signals.degraded:
+            # The leases are out of reach: the worker keeps generating and
+            # submits; the stream gets the whole reply then.
+            raise HordeError(RC.ChatProgressUnavailable)
         if lease is None:
             if await self.signals.ended(post.job_id):
                 raise HordeError(RC.ChatJobAborted)

@@ -79,6 +79,12 @@ class _Wakeups:
 
 
 class Signals(Protocol):
+    @property
+    def degraded(self) -> bool:
+        """Signals may be lost now (Redis is down): waiters poll, every
+        DEGRADED_POLL_SECONDS, instead of waiting for a signal."""
+        ...
+
     def queue_waiter(self, worker: WorkerView | None) -> AbstractContextManager[QueueWaiter]:
         """Register a waiting pop for the duration of the block."""
         ...
@@ -197,6 +203,10 @@ class LocalSignals:
         self._counter = itertools.count(1)
         self._floor = 0
         self._pool_version = 0
+
+    @property
+    def degraded(self) -> bool:
+        return False  # in-process signals are never lost
 
     @contextmanager
     def queue_waiter(self, worker: WorkerView | None) -> Iterator[QueueWaiter]:

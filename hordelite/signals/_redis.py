@@ -32,21 +32,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
 import coredis
+import coredis.exceptions
 from coredis.response.types import ScoredMember
 
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.limits import (
+    DEGRADED_POLL_SECONDS,
     ENDED_MARKER_SECONDS,
+    REDIS_TIMEOUT_SECONDS,
     STREAM_RETENTION_SECONDS,
     VERSION_TTL_SECONDS,
 )
@@ -54,6 +58,35 @@ from hordelite.contract.progress import Lease
 from hordelite.signals._local import LocalSignals, ProgressEntry, QueueWaiter
 
 log = logging.getLogger("hordelite.signals")
+T = TypeVar("T")
+# What Redis being down or unreachable raises (a command past its timeout
+# included); any other error is a bug and propagates.
+_DOWN = (
+    coredis.exceptions.ConnectionError,
+    TimeoutError,
+    OSError,
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first leaf of ``exc``: what a log line should say."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _is_down(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis is unreachable (coredis's pub/sub raises it
+    inside an exception group from its own task group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        # subgroup() recurses into a group the condition does not match: what
+        # is left are the leaves that are not down errors.
+        other = exc.subgroup(lambda e: not isinstance(e, (BaseExceptionGroup, *_DOWN)))
+        return other is None
+    return isinstance(exc, _DOWN)
+
 
 QUEUE = "horde:queue"
 POOL = "horde:pool"
@@ -87,6 +120,49 @@ class RedisSignals:
         self._redis = client
         self._local = LocalSignals()
         self._bump = client.register_script(_BUMP)
+        self._down = False
+        # Versions answered while Redis is down: negative and never repeated,
+        # so no cached status matches one (every read goes to the database).
+        self._unknown_versions = itertools.count(-1, -1)
+
+    # Health: a lost signal only delays an answer ------------------------
+
+    @property
+    def degraded(self) -> bool:
+        return self._down
+
+    def _failed(self, exc: BaseException) -> None:
+        if not self._down:
+            self._down = True
+            log.warning(
+                "Redis signals unavailable (%s): waiting pops and calls poll every %g s, "
+                "progress posts answer 503 until Redis is back",
+                _reason(exc),
+                DEGRADED_POLL_SECONDS,
+            )
+            # Waiters asleep on signals that may not come look again, and
+            # from now on poll.
+            self._local.notify_all_requests()
+
+    def _succeeded(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("Redis signals are back")
+            # Signals sent during the outage were lost: everyone looks again.
+            self._local.notify_all_requests()
+
+    async def _safely(self, operation: Callable[[], Awaitable[T]], fallback: T) -> T:
+        """``operation``'s result; ``fallback`` while Redis is down."""
+        try:
+            with anyio.fail_after(REDIS_TIMEOUT_SECONDS):
+                result = await operation()
+        except Exception as exc:
+            if not _is_down(exc):
+                raise
+            self._failed(exc)
+            return fallback
+        self._succeeded()
+        return result
 
     # Listening -----------------------------------------------------------
 
@@ -94,14 +170,34 @@ class RedisSignals:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Hear every process's signals on one pub/sub connection and wake
-        this process's waiters; runs until cancelled."""
-        async with self._redis.pubsub(
-            channels=[QUEUE, POOL], patterns=[f"{REQUEST_PREFIX}*"]
-        ) as pubsub:
-            task_status.started()
-            async for message in pubsub:
-                if message["type"] in ("message", "pmessage"):
-                    self._dispatch(str(message["channel"]), str(message["data"]))
+        this process's waiters; runs until cancelled, reconnecting (with a
+        growing pause) while Redis is down."""
+        started = False
+        pause = 0.1
+        while True:
+            try:
+                # No retry policy: a lost connection raises here, so that
+                # this process knows at once that signals may be lost.
+                async with self._redis.pubsub(
+                    channels=[QUEUE, POOL], patterns=[f"{REQUEST_PREFIX}*"], retry_policy=None
+                ) as pubsub:
+                    if not started:
+                        started = True
+                        task_status.started()
+                    pause = 0.1
+                    self._succeeded()
+                    async for message in pubsub:
+                        if message["type"] in ("message", "pmessage"):
+                            self._dispatch(str(message["channel"]), str(message["data"]))
+            except Exception as exc:
+                if not _is_down(exc):
+                    raise
+                self._failed(exc)
+                if not started:
+                    started = True  # serve degraded rather than not at all
+                    task_status.started()
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
     def _dispatch(self, channel: str, data: str) -> None:
         local = self._local
@@ -126,33 +222,35 @@ class RedisSignals:
 
     async def notify_queue(self, request: RequestView | None = None) -> None:
         data = "" if request is None else json.dumps(dataclasses.asdict(request))
-        await self._redis.publish(QUEUE, data)
+        await self._safely(lambda: self._redis.publish(QUEUE, data), 0)
 
     def request_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._local.request_waiter(request_id)
 
     async def notify_request(self, request_id: str) -> None:
-        await self._bump_version(request_id)
-        await self._redis.publish(_request_channel(request_id), "end")
+        await self._safely(lambda: self._changed(request_id, "end"), None)
 
     async def touch_request(self, request_id: str) -> None:
-        await self._bump_version(request_id)
-        await self._redis.publish(_request_channel(request_id), "touch")
+        await self._safely(lambda: self._changed(request_id, "touch"), None)
 
-    async def _bump_version(self, request_id: str) -> None:
+    async def _changed(self, request_id: str, what: str) -> None:
         keys = ["horde:versions", f"horde:version:{request_id}"]
         await self._bump(keys=keys, args=[int(VERSION_TTL_SECONDS)])
+        await self._redis.publish(_request_channel(request_id), what)
 
     async def request_version(self, request_id: str) -> int:
-        value = await self._redis.get(f"horde:version:{request_id}")
-        return int(value) if value is not None else 0
+        async def read() -> int:
+            value = await self._redis.get(f"horde:version:{request_id}")
+            return int(value) if value is not None else 0
+
+        return await self._safely(read, next(self._unknown_versions))
 
     def status_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._local.status_waiter(request_id)
 
     async def notify_pool(self) -> None:
         self._local.pool_changed_locally()  # seen here at once; by the others on the channel
-        await self._redis.publish(POOL, "")
+        await self._safely(lambda: self._redis.publish(POOL, ""), 0)
 
     def pool_version(self) -> int:
         return self._local.pool_version()
@@ -162,7 +260,7 @@ class RedisSignals:
 
     # Leases --------------------------------------------------------------
 
-    async def put_lease(self, lease: Lease) -> None:
+    async def _put_lease(self, lease: Lease) -> None:
         ttl = _lease_ttl(lease, lease.popped)
         await self._redis.set(f"horde:lease:{lease.job_id}", _lease_json(lease), ex=ttl)
         await self._redis.sadd(f"horde:request_leases:{lease.request_id}", [lease.job_id])
@@ -172,7 +270,7 @@ class RedisSignals:
         # A new attempt of a request that is still waiting: its stream lives on.
         await self._redis.expire(f"{STREAM_PREFIX}{lease.request_id}", STREAM_TTL_SECONDS)
 
-    async def save_lease(self, lease: Lease) -> None:
+    async def _save_lease(self, lease: Lease) -> None:
         ttl = _lease_ttl(lease, lease.popped)
         key = f"horde:lease:{lease.job_id}"
         # XX: a lease ended meanwhile (a submit on another process) stays ended.
@@ -182,7 +280,7 @@ class RedisSignals:
         if lease.cancelled:
             await self._redis.set(f"horde:cancel:{lease.job_id}", "1", ex=ttl)
 
-    async def lease(self, job_id: str) -> Lease | None:
+    async def _lease(self, job_id: str) -> Lease | None:
         stored, cancelled = await self._redis.mget(
             [f"horde:lease:{job_id}", f"horde:cancel:{job_id}"]
         )
@@ -192,11 +290,11 @@ class RedisSignals:
         fields["last"] = tuple(fields["last"])
         return Lease(**fields, cancelled=cancelled is not None)
 
-    async def ended(self, job_id: str) -> bool:
+    async def _ended(self, job_id: str) -> bool:
         return bool(await self._redis.exists([f"horde:ended:{job_id}"]))
 
-    async def end_lease(self, job_id: str, now: float) -> Lease | None:
-        lease = await self.lease(job_id)
+    async def _end_lease(self, job_id: str, now: float) -> Lease | None:
+        lease = await self._lease(job_id)
         if lease is None:
             await self._redis.zrem("horde:lease_ends", [job_id])  # its keys expired
             return None
@@ -206,15 +304,15 @@ class RedisSignals:
         jobs_key = f"horde:request_leases:{lease.request_id}"
         await self._redis.srem(jobs_key, [job_id])
         if not await self._redis.scard(jobs_key):
-            await self.end_stream(lease.request_id, now)
+            await self._end_stream(lease.request_id, now)
         return lease
 
-    async def request_leases(self, request_id: str) -> list[Lease]:
+    async def _request_leases(self, request_id: str) -> list[Lease]:
         job_ids = await self._redis.smembers(f"horde:request_leases:{request_id}")
-        leases = [await self.lease(job_id) for job_id in sorted(job_ids)]
+        leases = [await self._lease(job_id) for job_id in sorted(job_ids)]
         return [lease for lease in leases if lease is not None]
 
-    async def lease_ends(self) -> dict[str, float]:
+    async def _lease_ends(self) -> dict[str, float]:
         ends = await self._redis.zrange(
             "horde:lease_ends", "-inf", "+inf", sortby=coredis.PureToken.BYSCORE, withscores=True
         )
@@ -222,35 +320,73 @@ class RedisSignals:
 
     # Progress streams ----------------------------------------------------
 
-    async def append_progress(self, request_id: str, entry: ProgressEntry) -> None:
+    async def _append_progress(self, request_id: str, entry: ProgressEntry) -> None:
         key = f"{STREAM_PREFIX}{request_id}"
         await self._redis.rpush(key, [json.dumps(entry)])
         await self._redis.expire(key, STREAM_TTL_SECONDS)
         await self._redis.publish(_request_channel(request_id), "progress")
 
-    async def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
+    async def _read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
         entries = await self._redis.lrange(f"{STREAM_PREFIX}{request_id}", position, -1)
         return [ProgressEntry(json.loads(e)) for e in entries]
 
     def progress_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._local.progress_waiter(request_id)
 
-    async def end_stream(self, request_id: str, now: float) -> None:
+    async def _end_stream(self, request_id: str, now: float) -> None:
         # Kept a while for a reader a little behind, as in-process.
         await self._redis.expire(
             f"{STREAM_PREFIX}{request_id}", int(STREAM_RETENTION_SECONDS), coredis.PureToken.LT
         )
 
-    async def sweep_progress(self, now: float, ended_requests: list[str]) -> None:
+    async def _sweep_progress(self, now: float, ended_requests: list[str]) -> None:
         """End the streams of ended requests and the leases past their end;
         Redis forgets the rest by their times to live."""
         for request_id in ended_requests:
-            await self.end_stream(request_id, now)
+            await self._end_stream(request_id, now)
         expired = await self._redis.zrange(
             "horde:lease_ends", "-inf", now, sortby=coredis.PureToken.BYSCORE
         )
         for job_id in expired:
-            await self.end_lease(str(job_id), now)
+            await self._end_lease(str(job_id), now)
+
+    # The operations below while Redis is down: a post finds no lease (the
+    # service answers 503 ChatProgressUnavailable), a stream reads nothing
+    # more (the call gets the whole reply at the submit), the rest is lost
+    # and the database stays the truth.
+
+    async def put_lease(self, lease: Lease) -> None:
+        await self._safely(lambda: self._put_lease(lease), None)
+
+    async def save_lease(self, lease: Lease) -> None:
+        await self._safely(lambda: self._save_lease(lease), None)
+
+    async def lease(self, job_id: str) -> Lease | None:
+        return await self._safely(lambda: self._lease(job_id), None)
+
+    async def ended(self, job_id: str) -> bool:
+        return await self._safely(lambda: self._ended(job_id), False)
+
+    async def end_lease(self, job_id: str, now: float) -> Lease | None:
+        return await self._safely(lambda: self._end_lease(job_id, now), None)
+
+    async def request_leases(self, request_id: str) -> list[Lease]:
+        return await self._safely(lambda: self._request_leases(request_id), [])
+
+    async def lease_ends(self) -> dict[str, float]:
+        return await self._safely(self._lease_ends, {})
+
+    async def append_progress(self, request_id: str, entry: ProgressEntry) -> None:
+        await self._safely(lambda: self._append_progress(request_id, entry), None)
+
+    async def read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
+        return await self._safely(lambda: self._read_progress(request_id, position), [])
+
+    async def end_stream(self, request_id: str, now: float) -> None:
+        await self._safely(lambda: self._end_stream(request_id, now), None)
+
+    async def sweep_progress(self, now: float, ended_requests: list[str]) -> None:
+        await self._safely(lambda: self._sweep_progress(now, ended_requests), None)
 
     def statistics(self) -> dict[str, int]:
         """This process's waiters (what Redis holds is bounded by its TTLs)."""
@@ -266,7 +402,12 @@ def _lease_json(lease: Lease) -> str:
 @contextlib.asynccontextmanager
 async def open_redis_signals(url: str) -> AsyncIterator[RedisSignals]:
     """Redis signals for the block, listening in a task the block owns."""
-    client: coredis.Redis[str] = coredis.Redis.from_url(url, decode_responses=True)
+    client: coredis.Redis[str] = coredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        stream_timeout=REDIS_TIMEOUT_SECONDS,
+        connect_timeout=REDIS_TIMEOUT_SECONDS,
+    )
     async with client:
         signals = RedisSignals(client)
         async with anyio.create_task_group() as tg:

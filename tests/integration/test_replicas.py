@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import ssl
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -207,9 +210,9 @@ async def test_progress_posted_to_one_replica_streams_from_another_and_a_cancel_
                 await wait_until_async(cancelled)
 
 
-async def wait_until(check: Any) -> None:
+async def wait_until(check: Any, within: float = PROMPT_ANSWER) -> None:
     """Until ``check()`` holds (polled with a deadline)."""
-    with anyio.fail_after(PROMPT_ANSWER):
+    with anyio.fail_after(within):
         while True:
             if check():
                 return
@@ -222,3 +225,138 @@ async def wait_until_async(check: Any) -> None:
             if await check():
                 return
             await anyio.sleep(0.05)
+
+
+# Losing Redis ----------------------------------------------------------------
+
+
+class RedisServer:
+    """A redis-server of the test's own, on a free port, that the test can kill."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no"),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_returns(
+    postgres_schema_url: str,
+) -> None:
+    redis = RedisServer()
+    redis.start()
+    try:
+        async with replicas(postgres_schema_url, redis.url, count=2) as (a, b):
+            key = await a.create_key("alice", kudos=100)
+            owner = await a.create_key("bob")
+            async with (
+                FakeTextWorker(a.url, owner, models=[MODEL]) as worker,
+                FakeChatWorker(a.url, owner, model_id=MODEL, name="chat-worker") as chat,
+                client(a) as on_a,
+                client(b) as on_b,
+                httpx.AsyncClient(verify=TLS, timeout=60) as http,
+                openai.AsyncOpenAI(
+                    base_url=b.url + "/v1", api_key=key, max_retries=0, http_client=http
+                ) as sdk,
+            ):
+                assert (await worker.pop())["id"] is None
+                assert (await chat.pop())["id"] is None
+                redis.kill()
+                await wait_until(lambda: a.horde.signals.degraded and b.horde.signals.degraded)
+
+                # A text request submitted on B reaches a pop long-polling on
+                # A by polling, long before the pop's wait.
+                jobs: list[dict[str, Any]] = []
+
+                async def long_poll() -> None:
+                    jobs.append(await worker.pop(wait=30))
+
+                with anyio.fail_after(PROMPT_ANSWER):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(long_poll)
+                        request_id = await queue_text(b, key)
+                assert jobs[0]["id"] is not None
+                path = f"/api/v2/generate/text/status/{request_id}"
+                assert (await on_b.get(path)).json()["processing"] == 1
+                await worker.submit(jobs[0]["id"], "The end.", seed=1)
+                assert (await on_b.get(path)).json()["done"] is True
+
+                # A streamed OpenAI call on B: the worker's progress posts
+                # answer 503 ChatProgressUnavailable; its submit answers the
+                # call with the whole reply.
+                chunks: list[str] = []
+
+                async def stream() -> None:
+                    response = await sdk.chat.completions.create(
+                        model=MODEL,
+                        messages=[{"role": "user", "content": "Name a colour."}],
+                        max_tokens=64,
+                        stream=True,
+                    )
+                    async for chunk in response:
+                        if chunk.choices and chunk.choices[0].delta.content:
+                            chunks.append(chunk.choices[0].delta.content)
+
+                with anyio.fail_after(PROMPT_ANSWER * 2):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(stream)
+                        job = await chat.pop(wait=30)
+                        assert job["id"] is not None
+                        body = {"id": job["id"], "seq": 1, "delta": {"content": "Blue"}}
+                        r = await on_a.post(
+                            "/api/v2/generate/text/progress", headers={"apikey": owner}, json=body
+                        )
+                        assert r.status_code == 503, r.text
+                        assert r.json()["rc"] == "ChatProgressUnavailable"
+                        reply = {
+                            "message": {"role": "assistant", "content": "Blue."},
+                            "finish_reason": "stop",
+                        }
+                        r = await chat.submit_reply(job, reply)
+                        assert r.status_code == 200, r.text
+                assert "".join(chunks) == "Blue."
+
+                # Redis returns: both replicas notice, and signals cross again.
+                redis.start()
+                await wait_until(
+                    lambda: not a.horde.signals.degraded and not b.horde.signals.degraded,
+                    within=15,
+                )
+                jobs.clear()
+                with anyio.fail_after(PROMPT_ANSWER):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(long_poll)
+                        await wait_until(lambda: a.horde.signals.statistics()["queue_waiters"] == 1)
+                        await queue_text(b, key)
+                assert jobs[0]["id"] is not None
+                assert not a.horde.signals.degraded
+    finally:
+        redis.kill()
