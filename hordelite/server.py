@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import socket
 from collections.abc import AsyncIterator
 
 import anyio
@@ -69,29 +70,42 @@ async def _serve_http_until(
     config: Config,
     shutdown: anyio.Event,
     stopped: anyio.Event,
+    sock: socket.socket | None,
     *,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     try:
-        await serve_http(app, config.server, shutdown, task_status=task_status)
+        await serve_http(app, config.server, shutdown, sock=sock, task_status=task_status)
     finally:
         stopped.set()
 
 
 @contextlib.asynccontextmanager
 async def open_server(
-    config: Config, *, clock: Clock | None = None, signals: Signals | None = None
+    config: Config,
+    *,
+    clock: Clock | None = None,
+    signals: Signals | None = None,
+    sock: socket.socket | None = None,
+    migrate: bool = True,
 ) -> AsyncIterator[RunningHorde]:
+    """The horde running until the block exits (see the module).
+
+    ``sock``: serve this listening socket instead of binding
+    ``server.host:server.port``. ``migrate=False``: the database was brought
+    up to date already (by the parent of several serving processes).
+    """
     db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
     try:
         horde = Horde(config, db, clock=clock, signals=signals)
-        await anyio.to_thread.run_sync(horde.migrate)
+        if migrate:
+            await anyio.to_thread.run_sync(horde.migrate)
         app = create_app(horde, current_backend())
         shutdown = anyio.Event()
         stopped = anyio.Event()
         error: Exception | None = None
         async with anyio.create_task_group() as tg:
-            url = await tg.start(_serve_http_until, app, config, shutdown, stopped)
+            url = await tg.start(_serve_http_until, app, config, shutdown, stopped, sock)
             await tg.start(serve_timers, horde, shutdown)
             try:
                 yield RunningHorde(url, horde)
