@@ -31,7 +31,6 @@ from types import FrameType
 
 import anyio
 
-from hordelite._http import base_url
 from hordelite.config import Config, build_config
 from hordelite.server import open_server
 
@@ -62,7 +61,6 @@ class _Child:
     slot: int
     process: subprocess.Popen[bytes]
     control: socket.socket
-    started: float
     ready_at: float | None = None
 
 
@@ -72,7 +70,6 @@ class Supervisor:
     def __init__(self, config: Config, sock: socket.socket) -> None:
         self.config = config
         self.sock = sock
-        self.url = base_url(sock)
         self._config_line = json.dumps(dataclasses.asdict(config)).encode() + b"\n"
         self._children: dict[int, _Child] = {}  # by slot
         self._failures = [0] * config.server.processes  # by slot: quick deaths in a row
@@ -97,7 +94,7 @@ class Supervisor:
         try:
             for slot in range(self.config.server.processes):
                 self._start(slot)
-            failed = self._supervise(wake_read, banner)
+            failed = self._supervise(banner)
             clean = self._stop()
             return 0 if clean and not failed else 1
         finally:
@@ -129,22 +126,19 @@ class Supervisor:
             )
         parent_end.sendall(self._config_line)
         parent_end.setblocking(False)
-        child = _Child(slot, process, parent_end, time.monotonic())
+        child = _Child(slot, process, parent_end)
         self._children[slot] = child
         self._selector.register(parent_end, selectors.EVENT_READ, child)
 
-    def _supervise(self, wake_read: int, banner: list[str]) -> bool:
-        """Until a stop signal: True when a first child died before the
-        horde served (the parent then stops), else False."""
+    def _supervise(self, banner: list[str]) -> bool:
+        """Until a stop signal: True when a child died before every first
+        child served (a fault to show, not to retry: the parent stops), else
+        False."""
         while self._stop_signal is None:
             timeout = None
             if self._restart_at:
                 timeout = max(0.0, min(self._restart_at.values()) - time.monotonic())
-            for key, _ in self._selector.select(timeout):
-                if key.data is None:
-                    _drain(wake_read)
-                else:
-                    self._read_control(key.data)
+            self._wait(timeout)
             if self._stop_signal is not None:
                 break
             for child in list(self._children.values()):
@@ -154,7 +148,7 @@ class Supervisor:
                 self._forget(child)
                 if not self._serving:
                     log.error(
-                        "process %d exited with code %s before it served; stopping",
+                        "process %d exited with code %s before the horde served; stopping",
                         child.process.pid,
                         _code(code),
                     )
@@ -170,6 +164,15 @@ class Supervisor:
                 for line in banner:
                     print(line, flush=True)
         return False
+
+    def _wait(self, timeout: float | None) -> None:
+        """Until a signal (a child's exit included), a control socket's
+        message or end, or ``timeout``; reads what woke it."""
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                _drain(key.fd)
+            else:
+                self._read_control(key.data)
 
     def _read_control(self, child: _Child) -> None:
         try:
@@ -217,15 +220,10 @@ class Supervisor:
         deadline = time.monotonic() + self.config.server.grace_period + STOP_MARGIN
         while self._children and time.monotonic() < deadline:
             # SIGCHLD, or a child closing its control socket, wakes this.
-            self._selector.select(max(0.0, deadline - time.monotonic()))
-            for key in list(self._selector.get_map().values()):
-                if key.data is None:
-                    _drain(key.fd)
+            self._wait(max(0.0, deadline - time.monotonic()))
             for child in list(self._children.values()):
                 if child.process.poll() is not None:
                     self._forget(child)
-                else:
-                    self._read_control(child)
         clean = not self._children
         for child in list(self._children.values()):
             log.error("process %d did not stop in time: killed", child.process.pid)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -30,7 +31,8 @@ import httpx
 import psycopg
 import pytest
 
-from hordelite.cli._processes import STOP_MARGIN
+from hordelite.cli import main
+from hordelite.cli._processes import RESTART_DELAY, STOP_MARGIN
 from hordelite.config import Config
 from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.horde.service import Horde, hash_key, new_api_key
@@ -215,6 +217,12 @@ def serve(tmp_path: Path) -> Iterator[Any]:
         served.close()
 
 
+def replaced(served: Served, victim: int) -> bool:
+    """Two live children again, the victim not among them."""
+    now = served.children()
+    return len(now) == 2 and victim not in now
+
+
 def worker_key(database: str) -> str:
     """A new user's key, for the worker (the anonymous key runs none)."""
     db = Database(database, 1)
@@ -298,7 +306,7 @@ def test_a_child_killed_with_SIGKILL_is_replaced_and_the_horde_keeps_answering(
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
     until(
-        lambda: len(now := served.children()) == 2 and victim not in now,
+        functools.partial(replaced, served, victim),
         REPLACE_DEADLINE,
         f"a second child in place of {victim}",
     )
@@ -310,6 +318,32 @@ def test_a_child_killed_with_SIGKILL_is_replaced_and_the_horde_keeps_answering(
     heartbeat(served.url)
     text_cycle(served.url, worker_key(postgres_schema_url))
     assert served.process.poll() is None
+
+
+def test_a_child_that_keeps_dying_at_start_is_restarted_after_a_growing_delay(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    delays = []
+    kids = served.children()
+    victim = min(kids)
+    for _ in range(2):
+        os.kill(victim, signal.SIGKILL)
+        until(
+            functools.partial(replaced, served, victim),
+            REPLACE_DEADLINE,
+            f"a second child in place of {victim}",
+        )
+        found = re.search(
+            rf"process {victim} exited with code -9 \(SIGKILL\); restarting it in (\S+) s",
+            served.log.read_text(),
+        )
+        assert found, served.log.read_text()
+        delays.append(float(found.group(1)))
+        # The same slot's new child dies next.
+        (victim,) = served.children() - kids
+    # Each served well under STABLE_SECONDS: 1 s, then twice that.
+    assert delays == [RESTART_DELAY, 2 * RESTART_DELAY]
 
 
 def test_SIGTERM_stops_every_child_and_the_parent_exits_0_within_the_grace_period(
@@ -410,6 +444,24 @@ def test_several_processes_without_a_signals_url_are_refused_in_one_line_before_
     assert "in use" not in done.stderr
     assert done.stdout == ""
     assert schema_tables(postgres_url, postgres_schema_url) == []  # not migrated
+
+
+def test_the_processes_option_is_refused_the_same_way_naming_both_requirements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./hordelite.toml of the checkout
+    for name in list(os.environ):
+        if name.startswith("HORDELITE_") and not name.startswith("HORDELITE_TEST_"):
+            monkeypatch.delenv(name)
+    db = tmp_path / "horde.db"
+    assert main(["serve", "--processes", "3", "--database", str(db)]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1, err
+    assert "server.processes: 3 processes need" in err
+    assert "storage.database" in err
+    assert "signals.url" in err
+    assert out == ""
+    assert not db.exists()
 
 
 # The sweep lock ----------------------------------------------------------------------
