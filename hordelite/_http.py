@@ -42,6 +42,7 @@ import anyio.lowlevel
 import sniffio
 import trio
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
 from hypercorn.utils import wrap_app
 
 from hordelite.config import ServerConfig
@@ -230,28 +231,46 @@ def hypercorn_config(server: ServerConfig) -> HypercornConfig:
     return config
 
 
+def listen(server: ServerConfig) -> socket.socket:
+    """A socket bound to ``server.host:server.port`` and listening: what
+    ``serve_http`` serves. An address that cannot be had raises OSError."""
+    config = hypercorn_config(server)
+    sock = config.create_sockets().insecure_sockets[0]  # one bind, one socket
+    sock.listen(config.backlog)
+    return sock
+
+
+def base_url(sock: socket.socket) -> str:
+    """``http://host:port`` of a listening socket (the port it really got)."""
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}"
+
+
 async def serve_http(
     app: Any,
     server: ServerConfig,
     shutdown: anyio.Event,
     *,
+    sock: socket.socket | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown`` is set; reports the base URL when listening.
 
-    After shutdown Hypercorn stops accepting, closes idle connections, and
-    gives open requests ``server.grace_period`` seconds before cancelling them.
+    ``sock`` is a socket already listening (one that several processes
+    share, see ``hordelite serve --processes``); without it the server binds
+    ``server.host:server.port`` itself. After shutdown Hypercorn stops
+    accepting, closes idle connections, and gives open requests
+    ``server.grace_period`` seconds before cancelling them.
     """
     config = hypercorn_config(server)
     raise_open_files_limit()
-    sockets = config.create_sockets()
-    for sock in sockets.insecure_sockets:
-        sock.listen(config.backlog)
-    host, port = sockets.insecure_sockets[0].getsockname()[:2]
-    host = f"[{host}]" if ":" in host else host
+    if sock is None:
+        sock = listen(server)
+    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     # Hypercorn types the app with its own message dicts.
     wrapped = wrap_app(cast(Any, guard_connections(app)), config.wsgi_max_body_size, "asgi")
-    task_status.started(f"http://{host}:{port}")
+    task_status.started(base_url(sock))
     if current_backend() == "trio":
         await _serve_trio(wrapped, config, sockets.insecure_sockets, shutdown)
     else:

@@ -181,7 +181,7 @@ class ServerConfig:
     # Connections the kernel queues for accept (capped by net.core.somaxconn).
     backlog: int = bounded(4096, ge=1, le=65535)
     # Processes serving the one listening socket, each a whole horde. Above 1
-    # needs PostgreSQL and Redis signals (decision 0039).
+    # needs PostgreSQL and Redis signals (processes_problem, decision 0040).
     processes: int = bounded(1, ge=1, le=64)
 
 
@@ -396,6 +396,35 @@ def _check(config: Config) -> None:
         raise ConfigError(
             f"worker.backoff_max: must be at least worker.backoff_initial ({w.backoff_initial})"
         )
+
+
+def processes_problem(config: Config) -> str | None:
+    """Why ``server.processes`` cannot be served with this configuration, or
+    None. Checked by ``hordelite serve`` only: the other commands read the
+    same file and need neither.
+
+    Several processes are one horde only when they share its state: the
+    database (SQLite's single writer would also serialise them) and the
+    signals (in-process wake-ups and versions would not reach the others).
+    """
+    n = config.server.processes
+    if n == 1:
+        return None
+    missing = []
+    if not config.storage.database.startswith("postgresql"):
+        missing.append(
+            "a PostgreSQL database (set storage.database, or --database, to a postgresql:// URL)"
+        )
+    if not config.signals.url:
+        missing.append(
+            "Redis signals (set signals.url, or HORDELITE_SIGNALS_URL, to a redis:// URL)"
+        )
+    if not missing:
+        return None
+    return (
+        f"server.processes: {n} processes need {' and '.join(missing)}; "
+        "or serve one process (--processes 1)"
+    )
 
 
 def build_config(raw: Mapping[str, Any]) -> Config:

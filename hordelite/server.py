@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import socket
 from collections.abc import AsyncIterator
 
 import anyio
@@ -69,40 +70,59 @@ async def _serve_http_until(
     config: Config,
     shutdown: anyio.Event,
     stopped: anyio.Event,
+    sock: socket.socket | None,
     *,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     try:
-        await serve_http(app, config.server, shutdown, task_status=task_status)
+        await serve_http(app, config.server, shutdown, sock=sock, task_status=task_status)
     finally:
         stopped.set()
 
 
 @contextlib.asynccontextmanager
 async def open_server(
-    config: Config, *, clock: Clock | None = None, signals: Signals | None = None
+    config: Config,
+    *,
+    clock: Clock | None = None,
+    signals: Signals | None = None,
+    sock: socket.socket | None = None,
+    migrate: bool = True,
 ) -> AsyncIterator[RunningHorde]:
+    """The horde running until the block exits (see the module).
+
+    ``signals``: the backend to use; by default the one ``[signals] url``
+    names, open for the block. ``sock``: serve this listening socket instead
+    of binding ``server.host:server.port``. ``migrate=False``: the database
+    was brought up to date already (by the parent of several serving
+    processes).
+    """
     async with contextlib.AsyncExitStack() as stack:
         if signals is None:
             signals = await stack.enter_async_context(open_signals(config.signals.url))
-        async with _open_horde(config, clock, signals) as running:
+        async with _open_horde(config, clock, signals, sock, migrate) as running:
             yield running
 
 
 @contextlib.asynccontextmanager
 async def _open_horde(
-    config: Config, clock: Clock | None, signals: Signals
+    config: Config,
+    clock: Clock | None,
+    signals: Signals,
+    sock: socket.socket | None,
+    migrate: bool,
 ) -> AsyncIterator[RunningHorde]:
     db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
     try:
         horde = Horde(config, db, clock=clock, signals=signals)
-        await anyio.to_thread.run_sync(horde.migrate)
+        if migrate:
+            await anyio.to_thread.run_sync(horde.migrate)
         app = create_app(horde, current_backend())
         shutdown = anyio.Event()
         stopped = anyio.Event()
         error: Exception | None = None
         async with anyio.create_task_group() as tg:
-            url = await tg.start(_serve_http_until, app, config, shutdown, stopped)
+            url = await tg.start(_serve_http_until, app, config, shutdown, stopped, sock)
             await tg.start(serve_timers, horde, shutdown)
             try:
                 yield RunningHorde(url, horde)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -12,11 +13,16 @@ from typing import Any, NoReturn
 import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
+from hordelite import __version__
+from hordelite._http import base_url, listen
 from hordelite.cli import _admin
-from hordelite.config import Config, load_config
+from hordelite.cli._processes import Supervisor, serve_child
+from hordelite.config import Config, load_config, processes_problem
 from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.errors import ConfigError, StorageUnavailable
+from hordelite.horde.service import Horde
 from hordelite.server import open_server
+from hordelite.storage.database import Database
 from hordelite.worker import Worker, WorkerError
 
 DEFAULT_CONFIG = "hordelite.toml"
@@ -49,6 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (server.port)")
     serve.add_argument("--backend", choices=["trio", "asyncio"], help="event loop (server.backend)")
+    serve.add_argument(
+        "--processes",
+        type=int,
+        help="processes serving the port, each a whole horde (server.processes)",
+    )
+    # A serving process started by ``serve --processes N``: the inherited
+    # listening socket and its control socket to the parent (cli/_processes.py).
+    serve.add_argument("--socket-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
 
     keys = commands.add_parser("keys", help="manage users and their API keys")
     key_commands = keys.add_subparsers(
@@ -140,7 +155,7 @@ def _config(args: argparse.Namespace) -> Config:
         path = DEFAULT_CONFIG
     config = load_config(path)
     server: dict[str, Any] = {}
-    for key in ("host", "port", "backend"):
+    for key in ("host", "port", "backend", "processes"):
         if getattr(args, key, None) is not None:
             server[key] = getattr(args, key)
     storage = {"database": args.database} if getattr(args, "database", None) else {}
@@ -158,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else 2
     try:
+        if args.command == "serve" and args.socket_fd is not None and args.control_fd is not None:
+            return _serve_child(args.socket_fd, args.control_fd)
         config = _config(args)
         if args.command == "serve":
             return _serve(config)
@@ -210,7 +227,12 @@ def _config_file(args: argparse.Namespace) -> str | None:
 
 
 def _serve(config: Config) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    problem = processes_problem(config)
+    if problem is not None:  # before anything is bound or migrated
+        raise ConfigError(problem)
+    _log_setup()
+    if config.server.processes > 1:
+        return _serve_processes(config)
     try:
         anyio.run(_run, config, backend=config.server.backend)
     except Exception as exc:
@@ -220,6 +242,41 @@ def _serve(config: Config) -> int:
         _refuse(message)
         return 1
     return 0
+
+
+def _log_setup() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _serve_processes(config: Config) -> int:
+    """Bind once, migrate once, then supervise the serving processes."""
+    try:
+        sock = listen(config.server)
+    except OSError as exc:
+        message = _listen_error(exc, config)
+        if message is None:
+            raise
+        _refuse(message)
+        return 1
+    with sock:
+        _migrate(config)
+        lines = banner(config, base_url(sock), __version__)
+        return Supervisor(config, sock).run(lines)
+
+
+def _migrate(config: Config) -> None:
+    db = Database(config.storage.database, 1)
+    try:
+        Horde(config, db).migrate()
+    except RuntimeError as exc:  # a schema newer than this hordelite
+        raise _admin.Refused(f"{_admin.shown_database(config.storage.database)}: {exc}") from None
+    finally:
+        db.dispose()
+
+
+def _serve_child(socket_fd: int, control_fd: int) -> int:
+    _log_setup()
+    return serve_child(socket_fd, control_fd)
 
 
 def _listen_error(exc: BaseException, config: Config) -> str | None:
@@ -257,6 +314,11 @@ def banner(config: Config, url: str, version: str) -> list[str]:
         f"  native API: {url}/api/v2/ (horde_sdk: AI_HORDE_URL={url}/api/)",
         f"  OpenAI front: {url}/v1",
     ]
+    if config.server.processes > 1:
+        lines.append(
+            f"  processes: {config.server.processes}, each a whole horde on this port "
+            f"(process {os.getpid()} supervises them)"
+        )
     if config.horde.allow_anonymous:
         lines.append(f"  anonymous key: {ANONYMOUS_API_KEY}")
     else:

@@ -874,11 +874,16 @@ class Horde:
                 await self.db.write(q.record_refusal, hash_key(api_key), job_id, refusal)
             raise
 
-    async def sweep(self) -> q.SweepResult:
-        """One pass of the timers: expired leases, expired requests, purge."""
+    async def sweep(self, *, wait: bool = False) -> q.SweepResult:
+        """One pass of the timers: expired leases, expired requests, purge.
+
+        Of several processes on one PostgreSQL database one sweeps at a
+        time: while another sweeps this one is skipped (``skipped`` is set),
+        or with ``wait`` waits its turn.
+        """
         now = self.clock.now()
         extended = await self.signals.lease_ends()
-        result = await self.db.write(q.sweep, now, self.rules, extended)
+        result = await self.db.write(q.sweep, now, self.rules, extended, wait=wait)
         for job_id in result.expired_job_ids:
             await self.signals.end_lease(job_id, now)
         if result.requeued:

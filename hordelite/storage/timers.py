@@ -27,6 +27,12 @@ from hordelite.storage.schema import (
 
 CLASS_IDLE_SECONDS = 3600.0
 
+# The PostgreSQL advisory lock a sweep runs under, so that of several
+# processes serving one horde at most one sweeps at a time (the others skip
+# that round). Its first key; the second is the hash of the schema, so that
+# hordes in other schemas of the same database never wait on each other.
+SWEEP_LOCK_KEY = 0x686C7377  # "hlsw"
+
 
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
@@ -37,16 +43,29 @@ class SweepResult:
     expired_job_ids: list[str] = dataclasses.field(default_factory=list)
     # Requests whose status changed or that are gone (their statuses are stale).
     changed_requests: list[str] = dataclasses.field(default_factory=list)
+    # Another process was sweeping (PostgreSQL): this round did nothing.
+    skipped: bool = False
 
 
 def sweep(
-    conn: Connection, now: float, rules: Rules, extended: dict[str, float] | None = None
+    conn: Connection,
+    now: float,
+    rules: Rules,
+    extended: dict[str, float] | None = None,
+    *,
+    wait: bool = False,
 ) -> SweepResult:
     """Expire leases and requests, purge ended requests past retention.
 
     ``extended`` holds the progress leases of streamed jobs: a job whose
     progress lease still runs has its stored lease moved to that end instead.
+
+    On PostgreSQL the sweep first takes the sweep lock for its transaction:
+    when another transaction holds it, the sweep returns at once with
+    ``skipped`` set, or with ``wait`` waits for it and then sweeps.
     """
+    if not _sweep_lock(conn, wait):
+        return SweepResult(0, 0, [], 0, skipped=True)
     extended = extended or {}
     expired = (
         conn.execute(
@@ -103,6 +122,21 @@ def sweep(
     changed = list(dict.fromkeys([*(j["request_id"] for j in expired), *ended, *purged]))
     return SweepResult(
         len(expired), requeued, ended, len(purged), [j["id"] for j in expired], changed
+    )
+
+
+def _sweep_lock(conn: Connection, wait: bool) -> bool:
+    """The sweep lock for this transaction (released at its end); False when
+    another transaction holds it and ``wait`` is not set. SQLite needs none:
+    its write transactions already run one at a time."""
+    if conn.dialect.name != "postgresql":
+        return True
+    schema = func.hashtext(func.current_schema())
+    if wait:
+        conn.execute(select(func.pg_advisory_xact_lock(SWEEP_LOCK_KEY, schema)))
+        return True
+    return bool(
+        conn.execute(select(func.pg_try_advisory_xact_lock(SWEEP_LOCK_KEY, schema))).scalar()
     )
 
 

@@ -33,8 +33,9 @@ class TestHorde:
         return key
 
     async def sweep(self) -> SweepResult:
-        """Run the timers' work now (after moving a ManualClock, say)."""
-        return await self.horde.sweep()
+        """Run the timers' work now (after moving a ManualClock, say); on
+        PostgreSQL it waits for a periodic sweep under way, never skips."""
+        return await self.horde.sweep(wait=True)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,532 @@
+"""``hordelite serve --processes N``: real processes on one port (PostgreSQL).
+
+* Two serving processes answer a heartbeat and a whole text cycle through the
+  one port, and the parent has exactly two live children.
+* A child killed with SIGKILL is replaced, and the horde keeps answering.
+* SIGTERM to the parent stops every child, and the parent exits 0 in time.
+* The parent killed with SIGKILL leaves no child behind.
+* Without PostgreSQL or without Redis signals the command refuses in one
+  line, exit 2, before it binds or migrates anything.
+* Two sweeps at once on PostgreSQL: one runs, the other skips (or waits).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import psycopg
+import pytest
+
+from hordelite.cli import main
+from hordelite.cli._processes import RESTART_DELAY, STOP_MARGIN
+from hordelite.config import Config
+from hordelite.contract.limits import ANONYMOUS_API_KEY
+from hordelite.horde.service import Horde, hash_key, new_api_key
+from hordelite.storage import queries
+from hordelite.storage.database import Database
+from hordelite.storage.timers import SWEEP_LOCK_KEY
+
+pytestmark = pytest.mark.postgres
+
+START_DEADLINE = 30.0
+REPLACE_DEADLINE = 20.0
+GRACE_PERIOD = 2.0
+# What a stop may take: the children's grace period, the parent's margin
+# past it, and the interpreter's own exit.
+STOP_DEADLINE = GRACE_PERIOD + STOP_MARGIN + 5.0
+MODEL = "fake-model"
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _environment() -> dict[str, str]:
+    """This environment without hordelite's configuration variables."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HORDELITE_") or k.startswith("HORDELITE_TEST_")
+    }
+
+
+def write_config(
+    tmp_path: Path,
+    database: str,
+    signals: str,
+    *,
+    processes: int = 2,
+    backend: str = "trio",
+    port: int = 0,
+) -> Path:
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        "\n".join(
+            [
+                "[server]",
+                'host = "127.0.0.1"',
+                f"port = {port}",
+                f'backend = "{backend}"',
+                f"grace_period = {GRACE_PERIOD}",
+                f"processes = {processes}",
+                "[storage]",
+                # A JSON string is a TOML basic string.
+                f"database = {json.dumps(database)}",
+                "[signals]",
+                f"url = {json.dumps(signals)}",
+                "",
+            ]
+        ),
+        encoding="utf-8",
+    )
+    return config
+
+
+def children(pid: int) -> set[int]:
+    """The live (not zombie) child processes of ``pid``, read from /proc."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.update(int(c) for c in (task / "children").read_text().split())
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return {child for child in found if alive(child)}
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    # The state follows the command's closing parenthesis.
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def until(condition: Any, deadline: float, what: str) -> None:
+    """Poll ``condition()`` until it holds; fail naming ``what`` past the deadline."""
+    end = time.monotonic() + deadline
+    while not condition():
+        if time.monotonic() > end:
+            pytest.fail(f"not within {deadline} s: {what}")
+        time.sleep(0.05)
+
+
+class Served:
+    """A real ``hordelite serve`` process: its banner, URL, pid and log."""
+
+    def __init__(self, config: Path) -> None:
+        self.log = config.parent / "stderr.log"
+        self._stderr = self.log.open("w", encoding="utf-8")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=config.parent,
+            env=_environment(),
+        )
+        self.pid = self.process.pid
+        self.seen: set[int] = set()  # every child seen, for the clean-up
+        assert self.process.stdout is not None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        # The stream's only reader: joined before the stream is closed.
+        self.reader = threading.Thread(target=self._read, args=(self.process.stdout,))
+        self.reader.start()
+        self.banner = self._banner()
+        match = re.search(r"serving at (http://127\.0\.0\.1:\d+)", "\n".join(self.banner))
+        assert match, self.banner
+        self.url = match.group(1)
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _banner(self) -> list[str]:
+        deadline = time.monotonic() + START_DEADLINE
+        banner: list[str] = []
+        while not any("keys create" in line for line in banner):
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                pytest.fail(f"no start banner within {START_DEADLINE} s: {banner}")
+            if line is None:
+                self.close()
+                pytest.fail(f"serve exited before its banner: {banner} {self.log.read_text()}")
+            banner.append(line)
+        return banner
+
+    def children(self) -> set[int]:
+        found = children(self.pid)
+        self.seen |= found
+        return found
+
+    def rest_of_output(self) -> list[str]:
+        """Stdout after the banner, once the process has ended."""
+        self.reader.join(timeout=STOP_DEADLINE)
+        lines = []
+        while (line := self.lines.get_nowait()) is not None:
+            lines.append(line)
+        return lines
+
+    def close(self) -> None:
+        """Kill whatever is left (the parent, then any child seen), then
+        close the streams."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for child in self.seen:
+            if alive(child):
+                os.kill(child, signal.SIGKILL)
+        self.reader.join(timeout=STOP_DEADLINE)
+        if self.process.stdout is not None and not self.reader.is_alive():
+            self.process.stdout.close()
+        self._stderr.close()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Any]:
+    started: list[Served] = []
+
+    def start(config: Path) -> Served:
+        served = Served(config)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.close()
+
+
+def replaced(served: Served, victim: int) -> bool:
+    """Two live children again, the victim not among them."""
+    now = served.children()
+    return len(now) == 2 and victim not in now
+
+
+def worker_key(database: str) -> str:
+    """A new user's key, for the worker (the anonymous key runs none)."""
+    db = Database(database, 1)
+    try:
+        key = new_api_key()
+        db.run_sync(queries.create_user, True, "bob", hash_key(key), 0.0, False, False, time.time())
+        return key
+    finally:
+        db.dispose()
+
+
+def text_cycle(url: str, worker: str) -> None:
+    """Submit, pop, submit the generation, read the status: each on a new
+    connection, so that the processes behind the port share the work."""
+    with httpx.Client(
+        base_url=f"{url}/api/v2",
+        timeout=10,
+        limits=httpx.Limits(max_keepalive_connections=0),
+    ) as client:
+        r = client.post(
+            "/generate/text/async",
+            headers={"apikey": ANONYMOUS_API_KEY},
+            json={"prompt": "Once upon", "params": {"max_length": 16}, "models": [MODEL]},
+        )
+        assert r.status_code == 202, r.text
+        request_id = r.json()["id"]
+        pop = {
+            "name": "fake-worker",
+            "models": [MODEL],
+            "max_length": 512,
+            "max_context_length": 4096,
+            "bridge_agent": "hordelite-fake-worker:1:test",
+        }
+        r = client.post("/generate/text/pop", headers={"apikey": worker}, json=pop)
+        assert r.status_code == 200, r.text
+        job = r.json()
+        assert job["id"] is not None, job
+        assert job["payload"]["prompt"] == "Once upon"
+        r = client.post(
+            "/generate/text/submit",
+            headers={"apikey": worker},
+            json={"id": job["id"], "generation": "there was", "state": "ok"},
+        )
+        assert r.status_code == 200, r.text
+        status = client.get(f"/generate/text/status/{request_id}").json()
+        assert status["done"] is True, status
+        assert status["generations"][0]["text"] == "there was"
+
+
+def heartbeat(url: str) -> None:
+    r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
+    assert r.status_code == 200
+    assert r.json()["message"] == "OK"
+
+
+# Serving -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_two_processes_answer_a_heartbeat_and_a_text_cycle_through_one_port(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any, backend: str
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url, backend=backend))
+    text = "\n".join(served.banner)
+    assert "processes: 2" in text
+    assert text.count("serving at") == 1  # the parent's banner, once
+    assert len(served.children()) == 2
+    heartbeat(served.url)
+    text_cycle(served.url, worker_key(postgres_schema_url))
+    for _ in range(4):
+        heartbeat(served.url)
+    assert len(served.children()) == 2
+
+
+def test_a_child_killed_with_SIGKILL_is_replaced_and_the_horde_keeps_answering(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    first = served.children()
+    assert len(first) == 2
+    victim = min(first)
+    os.kill(victim, signal.SIGKILL)
+    until(
+        functools.partial(replaced, served, victim),
+        REPLACE_DEADLINE,
+        f"a second child in place of {victim}",
+    )
+    until(
+        lambda: f"process {victim} exited with code -9" in served.log.read_text(),
+        REPLACE_DEADLINE,
+        "the log line naming the killed child",
+    )
+    heartbeat(served.url)
+    text_cycle(served.url, worker_key(postgres_schema_url))
+    assert served.process.poll() is None
+
+
+def test_a_child_that_keeps_dying_at_start_is_restarted_after_a_growing_delay(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    delays = []
+    kids = served.children()
+    victim = min(kids)
+    for _ in range(2):
+        os.kill(victim, signal.SIGKILL)
+        until(
+            functools.partial(replaced, served, victim),
+            REPLACE_DEADLINE,
+            f"a second child in place of {victim}",
+        )
+        found = re.search(
+            rf"process {victim} exited with code -9 \(SIGKILL\); restarting it in (\S+) s",
+            served.log.read_text(),
+        )
+        assert found, served.log.read_text()
+        delays.append(float(found.group(1)))
+        # The same slot's new child dies next.
+        (victim,) = served.children() - kids
+    # Each served well under STABLE_SECONDS: 1 s, then twice that.
+    assert delays == [RESTART_DELAY, 2 * RESTART_DELAY]
+
+
+def test_SIGTERM_stops_every_child_and_the_parent_exits_0_within_the_grace_period(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    kids = served.children()
+    assert len(kids) == 2
+    heartbeat(served.url)
+    stopping = time.monotonic()
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(timeout=STOP_DEADLINE) == 0, served.log.read_text()
+    assert time.monotonic() - stopping < GRACE_PERIOD + STOP_MARGIN
+    assert not any(alive(kid) for kid in kids)
+    assert "hordelite: SIGTERM, stopping 2 processes" in served.rest_of_output()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{served.url}/api/v2/status/heartbeat", timeout=5)
+
+
+def test_children_stop_when_the_parent_is_killed_with_SIGKILL(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    kids = served.children()
+    assert len(kids) == 2
+    served.process.kill()
+    served.process.wait()
+    until(
+        lambda: not any(alive(kid) for kid in kids),
+        STOP_DEADLINE,
+        f"children {sorted(kids)} stopping after their parent",
+    )
+
+
+# Refusals ----------------------------------------------------------------------------
+
+
+def refused(tmp_path: Path, config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_environment(),
+        timeout=START_DEADLINE,
+        check=False,
+    )
+
+
+def schema_tables(postgres_url: str, database: str) -> list[str]:
+    schema = re.search(r"search_path%3D(\w+)", database)
+    assert schema, database
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (schema.group(1),),
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port something else listens on: a serve that bound it first would
+    fail with "in use" (exit 1), not with its refusal."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+def test_several_processes_on_SQLite_are_refused_in_one_line_before_anything_is_bound(
+    tmp_path: Path, redis_url: str, taken_port: int
+) -> None:
+    db = tmp_path / "horde.db"
+    done = refused(tmp_path, write_config(tmp_path, str(db), redis_url, port=taken_port))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "server.processes" in done.stderr
+    assert "PostgreSQL" in done.stderr
+    assert "storage.database" in done.stderr
+    assert "signals.url" not in done.stderr  # it is set
+    assert "in use" not in done.stderr
+    assert done.stdout == ""
+    assert not db.exists()
+
+
+def test_several_processes_without_a_signals_url_are_refused_in_one_line_before_anything_is_bound(
+    tmp_path: Path, postgres_url: str, postgres_schema_url: str, taken_port: int
+) -> None:
+    config = write_config(tmp_path, postgres_schema_url, "", port=taken_port)
+    done = refused(tmp_path, config)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "server.processes" in done.stderr
+    assert "signals.url" in done.stderr
+    assert "redis://" in done.stderr
+    assert "storage.database" not in done.stderr  # it is PostgreSQL
+    assert "in use" not in done.stderr
+    assert done.stdout == ""
+    assert schema_tables(postgres_url, postgres_schema_url) == []  # not migrated
+
+
+def test_the_processes_option_is_refused_the_same_way_naming_both_requirements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./hordelite.toml of the checkout
+    for name in list(os.environ):
+        if name.startswith("HORDELITE_") and not name.startswith("HORDELITE_TEST_"):
+            monkeypatch.delenv(name)
+    db = tmp_path / "horde.db"
+    assert main(["serve", "--processes", "3", "--database", str(db)]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1, err
+    assert "server.processes: 3 processes need" in err
+    assert "storage.database" in err
+    assert "signals.url" in err
+    assert out == ""
+    assert not db.exists()
+
+
+# The sweep lock ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def migrated(postgres_schema_url: str) -> Iterator[tuple[Database, queries.Rules]]:
+    db = Database(postgres_schema_url, 3)
+    try:
+        horde = Horde(Config(), db)
+        horde.migrate()
+        yield db, horde.rules
+    finally:
+        db.dispose()
+
+
+def sweep_lock_waiters(postgres_url: str) -> int:
+    """Transactions waiting for the sweep lock (of any schema)."""
+    with psycopg.connect(postgres_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND classid = %s",
+            (SWEEP_LOCK_KEY,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_two_sweeps_at_once_on_PostgreSQL_do_not_both_run(
+    migrated: tuple[Database, queries.Rules], postgres_url: str
+) -> None:
+    db, rules = migrated
+    sweeping = threading.Event()
+    finish = threading.Event()
+    results: dict[str, queries.SweepResult] = {}
+
+    def held_sweep(conn: Any) -> queries.SweepResult:
+        result = queries.sweep(conn, time.time(), rules)
+        sweeping.set()
+        assert finish.wait(timeout=30)  # the transaction, and its lock, stay open
+        return result
+
+    def run(name: str, fn: Any, *args: Any, **kwargs: Any) -> threading.Thread:
+        def target() -> None:
+            results[name] = db.run_sync(fn, True, *args, **kwargs)
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    first = run("first", held_sweep)
+    try:
+        assert sweeping.wait(timeout=30)
+        # A second sweep meanwhile skips its round at once.
+        second = db.run_sync(queries.sweep, True, time.time(), rules)
+        assert second.skipped
+        # One that waits (TestHorde.sweep) waits for the first to commit.
+        waiting = run("waiting", queries.sweep, time.time(), rules, wait=True)
+        until(lambda: sweep_lock_waiters(postgres_url) >= 1, 10.0, "the waiting sweep queued")
+        assert "waiting" not in results
+    finally:
+        finish.set()
+        first.join(timeout=30)
+    waiting.join(timeout=30)
+    assert not results["first"].skipped
+    assert not results["waiting"].skipped
+    # The lock ends with its transaction: the next sweep runs.
+    assert not db.run_sync(queries.sweep, True, time.time(), rules).skipped
