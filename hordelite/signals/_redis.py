@@ -120,7 +120,9 @@ class RedisSignals:
         self._redis = client
         self._local = LocalSignals()
         self._bump = client.register_script(_BUMP)
-        self._down = False
+        self._down = False  # the last command found Redis down
+        self._listening = False  # the pub/sub connection is subscribed
+        self._reported = False  # an outage was logged (the start is not one)
         # Versions answered while Redis is down: negative and never repeated,
         # so no cached status matches one (every read goes to the database).
         self._unknown_versions = itertools.count(-1, -1)
@@ -129,27 +131,46 @@ class RedisSignals:
 
     @property
     def degraded(self) -> bool:
-        return self._down
+        """Signals may be lost: a command failed, or this process is not
+        subscribed (it would not hear the others)."""
+        return self._down or not self._listening
 
-    def _failed(self, exc: BaseException) -> None:
-        if not self._down:
-            self._down = True
+    def _health(
+        self,
+        *,
+        down: bool | None = None,
+        listening: bool | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        """Record what was seen; log and wake every waiter when the state
+        flips, once per outage and once per recovery."""
+        before = self.degraded
+        if down is not None:
+            self._down = down
+        if listening is not None:
+            self._listening = listening
+        if self.degraded == before:
+            return
+        if self.degraded:
+            self._reported = True
             log.warning(
                 "Redis signals unavailable (%s): waiting pops and calls poll every %g s, "
                 "progress posts answer 503 until Redis is back",
-                _reason(exc),
+                _reason(cause) if cause is not None else "not subscribed",
                 DEGRADED_POLL_SECONDS,
             )
-            # Waiters asleep on signals that may not come look again, and
-            # from now on poll.
-            self._local.notify_all_requests()
+        elif self._reported:
+            self._reported = False
+            log.warning("Redis signals are back")
+        # Waiters asleep on signals that may not come (or that were lost)
+        # look again; while degraded they poll.
+        self._local.notify_all_requests()
+
+    def _failed(self, exc: BaseException) -> None:
+        self._health(down=True, cause=exc)
 
     def _succeeded(self) -> None:
-        if self._down:
-            self._down = False
-            log.warning("Redis signals are back")
-            # Signals sent during the outage were lost: everyone looks again.
-            self._local.notify_all_requests()
+        self._health(down=False)
 
     async def _safely(self, operation: Callable[[], Awaitable[T]], fallback: T) -> T:
         """``operation``'s result; ``fallback`` while Redis is down."""
@@ -185,14 +206,20 @@ class RedisSignals:
                         started = True
                         task_status.started()
                     pause = 0.1
-                    self._succeeded()
+                    self._health(down=False, listening=True)
                     async for message in pubsub:
                         if message["type"] in ("message", "pmessage"):
                             self._dispatch(str(message["channel"]), str(message["data"]))
             except Exception as exc:
                 if not _is_down(exc):
                     raise
-                self._failed(exc)
+                self._health(down=True, listening=False, cause=exc)
+                if not started and not self._reported:
+                    self._reported = True  # degraded from the start: say so once
+                    log.warning(
+                        "Redis signals unavailable at start (%s): serving degraded until it answers",
+                        _reason(exc),
+                    )
                 if not started:
                     started = True  # serve degraded rather than not at all
                     task_status.started()
