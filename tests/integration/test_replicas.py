@@ -208,6 +208,9 @@ async def test_progress_posted_to_one_replica_streams_from_another_and_a_cancel_
                     return r.status_code == 200 and answer.get("cancelled") is True
 
                 await wait_until_async(cancelled)
+                # Settled on what was posted: the worker's owner earned kudos.
+                r = await poster_a.get("/api/v2/find_user", headers={"apikey": owner})
+                assert r.json()["kudos"] > 0, r.text
 
 
 async def wait_until(check: Any, within: float = PROMPT_ANSWER) -> None:
