@@ -209,7 +209,7 @@ class RedisSignals:
                     self._health(down=False, listening=True)
                     async for message in pubsub:
                         if message["type"] in ("message", "pmessage"):
-                            self._dispatch(str(message["channel"]), str(message["data"]))
+                            self._hear(str(message["channel"]), str(message["data"]))
             except Exception as exc:
                 if not _is_down(exc):
                     raise
@@ -225,6 +225,14 @@ class RedisSignals:
                     task_status.started()
             await anyio.sleep(pause)
             pause = min(pause * 2, 5.0)
+
+    def _hear(self, channel: str, data: str) -> None:
+        """Dispatch one message; one that cannot be read (not ours, or from
+        another version) is logged and dropped, never fatal to the listener."""
+        try:
+            self._dispatch(channel, data)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("dropped an unreadable signal on %s: %s", channel, exc)
 
     def _dispatch(self, channel: str, data: str) -> None:
         local = self._local
