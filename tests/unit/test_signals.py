@@ -114,3 +114,18 @@ async def test_notify_request_also_bumps_the_version() -> None:
     before = await signals.request_version("a")
     await signals.notify_request("a")
     assert await signals.request_version("a") != before
+
+
+async def test_an_unreadable_redis_signal_is_dropped_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import coredis
+
+    from hordelite.signals._redis import QUEUE, RedisSignals
+
+    signals = RedisSignals(coredis.Redis.from_url("redis://127.0.0.1:1/0", decode_responses=True))
+    signals._hear(QUEUE, "{not json")
+    signals._hear(QUEUE, '{"models": []}')  # JSON, but not a request view
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert all(m.startswith(f"dropped an unreadable signal on {QUEUE}: ") for m in messages)
