@@ -70,7 +70,7 @@ import resource
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +146,11 @@ class SdkShapedHttp(tc.LeanHttp):
 
 
 @contextlib.asynccontextmanager
-async def lean_clients(kind: type[tc.LeanHttp], url: str, count: int) -> Any:
-    clients = [kind(url) for _ in range(count)]
+async def lean_clients(kind: type[tc.LeanHttp], url: str | Sequence[str], count: int) -> Any:
+    """``count`` clients of ``url``; of several URLs (replicas of one horde),
+    client i on url[i mod n], as a load balancer spreads clients round-robin."""
+    urls = [url] if isinstance(url, str) else url
+    clients = [kind(urls[i % len(urls)]) for i in range(count)]
     try:
         yield clients
     finally:
@@ -235,9 +238,17 @@ def vm_rss_kb(pid: int) -> int:
 
 
 async def measure_front_cycle(
-    url: str, worker_key: str, requester_keys: list[str], args: argparse.Namespace
+    url: str | Sequence[str],
+    worker_key: str,
+    requester_keys: list[str],
+    args: argparse.Namespace,
+    worker_prefix: str = "bench-chat-worker",
 ) -> tc.Window:
-    """chat_cycle.measure_chat_cycle with one POST /v1/chat/completions per request."""
+    """chat_cycle.measure_chat_cycle with one POST /v1/chat/completions per request.
+
+    The workers are ``{worker_prefix}-{i}``; of several URLs, each kind of
+    client is spread over them as lean_clients does.
+    """
     window = tc.Window(args.duration)
 
     async def requester(http: SdkShapedHttp, key: str) -> None:
@@ -257,7 +268,7 @@ async def measure_front_cycle(
         lean_clients(tc.LeanHttp, url, args.workers) as workers,
         lean_clients(SdkShapedHttp, url, args.requesters) as requesters,
     ):
-        names = [f"bench-chat-worker-{i}" for i in range(args.workers)]
+        names = [f"{worker_prefix}-{i}" for i in range(args.workers)]
         for http, name in zip(workers, names, strict=True):
             # Check in first: a chat request for a model without a chat worker is refused.
             await cc.chat_pop(http, worker_key, name)

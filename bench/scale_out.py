@@ -6,9 +6,9 @@ starts them as child processes, each on its own port, and spreads its
 clients over them as a load balancer would. The pieces (the lean HTTP
 client, CPU from /proc, the report, the requester and worker loops, the
 key command) are bench/text_cycle.py's; the chat pop bench/chat_cycle.py's;
-the SDK-shaped client, the server environment and the file descriptor limit
-bench/front.py's; the streaming client and the streamed job bench/stream.py's:
-all imported.
+the SDK-shaped client, the front cycle, the server environment and the file
+descriptor limit bench/front.py's; the streaming client and the streamed job
+bench/stream.py's: all imported.
 
 Every configuration on PostgreSQL gets a fresh schema (libpq's
 ``options=-csearch_path=<schema>``), dropped afterwards; the Redis database
@@ -46,13 +46,20 @@ Figures, each with its target:
     calls are opened and, sampled every half second, while they open and
     are held. Target: flat (the same during as before, for each process;
     about 2: one pub/sub connection and one for commands).
+(e) front.py's (a) front cycle (``--requesters`` SDK-shaped requesters, one
+    POST /v1/chat/completions per request, answered when the reply lands;
+    ``--workers`` chat workers, long-polled pops, structured submits) for
+    ``--duration`` s against the configurations of (a). Completed chat
+    completions/s and each server's CPU for each. User and worker names
+    carry the configuration. Target: --processes 2 / 1 process (both on
+    PostgreSQL + Redis) >= 1.6; 2 replicas / 1 process is shown beside it.
 
 The table of cores busy comes with every measurement, as in text_cycle.py:
 "server" is all the hordelite processes of the configuration together, and
 "others" includes PostgreSQL and Redis (their share is also printed in the
 rows). The exit status is 1 when a target is missed.
 
-    .venv/bin/python bench/scale_out.py              # the default run, about 2-3 minutes
+    .venv/bin/python bench/scale_out.py              # the default run (abcde), about 3-4 minutes
     .venv/bin/python bench/scale_out.py --phases a --duration 20
     .venv/bin/python bench/scale_out.py --help
 
@@ -100,6 +107,7 @@ REPLICA_NAMES = "ABC"
 BACKING_COMMANDS = ("postgres", "redis-server")
 
 TARGET_SCALE = 1.6  # (a): 2 replicas / 1 replica, cycles per second
+TARGET_FRONT_PROCESSES = 1.6  # (e): --processes 2 / 1 process, completions per second
 TARGET_WAKE_MS = 20.0  # (b)
 TARGET_RELAY_MS = 10.0  # (c)
 # (d): what a process is expected to hold, the target itself being "flat".
@@ -975,13 +983,96 @@ def run_redis_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) 
     }
 
 
+# (e) the OpenAI front's chat cycle, 1 and 2 processes -------------------------
+
+
+def run_front_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -> None:
+    rates: dict[str, float] = {}
+    report.figures["front_cycle"] = {}
+    for setup in cycle_setups(args):
+        fr.progress(f"(e) {setup.label}")
+        # User and worker names carry the configuration, so that none is
+        # taken twice in one database even were its storage not fresh (a
+        # second user of a name is refused).
+        prefix = f"front-{setup.key}"
+        with running_horde(workdir, prefix, setup, args) as horde:
+            first = horde.servers[0]
+            worker_key = tc.create_key(first, f"{prefix}-workers")
+            requester_keys = [
+                tc.create_key(first, f"{prefix}-requester-{i}") for i in range(args.requesters)
+            ]
+            uses: list[Use] = []
+            try:
+                with cpu_of(horde.servers, uses):
+                    window = anyio.run(
+                        fr.measure_front_cycle,
+                        horde.urls,
+                        worker_key,
+                        requester_keys,
+                        args,
+                        f"{prefix}-chat-worker",
+                        backend=args.client_backend,
+                    )
+            except BaseException:
+                print_log_tails(workdir, horde)
+                raise
+        use = uses[0]
+        report.cpu.append((f"(e) {setup.label}", use.total))
+        done = len(window.latencies)
+        if not done:
+            raise RuntimeError(f"no chat completion came back on {setup.label}")
+        rate = rates[setup.key] = done / window.duration
+        per_done = window.total / done
+        kinds = ", ".join(
+            f"{kind} {window.requests.get(kind, 0) / done:.2f}"
+            for kind in ("completions", "pop", "submit")
+        )
+        report.add(
+            f"(e) {setup.label}: chat completions completed",
+            f"{rate:.1f} /s ({per_done:.2f} HTTP req each: {kinds})",
+        )
+        report.add(f"(e) {setup.label}: server CPU", cores_row(use, setup.shared))
+        p50, p95 = tc.percentile(window.latencies, 50), tc.percentile(window.latencies, 95)
+        report.add(f"(e) {setup.label}: sent-to-answered p50 / p95", f"{tc.ms(p50)} / {tc.ms(p95)}")
+        report.figures["front_cycle"][setup.key] = {
+            "completed_per_s": rate,
+            "requests_per_completion": per_done,
+            "requests_by_kind": window.requests,
+            "server_cores": use.servers,
+            "backing_cores": use.backing,
+            "client_cores": use.total.client,
+            "other_cores": use.total.others,
+            "answered_p50_ms": p50 * 1000,
+            "answered_p95_ms": p95 * 1000,
+        }
+    if "pg_processes_2" in rates:
+        scale = rates["pg_processes_2"] / rates["pg_1"]
+        report.add(
+            "(e) ratio --processes 2 / 1 process (PostgreSQL + Redis)",
+            f"{scale:.2f}",
+            f">= {TARGET_FRONT_PROCESSES:.1f}",
+            scale >= TARGET_FRONT_PROCESSES,
+        )
+        report.figures["front_cycle"]["ratio_processes_2_1_process"] = scale
+    else:
+        report.add("(e) --processes 2", "not available: hordelite serve has no --processes")
+    report.add("(e) ratio 2 replicas / 1 process", f"{rates['pg_2'] / rates['pg_1']:.2f}")
+    report.add(
+        "(e) ratio 1 process PostgreSQL + Redis / SQLite", f"{rates['pg_1'] / rates['sqlite']:.2f}"
+    )
+    report.figures["front_cycle"]["ratio_2_replicas_1_process"] = rates["pg_2"] / rates["pg_1"]
+    report.figures["front_cycle"]["processes_available"] = args.processes_available
+
+
 # Command line ---------------------------------------------------------------------
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument(
-        "--phases", default="abcd", help="which phases to run: any of a, b, c, d (default abcd)"
+        "--phases",
+        default="abcde",
+        help="which phases to run: any of a, b, c, d, e (default abcde)",
     )
     p.add_argument(
         "--postgres",
@@ -1005,12 +1096,17 @@ def parser() -> argparse.ArgumentParser:
         "--duration",
         type=float,
         default=10.0,
-        help="seconds of the timed run of each configuration in (a) (default 10)",
+        help="seconds of the timed run of each configuration in (a) and (e) (default 10)",
     )
     p.add_argument(
-        "--requesters", type=int, default=16, help="concurrent requesters in (a) (default 16)"
+        "--requesters",
+        type=int,
+        default=16,
+        help="concurrent requesters in (a) and (e) (default 16)",
     )
-    p.add_argument("--workers", type=int, default=4, help="concurrent workers in (a) (default 4)")
+    p.add_argument(
+        "--workers", type=int, default=4, help="concurrent workers in (a) and (e) (default 4)"
+    )
     p.add_argument(
         "--poll-interval",
         type=float,
@@ -1018,7 +1114,10 @@ def parser() -> argparse.ArgumentParser:
         help="seconds a requester waits before each status poll in (a) (default 0.05)",
     )
     p.add_argument(
-        "--pop-wait", type=float, default=5.0, help='the workers\' pop "wait" in (a) (default 5)'
+        "--pop-wait",
+        type=float,
+        default=5.0,
+        help='the workers\' pop "wait" in (a) and (e) (default 5)',
     )
     p.add_argument(
         "--wake-rounds",
@@ -1090,10 +1189,16 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    args.processes_available = "a" in args.phases and processes_option()
+    args.processes_available = ("a" in args.phases or "e" in args.phases) and processes_option()
     return tc.run_phases(
         args,
-        {"a": run_cycle_phase, "b": run_wake_phase, "c": run_relay_phase, "d": run_redis_phase},
+        {
+            "a": run_cycle_phase,
+            "b": run_wake_phase,
+            "c": run_relay_phase,
+            "d": run_redis_phase,
+            "e": run_front_phase,
+        },
     )
 
 
