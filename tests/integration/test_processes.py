@@ -3,6 +3,9 @@
 * Two serving processes answer a heartbeat and a whole text cycle through the
   one port, and the parent has exactly two live children.
 * A child killed with SIGKILL is replaced, and the horde keeps answering.
+* A job popped before every child was killed with SIGKILL comes back through
+  its lease once the children are replaced: not before the lease ends, and
+  then to the next pop, as a new job of the same request.
 * SIGTERM to the parent stops every child, and the parent exits 0 in time.
 * The parent killed with SIGKILL leaves no child behind.
 * Without PostgreSQL or without Redis signals the command refuses in one
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -49,6 +53,22 @@ GRACE_PERIOD = 2.0
 # past it, and the interpreter's own exit.
 STOP_DEADLINE = GRACE_PERIOD + STOP_MARGIN + 5.0
 MODEL = "fake-model"
+POP = {
+    "name": "fake-worker",
+    "models": [MODEL],
+    "max_length": 512,
+    "max_context_length": 4096,
+    "bridge_agent": "hordelite-fake-worker:1:test",
+}
+# A short lease, swept often: a job leased when every child died comes back
+# within seconds. Still longer than replacing both children takes (their
+# restart delay, then their start: 2 to 4 s on a loaded machine), so that
+# pops reach the new children while the lease runs.
+JOB_TTL = 8.0
+SWEEP_INTERVAL = 0.5
+# What a loaded machine may add, past the lease's end and the next sweep,
+# before a pop gets the job again.
+LEASE_MARGIN = 5.0
 
 
 @pytest.fixture
@@ -73,8 +93,10 @@ def write_config(
     processes: int = 2,
     backend: str = "trio",
     port: int = 0,
+    horde: dict[str, float] | None = None,
 ) -> Path:
     config = tmp_path / "serve.toml"
+    settings = [f"{key} = {value}" for key, value in (horde or {}).items()]
     config.write_text(
         "\n".join(
             [
@@ -89,6 +111,7 @@ def write_config(
                 f"database = {json.dumps(database)}",
                 "[signals]",
                 f"url = {json.dumps(signals)}",
+                *(["[horde]", *settings] if settings else []),
                 "",
             ]
         ),
@@ -217,10 +240,10 @@ def serve(tmp_path: Path) -> Iterator[Any]:
         served.close()
 
 
-def replaced(served: Served, victim: int) -> bool:
-    """Two live children again, the victim not among them."""
+def replaced(served: Served, *victims: int) -> bool:
+    """Two live children again, none of the victims among them."""
     now = served.children()
-    return len(now) == 2 and victim not in now
+    return len(now) == 2 and not now & set(victims)
 
 
 def worker_key(database: str) -> str:
@@ -249,14 +272,7 @@ def text_cycle(url: str, worker: str) -> None:
         )
         assert r.status_code == 202, r.text
         request_id = r.json()["id"]
-        pop = {
-            "name": "fake-worker",
-            "models": [MODEL],
-            "max_length": 512,
-            "max_context_length": 4096,
-            "bridge_agent": "hordelite-fake-worker:1:test",
-        }
-        r = client.post("/generate/text/pop", headers={"apikey": worker}, json=pop)
+        r = client.post("/generate/text/pop", headers={"apikey": worker}, json=POP)
         assert r.status_code == 200, r.text
         job = r.json()
         assert job["id"] is not None, job
@@ -276,6 +292,14 @@ def heartbeat(url: str) -> None:
     r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
     assert r.status_code == 200
     assert r.json()["message"] == "OK"
+
+
+def answers(client: httpx.Client) -> bool:
+    """The horde answers a heartbeat (a connection refused or cut, not yet)."""
+    try:
+        return client.get("/status/heartbeat").status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 # Serving -----------------------------------------------------------------------------
@@ -317,6 +341,107 @@ def test_a_child_killed_with_SIGKILL_is_replaced_and_the_horde_keeps_answering(
     )
     heartbeat(served.url)
     text_cycle(served.url, worker_key(postgres_schema_url))
+    assert served.process.poll() is None
+
+
+def test_a_job_popped_before_every_child_was_killed_comes_back_through_its_lease(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    horde = {"job_ttl": JOB_TTL, "sweep_interval": SWEEP_INTERVAL}
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url, horde=horde))
+    worker = {"apikey": worker_key(postgres_schema_url)}
+    prompt = f"Leased {uuid.uuid4().hex}"
+    errors: list[str] = []
+
+    def no_5xx(response: httpx.Response) -> None:
+        if response.status_code >= 500:
+            response.read()
+            errors.append(f"{response.request.url.path}: {response.status_code} {response.text}")
+
+    # A new connection for each call: the processes behind the port share them.
+    with httpx.Client(
+        base_url=f"{served.url}/api/v2",
+        timeout=10,
+        limits=httpx.Limits(max_keepalive_connections=0),
+        event_hooks={"response": [no_5xx]},
+    ) as client:
+
+        def pop() -> dict[str, Any]:
+            r = client.post("/generate/text/pop", headers=worker, json=POP)
+            assert r.status_code == 200, r.text
+            answer: dict[str, Any] = r.json()
+            return answer
+
+        def status() -> dict[str, Any]:
+            r = client.get(f"/generate/text/status/{request_id}")
+            assert r.status_code == 200, r.text
+            answer: dict[str, Any] = r.json()
+            return answer
+
+        r = client.post(
+            "/generate/text/async",
+            headers={"apikey": ANONYMOUS_API_KEY},
+            json={"prompt": prompt, "params": {"max_length": 16}, "models": [MODEL]},
+        )
+        assert r.status_code == 202, r.text
+        request_id = r.json()["id"]
+        popped = time.monotonic()  # the lease ends no sooner than JOB_TTL past this
+        first = pop()
+        assert first["id"] is not None, first
+        assert first["payload"]["prompt"] == prompt
+        assert first["ttl"] == JOB_TTL
+        assert pop()["id"] is None  # the request's one job is leased
+        before = status()
+        assert (before["processing"], before["waiting"], before["restarted"]) == (1, 0, 0)
+
+        kids = served.children()
+        assert len(kids) == 2
+        for kid in kids:
+            os.kill(kid, signal.SIGKILL)
+        until(
+            functools.partial(replaced, served, *kids),
+            REPLACE_DEADLINE,
+            f"two children in place of {sorted(kids)}",
+        )
+        until(functools.partial(answers, client), REPLACE_DEADLINE, "the horde answering again")
+        answered = time.monotonic()
+        log = served.log.read_text()
+        assert all(f"process {kid} exited with code -9" in log for kid in kids), log
+        # Else the pops below would not show whether the new children kept the lease.
+        assert answered < popped + JOB_TTL, "the children came back after the lease ended"
+
+        pops: list[tuple[float, dict[str, Any]]] = []
+
+        def job_back() -> bool:
+            answer = pop()
+            pops.append((time.monotonic(), answer))
+            return answer["id"] is not None
+
+        back_by = max(popped + JOB_TTL, answered) + SWEEP_INTERVAL + LEASE_MARGIN
+        until(job_back, back_by - time.monotonic(), "the leased job back to a pop")
+        received, again = pops[-1]
+        # While its lease ran the job went to no pop, after the restart too.
+        assert received - popped >= JOB_TTL, pops
+        assert any(t < popped + JOB_TTL for t, _ in pops), pops  # and one pop saw it hold
+        # The same request's job again, as a new job.
+        assert again["payload"]["prompt"] == prompt
+        assert again["id"] != first["id"]
+        assert again["ttl"] == JOB_TTL
+        requeued = status()
+        assert (requeued["processing"], requeued["waiting"], requeued["restarted"]) == (1, 0, 1)
+        assert requeued["done"] is False
+
+        r = client.post(
+            "/generate/text/submit",
+            headers=worker,
+            json={"id": again["id"], "generation": "after the restart", "state": "ok"},
+        )
+        assert r.status_code == 200, r.text
+        done = status()
+        assert done["done"] is True, done
+        assert (done["finished"], done["restarted"], done["faulted"]) == (1, 1, False)
+        assert [g["text"] for g in done["generations"]] == ["after the restart"]
+    assert errors == []
     assert served.process.poll() is None
 
 
