@@ -231,10 +231,16 @@ def hypercorn_config(server: ServerConfig) -> HypercornConfig:
     return config
 
 
-def listen(server: ServerConfig) -> socket.socket:
+def listen(server: ServerConfig, *, shared: bool = False) -> socket.socket:
     """A socket bound to ``server.host:server.port`` and listening: what
-    ``serve_http`` serves. An address that cannot be had raises OSError."""
+    ``serve_http`` serves. An address that cannot be had raises OSError.
+
+    ``shared``: with SO_REUSEPORT, so that more such sockets can bind the
+    same port (one per serving process; the kernel spreads new connections
+    over them)."""
     config = hypercorn_config(server)
+    if shared:
+        config.workers = 2  # what makes Hypercorn set SO_REUSEPORT
     sock = config.create_sockets().insecure_sockets[0]  # one bind, one socket
     sock.listen(config.backlog)
     return sock

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -250,18 +252,27 @@ def _log_setup() -> None:
 
 def _serve_processes(config: Config) -> int:
     """Bind once, migrate once, then supervise the serving processes."""
-    try:
-        sock = listen(config.server)
-    except OSError as exc:
-        message = _listen_error(exc, config)
-        if message is None:
-            raise
-        _refuse(message)
-        return 1
-    with sock:
+    with contextlib.ExitStack() as stack:
+        try:
+            first = stack.enter_context(listen(config.server, shared=True))
+            # One socket per process on the port the first got (port 0
+            # included): the kernel spreads new connections over them, where
+            # one shared socket would let one process accept most of them.
+            port = first.getsockname()[1]
+            same_port = dataclasses.replace(config.server, port=port)
+            socks = [first] + [
+                stack.enter_context(listen(same_port, shared=True))
+                for _ in range(config.server.processes - 1)
+            ]
+        except OSError as exc:
+            message = _listen_error(exc, config)
+            if message is None:
+                raise
+            _refuse(message)
+            return 1
         _migrate(config)
-        lines = banner(config, base_url(sock), __version__)
-        return Supervisor(config, sock).run(lines)
+        lines = banner(config, base_url(first), __version__)
+        return Supervisor(config, socks).run(lines)
 
 
 def _migrate(config: Config) -> None:

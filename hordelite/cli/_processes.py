@@ -65,11 +65,12 @@ class _Child:
 
 
 class Supervisor:
-    """Starts, watches and stops the serving processes of one socket."""
+    """Starts, watches and stops the serving processes of one port: the
+    child of each slot serves that slot's socket (all bound to the port)."""
 
-    def __init__(self, config: Config, sock: socket.socket) -> None:
+    def __init__(self, config: Config, socks: list[socket.socket]) -> None:
         self.config = config
-        self.sock = sock
+        self.socks = socks
         self._config_line = json.dumps(dataclasses.asdict(config)).encode() + b"\n"
         self._children: dict[int, _Child] = {}  # by slot
         self._failures = [0] * config.server.processes  # by slot: quick deaths in a row
@@ -112,7 +113,7 @@ class Supervisor:
     def _start(self, slot: int) -> None:
         parent_end, child_end = socket.socketpair()
         with child_end:
-            fds = (self.sock.fileno(), child_end.fileno())
+            fds = (self.socks[slot].fileno(), child_end.fileno())
             process = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "hordelite", "serve"),
