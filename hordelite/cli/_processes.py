@@ -1,9 +1,10 @@
-"""``hordelite serve --processes N``: one listening socket, N serving processes.
+"""``hordelite serve --processes N``: one port, N serving processes.
 
-The parent binds the socket and migrates the database once, then starts N
-children (``python -m hordelite serve --socket-fd S --control-fd C``), each a
-whole horde (native API, front, timers) on that inherited socket; the kernel
-hands each connection to one of them. The parent serves nothing itself: it
+The parent binds one SO_REUSEPORT socket per child on the port and migrates
+the database once, then starts N children (``python -m hordelite serve
+--socket-fd S --control-fd C``), each a whole horde (native API, front,
+timers) on its inherited socket; the kernel hands each new connection to
+one of them. The parent serves nothing itself: it
 prints the banner once every child serves, restarts a child that dies, and
 on SIGINT/SIGTERM stops them all (decision 0040).
 
