@@ -15,6 +15,9 @@ one ``except``. Handlers inside hordelite catch the precise class:
           +-- HordeError            a refusal a client or worker can act on (rc)
           +-- StorageUnavailable    the database did not answer (rendered 503)
           +-- ConfigError           a bad configuration value, raised at start
+          +-- contract.images.ImageRefused  an image part the horde does not
+          |                         store (reason and message; the caller
+          |                         answers 400 naming the part)
           +-- worker.WorkerError    the reference worker cannot run (the
           |                         message says what to change)
           +-- worker: HordeUnavailable, HordeRefusal (the horde's answers),
