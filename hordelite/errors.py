@@ -15,6 +15,7 @@ one ``except``. Handlers inside hordelite catch the precise class:
           +-- HordeError            a refusal a client or worker can act on (rc)
           +-- StorageUnavailable    the database did not answer (rendered 503)
           +-- ConfigError           a bad configuration value, raised at start
+          +-- images.fetch.ImageFetchRefused  an image URL not fetched (reason)
           +-- worker.WorkerError    the reference worker cannot run (the
           |                         message says what to change)
           +-- worker: HordeUnavailable, HordeRefusal (the horde's answers),
