@@ -269,10 +269,19 @@ async def _exchange(
         if declared.isdigit() and int(declared) > max_bytes:
             raise too_large
         body = bytearray()
-        async for chunk in response.aiter_raw():
-            body += chunk
-            if len(body) > max_bytes:
-                raise too_large
+        with anyio.CancelScope() as reading:
+            async for chunk in response.aiter_raw():
+                if len(body) > max_bytes:
+                    continue  # a chunk already buffered, before the cancellation lands
+                body += chunk
+                if len(body) > max_bytes:
+                    # Cancelled, not left by break: the cancellation is raised
+                    # at httpx's innermost read and ends each of the stream's
+                    # nested generators on its way out, where a break would
+                    # leave them to the garbage collector (which trio reports).
+                    reading.cancel()
+        if len(body) > max_bytes:
+            raise too_large
         return bytes(body)
     finally:
         await response.aclose()
