@@ -257,6 +257,15 @@ class FrontConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ImagesConfig:
+    # Fetch image URLs that resolve to private, loopback or link-local
+    # addresses (a horde whose clients are its own, on its own network);
+    # false refuses them, so a client cannot make the horde reach into the
+    # operator's network.
+    fetch_private: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     """``hordelite worker``: the reference worker (its command-line flags
     override these keys)."""
@@ -314,6 +323,7 @@ class Config:
     signals: SignalsConfig = dataclasses.field(default_factory=SignalsConfig)
     horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
+    images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
@@ -332,6 +342,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "signals": SignalsConfig,
     "horde": HordeConfig,
     "front": FrontConfig,
+    "images": ImagesConfig,
     "worker": WorkerConfig,
 }
 

@@ -18,6 +18,7 @@ one ``except``. Handlers inside hordelite catch the precise class:
           +-- contract.images.ImageRefused  an image part the horde does not
           |                         store (reason and message; the caller
           |                         answers 400 naming the part)
+          +-- images.fetch.ImageFetchRefused  an image URL not fetched (reason)
           +-- worker.WorkerError    the reference worker cannot run (the
           |                         message says what to change)
           +-- worker: HordeUnavailable, HordeRefusal (the horde's answers),

@@ -173,3 +173,11 @@ ABORT_WINDOW_SECONDS: Final = 3600.0
 # ends: it counts as online until then plus its wait again, and at least
 # this many seconds more (a short wait must survive a slow round trip).
 MIN_LONG_POLL_MARGIN: Final = 10.0
+
+# Images a client names by http(s) URL, fetched by the horde at chat submit:
+# at most this many bytes, within this many seconds overall (resolution,
+# connection, redirects and body together), following at most this many
+# redirects, each re-checked as a new URL.
+MAX_IMAGE_FETCH_BYTES: Final = 20 * 1024 * 1024
+IMAGE_FETCH_TIMEOUT: Final = 10.0
+MAX_IMAGE_FETCH_REDIRECTS: Final = 3

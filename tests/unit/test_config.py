@@ -267,6 +267,7 @@ UNBOUNDED = {
     "server.host",
     "horde.allow_anonymous",
     "front.pace_progress",
+    "images.fetch_private",
     "worker.tools_max_temperature",  # negative means "no clamp"; NaN is no number
 }
 

@@ -1,0 +1,1 @@
+"""Images of chat requests: fetching those a client names by URL."""
