@@ -130,6 +130,13 @@ def _existing_file_or_empty(value: str) -> str | None:
     return f"no such file {value!r}" if value and not Path(value).is_file() else None
 
 
+def _directory_or_empty(value: str) -> str | None:
+    path = Path(value).expanduser()
+    if value and path.exists() and not path.is_dir():
+        return f"{value!r} exists and is not a directory"
+    return None
+
+
 def _http_url(value: str) -> str | None:
     if not value.startswith(("http://", "https://")):
         return f"must be an http:// or https:// URL, got {value!r}"
@@ -203,6 +210,14 @@ class SignalsConfig:
     # this process. redis://host:port/db: they go through Redis, so several
     # processes or machines on one PostgreSQL database act as one horde.
     url: str = bounded("", rule=_signals_url)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlobsConfig:
+    # The directory holding images and offloaded chat requests, and the
+    # secret signing their URLs; empty: hordelite-blobs beside the SQLite
+    # database file (hordelite.blobs.blob_directory).
+    directory: str = bounded("", rule=_directory_or_empty)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +336,7 @@ class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
     signals: SignalsConfig = dataclasses.field(default_factory=SignalsConfig)
+    blobs: BlobsConfig = dataclasses.field(default_factory=BlobsConfig)
     horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
     images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
@@ -340,6 +356,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "server": ServerConfig,
     "storage": StorageConfig,
     "signals": SignalsConfig,
+    "blobs": BlobsConfig,
     "horde": HordeConfig,
     "front": FrontConfig,
     "images": ImagesConfig,

@@ -19,6 +19,7 @@ one ``except``. Handlers inside hordelite catch the precise class:
           |                         store (reason and message; the caller
           |                         answers 400 naming the part)
           +-- images.fetch.ImageFetchRefused  an image URL not fetched (reason)
+          +-- contract.signing.BlobKeyError  a blob key a store refuses
           +-- worker.WorkerError    the reference worker cannot run (the
           |                         message says what to change)
           +-- worker: HordeUnavailable, HordeRefusal (the horde's answers),
@@ -81,11 +82,13 @@ class RC(enum.Enum):
     WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
     KudosUpfront = (403, "This request needs kudos up front.")
+    BlobURLInvalid = (403, "This blob URL is not valid: it was altered or has expired.")
     # 404
     RequestNotFound = (404, "No request with this id.")
     InvalidJobID = (404, "No job with this id.")
     WorkerNotFound = (404, "No worker with this id.")
     UserNotFound = (404, "No user with this id.")
+    BlobNotFound = (404, "No blob with this key.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")
     no_worker_supports_features = (

@@ -20,6 +20,7 @@ import anyio.to_thread
 
 from hordelite._http import current_backend, serve_http
 from hordelite.api import create_app
+from hordelite.blobs import DirectoryStore, blob_directory
 from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.errors import StorageUnavailable
@@ -34,6 +35,8 @@ log = logging.getLogger("hordelite")
 class RunningHorde:
     url: str
     horde: Horde
+    # Served on /blobs by signed URL; not yet used by submit or pop.
+    blobs: DirectoryStore
 
 
 async def serve_timers(
@@ -117,7 +120,8 @@ async def _open_horde(
         horde = Horde(config, db, clock=clock, signals=signals)
         if migrate:
             await anyio.to_thread.run_sync(horde.migrate)
-        app = create_app(horde, current_backend())
+        blobs = await DirectoryStore.open(blob_directory(config))
+        app = create_app(horde, current_backend(), blobs)
         shutdown = anyio.Event()
         stopped = anyio.Event()
         error: Exception | None = None
@@ -125,7 +129,7 @@ async def _open_horde(
             url = await tg.start(_serve_http_until, app, config, shutdown, stopped, sock)
             await tg.start(serve_timers, horde, shutdown)
             try:
-                yield RunningHorde(url, horde)
+                yield RunningHorde(url, horde, blobs)
             except Exception as exc:
                 # Re-raised below, outside the task group, so that the
                 # caller gets its own exception, not a group around it.

@@ -11,7 +11,9 @@ from typing import Any
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from hordelite.api.blobs import blobs
 from hordelite.api.native import json_response, native
+from hordelite.blobs import DirectoryStore
 from hordelite.contract.json_body import check_text
 from hordelite.errors import RC, HordeError, StorageUnavailable
 from hordelite.front._errors import error_response
@@ -37,7 +39,11 @@ def _error(rc: RC, message: str | None = None, **extra: Any) -> Response:
     )
 
 
-def create_app(horde: Horde, backend: str = "trio") -> Quart:
+def create_app(
+    horde: Horde, backend: str = "trio", blob_store: DirectoryStore | None = None
+) -> Quart:
+    """The app serving ``horde``; with a ``blob_store``, also its blobs'
+    signed URLs (``GET /blobs/<key>``)."""
     if backend == "trio":
         from quart_trio import QuartTrio
 
@@ -53,6 +59,9 @@ def create_app(horde: Horde, backend: str = "trio") -> Quart:
     app.url_map.merge_slashes = False
     app.register_blueprint(native)
     app.register_blueprint(front)
+    if blob_store is not None:
+        app.config["BLOBS"] = blob_store
+        app.register_blueprint(blobs)
     app.config["FRONT_ADMISSION"] = Admission(horde.config.front)
 
     @app.before_request

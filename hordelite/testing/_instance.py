@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from hordelite.blobs import DirectoryStore
 from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.horde.service import Horde
@@ -24,6 +25,9 @@ class TestHorde:
     url: str
     horde: Horde
     database: str
+    # The horde's blob store (its files live in the temporary folder unless
+    # the given config names a directory).
+    blobs: DirectoryStore
 
     async def create_key(
         self, name: str = "user", *, kudos: float = 0.0, admin: bool = False, trusted: bool = False
@@ -66,5 +70,7 @@ async def open_horde(
             storage={"database": db},
             horde=horde,
         )
+        if not cfg.blobs.directory:
+            cfg = cfg.replace(blobs={"directory": str(Path(tmp) / "hordelite-blobs")})
         async with open_server(cfg, clock=clock) as running:
-            yield TestHorde(url=running.url, horde=running.horde, database=db)
+            yield TestHorde(url=running.url, horde=running.horde, database=db, blobs=running.blobs)
