@@ -35,7 +35,7 @@ log = logging.getLogger("hordelite")
 class RunningHorde:
     url: str
     horde: Horde
-    # Served on /blobs by signed URL; not yet used by submit or pop.
+    # Images taken in at submit, handed to workers by signed URL (/blobs).
     blobs: DirectoryStore
 
 
@@ -117,10 +117,10 @@ async def _open_horde(
 ) -> AsyncIterator[RunningHorde]:
     db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
     try:
-        horde = Horde(config, db, clock=clock, signals=signals)
+        blobs = await DirectoryStore.open(blob_directory(config))
+        horde = Horde(config, db, clock=clock, signals=signals, blobs=blobs)
         if migrate:
             await anyio.to_thread.run_sync(horde.migrate)
-        blobs = await DirectoryStore.open(blob_directory(config))
         app = create_app(horde, current_backend(), blobs)
         shutdown = anyio.Event()
         stopped = anyio.Event()

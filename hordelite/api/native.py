@@ -88,7 +88,9 @@ async def text_cancel(request_id: str) -> Response:
 async def text_pop() -> Response:
     body = await json_body()
     arrived = cast(float | None, request.scope.get(ARRIVED))
-    return json_response(_render.pop(await horde().pop(api_key(), body, arrived=arrived)))
+    base_url = request.host_url.rstrip("/")  # the signed image URLs start with it
+    answer = await horde().pop(api_key(), body, arrived=arrived, base_url=base_url)
+    return json_response(_render.pop(answer))
 
 
 @native.post("/generate/text/progress")

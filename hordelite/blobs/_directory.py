@@ -105,6 +105,12 @@ def _remove(paths: list[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
+def _remove_prefixed(directory: Path, prefixes: list[str]) -> None:
+    for prefix in prefixes:
+        # The prefix passed check_key: no glob character can be in it.
+        _remove(list(directory.glob(f"{prefix}-*")))
+
+
 class DirectoryStore:
     """A BlobStore of files under ``directory`` (see the module)."""
 
@@ -135,6 +141,11 @@ class DirectoryStore:
         paths = [self._path(key) for key in keys]
         if paths:
             await anyio.to_thread.run_sync(_remove, paths)
+
+    async def delete_prefixed(self, prefixes: Iterable[str]) -> None:
+        checked = [signing.check_key(prefix) for prefix in prefixes]
+        if checked:
+            await anyio.to_thread.run_sync(_remove_prefixed, self.directory, checked)
 
     def signed_url(self, key: str, expires_at: float, base_url: str) -> str:
         return signing.signed_url(self._secret, key, expires_at, base_url)

@@ -29,6 +29,11 @@ class BlobStore(Protocol):
         """Remove these blobs; a key with no blob is skipped."""
         ...
 
+    async def delete_prefixed(self, prefixes: Iterable[str]) -> None:
+        """Remove every blob whose key starts with one of ``prefixes`` and
+        ``-`` (the blobs of a request, keyed ``<request id>-<n>``)."""
+        ...
+
     def signed_url(self, key: str, expires_at: float, base_url: str) -> str:
         """A URL a worker can fetch the blob from until ``expires_at``."""
         ...

@@ -193,6 +193,12 @@ class ChatRequest:
         return cls(**fields)
 
 
+# How a stored request refers to an image the horde took in and stored
+# (hordelite.horde.images); a client's URL can never take this form, since
+# only http(s) and data:image/ URLs are accepted.
+BLOB_REFERENCE = "hordelite-blob:"
+
+
 # Errors ----------------------------------------------------------------------
 
 
@@ -914,14 +920,19 @@ def required_chat_features(req: ChatRequest) -> list[str]:
 
 
 def image_transports_needed(req: ChatRequest) -> set[str]:
-    """How the request's images must reach a worker: "base64" for data:
-    URLs, "url" for http(s) URLs (they are forwarded as sent)."""
+    """How the request's images must reach a worker. A stored image
+    (``BLOB_REFERENCE``) goes by whichever transport the worker declared, so
+    it needs none beyond vision (which a declaration only has with a
+    transport); an image still as the client sent it (a request not yet
+    taken in) needs "base64" for a data: URL, "url" for an http(s) URL."""
     needed = set()
     for message in req.messages:
         content = message.get("content")
         for part in content if isinstance(content, list) else ():
             if part["type"] == "image_url":
-                needed.add("base64" if part["image_url"]["url"].startswith("data:") else "url")
+                url = part["image_url"]["url"]
+                if not url.startswith(BLOB_REFERENCE):
+                    needed.add("base64" if url.startswith("data:") else "url")
     return needed
 
 

@@ -77,6 +77,9 @@ MAX_REPORTED_TOKENS: Final = 10_000_000
 MAX_IMAGE_BYTES: Final = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS: Final = 50_000_000
 MAX_IMAGE_SIDE: Final = 2048
+# A signed image URL handed to a worker at pop is valid for the job's TTL,
+# and at least this many seconds (the specification's floor).
+MIN_IMAGE_URL_SECONDS: Final = 600.0
 
 # The job lease: a pop's ttl (horde.job_ttl defaults to it; a worker assumes
 # it when a pop names none).

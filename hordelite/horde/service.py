@@ -23,6 +23,7 @@ import anyio
 import anyio.to_thread
 
 from hordelite import __version__
+from hordelite.blobs import BlobStore
 from hordelite.clock import Clock, SystemClock
 from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
@@ -62,7 +63,7 @@ from hordelite.contract.text import (
 )
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, HordeliteError, bad_request
-from hordelite.horde import chat
+from hordelite.horde import chat, images
 from hordelite.horde.results import (
     Generation,
     ModelStats,
@@ -138,11 +139,14 @@ async def run_pure(heavy: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.k
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
-def _pop_answer(result: q.PopResult) -> PopAnswer:
+def _pop_answer(result: q.PopResult, payload: dict[str, Any] | None = None) -> PopAnswer:
+    """The pop's answer; ``payload`` replaces the stored job's (its images
+    handed out by the worker's transport)."""
     job = result.job
     if job is None:
         return PopAnswer(None, result.skipped)
-    popped = PoppedJob(job.id, job.model, job.payload, job.softprompt, job.ttl, job.chat)
+    handed = job.payload if payload is None else payload
+    popped = PoppedJob(job.id, job.model, handed, job.softprompt, job.ttl, job.chat)
     return PopAnswer(popped, {})
 
 
@@ -290,11 +294,15 @@ class Horde:
         clock: Clock | None = None,
         signals: Signals | None = None,
         models: ModelReference | None = None,
+        blobs: BlobStore | None = None,
     ) -> None:
         self.config = config
         self.db = db
         self.clock = clock or SystemClock()
         self.signals = signals or LocalSignals()
+        # Where images taken in at submit are kept (hordelite.horde.images);
+        # without a store, a request with an image is refused.
+        self.blobs = blobs
         self.models = models or ModelReference.load(config.horde.model_reference or None)
         h = config.horde
         self.rules = q.Rules(
@@ -437,6 +445,36 @@ class Horde:
         fingerprint = req.fingerprint() if operation_key is not None else None
         operation_key = _scoped_operation_key(api_key, operation_key)
         key_hash = hash_key(api_key)
+        request_id = str(uuid.uuid4())
+        if req.has_images:
+            if self.blobs is None:
+                raise HordeError(
+                    RC.ChatRequestInvalid, "This horde keeps no images.", param="messages"
+                )
+            req = await images.take_images(
+                req, self.blobs, request_id, fetch_private=self.config.images.fetch_private
+            )
+        try:
+            return await self._queue_taken(
+                key_hash, req, client_agent, operation_key, fingerprint, request_id
+            )
+        except BaseException:
+            # Not queued (refused, or a resubmit answered by its first
+            # request): the images taken in for it go.
+            if req.has_images and self.blobs is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.blobs.delete(images.image_keys(request_id, req))
+            raise
+
+    async def _queue_taken(
+        self,
+        key_hash: str,
+        req: ChatRequest,
+        client_agent: str,
+        operation_key: str | None,
+        fingerprint: str | None,
+        request_id: str,
+    ) -> Queued:
         # Admission is pure work over the whole conversation: it runs before
         # the write transaction, against the capacity the last transaction
         # for these models saw. The transaction reads the workers anyway and
@@ -474,7 +512,7 @@ class Horde:
                     operation_key,
                     fingerprint,
                     admit,
-                    str(uuid.uuid4()),
+                    request_id,
                     self.clock.now(),
                     self.rules,
                     UPFRONT_MAX_LENGTH,
@@ -487,6 +525,8 @@ class Horde:
         if not isinstance(outcome, q.Submitted):
             billions = max(self.models.billions(m) for m in outcome.models)
             quote = kudos_rules.request_quote(outcome.max_length, 1, billions)
+            if req.has_images and self.blobs is not None:  # the first request has its own
+                await self.blobs.delete(images.image_keys(request_id, req))
             return Queued(outcome.id, quote)
         submitted = outcome
         await self._queue_changed(submitted.view)
@@ -688,14 +728,18 @@ class Horde:
 
     # Jobs --------------------------------------------------------------
 
-    async def pop(self, api_key: str, body: Any, *, arrived: float | None = None) -> PopAnswer:
+    async def pop(
+        self, api_key: str, body: Any, *, arrived: float | None = None, base_url: str = ""
+    ) -> PopAnswer:
         """Check a worker in and hand it a job, waiting up to ``wait`` seconds for one.
 
         A waiting pop sleeps on the queue signal, woken when a job it can
         take is queued; each attempt is one transaction. The last attempt
         (or the only one, without ``wait``) also counts what was skipped; a
         pop whose wait runs out after an attempt answers without another.
-        ``arrived`` (anyio's clock): when the request reached the server; the
+        ``base_url``: the horde's address as the worker reached it (the
+        signed image URLs start with it). ``arrived`` (anyio's clock): when
+        the request reached the server; the
         wait counts from then, so a pop that waited for a busy loop to run
         it is not answered that much later than its client asked.
         """
@@ -770,7 +814,19 @@ class Horde:
                     max_length=job.max_length,
                 )
             )
-        return _pop_answer(result)
+        payload = None
+        if job is not None and job.chat and self.blobs is not None:
+            # After the transaction: reading a blob for a base64 worker holds
+            # no lock. ``base_url`` is how the worker reached this horde.
+            payload = await images.hand_images(
+                job.payload,
+                self.blobs,
+                result.worker,
+                base_url=base_url,
+                now=self.clock.now(),
+                ttl=job.ttl,
+            )
+        return _pop_answer(result, payload)
 
     async def _nothing_for(self, worker: WorkerView) -> PopAnswer:
         """An empty pop's answer: what the worker skipped among the best
@@ -892,6 +948,8 @@ class Horde:
             await self.signals.notify_request(request_id)
         for request_id in result.changed_requests:
             await self.signals.touch_request(request_id)
+        if result.purged_ids and self.blobs is not None:
+            await self.blobs.delete_prefixed(result.purged_ids)  # their images
         await self.signals.sweep_progress(now, result.ended_requests)
         return result
 

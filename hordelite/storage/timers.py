@@ -43,6 +43,8 @@ class SweepResult:
     expired_job_ids: list[str] = dataclasses.field(default_factory=list)
     # Requests whose status changed or that are gone (their statuses are stale).
     changed_requests: list[str] = dataclasses.field(default_factory=list)
+    # Requests deleted past their retention (their blobs go too).
+    purged_ids: list[str] = dataclasses.field(default_factory=list)
     # Another process was sweeping (PostgreSQL): this round did nothing.
     skipped: bool = False
 
@@ -121,7 +123,13 @@ def sweep(
     # purged one is gone: their cached statuses must not answer.
     changed = list(dict.fromkeys([*(j["request_id"] for j in expired), *ended, *purged]))
     return SweepResult(
-        len(expired), requeued, ended, len(purged), [j["id"] for j in expired], changed
+        len(expired),
+        requeued,
+        ended,
+        len(purged),
+        [j["id"] for j in expired],
+        changed,
+        purged_ids=purged,
     )
 
 

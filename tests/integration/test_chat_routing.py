@@ -559,36 +559,33 @@ def _image_body(url: str) -> dict[str, Any]:
     return chat_body(messages=[{"role": "user", "content": content}])
 
 
-async def test_an_http_image_needs_a_worker_declaring_vision_and_the_url_transport() -> None:
+@pytest.mark.parametrize("transport", ["url", "base64"])
+async def test_an_image_needs_a_worker_declaring_vision_with_either_transport(
+    transport: str,
+) -> None:
+    """The horde takes the image in at submit (stored as JPEG), so any
+    vision worker can have it, by the transport it declared; a worker
+    without vision never gets it."""
     async with open_chat_horde() as env:
-        base64_only = await env.chat_worker(
-            "base64", ["vision", *STRICT], image_transports=["base64"]
-        )
-        url_without_vision = await env.chat_worker("blind", image_transports=["url"], online=False)
-        vision_url = await env.chat_worker(
-            "url", ["vision", *STRICT], image_transports=["url"], online=False
-        )
-        url = "https://example.com/cat.jpg"
-        job = await assert_routed(
-            env, _image_body(url), [base64_only, url_without_vision], vision_url
-        )
-        assert job["payload"]["messages"][0]["content"][1]["image_url"]["url"] == url
-
-
-async def test_a_data_url_image_needs_a_worker_declaring_vision_and_the_base64_transport() -> None:
-    async with open_chat_horde() as env:
-        url_only = await env.chat_worker("url", ["vision", *STRICT], image_transports=["url"])
-        base64_without_vision = await env.chat_worker(
-            "blind", image_transports=["base64"], online=False
-        )
-        vision_base64 = await env.chat_worker(
-            "base64", ["vision", *STRICT], image_transports=["base64"], online=False
+        blind = await env.chat_worker("blind", image_transports=[transport])
+        seeing = await env.chat_worker(
+            "seeing", ["vision", *STRICT], image_transports=[transport], online=False
         )
         url = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
-        job = await assert_routed(
-            env, _image_body(url), [url_only, base64_without_vision], vision_base64
-        )
-        assert job["payload"]["messages"][0]["content"][1]["image_url"]["url"] == url
+        job = await assert_routed(env, _image_body(url), [blind], seeing)
+        handed = job["payload"]["messages"][0]["content"][1]["image_url"]["url"]
+        if transport == "url":
+            assert handed.startswith(env.horde.url + "/blobs/"), handed
+        else:
+            assert handed.startswith("data:image/jpeg;base64,"), handed[:40]
+
+
+async def test_an_image_url_the_horde_may_not_fetch_is_refused_naming_the_part() -> None:
+    async with open_chat_horde() as env:
+        await env.chat_worker("seeing", ["vision", *STRICT], image_transports=["url"])
+        response = await env.submit(_image_body("http://10.0.0.1/cat.jpg"))
+        assert_refused(response, 400, "ChatRequestInvalid")
+        assert "messages[0].content[1].image_url" in response.json()["message"]
 
 
 # The chat job payload (worker guide, step 2) ---------------------------------------

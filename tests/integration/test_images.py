@@ -1,0 +1,256 @@
+"""Images taken in at submit, stored as JPEG, handed out by the worker's transport.
+
+Real Pillow on images the tests make, the real blob store of the test horde,
+the official openai package for the front.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import ssl
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from hordelite.contract.limits import MIN_IMAGE_URL_SECONDS
+from hordelite.testing import FakeChatWorker, ManualClock, TestHorde, open_horde
+
+pytestmark = pytest.mark.anyio
+
+TLS = ssl.create_default_context()
+MODEL = "fake-vision-model"
+VISION = ("prompt_overflow_refused", "vision")
+
+
+def png_data_url(width: int = 64, height: int = 48, mode: str = "RGBA") -> str:
+    buffer = io.BytesIO()
+    Image.new(mode, (width, height), (200, 30, 30, 128)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def image_body(url: str) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What colour is this?"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+        "max_tokens": 32,
+    }
+
+
+def client_for(horde: TestHorde) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=horde.url, verify=TLS, timeout=30)
+
+
+def image_url_of(job: dict[str, Any]) -> str:
+    [part] = [
+        p
+        for m in job["payload"]["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p["type"] == "image_url"
+    ]
+    return str(part["image_url"]["url"])
+
+
+def blob_files(horde: TestHorde) -> list[str]:
+    return sorted(p.name for p in horde.blobs.directory.iterdir() if p.name != "signing.secret")
+
+
+def assert_jpeg(data: bytes, size: tuple[int, int]) -> None:
+    image = Image.open(io.BytesIO(data))
+    assert (image.format, image.mode, image.size) == ("JPEG", "RGB", size)
+
+
+@pytest.mark.parametrize("transport", ["url", "base64"])
+async def test_an_openai_image_reaches_a_vision_worker_by_its_transport(transport: str) -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with (
+            FakeChatWorker(
+                horde.url,
+                owner,
+                model_id=MODEL,
+                chat_features=VISION,
+                image_transports=(transport,),
+            ) as worker,
+            openai.AsyncOpenAI(
+                base_url=horde.url + "/v1", api_key=key, max_retries=0, http_client=http
+            ) as sdk,
+        ):
+            assert (await worker.pop())["id"] is None  # online, declared
+            answers: list[Any] = []
+
+            async def call() -> None:
+                answers.append(await sdk.chat.completions.create(**image_body(png_data_url())))
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    job = await worker.pop(wait=10)
+                    url = image_url_of(job)
+                    if transport == "url":
+                        # A signed URL of this horde, valid for the job's TTL
+                        # and at least MIN_IMAGE_URL_SECONDS.
+                        assert url.startswith(horde.url + "/blobs/"), url
+                        expires = int(httpx.URL(url).params["expires"])
+                        assert expires >= clock.now() + MIN_IMAGE_URL_SECONDS - 1
+                        fetched = await http.get(url)
+                        assert fetched.status_code == 200, fetched.text
+                        assert fetched.headers["content-type"] == "image/jpeg"
+                        assert_jpeg(fetched.content, (64, 48))
+                    else:
+                        prefix = "data:image/jpeg;base64,"
+                        assert url.startswith(prefix), url[:40]
+                        assert_jpeg(base64.b64decode(url[len(prefix) :]), (64, 48))
+                    reply = {"message": {"role": "assistant", "content": "Red."}}
+                    r = await worker.submit_reply(job, {**reply, "finish_reason": "stop"})
+                    assert r.status_code == 200, r.text
+            assert answers[0].choices[0].message.content == "Red."
+
+
+async def test_the_stored_request_keeps_a_reference_not_the_image() -> None:
+    async with open_horde() as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(
+            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
+        ) as worker:
+            assert (await worker.pop())["id"] is None
+            big = png_data_url(1500, 1500, "RGB")
+            r = await http.post(
+                "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(big)
+            )
+            assert r.status_code == 202, r.text
+            request_id = r.json()["id"]
+            [stored] = blob_files(horde)
+            assert stored.startswith(request_id + "-")
+
+            def stored_chat(conn: Any) -> str:
+                from sqlalchemy import select
+
+                from hordelite.storage.schema import requests
+
+                row = conn.execute(select(requests.c.chat).where(requests.c.id == request_id))
+                return str(row.scalar_one())
+
+            chat = await horde.horde.db.read(stored_chat)
+            assert "base64" not in chat
+            assert "hordelite-blob:" in chat
+            assert big[-40:] not in chat  # none of the image bytes
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(), "image"),
+        ("http://127.0.0.1:9/cat.png", "127.0.0.1"),
+        ("http://169.254.169.254/latest/meta-data/", "169.254.169.254"),
+    ],
+    ids=["not-an-image", "loopback", "metadata"],
+)
+async def test_a_bad_image_is_refused_naming_its_part_and_nothing_is_kept(
+    url: str, reason: str
+) -> None:
+    async with open_horde() as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(
+            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
+        ) as worker:
+            assert (await worker.pop())["id"] is None
+            before = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
+            r = await http.post(
+                "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(url)
+            )
+            assert r.status_code == 400, r.text
+            body = r.json()
+            assert body["rc"] == "ChatRequestInvalid"
+            assert "messages[0].content[1].image_url" in body["message"]
+            assert reason in body["message"]
+            assert blob_files(horde) == []
+            assert (await worker.pop())["id"] is None  # nothing queued
+            after = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
+            assert after["kudos"] == before["kudos"]
+
+
+async def test_the_openai_front_refuses_an_image_no_vision_worker_can_take() -> None:
+    async with open_horde() as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with (
+            FakeChatWorker(horde.url, owner, model_id=MODEL) as worker,  # no vision
+            openai.AsyncOpenAI(
+                base_url=horde.url + "/v1", api_key=key, max_retries=0, http_client=http
+            ) as sdk,
+        ):
+            assert (await worker.pop())["id"] is None
+            with pytest.raises(openai.APIStatusError) as refused:
+                await sdk.chat.completions.create(**image_body(png_data_url()))
+            # The worker serves the model but declares no vision: the call is
+            # refused (its request cancelled; its image goes with the request
+            # at the end of the retention, as the purge test shows).
+            assert refused.value.status_code == 404
+            assert "declares what this request needs" in str(refused.value)
+
+
+async def test_a_purged_request_takes_its_images_with_it() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock, retention=60) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(
+            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
+        ) as worker:
+            assert (await worker.pop())["id"] is None
+            r = await http.post(
+                "/api/v2/generate/chat/async",
+                headers={"apikey": key},
+                json=image_body(png_data_url()),
+            )
+            assert r.status_code == 202, r.text
+            assert len(blob_files(horde)) == 1
+            assert await worker.serve_one(wait=0) is not None
+            clock.advance(61)
+            await horde.sweep()
+            assert blob_files(horde) == []
+
+
+async def test_a_native_image_request_waits_for_a_vision_worker() -> None:
+    async with open_horde() as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(horde.url, owner, model_id=MODEL, name="plain") as plain:
+            assert (await plain.pop())["id"] is None  # serves the model, no vision
+            r = await http.post(
+                "/api/v2/generate/chat/async",
+                headers={"apikey": key},
+                json=image_body(png_data_url()),
+            )
+            assert r.status_code == 202, r.text
+            assert r.json()["warnings"][0]["code"] == "NoAvailableWorker"
+            assert (await plain.pop())["id"] is None  # never handed to it
+            assert len(blob_files(horde)) == 1
+            async with FakeChatWorker(
+                horde.url,
+                owner,
+                model_id=MODEL,
+                name="seeing",
+                chat_features=VISION,
+                image_transports=("url",),
+            ) as seeing:
+                job = await seeing.pop()
+                assert image_url_of(job).startswith(horde.url + "/blobs/")
