@@ -184,3 +184,9 @@ MIN_LONG_POLL_MARGIN: Final = 10.0
 MAX_IMAGE_FETCH_BYTES: Final = 20 * 1024 * 1024
 IMAGE_FETCH_TIMEOUT: Final = 10.0
 MAX_IMAGE_FETCH_REDIRECTS: Final = 3
+
+# Images the reference worker fetches from a job's signed URL (the horde's
+# normalised JPEG, well under this) to hand its backend inline: at most this
+# many bytes, within this many seconds overall.
+MAX_WORKER_IMAGE_BYTES: Final = 20 * 1024 * 1024
+WORKER_IMAGE_FETCH_TIMEOUT: Final = 30.0

@@ -129,6 +129,9 @@ class FakeBackendConfig:
     #: Serve llama.cpp's counter routes ``/tokenize`` and ``/apply-template``;
     #: ``False`` answers them 404, as a backend without a counter (vLLM, Ollama).
     counter: bool = True
+    #: Report a loaded multimodal projector (``/props`` ``modalities.vision``,
+    #: as newer llama.cpp servers do): the worker then declares ``vision``.
+    vision: bool = False
 
 
 def count_tokens(text: str) -> int:
@@ -657,7 +660,14 @@ def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
     @app.get("/props")
     async def _props() -> Response:
         context = backend.config.context
-        return _json({"default_generation_settings": {"n_ctx": context}, "n_ctx": context})
+        modalities = {"vision": backend.config.vision, "audio": False}
+        return _json(
+            {
+                "default_generation_settings": {"n_ctx": context},
+                "n_ctx": context,
+                "modalities": modalities,
+            }
+        )
 
     @app.post("/apply-template")
     async def _apply_template() -> Response:

@@ -6,7 +6,8 @@ Routes used, and where each comes from:
   ``POST /v1/chat/completions`` (chat jobs, streamed with ``stream: true``
   for jobs that stream progress), ``POST /v1/completions`` (text jobs);
 - llama.cpp's server: ``GET /props`` (``default_generation_settings.n_ctx``,
-  the context of one slot; ``total_slots``), ``POST /apply-template`` (the
+  the context of one slot; ``total_slots``; ``modalities.vision``, whether
+  a multimodal projector is loaded), ``POST /apply-template`` (the
   prompt a chat body renders to) and ``POST /tokenize`` (its tokens);
 - koboldcpp: ``GET /api/extra/version`` (``{"result": "KoboldCpp"}``),
   ``GET /api/extra/true_max_context_length`` (``{"value": n}``),
@@ -14,7 +15,7 @@ Routes used, and where each comes from:
 - vLLM: ``max_model_len`` on each model of ``/v1/models``, and ``POST
   /tokenize`` with ``messages`` (the chat template applied: ``{"count"}``);
 - Ollama: ``GET /api/version``, ``POST /api/show`` (``parameters`` may set
-  ``num_ctx``) and ``GET /api/ps`` (``context_length`` of a loaded model).
+  ``num_ctx``; ``capabilities`` lists ``vision`` for a model that reads images) and ``GET /api/ps`` (``context_length`` of a loaded model).
 """
 
 from __future__ import annotations
@@ -58,13 +59,15 @@ class BackendError(HordeliteError):
 
 @dataclasses.dataclass(frozen=True)
 class BackendInfo:
-    """What discovery learned: the backend's kind, model and context."""
+    """What discovery learned: the backend's kind, model and context, and
+    whether it reads images (only where the backend says so)."""
 
     kind: str  # llamacpp, koboldcpp, vllm, ollama or openai (anything else)
     model: str  # the backend's model id, sent as "model"
     context: int | None  # tokens, None when the backend does not say
     context_source: str  # the route it came from
     slots: int | None = None  # llama.cpp's parallel slots
+    vision: bool = False  # llama.cpp's modalities.vision, Ollama's "vision" capability
 
 
 class Backend:
@@ -203,7 +206,10 @@ class Backend:
             n_ctx = settings.get("n_ctx") if isinstance(settings, Mapping) else None
             slots = _positive(props.get("total_slots"))
             context = _positive(n_ctx) or _positive(props.get("n_ctx"))
-            return BackendInfo("llamacpp", name, context, "/props n_ctx", slots)
+            # Older servers have no modalities: no vision, as without a projector.
+            modalities = props.get("modalities")
+            vision = isinstance(modalities, Mapping) and modalities.get("vision") is True
+            return BackendInfo("llamacpp", name, context, "/props n_ctx", slots, vision)
         if "max_model_len" in model:
             context = _positive(model.get("max_model_len"))
             return BackendInfo("vllm", name, context, "/v1/models max_model_len")
@@ -215,17 +221,25 @@ class Backend:
     async def _ollama(self, name: str) -> BackendInfo:
         shown = await self.optional_json("/api/show", {"model": name})
         parameters = shown.get("parameters") if isinstance(shown, Mapping) else None
+        capabilities = shown.get("capabilities") if isinstance(shown, Mapping) else None
+        vision = isinstance(capabilities, list) and "vision" in capabilities
         match = _NUM_CTX.search(parameters) if isinstance(parameters, str) else None
         if match:
-            return BackendInfo("ollama", name, int(match.group(1)), "/api/show num_ctx")
+            num_ctx = int(match.group(1))
+            return BackendInfo("ollama", name, num_ctx, "/api/show num_ctx", vision=vision)
         running = await self.optional_json("/api/ps")
         for entry in (running.get("models") if isinstance(running, Mapping) else None) or ():
             if isinstance(entry, Mapping) and name in (entry.get("name"), entry.get("model")):
                 context = _positive(entry.get("context_length"))
                 if context:
-                    return BackendInfo("ollama", name, context, "/api/ps context_length")
+                    source = "/api/ps context_length"
+                    return BackendInfo("ollama", name, context, source, vision=vision)
         return BackendInfo(
-            "ollama", name, OLLAMA_FALLBACK_CONTEXT, "Ollama's smallest default (not reported)"
+            "ollama",
+            name,
+            OLLAMA_FALLBACK_CONTEXT,
+            "Ollama's smallest default (not reported)",
+            vision=vision,
         )
 
 

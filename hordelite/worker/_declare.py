@@ -2,7 +2,10 @@
 specification: worker guide step 1, and "Prompt fit on the worker").
 
 The model id and the context come from the backend (flags override them);
-capabilities only from the operator's ``features``. The guarantee
+capabilities from the operator's ``features``, except ``vision``, declared
+(with the ``url`` and ``base64`` image transports) only when the backend
+says it reads images: the worker fetches a signed URL itself and hands the
+backend every image inline, so either transport serves it. The guarantee
 ``prompt_overflow_refused`` is declared only when the fit check is backed:
 by the backend's own counter, shown on a probe conversation not to count
 fewer tokens than the backend's ``usage.prompt_tokens``, or else by the
@@ -20,7 +23,7 @@ from collections.abc import Collection
 from typing import Any
 
 from hordelite.config import WorkerConfig
-from hordelite.contract.chat_features import ChatGuarantee, known_features
+from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, known_features
 from hordelite.contract.limits import MAX_NAME
 from hordelite.errors import HordeliteError
 from hordelite.worker._backend import (
@@ -36,6 +39,9 @@ from hordelite.worker._reply import reported_counts
 log = logging.getLogger("hordelite.worker")
 
 OVERFLOW_REFUSED = ChatGuarantee.prompt_overflow_refused.name
+VISION = ChatFeature.vision.name
+# How a vision worker takes images: a signed URL it fetches, or inline.
+IMAGE_TRANSPORTS = ("url", "base64")
 # The probe conversation: short, so that its prompt is mostly the template's
 # fixed part; no tools, so it does not measure a tool preamble.
 PROBE_MESSAGES: tuple[dict[str, str], ...] = (
@@ -61,20 +67,22 @@ class Declaration:
     max_length: int
     features: tuple[str, ...]  # capabilities and guarantees, vocabulary order
     tools_max_temperature: float | None
+    image_transports: tuple[str, ...]  # empty unless the backend reads images
     fit: str  # what the fit check counts with
     guarantee: str  # why prompt_overflow_refused is declared or withheld
 
     def chat_fields(self, withdrawn: Collection[str] = ()) -> dict[str, Any]:
         """The five chat fields of a pop body (less the withdrawn features)."""
+        features = [f for f in self.features if f not in withdrawn]
         limits: dict[str, Any] = {"max_context_length": self.context, "max_length": self.max_length}
         if self.tools_max_temperature is not None:
             limits["tools_max_temperature"] = self.tools_max_temperature
         return {
             "chat_jobs": True,
-            "chat_features": [f for f in self.features if f not in withdrawn],
+            "chat_features": features,
             "chat_limits": limits,
             "model_id": self.model_id,
-            "image_transports": [],
+            "image_transports": list(self.image_transports) if VISION in features else [],
         }
 
 
@@ -92,7 +100,11 @@ async def declare(backend: Backend, settings: WorkerConfig) -> tuple[Declaration
         )
     usage = await probe_prompt_tokens(backend, info.model)
     counter, backed, why = await _fit_check(backend, info, settings, usage)
-    names = [*settings.feature_names, *([OVERFLOW_REFUSED] if backed else [])]
+    names = [
+        *settings.feature_names,
+        *([OVERFLOW_REFUSED] if backed else []),
+        *([VISION] if info.vision else []),
+    ]
     temperature = settings.tools_max_temperature
     declaration = Declaration(
         model_id=declared_model_id(settings.model_id, info.model),
@@ -103,6 +115,7 @@ async def declare(backend: Backend, settings: WorkerConfig) -> tuple[Declaration
         max_length=settings.max_length,
         features=tuple(known_features(names)),
         tools_max_temperature=temperature if temperature >= 0 else None,
+        image_transports=IMAGE_TRANSPORTS if info.vision else (),
         fit=counter.name,
         guarantee=why,
     )
@@ -223,6 +236,8 @@ def _log_declaration(d: Declaration) -> None:
         d.max_length,
     )
     log.info("declaring chat features: %s", ", ".join(d.features) or "none")
+    if d.image_transports:
+        log.info("the backend reads images: taking them by %s", ", ".join(d.image_transports))
     log.info("fit check: %s; prompt_overflow_refused %s", d.fit, d.guarantee)
     if ":" in d.model_id:
         log.warning(

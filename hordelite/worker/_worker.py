@@ -33,6 +33,7 @@ from hordelite.worker._horde import (
     HordeRefusal,
     HordeUnavailable,
 )
+from hordelite.worker._images import ImageFetcher, ImageUnavailable, has_images
 from hordelite.worker._progress import ProgressPoster
 from hordelite.worker._reply import (
     StreamedChat,
@@ -140,6 +141,7 @@ class Worker:
         self._counter: Counter | None = None
         self._backend: Backend | None = None
         self._horde: HordeClient | None = None
+        self._images: ImageFetcher | None = None
         self._backend_lock: anyio.Lock | None = None
         self._backend_up = True
         self._stopping = False
@@ -171,6 +173,8 @@ class Worker:
             stack.push_async_callback(self._backend.aclose)
             self._horde = HordeClient(self.config.horde, self.config.key)
             stack.push_async_callback(self._horde.aclose)
+            self._images = ImageFetcher()
+            stack.push_async_callback(self._images.aclose)
             self._backend_lock = anyio.Lock()
             with anyio.CancelScope() as self._start_scope:
                 if self._stopping:
@@ -465,6 +469,11 @@ class Worker:
             # reason for an input the worker cannot process, and pop on.
             log.warning("job %s: %s; faulted with unsupported_input", run.id, exc)
             await self._fault(run, "unsupported_input")
+        except ImageUnavailable as exc:
+            # The horde's link failed, not the request nor the backend: the
+            # generic fault, so that another worker may try it.
+            log.warning("job %s: an image could not be fetched: %s", run.id, exc)
+            await self._fault(run, None)
         except HordeUnavailable as exc:
             log.warning("job %s: the horde did not answer its submit in time: %s", run.id, exc)
             run.settle("lost")
@@ -497,6 +506,11 @@ class Worker:
         check_sendable(body)
         if await self._overflows(run, body):
             return
+        if has_images(body):
+            # After the fit check, which counts the conversation as the
+            # horde sent it, not the images' base64.
+            assert self._images is not None
+            body = await self._images.inline(body)
         if run.payload.get("stream_progress"):
             fields = await self._streamed(run, body)
             if fields is None:

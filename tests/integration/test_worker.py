@@ -3,8 +3,10 @@ fake OpenAI-compatible backend, driven in-process over real HTTP."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -21,6 +23,7 @@ import anyio
 import httpx
 import jsonschema
 import pytest
+from PIL import Image
 from sqlalchemy import Connection, select, update
 
 from hordelite.cli import main
@@ -260,6 +263,105 @@ async def test_the_byte_bound_measures_the_template_overhead_on_the_probe() -> N
             assert worker.declaration.fit == (
                 f"byte-length bound + {measured} tokens of template overhead"
             )
+
+
+# Images ---------------------------------------------------------------------------
+
+
+def png_data_url() -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def image_chat_body(url: str) -> dict[str, Any]:
+    content = [
+        {"type": "text", "text": "What colour is this?"},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 32}
+
+
+def sent_image_urls(env: Env) -> list[str]:
+    return [
+        part["image_url"]["url"]
+        for body in env.generations()
+        for message in body["messages"]
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "image_url"
+    ]
+
+
+async def test_a_backend_that_reads_images_makes_the_worker_declare_vision_and_both_transports() -> (
+    None
+):
+    async with environment(FakeBackendConfig(vision=True)) as env:
+        async with serving(env, env.config()) as worker:
+            details = await env.details("w1")
+    assert details["chat"]["features"] == ["vision", OVERFLOW]
+    assert details["chat"]["image_transports"] == ["url", "base64"]
+    assert worker.declaration is not None
+    assert worker.declaration.image_transports == ("url", "base64")
+
+
+async def test_an_image_reaches_the_backend_inline_as_the_jpeg_the_horde_stored() -> None:
+    async with environment(FakeBackendConfig(vision=True)) as env, serving(env, env.config()):
+        status = await env.done(await env.chat(image_chat_body(png_data_url())))
+    assert status["done"] is True, status
+    [url] = sent_image_urls(env)
+    # The worker fetched the horde's signed URL and sent the bytes inline.
+    prefix = "data:image/jpeg;base64,"
+    assert url.startswith(prefix)
+    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix) :]))) as image:
+        assert (image.format, image.size) == ("JPEG", (64, 48))
+
+
+async def test_an_image_sent_inline_by_the_horde_reaches_the_backend_as_is() -> None:
+    async with environment(FakeBackendConfig(vision=True)) as env:
+        async with serving(env, env.config()) as worker:
+            # A base64-only declaration: the horde puts the JPEG in the pop.
+            worker.declaration = dataclasses.replace(
+                worker.declaration, image_transports=("base64",)
+            )
+            status = await env.done(await env.chat(image_chat_body(png_data_url())))
+    assert status["done"] is True, status
+    [url] = sent_image_urls(env)
+    assert url.startswith("data:image/jpeg;base64,")
+
+
+async def test_an_image_the_worker_cannot_fetch_faults_the_job_without_a_reason() -> None:
+    async with environment(FakeBackendConfig(vision=True), max_faults=0) as env:
+        async with serving(env, env.config()) as worker:
+            # A cap below the stored JPEG's size: the fetch stops over it.
+            assert worker._images is not None
+            worker._images.max_bytes = 100
+            status = await env.done(await env.chat(image_chat_body(png_data_url())))
+            await eventually(lambda: worker.statistics().faulted == 1)
+    assert status["faulted"] is True
+    assert status["fault"]["rc"] == "ChatRequestFaulted"
+    assert env.generations() == []
+
+
+async def test_a_worker_whose_backend_reads_no_images_is_never_given_an_image_job() -> None:
+    # No long-poll: the worker pops about every second.
+    async with environment() as env, serving(env, env.config(wait=0)) as worker:
+        r = await env.client.post(
+            CHAT_ASYNC, headers={"apikey": env.requester}, json=image_chat_body(png_data_url())
+        )
+        # Queued, with the warning that no online worker declares vision;
+        # it waits while the worker pops on without it.
+        assert r.status_code == 202, r.text
+        assert [w["code"] for w in r.json()["warnings"]] == ["NoAvailableWorker"]
+        pops = worker.statistics().pops
+        await eventually(lambda: worker.statistics().pops >= pops + 2)
+        status = await env.status(r.json()["id"])
+        assert (status["done"], status["faulted"]) == (False, False), status
+        details = await env.details("w1")
+    assert "vision" not in details["chat"]["features"]
+    assert details["chat"]["image_transports"] == []
+    assert worker.statistics().jobs == 0
+    assert env.generations() == []
 
 
 # Text and chat jobs ---------------------------------------------------------------
