@@ -278,6 +278,10 @@ class ImagesConfig:
     # false refuses them, so a client cannot make the horde reach into the
     # operator's network.
     fetch_private: bool = False
+    # Bytes of a chat request's messages, as JSON with its images inlined as
+    # data URLs, above which a worker that declared "messages_url" gets them
+    # as one signed URL instead of inline; 0 never offloads.
+    offload_bytes: int = bounded(1024 * 1024, ge=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,10 +52,16 @@ def known_features(names: Iterable[str]) -> list[str]:
 # http(s) image needs a worker that fetches URLs ("url") and a data: image
 # one that reads inline bytes ("base64").
 IMAGE_TRANSPORT_BITS = {"url": 1 << 24, "base64": 1 << 25}
+# A worker that fetches a large request's messages from one URL
+# ("messages_url"). No request requires it: it chooses how the messages are
+# handed at pop, never which worker may take the job.
+MESSAGES_URL_BIT = 1 << 26
 
 
 def transport_mask(transports: Iterable[str]) -> int:
-    return sum(IMAGE_TRANSPORT_BITS.get(t, 0) for t in set(transports))
+    given = set(transports)
+    mask = sum(IMAGE_TRANSPORT_BITS.get(t, 0) for t in given)
+    return mask | (MESSAGES_URL_BIT if "messages_url" in given else 0)
 
 
 def to_mask(names: Iterable[str]) -> int:

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hordelite.contract.chat_features import MESSAGES_URL_BIT
 from hordelite.contract.limits import (
     ASSUMED_TOKENS_PER_SECOND,
     PREFERRED_SECONDS,
@@ -194,7 +195,9 @@ def covers(other: WorkerView, worker: WorkerView) -> bool:
         and other.chat_model == worker.chat_model
         and not other.maintenance
         and other.speed > worker.speed
-        and other.chat_mask & worker.chat_mask == worker.chat_mask
+        # messages_url is how a job is handed, not which jobs a worker takes.
+        and other.chat_mask & worker.chat_mask & ~MESSAGES_URL_BIT
+        == worker.chat_mask & ~MESSAGES_URL_BIT
         and other.chat_max_length >= worker.chat_max_length
         and other.chat_max_context_length >= worker.chat_max_context_length
         and (

@@ -80,6 +80,10 @@ MAX_IMAGE_SIDE: Final = 2048
 # A signed image URL handed to a worker at pop is valid for the job's TTL,
 # and at least this many seconds (the specification's floor).
 MIN_IMAGE_URL_SECONDS: Final = 600.0
+# A signed messages_url (an offloaded request's messages) handed at pop is
+# valid this long: the worker fetches it right after the pop (the
+# specification's value).
+MESSAGES_URL_SECONDS: Final = 120.0
 
 # The job lease: a pop's ttl (horde.job_ttl defaults to it; a worker assumes
 # it when a pop names none).

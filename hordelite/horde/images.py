@@ -7,27 +7,34 @@ to JPEG (contract/images.py, in a thread), and stored in the blob store; the
 stored request keeps only a reference (``hordelite-blob:<key>``). At pop,
 after the transaction, each reference becomes what the worker declared: a
 signed URL for a ``url`` worker, an inline ``data:image/jpeg`` URL for a
-``base64``-only one.
+``base64``-only one. A large request (``images.offload_bytes``) goes to a
+worker that declared ``messages_url`` as one signed URL of its messages,
+images inlined, stored at its first such pop.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio.to_thread
 
 from hordelite.blobs import BlobStore
-from hordelite.contract.chat_features import IMAGE_TRANSPORT_BITS
+from hordelite.contract.chat_features import IMAGE_TRANSPORT_BITS, MESSAGES_URL_BIT
 from hordelite.contract.chat_request import BLOB_REFERENCE, ChatRequest
 from hordelite.contract.eligibility import WorkerView
 from hordelite.contract.images import ImageRefused, data_url, normalise, parse_data_url
-from hordelite.contract.limits import MIN_IMAGE_URL_SECONDS
+from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.errors import RC, HordeError
 from hordelite.images.fetch import ImageFetchRefused, fetch_image
 
 JPEG = "image/jpeg"
+JSON = "application/json"
+# Offloaded messages sit beside the request's images, keyed
+# ``<request id>-messages``, so the purge of ``<request id>-*`` takes them too.
+MESSAGES_KEY_SUFFIX = "messages"
 
 
 def _image_parts(messages: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -90,23 +97,19 @@ async def take_images(
     return dataclasses.replace(req, messages=messages)
 
 
-async def hand_images(
-    payload: dict[str, Any],
-    store: BlobStore,
-    worker: WorkerView,
-    *,
-    base_url: str,
-    now: float,
-    ttl: float,
-) -> dict[str, Any]:
-    """The pop payload with each stored image in the worker's transport: a
-    signed URL (valid for the job's TTL, at least MIN_IMAGE_URL_SECONDS) for
-    a worker that declared ``url``, else the JPEG inline as a data URL."""
-    messages = payload.get("messages")
-    if not isinstance(messages, list):
-        return payload
-    by_url = bool(worker.chat_mask & IMAGE_TRANSPORT_BITS["url"])
-    expires = now + max(ttl, MIN_IMAGE_URL_SECONDS)
+def _blob_key(part: dict[str, Any]) -> str | None:
+    """The blob key of a stored image part, or None for any other part."""
+    if part.get("type") != "image_url":
+        return None
+    url = part.get("image_url", {}).get("url", "")
+    return url[len(BLOB_REFERENCE) :] if url.startswith(BLOB_REFERENCE) else None
+
+
+async def _with_images(
+    messages: list[dict[str, Any]], store: BlobStore, url_for: Callable[[str], str] | None
+) -> list[dict[str, Any]]:
+    """The messages with each stored image replaced: by ``url_for(key)``, or
+    (None) by the JPEG inline as a data URL, read from the store."""
     handed = []
     for message in messages:
         content = message.get("content")
@@ -115,21 +118,75 @@ async def hand_images(
             continue
         parts = []
         for part in content:
-            url = (
-                part.get("image_url", {}).get("url", "") if part.get("type") == "image_url" else ""
-            )
-            if not url.startswith(BLOB_REFERENCE):
+            key = _blob_key(part)
+            if key is None:
                 parts.append(part)
                 continue
-            key = url[len(BLOB_REFERENCE) :]
-            if by_url:
-                url = store.signed_url(key, expires, base_url)
+            if url_for is not None:
+                url = url_for(key)
             else:
                 blob = await store.get(key)
-                if blob is None:  # gone with its request: the worker faults the job
-                    url = ""
-                else:
-                    url = data_url(blob.data)
+                # Gone with its request: the worker faults the job.
+                url = "" if blob is None else data_url(blob.data)
             parts.append({**part, "image_url": {**part["image_url"], "url": url}})
         handed.append({**message, "content": parts})
-    return {**payload, "messages": handed}
+    return handed
+
+
+def messages_key(request_id: str) -> str:
+    """The blob key of a request's offloaded messages (purged with its images)."""
+    return f"{request_id}-{MESSAGES_KEY_SUFFIX}"
+
+
+async def _offloaded(
+    messages: list[dict[str, Any]], store: BlobStore, request_id: str, offload_bytes: int
+) -> str | None:
+    """The key of the request's offloaded messages, stored on first need;
+    None when the messages, images inlined, are not above ``offload_bytes``."""
+    key = messages_key(request_id)
+    if await store.get(key) is not None:  # an earlier pop of the request stored it
+        return key
+    inlined = await _with_images(messages, store, None)
+    body = json.dumps(inlined, ensure_ascii=False, separators=(",", ":")).encode()
+    if len(body) <= offload_bytes:
+        return None
+    await store.put(key, body, JSON)
+    return key
+
+
+async def hand_images(
+    payload: dict[str, Any],
+    store: BlobStore,
+    worker: WorkerView,
+    *,
+    request_id: str,
+    base_url: str,
+    now: float,
+    ttl: float,
+    offload_bytes: int,
+) -> dict[str, Any]:
+    """The pop payload as the worker declared it can take it.
+
+    A worker that declared ``messages_url`` gets a request whose messages,
+    images inlined as data URLs, exceed ``offload_bytes`` (0: never) as one
+    signed URL of that JSON, valid MESSAGES_URL_SECONDS, in place of
+    ``messages``. Otherwise each stored image is a signed URL (valid for the
+    job's TTL, at least MIN_IMAGE_URL_SECONDS) for a worker that declared
+    ``url``, else the JPEG inline as a data URL."""
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return payload
+    if offload_bytes and worker.chat_mask & MESSAGES_URL_BIT:
+        key = await _offloaded(messages, store, request_id, offload_bytes)
+        if key is not None:
+            handed = {k: v for k, v in payload.items() if k != "messages"}
+            url = store.signed_url(key, now + MESSAGES_URL_SECONDS, base_url)
+            return {**handed, "messages_url": url}
+    if worker.chat_mask & IMAGE_TRANSPORT_BITS["url"]:
+        expires = now + max(ttl, MIN_IMAGE_URL_SECONDS)
+        images = await _with_images(
+            messages, store, lambda key: store.signed_url(key, expires, base_url)
+        )
+    else:
+        images = await _with_images(messages, store, None)
+    return {**payload, "messages": images}

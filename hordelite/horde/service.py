@@ -816,15 +816,17 @@ class Horde:
             )
         payload = None
         if job is not None and job.chat and self.blobs is not None:
-            # After the transaction: reading a blob for a base64 worker holds
-            # no lock. ``base_url`` is how the worker reached this horde.
+            # After the transaction: reading images for a base64 worker, or
+            # storing offloaded messages, holds no lock. ``base_url`` is how the worker reached this horde.
             payload = await images.hand_images(
                 job.payload,
                 self.blobs,
                 result.worker,
+                request_id=job.request_id,
                 base_url=base_url,
                 now=self.clock.now(),
                 ttl=job.ttl,
+                offload_bytes=self.config.images.offload_bytes,
             )
         return _pop_answer(result, payload)
 

@@ -7,7 +7,10 @@ the official openai package for the front.
 from __future__ import annotations
 
 import base64
+import gzip
 import io
+import json
+import os
 import ssl
 from typing import Any
 
@@ -17,7 +20,8 @@ import openai
 import pytest
 from PIL import Image
 
-from hordelite.contract.limits import MIN_IMAGE_URL_SECONDS
+from hordelite.config import Config
+from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.testing import FakeChatWorker, ManualClock, TestHorde, open_horde
 
 pytestmark = pytest.mark.anyio
@@ -254,3 +258,107 @@ async def test_a_native_image_request_waits_for_a_vision_worker() -> None:
             ) as seeing:
                 job = await seeing.pop()
                 assert image_url_of(job).startswith(horde.url + "/blobs/")
+
+
+# Messages offload ------------------------------------------------------------------
+
+# Below the messages of one small image request, images inlined (about 1 KB).
+LOW_OFFLOAD_BYTES = 200
+OFFLOADING = ("url", "messages_url")
+
+
+def offloading(offload_bytes: int) -> Config:
+    return Config().replace(
+        signals={"url": os.environ.get("HORDELITE_SIGNALS_URL", "")},
+        images={"offload_bytes": offload_bytes},
+    )
+
+
+async def submit_image_request(horde: TestHorde, http: httpx.AsyncClient) -> str:
+    key = await horde.create_key("alice", kudos=100)
+    r = await http.post(
+        "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(png_data_url())
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def assert_inlined_messages(messages: Any) -> None:
+    """The request's messages, its image a JPEG data URL of the stored image."""
+    [message] = messages
+    assert message["role"] == "user"
+    text, image = message["content"]
+    assert text == {"type": "text", "text": "What colour is this?"}
+    prefix = "data:image/jpeg;base64,"
+    url = image["image_url"]["url"]
+    assert url.startswith(prefix), url[:40]
+    assert_jpeg(base64.b64decode(url[len(prefix) :]), (64, 48))
+
+
+async def test_a_messages_url_worker_fetches_the_offloaded_messages_plain_or_gzipped() -> None:
+    clock = ManualClock()
+    async with (
+        open_horde(config=offloading(LOW_OFFLOAD_BYTES), clock=clock) as horde,
+        client_for(horde) as http,
+    ):
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(
+            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=OFFLOADING
+        ) as worker:
+            assert (await worker.pop())["id"] is None
+            request_id = await submit_image_request(horde, http)
+            job = await worker.pop()
+            payload = job["payload"]
+            assert "messages" not in payload
+            url = payload["messages_url"]
+            assert url.startswith(f"{horde.url}/blobs/{request_id}-messages?"), url
+            assert int(httpx.URL(url).params["expires"]) == int(clock.now() + MESSAGES_URL_SECONDS)
+
+            plain = await http.get(url, headers={"Accept-Encoding": "identity"})
+            assert plain.status_code == 200, plain.text
+            assert plain.headers["content-type"] == "application/json"
+            assert "content-encoding" not in plain.headers
+            assert_inlined_messages(json.loads(plain.content))
+
+            async with http.stream("GET", url, headers={"Accept-Encoding": "gzip"}) as zipped:
+                assert zipped.status_code == 200
+                assert zipped.headers["content-encoding"] == "gzip"
+                raw = b"".join([chunk async for chunk in zipped.aiter_raw()])
+            assert gzip.decompress(raw) == plain.content
+
+            # Valid 120 s, checked against the horde's clock.
+            assert MESSAGES_URL_SECONDS == 120
+            clock.advance(MESSAGES_URL_SECONDS + 1)
+            expired = await http.get(url, headers={"Accept-Encoding": "identity"})
+            assert expired.status_code == 403
+            assert expired.json()["rc"] == "BlobURLInvalid"
+
+
+async def test_a_worker_without_messages_url_receives_an_offloaded_request_inline() -> None:
+    async with (
+        open_horde(config=offloading(LOW_OFFLOAD_BYTES)) as horde,
+        client_for(horde) as http,
+    ):
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(
+            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("base64",)
+        ) as worker:
+            assert (await worker.pop())["id"] is None
+            await submit_image_request(horde, http)
+            job = await worker.pop()
+            assert "messages_url" not in job["payload"]
+            assert_inlined_messages(job["payload"]["messages"])
+
+
+async def test_a_request_under_the_threshold_is_not_offloaded() -> None:
+    async with open_horde(config=offloading(64 * 1024)) as horde, client_for(horde) as http:
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(
+            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=OFFLOADING
+        ) as worker:
+            assert (await worker.pop())["id"] is None
+            request_id = await submit_image_request(horde, http)
+            job = await worker.pop()
+            assert "messages_url" not in job["payload"]
+            assert image_url_of(job).startswith(f"{horde.url}/blobs/{request_id}-0?")
+            assert blob_files(horde) == [f"{request_id}-0"]  # no messages stored
