@@ -150,11 +150,11 @@ def _backend(value: str) -> str | None:
 
 
 # Features a worker's operator may not declare: the worker declares
-# prompt_overflow_refused itself when its fit check is backed, and it carries
-# no images.
+# prompt_overflow_refused itself when its fit check is backed, and vision
+# (with its image transports) when its backend reads images.
 _WORKER_OWN_FEATURES = {
     "prompt_overflow_refused": "is declared by the worker itself when its fit check is backed",
-    "vision": "is not served by the reference worker (it declares no image transport)",
+    "vision": "is declared by the worker itself when its backend reads images",
 }
 
 

@@ -77,6 +77,10 @@ MAX_REPORTED_TOKENS: Final = 10_000_000
 MAX_IMAGE_BYTES: Final = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS: Final = 50_000_000
 MAX_IMAGE_SIDE: Final = 2048
+# Images normalised at once in a process: each decode and encode holds the
+# GIL for long stretches, so more threads than this take the event loop's
+# core from every other request (bench/images.py (b)).
+IMAGES_NORMALISED_AT_ONCE: Final = 1
 # A signed image URL handed to a worker at pop is valid for the job's TTL,
 # and at least this many seconds (the specification's floor).
 MIN_IMAGE_URL_SECONDS: Final = 600.0

@@ -19,13 +19,20 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import anyio.to_thread
 
 from hordelite.blobs import BlobStore
 from hordelite.contract.chat_features import IMAGE_TRANSPORT_BITS, MESSAGES_URL_BIT
 from hordelite.contract.chat_request import BLOB_REFERENCE, ChatRequest
 from hordelite.contract.eligibility import WorkerView
-from hordelite.contract.images import ImageRefused, data_url, normalise, parse_data_url
+from hordelite.contract.images import (
+    ImageRefused,
+    NormalisedImage,
+    data_url,
+    normalise,
+    parse_data_url,
+)
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.errors import RC, HordeError
 from hordelite.images.fetch import ImageFetchRefused, fetch_image
@@ -46,13 +53,22 @@ def _image_parts(messages: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str
                 yield f"messages[{i}].content[{j}].image_url", part
 
 
+def _from_data_url(url: str) -> NormalisedImage:
+    return normalise(parse_data_url(url))
+
+
 def image_keys(request_id: str, req: ChatRequest) -> list[str]:
     """The blob keys the request's images are stored under."""
     return [f"{request_id}-{n}" for n, _ in enumerate(_image_parts(req.messages))]
 
 
 async def take_images(
-    req: ChatRequest, store: BlobStore, request_id: str, *, fetch_private: bool
+    req: ChatRequest,
+    store: BlobStore,
+    request_id: str,
+    *,
+    fetch_private: bool,
+    limiter: anyio.CapacityLimiter | None = None,
 ) -> ChatRequest:
     """The request with each image read, checked, normalised to JPEG and
     stored under ``image_keys``; a bad image is refused with 400
@@ -73,12 +89,14 @@ async def take_images(
         for n, (where, part) in enumerate(_image_parts(messages)):
             url = part["image_url"]["url"]
             try:
+                # Decoding (base64, then the image) and encoding take a while:
+                # in a thread, ``limiter`` bounding how many at once, since
+                # the threads share the process's core with the event loop.
                 if url.startswith("data:"):
-                    data = parse_data_url(url)
+                    image = await anyio.to_thread.run_sync(_from_data_url, url, limiter=limiter)
                 else:
                     data = await fetch_image(url, allow_private=fetch_private)
-                # Decoding and encoding a large image takes a while: off the loop.
-                image = await anyio.to_thread.run_sync(normalise, data)
+                    image = await anyio.to_thread.run_sync(normalise, data, limiter=limiter)
             except (ImageRefused, ImageFetchRefused) as refused:
                 raise HordeError(
                     RC.ChatRequestInvalid,

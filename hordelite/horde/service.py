@@ -43,6 +43,7 @@ from hordelite.contract.faults import Fault
 from hordelite.contract.limits import (
     ANONYMOUS_API_KEY,
     DEGRADED_POLL_SECONDS,
+    IMAGES_NORMALISED_AT_ONCE,
     MAX_USER_ID_DIGITS,
     MODEL_STATS_TTL,
     POOL_SNAPSHOT_SECONDS,
@@ -303,6 +304,7 @@ class Horde:
         # Where images taken in at submit are kept (hordelite.horde.images);
         # without a store, a request with an image is refused.
         self.blobs = blobs
+        self._normalising: anyio.CapacityLimiter | None = None
         self.models = models or ModelReference.load(config.horde.model_reference or None)
         h = config.horde
         self.rules = q.Rules(
@@ -451,8 +453,14 @@ class Horde:
                 raise HordeError(
                     RC.ChatRequestInvalid, "This horde keeps no images.", param="messages"
                 )
+            if self._normalising is None:  # made on the loop that runs the horde
+                self._normalising = anyio.CapacityLimiter(IMAGES_NORMALISED_AT_ONCE)
             req = await images.take_images(
-                req, self.blobs, request_id, fetch_private=self.config.images.fetch_private
+                req,
+                self.blobs,
+                request_id,
+                fetch_private=self.config.images.fetch_private,
+                limiter=self._normalising,
             )
         try:
             return await self._queue_taken(
