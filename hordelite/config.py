@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -143,6 +144,21 @@ def _http_url(value: str) -> str | None:
     return None
 
 
+def _http_url_or_empty(value: str) -> str | None:
+    return _http_url(value) if value else None
+
+
+def _bucket(value: str) -> str | None:
+    # S3's bucket naming rules, the part a path-style URL depends on.
+    if re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", value) is None:
+        return f"must be 3 to 63 characters of a-z, 0-9, . and -, got {value!r}"
+    return None
+
+
+def _not_empty(value: str) -> str | None:
+    return "must not be empty" if not value.strip() else None
+
+
 def _backend(value: str) -> str | None:
     if value not in ("", "fake") and not value.startswith(("http://", "https://")):
         return f"must be an http:// or https:// URL or fake, got {value!r}"
@@ -218,6 +234,15 @@ class BlobsConfig:
     # secret signing their URLs; empty: hordelite-blobs beside the SQLite
     # database file (hordelite.blobs.blob_directory).
     directory: str = bounded("", rule=_directory_or_empty)
+    # An S3-compatible object store's URL (http(s)://host[:port]); empty: the
+    # directory above. Workers then fetch blobs by presigned URLs of the store.
+    s3_endpoint: str = bounded("", rule=_http_url_or_empty)
+    # The bucket, addressed path-style (endpoint/bucket/key), created if missing.
+    s3_bucket: str = bounded("hordelite", rule=_bucket)
+    s3_region: str = bounded("us-east-1", rule=_not_empty)
+    # The credentials requests and presigned URLs are signed with.
+    s3_access_key: str = bounded("", max_chars=128)
+    s3_secret_key: str = bounded("", max_chars=128)
 
 
 @dataclasses.dataclass(frozen=True)

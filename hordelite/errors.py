@@ -20,6 +20,7 @@ one ``except``. Handlers inside hordelite catch the precise class:
           |                         answers 400 naming the part)
           +-- images.fetch.ImageFetchRefused  an image URL not fetched (reason)
           +-- contract.signing.BlobKeyError  a blob key a store refuses
+          +-- blobs.S3Error          the object store refused or did not answer
           +-- worker.WorkerError    the reference worker cannot run (the
           |                         message says what to change)
           +-- worker: HordeUnavailable, HordeRefusal (the horde's answers),

@@ -20,7 +20,7 @@ import anyio.to_thread
 
 from hordelite._http import current_backend, serve_http
 from hordelite.api import create_app
-from hordelite.blobs import DirectoryStore, blob_directory
+from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
 from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.errors import StorageUnavailable
@@ -35,8 +35,9 @@ log = logging.getLogger("hordelite")
 class RunningHorde:
     url: str
     horde: Horde
-    # Images taken in at submit, handed to workers by signed URL (/blobs).
-    blobs: DirectoryStore
+    # Images taken in at submit, handed to workers by signed URL (/blobs, or
+    # the object store's presigned URLs).
+    blobs: BlobStore
 
 
 async def serve_timers(
@@ -116,12 +117,26 @@ async def _open_horde(
     migrate: bool,
 ) -> AsyncIterator[RunningHorde]:
     db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
+    s3: S3Store | None = None
     try:
-        blobs = await DirectoryStore.open(blob_directory(config))
+        blobs: BlobStore
+        if config.blobs.s3_endpoint:
+            blobs = s3 = await S3Store.open(
+                config.blobs.s3_endpoint,
+                config.blobs.s3_bucket,
+                config.blobs.s3_region,
+                config.blobs.s3_access_key,
+                config.blobs.s3_secret_key,
+            )
+        else:
+            blobs = await DirectoryStore.open(blob_directory(config))
         horde = Horde(config, db, clock=clock, signals=signals, blobs=blobs)
         if migrate:
             await anyio.to_thread.run_sync(horde.migrate)
-        app = create_app(horde, current_backend(), blobs)
+        # The /blobs route serves the directory store only: an object store
+        # serves its presigned URLs itself.
+        directory = blobs if isinstance(blobs, DirectoryStore) else None
+        app = create_app(horde, current_backend(), directory)
         shutdown = anyio.Event()
         stopped = anyio.Event()
         error: Exception | None = None
@@ -147,4 +162,6 @@ async def _open_horde(
             raise error
     finally:
         with anyio.CancelScope(shield=True):
+            if s3 is not None:
+                await s3.aclose()
             await anyio.to_thread.run_sync(db.dispose)

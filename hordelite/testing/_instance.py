@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from hordelite.blobs import DirectoryStore
+from hordelite.blobs import BlobStore
 from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.horde.service import Horde
@@ -26,8 +26,8 @@ class TestHorde:
     horde: Horde
     database: str
     # The horde's blob store (its files live in the temporary folder unless
-    # the given config names a directory).
-    blobs: DirectoryStore
+    # the given config names a directory or an object store).
+    blobs: BlobStore
 
     async def create_key(
         self, name: str = "user", *, kudos: float = 0.0, admin: bool = False, trusted: bool = False
@@ -70,7 +70,7 @@ async def open_horde(
             storage={"database": db},
             horde=horde,
         )
-        if not cfg.blobs.directory:
+        if not cfg.blobs.directory and not cfg.blobs.s3_endpoint:
             cfg = cfg.replace(blobs={"directory": str(Path(tmp) / "hordelite-blobs")})
         async with open_server(cfg, clock=clock) as running:
             yield TestHorde(url=running.url, horde=running.horde, database=db, blobs=running.blobs)

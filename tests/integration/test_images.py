@@ -20,6 +20,7 @@ import openai
 import pytest
 from PIL import Image
 
+from hordelite.blobs import DirectoryStore
 from hordelite.config import Config
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.testing import FakeChatWorker, ManualClock, TestHorde, open_horde
@@ -69,6 +70,7 @@ def image_url_of(job: dict[str, Any]) -> str:
 
 
 def blob_files(horde: TestHorde) -> list[str]:
+    assert isinstance(horde.blobs, DirectoryStore)
     return sorted(p.name for p in horde.blobs.directory.iterdir() if p.name != "signing.secret")
 
 
