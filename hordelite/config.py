@@ -242,7 +242,10 @@ class BlobsConfig:
     s3_region: str = bounded("us-east-1", rule=_not_empty)
     # The credentials requests and presigned URLs are signed with.
     s3_access_key: str = bounded("", max_chars=128)
-    s3_secret_key: str = bounded("", max_chars=128)
+    # Not in the repr: a logged or printed configuration must not show it.
+    s3_secret_key: str = dataclasses.field(
+        default="", repr=False, metadata={"bounds": Bounds(max_chars=128)}
+    )
 
 
 @dataclasses.dataclass(frozen=True)

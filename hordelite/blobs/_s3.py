@@ -174,7 +174,9 @@ class S3Store:
     async def delete_prefixed(self, prefixes: Iterable[str]) -> None:
         checked = [signing.check_key(prefix) for prefix in prefixes]
         for prefix in checked:
-            await self.delete(await self._list(f"{prefix}-"))
+            # A key no store of hordelite makes was not put by the horde: kept.
+            listed = await self._list(f"{prefix}-")
+            await self.delete([key for key in listed if signing.is_key(key)])
 
     def signed_url(self, key: str, expires_at: float, base_url: str) -> str:
         """A presigned GET of the object until ``expires_at`` (``base_url``,

@@ -48,6 +48,11 @@ def check_key(key: str) -> str:
     return key
 
 
+def is_key(key: str) -> bool:
+    """Whether ``key`` passes check_key."""
+    return isinstance(key, str) and _KEY.fullmatch(key) is not None
+
+
 def check_content_type(content_type: str) -> str:
     """``content_type`` when it is one printable ASCII line (it is stored as one)."""
     if (

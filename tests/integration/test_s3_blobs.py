@@ -4,6 +4,7 @@ here as a subprocess on a free port (``moto_server`` of the test extra)."""
 from __future__ import annotations
 
 import calendar
+import datetime
 import itertools
 import os
 import socket
@@ -19,6 +20,7 @@ import pytest
 
 from hordelite.blobs import S3Store, _s3
 from hordelite.config import Config
+from hordelite.contract import sigv4
 from hordelite.contract.signing import BlobKeyError
 from hordelite.testing import FakeChatWorker, open_horde
 from tests.integration.test_images import (
@@ -137,6 +139,34 @@ async def test_delete_prefixed_removes_a_requests_blobs_only(store: S3Store) -> 
     # "req10-0" starts with "req1" but is not "req1-...": another request's.
     for kept in ["req10-0", "req2-0", "req1"]:
         assert await store.get(kept) is not None, kept
+
+
+async def test_delete_prefixed_keeps_an_object_the_horde_did_not_put(
+    store: S3Store, s3_endpoint: str
+) -> None:
+    await store.put("req1-0", IMAGE, "image/jpeg")
+    # Put by someone else (moto checks no signature): a key no store makes.
+    async with httpx.AsyncClient() as client:
+        put = await client.put(f"{s3_endpoint}/{store.bucket}/req1-notes.txt", content=b"x")
+    assert put.status_code == 200
+    await store.delete_prefixed(["req1"])
+    assert await store.get("req1-0") is None
+    path = f"/{store.bucket}/req1-notes.txt"
+    headers = sigv4.sign_headers(
+        method="GET",
+        host=httpx.URL(s3_endpoint).netloc.decode(),
+        path=path,
+        query={},
+        headers={},
+        payload=b"",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        region="us-east-1",
+        now=datetime.datetime.now(datetime.UTC),
+    )
+    async with httpx.AsyncClient() as client:
+        kept = await client.get(s3_endpoint + path, headers=headers)
+    assert (kept.status_code, kept.content) == (200, b"x")
 
 
 async def test_delete_prefixed_lists_past_one_page(
