@@ -19,7 +19,7 @@ import httpx
 
 from hordelite.blobs._store import Blob
 from hordelite.contract import signing, sigv4
-from hordelite.errors import HordeliteError
+from hordelite.errors import StorageUnavailable
 
 # Keys a ListObjectsV2 page holds at most (S3's own cap).
 _LIST_PAGE = 1000
@@ -28,8 +28,9 @@ _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 _TIMEOUT = 30.0
 
 
-class S3Error(HordeliteError):
-    """The object store refused a request or could not be reached."""
+class S3Error(StorageUnavailable):
+    """The object store refused a request or could not be reached: answered
+    503, like the database being down (the client may try again)."""
 
 
 def _text(element: ET.Element, name: str) -> str | None:
