@@ -12,6 +12,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from hordelite.api.blobs import blobs
+from hordelite.api.health import health
 from hordelite.api.native import json_response, native
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.json_body import check_text
@@ -58,6 +59,7 @@ def create_app(
     # path; every answer here is JSON, so such a path is simply not found.
     app.url_map.merge_slashes = False
     app.register_blueprint(native)
+    app.register_blueprint(health)
     app.register_blueprint(front)
     if blob_store is not None:
         app.config["BLOBS"] = blob_store

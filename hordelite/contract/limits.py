@@ -177,6 +177,9 @@ VERSION_TTL_SECONDS: Final = 7 * 24 * 3600.0
 # (GET .../status/{id}?wait=N), in seconds.
 MAX_STATUS_WAIT: Final = 60.0
 
+# /readyz waits at most this long for the database to answer.
+READY_CHECK_SECONDS: Final = 2.0
+
 # The window in which aborted jobs are counted towards maintenance.
 ABORT_WINDOW_SECONDS: Final = 3600.0
 

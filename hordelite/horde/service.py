@@ -47,6 +47,7 @@ from hordelite.contract.limits import (
     MAX_USER_ID_DIGITS,
     MODEL_STATS_TTL,
     POOL_SNAPSHOT_SECONDS,
+    READY_CHECK_SECONDS,
     SKIPPED_SAMPLE_SECONDS,
     STATUS_CACHE_ENTRIES,
     STATUS_POSITION_SECONDS,
@@ -63,7 +64,7 @@ from hordelite.contract.text import (
     parse_text_request,
 )
 from hordelite.contract.unicode_rules import worker_name_key
-from hordelite.errors import RC, HordeError, HordeliteError, bad_request
+from hordelite.errors import RC, HordeError, HordeliteError, StorageUnavailable, bad_request
 from hordelite.horde import chat, images
 from hordelite.horde.results import (
     Generation,
@@ -344,6 +345,21 @@ class Horde:
         self._stopping = True
         self._skipped_sample.stale()
         self.signals.notify_all_requests()  # this process's pops, calls, streams and reads
+
+    async def unready(self) -> str | None:
+        """Why this horde should get no new traffic now (``/readyz``), or
+        None: it is stopping, its database does not answer within
+        READY_CHECK_SECONDS, or its Redis signals are down."""
+        if self._stopping:
+            return "stopping"
+        try:
+            with anyio.fail_after(READY_CHECK_SECONDS):
+                await self.db.ping()
+        except (StorageUnavailable, TimeoutError):
+            return "database"
+        if self.signals.degraded:
+            return "signals"
+        return None
 
     # Set-up ------------------------------------------------------------
 

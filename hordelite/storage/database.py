@@ -94,6 +94,10 @@ class Database:
         """Run ``fn(conn, ...)`` in one read transaction; returns its result."""
         return await self._execute(fn, False, self._reads, args, kwargs)
 
+    async def ping(self) -> None:
+        """One round trip to the database (raises StorageUnavailable)."""
+        await self.read(_ping)
+
     async def _execute(
         self,
         fn: Callable[..., T],
@@ -173,6 +177,10 @@ class Database:
 
 class _Busy(HordeliteError):
     """Another process holds the SQLite file: retry where waiting is allowed."""
+
+
+def _ping(conn: Connection) -> None:
+    conn.exec_driver_sql("SELECT 1")
 
 
 def _retryable(exc: DBAPIError) -> bool:

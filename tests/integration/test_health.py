@@ -1,0 +1,107 @@
+"""/healthz and /readyz: liveness needs nothing; readiness needs the database
+and is withdrawn at shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+
+from hordelite.testing import open_horde
+
+pytestmark = pytest.mark.anyio
+
+TLS = ssl.create_default_context()
+
+
+async def test_healthz_and_readyz_answer_a_serving_horde() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url, verify=TLS) as c:
+        live = await c.get("/healthz")
+        assert (live.status_code, live.json()) == (200, {"status": "ok"})
+        ready = await c.get("/readyz")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+
+
+async def test_readyz_is_withdrawn_once_shutdown_begins() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url, verify=TLS) as c:
+        horde.horde.begin_shutdown()
+        ready = await c.get("/readyz")
+        assert (ready.status_code, ready.json()) == (
+            503,
+            {"status": "unready", "reason": "stopping"},
+        )
+        assert (await c.get("/healthz")).status_code == 200  # still alive
+
+
+class Relay:
+    """A TCP relay to PostgreSQL that the test can cut: every connection
+    through it is closed, and new ones are refused."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._scope = anyio.CancelScope()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with self._scope:
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+            self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            task_status.started()
+            async with listener:
+                await listener.serve(self._relay)
+
+    async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        async with client, await anyio.connect_tcp(*self.target) as server:
+
+            async def pipe(a: anyio.abc.SocketStream, b: anyio.abc.SocketStream) -> None:
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    while True:
+                        await b.send(await a.receive())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pipe, client, server)
+                tg.start_soon(pipe, server, client)
+
+    def cut(self) -> None:
+        self._scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def relayed(url: str) -> AsyncIterator[tuple[Relay, str]]:
+    parts = urlsplit(url)
+    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))
+    async with anyio.create_task_group() as tg:
+        await tg.start(relay.run)
+        netloc = (
+            f"{parts.username}@127.0.0.1:{relay.port}"
+            if parts.username
+            else f"127.0.0.1:{relay.port}"
+        )
+        yield relay, urlunsplit(parts._replace(netloc=netloc))
+        relay.cut()
+
+
+@pytest.mark.postgres
+async def test_readyz_turns_503_when_the_database_stops_answering(
+    postgres_schema_url: str,
+) -> None:
+    async with relayed(postgres_schema_url) as (relay, url):
+        async with (
+            open_horde(database=url) as horde,
+            httpx.AsyncClient(base_url=horde.url, verify=TLS, timeout=30) as c,
+        ):
+            assert (await c.get("/readyz")).status_code == 200
+            relay.cut()
+            with anyio.fail_after(15):
+                ready = await c.get("/readyz")
+            assert (ready.status_code, ready.json()) == (
+                503,
+                {"status": "unready", "reason": "database"},
+            )
+            assert (await c.get("/healthz")).status_code == 200
