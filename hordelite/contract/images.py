@@ -110,9 +110,12 @@ def normalise(data: bytes) -> NormalisedImage:
     return NormalisedImage(out.getvalue(), rgb.width, rgb.height, source_format)
 
 
+DATA_URL_PREFIX = "data:image/jpeg;base64,"
+
+
 def data_url(jpeg: bytes) -> str:
     """The base64 data URL of a stored JPEG."""
-    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+    return DATA_URL_PREFIX + base64.b64encode(jpeg).decode("ascii")
 
 
 def parse_data_url(url: str) -> bytes:

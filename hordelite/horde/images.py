@@ -4,7 +4,7 @@ their declared transport.
 At submit every ``image_url`` part is read (a ``data:`` URL decoded, an
 ``http(s)`` URL fetched with hordelite.images.fetch), checked and normalised
 to JPEG (contract/images.py, in a thread), and stored in the blob store; the
-stored request keeps only a reference (``hordelite-blob:<key>``). At pop,
+stored request keeps only a reference (``hordelite-blob:<key>/<jpeg bytes>``). At pop,
 after the transaction, each reference becomes what the worker declared: a
 signed URL for a ``url`` worker, an inline ``data:image/jpeg`` URL for a
 ``base64``-only one. A large request (``images.offload_bytes``) goes to a
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,7 @@ from hordelite.contract.chat_features import IMAGE_TRANSPORT_BITS, MESSAGES_URL_
 from hordelite.contract.chat_request import BLOB_REFERENCE, ChatRequest
 from hordelite.contract.eligibility import WorkerView
 from hordelite.contract.images import (
+    DATA_URL_PREFIX,
     ImageRefused,
     NormalisedImage,
     data_url,
@@ -107,7 +109,10 @@ async def take_images(
             key = f"{request_id}-{n}"
             await store.put(key, image.jpeg, JPEG)
             stored.append(key)
-            part["image_url"] = {**part["image_url"], "url": BLOB_REFERENCE + key}
+            # The JPEG's size rides along, so that whether a request needs
+            # offloading is known at pop without reading its images.
+            reference = f"{BLOB_REFERENCE}{key}/{len(image.jpeg)}"
+            part["image_url"] = {**part["image_url"], "url": reference}
     except BaseException:
         with anyio.CancelScope(shield=True):
             await store.delete(stored)
@@ -115,12 +120,31 @@ async def take_images(
     return dataclasses.replace(req, messages=messages)
 
 
-def _blob_key(part: dict[str, Any]) -> str | None:
-    """The blob key of a stored image part, or None for any other part."""
+def _stored(part: dict[str, Any]) -> tuple[str, int] | None:
+    """The blob key and JPEG size of a stored image part
+    (``hordelite-blob:<key>/<bytes>``), or None for any other part."""
     if part.get("type") != "image_url":
         return None
     url = part.get("image_url", {}).get("url", "")
-    return url[len(BLOB_REFERENCE) :] if url.startswith(BLOB_REFERENCE) else None
+    if not url.startswith(BLOB_REFERENCE):
+        return None
+    key, _, size = url[len(BLOB_REFERENCE) :].rpartition("/")
+    return key, int(size)
+
+
+def _inlined_bytes(messages: list[dict[str, Any]]) -> int:
+    """The size of the messages' JSON with each stored image inlined as a
+    data URL, worked out from the references: no image is read."""
+    size = len(json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode())
+    for message in messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            stored = _stored(part)
+            if stored is not None:
+                jpeg = stored[1]
+                inlined = len(DATA_URL_PREFIX) + 4 * math.ceil(jpeg / 3)  # base64
+                size += inlined - len(part["image_url"]["url"])
+    return size
 
 
 async def _with_images(
@@ -136,10 +160,11 @@ async def _with_images(
             continue
         parts = []
         for part in content:
-            key = _blob_key(part)
-            if key is None:
+            stored = _stored(part)
+            if stored is None:
                 parts.append(part)
                 continue
+            key = stored[0]
             if url_for is not None:
                 url = url_for(key)
             else:
@@ -161,13 +186,13 @@ async def _offloaded(
 ) -> str | None:
     """The key of the request's offloaded messages, stored on first need;
     None when the messages, images inlined, are not above ``offload_bytes``."""
+    if _inlined_bytes(messages) <= offload_bytes:
+        return None  # the usual case: decided without any read
     key = messages_key(request_id)
     if await store.get(key) is not None:  # an earlier pop of the request stored it
         return key
     inlined = await _with_images(messages, store, None)
     body = json.dumps(inlined, ensure_ascii=False, separators=(",", ":")).encode()
-    if len(body) <= offload_bytes:
-        return None
     await store.put(key, body, JSON)
     return key
 

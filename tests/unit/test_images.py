@@ -269,3 +269,30 @@ def test_a_malformed_data_url_is_refused(url: str, reason: str) -> None:
     with pytest.raises(ImageRefused) as info:
         images.parse_data_url(url)
     assert info.value.reason == reason
+
+
+@pytest.mark.parametrize("jpeg_bytes", [0, 1, 2, 3, 1000, 1001])
+def test_the_inlined_size_is_known_from_the_references_alone(jpeg_bytes: int) -> None:
+    """The offload decision at pop reads no image: the size it works out
+    from the references is the size of the messages with the images inlined."""
+    import json
+
+    from hordelite.contract.images import data_url
+    from hordelite.horde.images import _inlined_bytes
+
+    def messages(url: str) -> list[dict[str, object]]:
+        return [
+            {"role": "system", "content": "Be brief. ✓"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+                ],
+            },
+        ]
+
+    reference = f"hordelite-blob:r-0/{jpeg_bytes}"
+    inlined = messages(data_url(b"\xff" * jpeg_bytes))
+    expected = len(json.dumps(inlined, ensure_ascii=False, separators=(",", ":")).encode())
+    assert _inlined_bytes(messages(reference)) == expected
