@@ -1111,7 +1111,7 @@ class Horde:
         self, now: float
     ) -> tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]:
         """The entries without and with their chat summaries."""
-        online = await self.db.read(q.online_workers, now)
+        online = await self._pool.get(now)  # the pool snapshot: no read of its own
         queued = await self.db.read(q.model_queue_stats)
         threads: dict[str, int] = {}
         speed: dict[str, float] = {}
