@@ -417,6 +417,130 @@ def byte_bound(body: Mapping[str, Any]) -> int:
     )
 
 
+# The cheap bound ------------------------------------------------------------------
+
+# Tokens added to the measured fixed part of the template: a tokenizer's one
+# added prefix token (SentencePiece's leading space), a template trimming or
+# adding whitespace around a text, rounding.
+BOUND_MARGIN = 8
+# Tokens added to the measured cost of each message: the probe's one-letter
+# text may merge into the markup around it, and the cost measured is the
+# mean of a user and an assistant message.
+BOUND_MESSAGE_MARGIN = 2
+# Roles whose markup the probes measure; a message of another role (tool),
+# with tool calls or a key the probes did not show, is counted exactly.
+_BOUND_ROLES = frozenset({"system", "user", "assistant"})
+_BOUND_KEYS = frozenset({"role", "content", "name"})
+_USER = {"role": "user", "content": "x"}
+_ASSISTANT = {"role": "assistant", "content": "x"}
+_SYSTEM = {"role": "system", "content": "x"}
+# A conversation the measured bound is checked against before it is used:
+# every role, multibyte text (two-, three- and four-byte characters).
+BOUND_CHECK: tuple[dict[str, str], ...] = (
+    {"role": "system", "content": "Réponds brièvement. 日本語も話せます。"},
+    {"role": "user", "content": "¿Qué tal? 🙂 Ein Satz mit Umlauten: äöü ß."},
+    {"role": "assistant", "content": "Très bien — merci ! 色々ありがとう。"},
+    {"role": "user", "content": "Und jetzt? 🚀🚀"},
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TemplateBound:
+    """An upper bound on a plain conversation's prompt tokens, with no
+    backend call: the UTF-8 bytes of its JSON (:func:`byte_bound`) plus
+    ``fixed`` tokens a conversation and ``per_message`` tokens a message,
+    both measured once with the exact counter (:func:`measure_bound`).
+
+    Why it bounds the exact count: the rendered prompt is the template's
+    fixed part (BOS, a default system prompt, the generation prompt), then
+    each message's markup around its text. (1) Every token the tokenizer
+    makes of a message's text covers at least one of its UTF-8 bytes: true
+    of byte-level BPE, of SentencePiece with byte fallback (an unknown
+    character becomes one token a byte), and of a vocabulary that maps an
+    unknown character to one token; a token spanning text and markup covers
+    a byte of the text too; the one prefix token a tokenizer may add is in
+    ``BOUND_MARGIN``. The JSON holds every byte of the text (escapes only
+    lengthen it). (2) A message's markup depends on its role, not its text,
+    so the probes measure it: the cost of a message above its JSON bytes,
+    ``per_message``, from a one-message and a three-message conversation
+    (user/assistant/user) and from a system message added; the fixed part
+    above the JSON, ``fixed``, from the one-message conversation less that
+    message's cost. A conversation of ``n`` messages therefore counts at
+    most ``bytes(JSON) + fixed + n * per_message``. Where (2) cannot hold
+    (tools, whose preamble the probes do not show; images, counted per
+    image; tool calls; tool messages; keys the probes did not show) the
+    bound answers None and the exact counter counts. The bound is checked
+    against the exact count of :data:`BOUND_CHECK` before it is used.
+    """
+
+    fixed: int
+    per_message: int
+
+    @property
+    def name(self) -> str:
+        return f"the byte-length bound (+ {self.fixed} tokens, + {self.per_message} a message)"
+
+    def tokens(self, body: Mapping[str, Any]) -> int | None:
+        """The bound for ``body``, None when it has tools, images or tool
+        calls (a conversation only the exact counter can count)."""
+        messages = body.get("messages")
+        if body.get("tools") or not isinstance(messages, list) or not messages:
+            return None
+        if not all(_plain(m) for m in messages):
+            return None
+        return byte_bound(body) + self.fixed + self.per_message * len(messages)
+
+
+def _plain(message: Any) -> bool:
+    """A message of measured role and keys whose content is text only."""
+    if not isinstance(message, Mapping) or message.get("role") not in _BOUND_ROLES:
+        return False
+    if not _BOUND_KEYS.issuperset(message):
+        return False
+    content = message.get("content")
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    )
+
+
+async def measure_bound(counter: Counter) -> TemplateBound | None:
+    """The template's overheads measured with ``counter`` (see
+    :class:`TemplateBound`), with margins; None when the bound falls short
+    of the exact count of :data:`BOUND_CHECK`. Raises BackendError when the
+    counter fails."""
+
+    async def excess(messages: tuple[dict[str, str], ...]) -> int:
+        body = {"messages": list(messages)}
+        return await counter.count(body) - byte_bound(body)
+
+    one = await excess((_USER,))
+    three = await excess((_USER, _ASSISTANT, _USER))
+    system = await excess((_SYSTEM, _USER))
+    # The mean cost above its JSON of a user and an assistant message (the
+    # separator between messages included), and of a system message (a
+    # template dropping its default system prompt for it makes it negative).
+    turn = -(-(three - one) // 2)
+    per_message = max(turn, system - one, 0) + BOUND_MESSAGE_MARGIN
+    fixed = max(one - turn, 0) + BOUND_MARGIN
+    bound = TemplateBound(fixed, per_message)
+    check = {"messages": list(BOUND_CHECK)}
+    counted = await counter.count(check)
+    measured = bound.tokens(check)
+    if measured is None or measured < counted:
+        log.warning(
+            "the byte-length bound (%s) counts %s tokens for a check conversation the "
+            "backend counts %d: counting every conversation exactly",
+            bound.name,
+            measured,
+            counted,
+        )
+        return None
+    return bound
+
+
 def exact_counter(backend: Backend, info: BackendInfo) -> Counter | None:
     """The backend's own counter, where it has one."""
     if info.kind == "llamacpp":

@@ -12,6 +12,11 @@ fewer tokens than the backend's ``usage.prompt_tokens``, or else by the
 byte-length bound plus the template overhead the probe measured (and, for a
 worker declaring tools, the operator's ``template_overhead`` for the tool
 preamble the probe cannot see).
+
+Behind an exact counter that backs the guarantee, the worker also measures
+the template's overheads with it once (``TemplateBound``): a job whose
+conversation that bound shows to fit is sent without counting it, one call
+to the backend; only a conversation the bound cannot clear is counted.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from hordelite.worker._backend import (
     BackendInfo,
     ByteBound,
     Counter,
+    TemplateBound,
     exact_counter,
+    measure_bound,
 )
 from hordelite.worker._reply import reported_counts
 
@@ -86,8 +93,11 @@ class Declaration:
         }
 
 
-async def declare(backend: Backend, settings: WorkerConfig) -> tuple[Declaration, Counter]:
-    """Probe the backend: the declaration and the counter the fit check uses.
+async def declare(
+    backend: Backend, settings: WorkerConfig
+) -> tuple[Declaration, Counter, TemplateBound | None]:
+    """Probe the backend: the declaration, the counter the fit check uses
+    and the bound that spares it (None: every conversation is counted).
 
     Raises BackendError when the backend fails, WorkerError when it proves
     too little to run on (no context size and no ``context`` setting).
@@ -100,6 +110,7 @@ async def declare(backend: Backend, settings: WorkerConfig) -> tuple[Declaration
         )
     usage = await probe_prompt_tokens(backend, info.model)
     counter, backed, why = await _fit_check(backend, info, settings, usage)
+    bound = await _bound(counter) if backed and not isinstance(counter, ByteBound) else None
     names = [
         *settings.feature_names,
         *([OVERFLOW_REFUSED] if backed else []),
@@ -116,11 +127,12 @@ async def declare(backend: Backend, settings: WorkerConfig) -> tuple[Declaration
         features=tuple(known_features(names)),
         tools_max_temperature=temperature if temperature >= 0 else None,
         image_transports=IMAGE_TRANSPORTS if info.vision else (),
-        fit=counter.name,
+        fit=counter.name
+        + (f", when {bound.name} does not clear the conversation" if bound else ""),
         guarantee=why,
     )
     _log_declaration(declaration)
-    return declaration, counter
+    return declaration, counter, bound
 
 
 def declared_model_id(configured: str, backend_model: str) -> str:
@@ -167,6 +179,20 @@ async def probe_prompt_tokens(backend: Backend, model: str) -> int | None:
     )
     usage = answer.get("usage") if isinstance(answer, dict) else None
     return reported_counts(usage).get("prompt_tokens")
+
+
+async def _bound(counter: Counter) -> TemplateBound | None:
+    """The cheap bound measured with an exact counter that backs the
+    guarantee (one not shown to count at least what the backend generates
+    from would measure too little); None when the counter fails on the
+    probes or the bound falls short of its check."""
+    try:
+        return await measure_bound(counter)
+    except BackendError as exc:
+        if exc.down and exc.status is None:
+            raise
+        log.info("the template overheads cannot be measured (%s): counting every job", exc)
+        return None
 
 
 async def _fit_check(

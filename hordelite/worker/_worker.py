@@ -24,7 +24,7 @@ import anyio.abc
 
 from hordelite.config import WorkerConfig
 from hordelite.contract.limits import DEFAULT_JOB_TTL, PROGRESS_CAP_TRUSTED
-from hordelite.worker._backend import Backend, BackendError, Counter
+from hordelite.worker._backend import Backend, BackendError, Counter, TemplateBound
 from hordelite.worker._backoff import Backoff
 from hordelite.worker._declare import Declaration, WorkerError, declare
 from hordelite.worker._horde import (
@@ -139,6 +139,7 @@ class Worker:
         self.declaration: Declaration | None = None
         self._wait = config.wait  # lowered to 0 if the horde allows no such long-poll
         self._counter: Counter | None = None
+        self._bound: TemplateBound | None = None
         self._backend: Backend | None = None
         self._horde: HordeClient | None = None
         self._images: ImageFetcher | None = None
@@ -179,7 +180,7 @@ class Worker:
             with anyio.CancelScope() as self._start_scope:
                 if self._stopping:
                     self._start_scope.cancel()
-                self.declaration, self._counter = await self._declare()
+                self.declaration, self._counter, self._bound = await self._declare()
             if self.declaration is None:
                 return  # stopped before the backend answered
             task_status.started(self.declaration)
@@ -252,7 +253,7 @@ class Worker:
         log.info("serving from the fake backend at %s (no model: replies are echoes)", fake.url)
         return fake.url
 
-    async def _declare(self) -> tuple[Declaration, Counter]:
+    async def _declare(self) -> tuple[Declaration, Counter, TemplateBound | None]:
         """The declaration, once the backend answers (retried with backoff)."""
         assert self._backend is not None
         attempt = 0
@@ -534,6 +535,14 @@ class Worker:
         max_length does not fit (never trim it); True when it did."""
         assert self._counter is not None
         assert self.declaration is not None
+        limit = min(int(run.payload["max_context_length"]), self.declaration.context)
+        max_length = int(run.payload["max_length"])
+        # The cheap bound first: a conversation it shows to fit is sent
+        # without a call to count it (one backend call a job); one it cannot
+        # clear, or cannot bound (tools, images), is counted exactly.
+        bound = self._bound.tokens(body) if self._bound is not None else None
+        if bound is not None and bound + max_length <= limit:
+            return False
         try:
             counted = await self._counter.count(body)
         except BackendError as exc:
@@ -544,9 +553,7 @@ class Worker:
             return True
         if body.get("tools"):
             counted += self.config.template_overhead
-        limit = min(int(run.payload["max_context_length"]), self.declaration.context)
-        needed = counted + int(run.payload["max_length"])
-        if needed <= limit:
+        if counted + max_length <= limit:
             return False
         log.info(
             "job %s: %d prompt tokens + max_length %d exceed the context of %d",
