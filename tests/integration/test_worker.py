@@ -504,6 +504,15 @@ async def test_a_think_block_cut_at_max_length_is_reasoning_with_an_empty_conten
 # Fit -----------------------------------------------------------------------------
 
 
+COUNT = ["/apply-template", "/tokenize"]  # the exact count of a conversation
+CHAT = "/v1/chat/completions"
+
+
+def backend_calls(env: Env, since: int) -> list[str]:
+    """The paths the backend was asked since ``since`` requests."""
+    return [r["path"] for r in env.fake.requests[since:]]
+
+
 async def test_a_conversation_that_does_not_fit_is_faulted_with_prompt_overflow_and_not_generated() -> (
     None
 ):
@@ -513,11 +522,53 @@ async def test_a_conversation_that_does_not_fit_is_faulted_with_prompt_overflow_
         body = chat_body("色" * 6000, model=MODEL, max_tokens=512)
         needed = env.fake.prompt_tokens(body["messages"]) + 512
         assert needed > env.fake.config.context  # the premise
+        since = len(env.fake.requests)
         status = await env.done(await env.chat(body))
         assert worker.statistics().overflows == 1
     assert status["faulted"] is True
     assert status["fault"] == {"rc": "ChatWorkerFault", "message": FAULT_REASONS["prompt_overflow"]}
     assert env.generations() == []
+    # Past the bound: counted exactly, then faulted without generating.
+    assert backend_calls(env, since) == COUNT
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_conversation_far_under_the_context_is_sent_in_one_backend_call(
+    stream: bool,
+) -> None:
+    async with environment() as env, serving(env, env.config()):
+        body = chat_body("Name one colour, in ünïcödé 日本語.", model=MODEL, max_tokens=64)
+        body["messages"].insert(0, {"role": "system", "content": "Be brief."})
+        if stream:
+            body["stream"] = True
+        since = len(env.fake.requests)
+        for _ in range(3):
+            status = await env.done(await env.chat(body))
+            assert status["done"] is True
+    assert backend_calls(env, since) == [CHAT] * 3
+
+
+async def test_a_conversation_near_the_context_is_counted_exactly_then_generated() -> None:
+    # 2000 three-byte characters: 6000 bytes, past what the byte bound can
+    # clear in a 4096-token context; the tokenizer counts about 1500 tokens.
+    async with environment() as env, serving(env, env.config()) as worker:
+        assert worker._bound is not None
+        body = chat_body("色" * 2000, model=MODEL, max_tokens=64)
+        assert worker._bound.tokens(body) + 64 > env.fake.config.context  # type: ignore[operator]
+        assert env.fake.prompt_tokens(body["messages"]) + 64 <= env.fake.config.context
+        since = len(env.fake.requests)
+        status = await env.done(await env.chat(body))
+    assert status["done"] is True
+    assert backend_calls(env, since) == [*COUNT, CHAT]
+
+
+async def test_a_tools_conversation_is_always_counted_exactly() -> None:
+    async with environment() as env, serving(env, env.config(features="tools")):
+        body = chat_body("What is the weather?", model=MODEL, tools=[WEATHER_TOOL])
+        since = len(env.fake.requests)
+        status = await env.done(await env.chat(body))
+    assert status["done"] is True
+    assert backend_calls(env, since) == [*COUNT, CHAT]
 
 
 # Refusals --------------------------------------------------------------------------
