@@ -1,0 +1,226 @@
+"""What the reference worker's fit check costs a chat job: backend calls, and
+CPU in the worker and in the backend, for this tree and a baseline tree.
+
+Each variant is a ``hordelite worker`` child process run from its tree's
+sources (``PYTHONPATH``) against a fake llama.cpp-like backend in a child
+process of its own (this tree's ``hordelite.testing`` fake: ``/props``,
+``/apply-template``, ``/tokenize``, chat), so that the CPU of each is read
+apart from /proc; the horde runs in this process (``open_horde``, SQLite),
+which also queues the jobs and polls their status. A variant's round:
+
+1. start the fake backend and the worker; wait until the worker is listed
+   (its declaration and start probes are then done, outside the figures);
+2. read both processes' CPU and the backend's requests by route;
+3. queue ``--jobs`` (200) chat jobs at once, a conversation far under the
+   context (a system prompt and three turns, about 1 KB, ``max_tokens`` 32),
+   and wait until every one is done;
+4. read them again; stop both.
+
+Figures per variant, summed over its rounds: the worker's CPU per job, the
+backend's CPU per job (milliseconds, user + system) and backend calls per job
+(by route); then the ratio this tree / baseline of each, from the same run.
+Variants alternate, baseline first, ``--rounds`` (2) times each, so that other
+load on the machine falls on both.
+
+    git worktree add --detach ../wt-base 9bf170a     # the baseline's sources
+    .venv/bin/python bench/worker_calls.py --base ../wt-base      # about a minute
+    .venv/bin/python bench/worker_calls.py --base ../wt-base --jobs 100 --rounds 1
+
+Measured figures: docs/performance.md ("Worker backend calls per job").
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from hordelite.testing import open_horde
+
+HERE = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+CONVERSATION = [
+    {"role": "system", "content": "You are a concise assistant. Answer in one sentence."},
+    {"role": "user", "content": "What is the capital of France, and what river runs through it?"},
+    {"role": "assistant", "content": "Paris, on the Seine, which flows on to Le Havre."},
+    {"role": "user", "content": "Name three bridges over that river in the city, please. " * 4},
+    {"role": "assistant", "content": "Pont Neuf, Pont Alexandre III and Pont des Arts."},
+    {"role": "user", "content": "Which of them is the oldest? Answer briefly, in English."},
+]
+# The fake backend, in a child: prints its URL, then its requests by route
+# for each line read on stdin.
+FAKE = """
+import collections, json, sys
+import anyio, anyio.to_thread
+from hordelite.testing import open_fake_backend
+
+async def main():
+    async with open_fake_backend() as fake:
+        print(fake.url, flush=True)
+        while await anyio.to_thread.run_sync(sys.stdin.readline):
+            print(json.dumps(collections.Counter(r["path"] for r in fake.requests)), flush=True)
+
+anyio.run(main, backend="trio")
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@dataclasses.dataclass
+class Totals:
+    jobs: int = 0
+    worker_cpu: float = 0.0
+    backend_cpu: float = 0.0
+    calls: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+
+    def per_job(self) -> dict[str, Any]:
+        return {
+            "worker_cpu_ms": self.worker_cpu / self.jobs * 1000,
+            "backend_cpu_ms": self.backend_cpu / self.jobs * 1000,
+            "calls": sum(self.calls.values()) / self.jobs,
+            "routes": {path: n / self.jobs for path, n in sorted(self.calls.items())},
+        }
+
+
+@contextlib.contextmanager
+def child(args: list[str], source: Path, **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    process = subprocess.Popen([sys.executable, *args], env=env, text=True, cwd=source, **kwargs)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+async def requests_by_route(fake: subprocess.Popen[str]) -> collections.Counter[str]:
+    assert fake.stdin is not None
+    assert fake.stdout is not None
+    fake.stdin.write("\n")
+    fake.stdin.flush()
+    line = await anyio.to_thread.run_sync(fake.stdout.readline)
+    return collections.Counter(json.loads(line))
+
+
+async def listed(client: httpx.AsyncClient, name: str) -> None:
+    with anyio.fail_after(60):
+        while True:
+            if (await client.get(f"/api/v2/workers/name/{name}")).status_code == 200:
+                return
+            await anyio.sleep(0.05)
+
+
+async def round_(
+    variant: str, source: Path, horde_url: str, keys: tuple[str, str], n: int, jobs: int
+) -> Totals:
+    requester, owner = keys
+    name = f"bench-{variant}-{n}"
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+    async with httpx.AsyncClient(base_url=horde_url, timeout=30) as client:
+        with child(["-c", FAKE], HERE, **pipes) as fake:
+            assert fake.stdout is not None
+            backend_url = (await anyio.to_thread.run_sync(fake.stdout.readline)).strip()
+            worker_args = ["-m", "hordelite", "worker", "--horde", horde_url, "--key", owner]
+            worker_args += ["--name", name, "--backend", backend_url, "--wait", "5"]
+            quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            with child(worker_args, source, **quiet) as worker:
+                await listed(client, name)
+                calls = await requests_by_route(fake)
+                cpu = cpu_seconds(worker.pid), cpu_seconds(fake.pid)
+                ids = []
+                body = {"model": "fake-model", "messages": CONVERSATION, "max_tokens": 32}
+                for _ in range(jobs):
+                    r = await client.post(
+                        "/api/v2/generate/chat/async", headers={"apikey": requester}, json=body
+                    )
+                    assert r.status_code == 202, r.text
+                    ids.append(r.json()["id"])
+                for request_id in ids:
+                    path = f"/api/v2/generate/chat/status/{request_id}"
+                    while True:
+                        status = (await client.get(path)).json()
+                        if status["faulted"]:
+                            raise RuntimeError(f"{variant}: a job faulted: {status}")
+                        if status["done"]:
+                            break
+                        await anyio.sleep(0.05)
+                worker_cpu = cpu_seconds(worker.pid) - cpu[0]
+                backend_cpu = cpu_seconds(fake.pid) - cpu[1]
+                after = await requests_by_route(fake)
+    return Totals(jobs, worker_cpu, backend_cpu, after - calls)
+
+
+async def measure(args: argparse.Namespace, base: Path) -> dict[str, Totals]:
+    totals = {"baseline": Totals(), "this tree": Totals()}
+    sources = {"baseline": base, "this tree": HERE}
+    async with open_horde() as horde:
+        keys = (
+            await horde.create_key("bench-requester", kudos=10_000_000),
+            await horde.create_key("bench-worker"),
+        )
+        for n in range(args.rounds):
+            for variant in ("baseline", "this tree"):
+                got = await round_(
+                    variant.replace(" ", "-"), sources[variant], horde.url, keys, n, args.jobs
+                )
+                total = totals[variant]
+                total.jobs += got.jobs
+                total.worker_cpu += got.worker_cpu
+                total.backend_cpu += got.backend_cpu
+                total.calls += got.calls
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the baseline tree (a git worktree)")
+    parser.add_argument("--jobs", type=int, default=200, help="chat jobs a round (200)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each variant (2)")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args(argv)
+    if not (Path(args.base) / "hordelite" / "worker").is_dir():
+        parser.error(f"--base {args.base} is not a hordelite tree")
+    totals = anyio.run(measure, args, Path(args.base).resolve(), backend="trio")
+    figures = {variant: total.per_job() for variant, total in totals.items()}
+    base, new = figures["baseline"], figures["this tree"]
+    print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} cores")
+    print(f"{args.rounds} rounds x {args.jobs} chat jobs a variant; per job:")
+    print(f"{'':24}{'baseline':>12}{'this tree':>12}{'ratio':>8}")
+    for key, label in (
+        ("worker_cpu_ms", "worker CPU (ms)"),
+        ("backend_cpu_ms", "backend CPU (ms)"),
+        ("calls", "backend calls"),
+    ):
+        print(f"{label:24}{base[key]:12.2f}{new[key]:12.2f}{new[key] / base[key]:8.2f}")
+    for variant, figure in figures.items():
+        routes = ", ".join(f"{path} {n:.2f}" for path, n in figure["routes"].items())
+        print(f"  {variant}: {routes}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
