@@ -175,7 +175,8 @@ async def round_(
 async def measure(args: argparse.Namespace, base: Path) -> dict[str, Totals]:
     totals = {"baseline": Totals(), "this tree": Totals()}
     sources = {"baseline": base, "this tree": HERE}
-    async with open_horde() as horde:
+    # No limit on generations in flight: every job is queued at once.
+    async with open_horde(concurrency=0) as horde:
         keys = (
             await horde.create_key("bench-requester", kudos=10_000_000),
             await horde.create_key("bench-worker"),

@@ -93,6 +93,8 @@ class _Run:
     category: str = "lost"  # one of WorkerStatistics' job outcomes
     settled: bool = False  # submitted, faulted, or not to be submitted
     tokens: int | None = None
+    # The chat body sent without an exact count (the bound cleared it).
+    uncounted: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -463,8 +465,10 @@ class Worker:
             log.info("job %s: the backend failed: %s", run.id, exc)
             # A backend refusing an overflowing prompt (vLLM's 400) refused
             # it rather than trimming it: the reason holds.
-            overflow = exc.code == "context_length_exceeded"
-            await self._fault(run, "prompt_overflow" if overflow else None)
+            reason = "prompt_overflow" if exc.code == "context_length_exceeded" else None
+            if reason is None and not exc.down and run.uncounted is not None:
+                reason = await self._unrenderable(run, run.uncounted)
+            await self._fault(run, reason)
         except UnsendableJob as exc:
             # The request's text, not the backend: fault it once with the
             # reason for an input the worker cannot process, and pop on.
@@ -542,6 +546,7 @@ class Worker:
         # clear, or cannot bound (tools, images), is counted exactly.
         bound = self._bound.tokens(body) if self._bound is not None else None
         if bound is not None and bound + max_length <= limit:
+            run.uncounted = body
             return False
         try:
             counted = await self._counter.count(body)
@@ -564,6 +569,20 @@ class Worker:
         )
         await self._fault(run, "prompt_overflow")
         return True
+
+    async def _unrenderable(self, run: _Run, body: dict[str, Any]) -> str | None:
+        """``template_error`` when the backend refused a conversation sent
+        uncounted because its template cannot render it (what counting it
+        first would have found), else None."""
+        assert self._counter is not None
+        try:
+            await self._counter.count(body)
+        except BackendError as exc:
+            if exc.down:
+                return None
+            log.info("job %s: the conversation cannot be rendered: %s", run.id, exc)
+            return "template_error"
+        return None
 
     async def _streamed(self, run: _Run, body: dict[str, Any]) -> dict[str, Any] | None:
         """Generate while posting progress about every ``progress_interval``;

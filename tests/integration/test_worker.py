@@ -562,6 +562,23 @@ async def test_a_conversation_near_the_context_is_counted_exactly_then_generated
     assert backend_calls(env, since) == [*COUNT, CHAT]
 
 
+async def test_a_conversation_sent_uncounted_that_the_template_cannot_render_is_a_template_error() -> (
+    None
+):
+    async with environment(max_faults=0) as env, serving(env, env.config()) as worker:
+
+        def unrenderable(*_: Any) -> str:
+            raise ValueError("the template raised: roles must alternate")
+
+        env.fake.render = unrenderable  # type: ignore[method-assign]
+        since = len(env.fake.requests)
+        status = await env.done(await env.chat(chat_body("Hello", model=MODEL)))
+        assert worker.statistics().faulted == 1
+    assert status["fault"] == {"rc": "ChatWorkerFault", "message": FAULT_REASONS["template_error"]}
+    # Sent in one call; its refusal then asks the counter why.
+    assert backend_calls(env, since) == [CHAT, "/apply-template"]
+
+
 async def test_a_tools_conversation_is_always_counted_exactly() -> None:
     async with environment() as env, serving(env, env.config(features="tools")):
         body = chat_body("What is the weather?", model=MODEL, tools=[WEATHER_TOOL])
