@@ -12,7 +12,7 @@ which also queues the jobs and polls their status. A variant's round:
    (its declaration and start probes are then done, outside the figures);
 2. read both processes' CPU and the backend's requests by route;
 3. queue ``--jobs`` (200) chat jobs at once, a conversation far under the
-   context (a system prompt and three turns, about 1 KB, ``max_tokens`` 32),
+   context (a system prompt and five turns, 700 bytes of JSON, ``max_tokens`` 32),
    and wait until every one is done;
 4. read them again; stop both.
 

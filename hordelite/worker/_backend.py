@@ -470,7 +470,10 @@ class TemplateBound:
     (tools, whose preamble the probes do not show; images, counted per
     image; tool calls; tool messages; keys the probes did not show) the
     bound answers None and the exact counter counts. The bound is checked
-    against the exact count of :data:`BOUND_CHECK` before it is used.
+    against the exact count of :data:`BOUND_CHECK` before it is used; it
+    cannot catch every case of what the argument assumes away (a tokenizer
+    normalising text into more bytes, NFKC say; a template adding text that
+    depends on a message's content). Decision 0045.
     """
 
     fixed: int
@@ -531,7 +534,7 @@ async def measure_bound(counter: Counter) -> TemplateBound | None:
     measured = bound.tokens(check)
     if measured is None or measured < counted:
         log.warning(
-            "the byte-length bound (%s) counts %s tokens for a check conversation the "
+            "%s counts %s tokens for a check conversation the "
             "backend counts %d: counting every conversation exactly",
             bound.name,
             measured,
