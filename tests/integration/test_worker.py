@@ -579,6 +579,18 @@ async def test_a_conversation_sent_uncounted_that_the_template_cannot_render_is_
     assert backend_calls(env, since) == [CHAT, "/apply-template"]
 
 
+async def test_a_worker_whose_counter_undercounts_measures_no_bound_and_counts_every_job() -> None:
+    async with environment(FakeBackendConfig(undercount=3)) as env:
+        async with serving(env, env.config()) as worker:
+            assert worker._bound is None
+            since = len(env.fake.requests)
+            # Best effort: the worker withholds the guarantee a strict request needs.
+            body = chat_body("Hello", model=MODEL, horde={"conformance": "best_effort"})
+            status = await env.done(await env.chat(body))
+    assert status["done"] is True
+    assert backend_calls(env, since) == [*COUNT, CHAT]
+
+
 async def test_a_tools_conversation_is_always_counted_exactly() -> None:
     async with environment() as env, serving(env, env.config(features="tools")):
         body = chat_body("What is the weather?", model=MODEL, tools=[WEATHER_TOOL])
