@@ -595,6 +595,12 @@ def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
             r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
             assert r.status_code == 200
             assert r.json()["message"] == "OK"
+            # The printed dashboard URL is the page a new user opens.
+            assert f"dashboard and chat playground: {url}/" in text
+            page = httpx.get(f"{url}/", timeout=10)
+            assert page.status_code == 200
+            assert page.headers["content-type"].startswith("text/html")
+            assert 'id="playground"' in page.text
 
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
