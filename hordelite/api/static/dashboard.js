@@ -18,6 +18,14 @@
     return td;
   }
 
+  // Each cell carries its column's heading, which a phone's width shows
+  // beside the value (the rows become cards there).
+  function labelled(table, tr) {
+    const headings = Array.from(table.tHead.rows[0].cells, function (th) { return th.textContent; });
+    Array.from(tr.cells).forEach(function (td, i) { td.dataset.label = headings[i]; });
+    return tr;
+  }
+
   function emptyRow(columns, text) {
     const tr = document.createElement("tr");
     tr.className = "empty";
@@ -50,7 +58,7 @@
       tr.append(
         cell(m.name, "name"), cell(perModel.get(m.name) || 0), cell(m.count), cell(m.jobs),
         cell(m.queued), cell(m.eta + " s"), cell(m.performance + " t/s"), cell(features));
-      return tr;
+      return labelled($("models"), tr);
     });
     $("models").tBodies[0].replaceChildren(
       ...(rows.length ? rows : [emptyRow(8, "No model is served now: start a worker.")]));
@@ -63,7 +71,7 @@
       tr.append(
         cell(w.name, "name"), cell(w.models.join(", ")), cell(w.performance), cell(w.threads),
         cell(w.requests_fulfilled), cell(status, "status " + status));
-      return tr;
+      return labelled($("workers"), tr);
     });
     $("workers").tBodies[0].replaceChildren(
       ...(rows.length ? rows : [emptyRow(6, "No worker has checked in.")]));
@@ -254,6 +262,11 @@
   document.addEventListener("DOMContentLoaded", function () {
     setUpPlayground();
     refreshActivity();
+    $("refresh").addEventListener("click", function () {
+      Promise.all([refreshPool(), refreshActivity()]).then(function () {
+        document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+      });
+    });
     setInterval(refreshPool, REFRESH_MS);
     setInterval(refreshActivity, 3 * REFRESH_MS);
     document.body.dataset.ready = "true";
