@@ -154,6 +154,9 @@ async def test_activity_takes_no_input_and_writes_nothing() -> None:
         for method in ("POST", "PUT", "DELETE"):
             response = await env.client.request(method, "/dashboard/activity")
             assert response.status_code == 405, method
-        # A query string changes nothing (and a NUL in it is refused like anywhere).
+        # Only the shipped files are served.
+        response = await env.client.get("/dashboard/static/%2e%2e/dashboard.py")
+        assert response.status_code == 404
+        # A query string changes nothing.
         plain = (await env.client.get("/dashboard/activity")).json()
         assert (await env.client.get("/dashboard/activity?window=999999")).json() == plain
