@@ -89,6 +89,7 @@
   }
 
   async function refreshPool() {
+    if (document.hidden) return;  // a tab in the background reads nothing
     try {
       const [models, workers] = await Promise.all([
         getJSON("/api/v2/status/models?type=text&chat=true"),
@@ -122,6 +123,7 @@
   }
 
   async function refreshActivity() {
+    if (document.hidden) return;
     try {
       const activity = await getJSON("/dashboard/activity");
       const buckets = activity.buckets;
