@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +36,7 @@ from playwright.sync_api import Page, Request, expect, sync_playwright
 from hordelite.testing import FakeChatWorker
 from tests.integration import conftest
 from tests.integration._chat_helpers import MODEL, STRICT, ChatEnv, open_chat_horde
+from tests.unit.test_cli import START_DEADLINE, STOP_TIMEOUT, _banner, _lines
 
 ROOT = Path(__file__).resolve().parents[2]
 _DEFAULT_CHROMIUM = "/usr/bin/chromium"
@@ -274,3 +279,95 @@ async def test_on_a_phone_the_page_has_no_horizontal_scroll_and_the_playground_w
                 screenshot(page, f"dashboard-phone-{anyio_backend}")
 
         await anyio.to_thread.run_sync(browse)
+
+
+def test_the_readme_quick_start_leads_to_a_dashboard_that_chats_with_a_workers_model(
+    tmp_path: Path,
+) -> None:
+    """``hordelite serve`` prints the dashboard's URL; with the README's
+    ``hordelite worker --backend fake`` running, that page shows the worker
+    and its model, and its playground gets the model's reply."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    hordelite = [sys.executable, "-m", "hordelite"]
+    config = tmp_path / "hordelite.toml"
+    config.write_text('[server]\nhost = "127.0.0.1"\nport = 0\ngrace_period = 2\n')
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, log: str) -> subprocess.Popen[str]:
+        with (tmp_path / log).open("w") as out:
+            process = subprocess.Popen(
+                [*hordelite, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=tmp_path,
+                env=env,
+            )
+        started.append(process)
+        return process
+
+    serve = subprocess.Popen(
+        [*hordelite, "serve"], stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env
+    )
+    started.append(serve)
+    reader = None
+    try:
+        assert serve.stdout is not None
+        lines, reader = _lines(serve.stdout)
+        banner = "\n".join(_banner(lines, time.monotonic() + START_DEADLINE))
+        match = re.search(r"dashboard and chat playground: (http://127\.0\.0\.1:\d+)/", banner)
+        assert match, banner
+        url = match.group(1)
+        created = subprocess.run(
+            [*hordelite, "keys", "create", "alice", "--kudos", "100"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            check=True,
+        )
+        key = created.stdout.split()[-1]
+        start(
+            "worker",
+            "--horde",
+            url,
+            f"--key={key}",
+            "--name",
+            "my-worker",
+            "--backend",
+            "fake",
+            log="worker.log",
+        )
+
+        with browser_page(DESKTOP) as page:
+            page.goto(url + "/")
+            expect(page.locator("body")).to_have_attribute("data-ready", "true")
+            worker_row = page.locator("#workers tbody tr", has_text="my-worker")
+            deadline = time.monotonic() + DEADLINE_MS / 1000
+            while worker_row.count() == 0:  # until the worker has checked in
+                assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+                page.wait_for_timeout(250)
+                refresh(page)
+            expect(page.locator("#models tbody tr", has_text="fake-model")).to_have_count(1)
+            expect(page.locator("#model")).to_have_value("fake-model")
+            page.fill("#message", "Name a colour.")
+            page.click("#send")
+            reply = page.locator("#transcript li.assistant").last
+            expect(reply).to_have_attribute("data-state", "done")
+            expect(reply).to_have_text("echo: Name a colour.")
+            screenshot(page, "dashboard-quick-start")
+    finally:
+        for process in reversed(started):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in started:
+            try:
+                process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if reader is not None:
+            reader.join(timeout=STOP_TIMEOUT)
+        if serve.stdout is not None and not (reader and reader.is_alive()):
+            serve.stdout.close()
