@@ -11,22 +11,15 @@ Content-Security-Policy runs no script but the static file.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from typing import Any
 
-import anyio
 from quart import Blueprint, Response, current_app, render_template
 
 from hordelite._request import horde
 from hordelite.api import _render
 from hordelite.api.native import json_response
-from hordelite.contract.limits import (
-    DASHBOARD_BUCKET_SECONDS,
-    DASHBOARD_CACHE_SECONDS,
-    DASHBOARD_WINDOW_SECONDS,
-)
-from hordelite.horde.service import Horde
-from hordelite.storage.activity import done_jobs_per_bucket
+from hordelite.horde.activity import Activity, ActivityCache
 
 dashboard = Blueprint(
     "dashboard",
@@ -86,53 +79,23 @@ async def page() -> str:
     )
 
 
-class _Activity:
-    """The activity figures as last read, for DASHBOARD_CACHE_SECONDS."""
-
-    def __init__(self) -> None:
-        self._lock = anyio.Lock()
-        self._body: dict[str, Any] = {}
-        self._read_at = -math.inf
-
-    async def get(self, service: Horde) -> dict[str, Any]:
-        async with self._lock:  # one read for every page polling at once
-            now = service.clock.now()
-            if not 0 <= now - self._read_at < DASHBOARD_CACHE_SECONDS:
-                self._body = await activity(service, now)
-                self._read_at = now
-            return self._body
-
-
-async def activity(service: Horde, now: float) -> dict[str, Any]:
-    """Jobs done, their tokens and mean latency per bucket, oldest first; the
-    last bucket is the current, partial one."""
-    window = min(DASHBOARD_WINDOW_SECONDS, service.rules.retention)
-    count = max(1, int(window // DASHBOARD_BUCKET_SECONDS))
-    end = (math.floor(now / DASHBOARD_BUCKET_SECONDS) + 1) * DASHBOARD_BUCKET_SECONDS
-    start = end - count * DASHBOARD_BUCKET_SECONDS
-    found = {
-        b.index: b
-        for b in await service.db.read(done_jobs_per_bucket, start, DASHBOARD_BUCKET_SECONDS, count)
-    }
-    buckets = []
-    for i in range(count):
-        b = found.get(i)
-        buckets.append(
-            {
-                "start": start + i * DASHBOARD_BUCKET_SECONDS,
-                "jobs": b.jobs if b else 0,
-                "tokens": b.tokens if b else 0,
-                "latency": round(b.latency, 3) if b else None,
-            }
-        )
-    return {
-        "bucket_seconds": DASHBOARD_BUCKET_SECONDS,
-        "window_seconds": count * DASHBOARD_BUCKET_SECONDS,
-        "buckets": buckets,
-    }
+def _activity_cache() -> ActivityCache:
+    cache = current_app.config.get("DASHBOARD_ACTIVITY")
+    if cache is None:
+        service = horde()
+        cache = ActivityCache(service.db, service.clock, service.rules.retention)
+        current_app.config["DASHBOARD_ACTIVITY"] = cache
+    return cache
 
 
 @dashboard.get("/dashboard/activity")
-async def activity_route() -> Response:
-    cache = current_app.config.setdefault("DASHBOARD_ACTIVITY", _Activity())
-    return json_response(await cache.get(horde()))
+async def activity() -> Response:
+    return json_response(_render_activity(await _activity_cache().get()))
+
+
+def _render_activity(a: Activity) -> dict[str, Any]:
+    return {
+        "bucket_seconds": a.bucket_seconds,
+        "window_seconds": a.window_seconds,
+        "buckets": [dataclasses.asdict(m) for m in a.buckets],
+    }
