@@ -313,6 +313,13 @@ class ImagesConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DashboardConfig:
+    # The web dashboard and chat playground at / (read-only; its chat goes
+    # through /v1 like any client's); false answers / with 404.
+    enabled: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     """``hordelite worker``: the reference worker (its command-line flags
     override these keys)."""
@@ -372,6 +379,7 @@ class Config:
     horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
     images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
+    dashboard: DashboardConfig = dataclasses.field(default_factory=DashboardConfig)
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
@@ -392,6 +400,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "horde": HordeConfig,
     "front": FrontConfig,
     "images": ImagesConfig,
+    "dashboard": DashboardConfig,
     "worker": WorkerConfig,
 }
 

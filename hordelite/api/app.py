@@ -12,6 +12,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
 from hordelite.api.blobs import blobs
+from hordelite.api.dashboard import dashboard
 from hordelite.api.health import health
 from hordelite.api.native import json_response, native
 from hordelite.blobs import DirectoryStore
@@ -61,6 +62,8 @@ def create_app(
     app.register_blueprint(native)
     app.register_blueprint(health)
     app.register_blueprint(front)
+    if horde.config.dashboard.enabled:
+        app.register_blueprint(dashboard)
     if blob_store is not None:
         app.config["BLOBS"] = blob_store
         app.register_blueprint(blobs)

@@ -325,6 +325,8 @@ def banner(config: Config, url: str, version: str) -> list[str]:
         f"  native API: {url}/api/v2/ (horde_sdk: AI_HORDE_URL={url}/api/)",
         f"  OpenAI front: {url}/v1",
     ]
+    if config.dashboard.enabled:
+        lines.insert(1, f"  dashboard and chat playground: {url}/")
     if config.server.processes > 1:
         lines.append(
             f"  processes: {config.server.processes}, each a whole horde on this port "

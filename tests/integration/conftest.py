@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+# Files the tests kept for a person to look at (the dashboard's screenshots),
+# listed at the end of the run.
+ARTIFACT_PATHS: list[Path] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if ARTIFACT_PATHS:
+        terminalreporter.section("test artifacts")
+        for path in ARTIFACT_PATHS:
+            terminalreporter.write_line(str(path))

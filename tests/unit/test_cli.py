@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from hordelite.cli import main
+from hordelite.cli._main import banner
 from hordelite.config import Config
 from hordelite.horde.service import Horde, hash_key
 from hordelite.storage import queries
@@ -595,6 +596,12 @@ def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
             r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
             assert r.status_code == 200
             assert r.json()["message"] == "OK"
+            # The printed dashboard URL is the page a new user opens.
+            assert f"dashboard and chat playground: {url}/" in text
+            page = httpx.get(f"{url}/", timeout=10)
+            assert page.status_code == 200
+            assert page.headers["content-type"].startswith("text/html")
+            assert 'id="playground"' in page.text
 
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
@@ -701,3 +708,11 @@ def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str)
     assert "in use" in done.stderr
     assert "--port" in done.stderr
     assert "serving at" not in done.stdout
+
+
+def test_the_banner_prints_the_dashboard_url_second_and_not_when_it_is_off() -> None:
+    url = "http://127.0.0.1:7001"
+    lines = banner(Config(), url, "0.1.0")
+    assert lines[1] == f"  dashboard and chat playground: {url}/"
+    off = banner(Config().replace(dashboard={"enabled": False}), url, "0.1.0")
+    assert not any("dashboard" in line for line in off)

@@ -268,6 +268,7 @@ UNBOUNDED = {
     "horde.allow_anonymous",
     "front.pace_progress",
     "images.fetch_private",
+    "dashboard.enabled",
     "worker.tools_max_temperature",  # negative means "no clamp"; NaN is no number
 }
 

@@ -1,0 +1,162 @@
+"""The dashboard at / without a browser: the server-rendered page, its
+headers, the switch that turns it off, and the figures of its one JSON route
+(/dashboard/activity). tests/integration/test_dashboard_browser.py drives the
+page in Chromium."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from markupsafe import escape
+
+from hordelite.clock import ManualClock
+from hordelite.config import Config
+from hordelite.contract.kudos import billed_tokens
+from hordelite.testing import FakeTextWorker, open_horde
+from tests.integration._chat_helpers import MODEL, STRICT, ChatEnv, open_chat_horde, pop_job
+
+pytestmark = pytest.mark.anyio
+
+HOSTILE_WORKER = "<img src=x onerror=alert(1)>"
+HOSTILE_MODEL = 'm"><script>alert(2)</script>'
+
+
+async def test_the_page_shows_models_and_workers_with_every_name_as_escaped_text() -> None:
+    async with open_chat_horde() as env:
+        await env.chat_worker("honest-worker", STRICT)
+        await env.chat_worker(HOSTILE_WORKER, STRICT, model_id=HOSTILE_MODEL)
+        response = await env.client.get("/")
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("text/html")
+        page = response.text
+        assert "honest-worker" in page
+        assert MODEL in page
+        # The playground offers the chat models served now.
+        assert f'<option value="{MODEL}">{MODEL}</option>' in page
+        for name in (HOSTILE_WORKER, HOSTILE_MODEL):
+            assert name not in page
+            assert str(escape(name)) in page
+        assert "<script>alert" not in page
+        assert "<img src=x" not in page
+        # The only script is the static file (the Content-Security-Policy allows no other).
+        assert page.count("<script") == 1
+        assert '<script src="/dashboard/static/dashboard.js" defer></script>' in page
+
+
+async def test_the_page_its_files_and_its_figures_carry_a_strict_csp_and_nosniff() -> None:
+    async with open_chat_horde() as env:
+        for path, kind in (
+            ("/", "text/html"),
+            ("/dashboard/static/dashboard.js", "text/javascript"),
+            ("/dashboard/static/dashboard.css", "text/css"),
+            ("/dashboard/activity", "application/json"),
+        ):
+            response = await env.client.get(path)
+            assert response.status_code == 200, (path, response.text)
+            assert response.headers["content-type"].startswith(kind), path
+            assert response.headers["x-content-type-options"] == "nosniff", path
+            csp = response.headers["content-security-policy"]
+            assert "default-src 'none'" in csp, path
+            assert "script-src 'self';" in csp, path
+            assert "unsafe-inline" not in csp, path
+            assert "unsafe-eval" not in csp, path
+            assert "frame-ancestors 'none'" in csp, path
+            assert response.headers["referrer-policy"] == "no-referrer", path
+
+
+async def test_with_the_dashboard_off_its_routes_are_404_in_the_json_envelope_and_the_rest_serves() -> (
+    None
+):
+    config = Config().replace(dashboard={"enabled": False})
+    async with open_horde(config=config) as horde:
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            for path in ("/", "/dashboard/activity", "/dashboard/static/dashboard.js"):
+                response = await client.get(path)
+                assert response.status_code == 404, path
+                assert response.json()["rc"] == "NotFound", path
+            assert (await client.get("/api/v2/status/heartbeat")).status_code == 200
+
+
+async def _done_text_job(
+    env: ChatEnv, clock: ManualClock, worker: FakeTextWorker, generation: str, seconds: float
+) -> None:
+    """Queue a text request now, pop it, let ``seconds`` pass, submit ``generation``."""
+    await env.submit_text(max_length=80)
+    job = await pop_job(worker)
+    clock.advance(seconds)
+    await worker.submit(job["id"], generation)
+
+
+@pytest.mark.usefixtures("chat_database")
+async def test_activity_counts_the_done_jobs_their_tokens_and_mean_latency_per_minute() -> None:
+    clock = ManualClock(1_800_000_000.0)  # a minute boundary
+    t0 = clock.now()
+    async with open_chat_horde(clock=clock, retention=3600) as env:
+        worker = await env.text_worker("counter")
+        # Minute 0: one job, 35 s from the request's submit to the job's (done
+        # past the minute's middle: a bucket index rounded, not floored, is wrong).
+        clock.advance(5)
+        await _done_text_job(env, clock, worker, "a" * 40, 35)
+        # Minute 1: two jobs of 4 s and 2 s, and a faulted one that is not counted.
+        clock.advance(25)
+        await _done_text_job(env, clock, worker, "b" * 100, 4)
+        await _done_text_job(env, clock, worker, "c" * 8, 2)
+        await env.submit_text(max_length=80)
+        faulted = await pop_job(worker)
+        await worker.submit(faulted["id"], "", state="faulted")
+        assert clock.now() == t0 + 71
+
+        response = await env.client.get("/dashboard/activity")
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["bucket_seconds"] == 60
+        assert body["window_seconds"] == 3600
+        buckets = body["buckets"]
+        assert len(buckets) == 60
+        # The last bucket is the current minute; the window ends at its end.
+        assert buckets[-1]["start"] == t0 + 60
+        assert [b["start"] for b in buckets] == [t0 + 60 - 60 * (59 - i) for i in range(60)]
+        assert buckets[-2] == {
+            "start": t0,
+            "jobs": 1,
+            "tokens": billed_tokens(40, 80),
+            "latency": 35.0,
+        }
+        assert buckets[-1] == {
+            "start": t0 + 60,
+            "jobs": 2,
+            "tokens": billed_tokens(100, 80) + billed_tokens(8, 80),
+            "latency": 3.0,
+        }
+        assert all(
+            b == {"start": b["start"], "jobs": 0, "tokens": 0, "latency": None}
+            for b in buckets[:-2]
+        )
+
+        # Read at most once per cache period: a job done now shows 5 s later.
+        await _done_text_job(env, clock, worker, "d" * 40, 0)
+        assert (await env.client.get("/dashboard/activity")).json() == body
+        clock.advance(5)
+        later = (await env.client.get("/dashboard/activity")).json()
+        assert later["buckets"][-1]["jobs"] == 3
+
+
+async def test_activity_covers_no_more_than_the_retention_past_which_jobs_are_deleted() -> None:
+    async with open_chat_horde(retention=600) as env:
+        body = (await env.client.get("/dashboard/activity")).json()
+        assert body["window_seconds"] == 600
+        assert len(body["buckets"]) == 10
+        assert {b["jobs"] for b in body["buckets"]} == {0}
+
+
+async def test_activity_takes_no_input_and_writes_nothing() -> None:
+    async with open_chat_horde() as env:
+        for method in ("POST", "PUT", "DELETE"):
+            response = await env.client.request(method, "/dashboard/activity")
+            assert response.status_code == 405, method
+        # Only the shipped files are served.
+        response = await env.client.get("/dashboard/static/%2e%2e/dashboard.py")
+        assert response.status_code == 404
+        # A query string changes nothing.
+        plain = (await env.client.get("/dashboard/activity")).json()
+        assert (await env.client.get("/dashboard/activity?window=999999")).json() == plain
