@@ -127,8 +127,11 @@ def build(folder: Path) -> Path:
         source, build_dir = work / "llama.cpp", work / "build"
         extract_vendored(download(work), source)
         jobs = str(os.cpu_count() or 1)
-        subprocess.run(["cmake", "-S", source, "-B", build_dir, *CMAKE_FLAGS], check=True)
-        subprocess.run(["cmake", "--build", build_dir, "--target", TARGET, "-j", jobs], check=True)
+        # cmake's output to stderr: stdout carries only the binary's path.
+        configure = ["cmake", "-S", source, "-B", build_dir, *CMAKE_FLAGS]
+        subprocess.run(configure, check=True, stdout=sys.stderr)
+        compile_ = ["cmake", "--build", build_dir, "--target", TARGET, "-j", jobs]
+        subprocess.run(compile_, check=True, stdout=sys.stderr)
         binary = folder / TARGET
         shutil.copy2(build_dir / "bin" / TARGET, binary)
     return binary
@@ -154,5 +157,9 @@ def ensure_built(root: Path | None = None) -> Path:
         return binary
 
 
-if __name__ == "__main__":
+def main() -> None:
     print(ensure_built())
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@
 
 The binary comes from ``HORDELITE_TEST_LLAMA_SERVER`` (``.ci/run`` sets it
 from ``tests/llamacpp/build_llama_server.py``, which builds it once into a
-cache); without it the tier is skipped, saying so. Its tests are marked
+cache); without it the tier is skipped, saying so. The tests that run it are marked
 ``llamacpp``: ``pytest -m llamacpp`` runs the tier alone.
 """
 

@@ -301,6 +301,28 @@ async def test_a_conversation_over_the_context_is_faulted_prompt_overflow_and_ne
     assert cut["usage"]["completion_tokens"] < MAX_LENGTH
 
 
+async def test_a_conversation_the_template_refuses_is_faulted_template_error_and_the_worker_serves_on(
+    env: Env,
+) -> None:
+    _, model_id = await declared_model(env.llama)
+    messages = [
+        {"role": "user", "content": "First question."},
+        {"role": "user", "content": "Second question, with no answer between."},
+    ]
+    status = await env.chat({"model": model_id, "messages": messages, "max_tokens": 8})
+    assert status["faulted"], status
+    assert status["fault"] == {"rc": "ChatWorkerFault", "message": FAULT_REASONS["template_error"]}
+    # llama-server's template refused it (400 on /apply-template); nothing was generated.
+    assert {"messages": messages} in env.relay.bodies("/apply-template")
+    assert env.sent(messages[-1]["content"]) == []
+    # A refusal, not a backend down: the worker pops on and serves the next request.
+    after = await env.chat(
+        {"model": model_id, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4}
+    )
+    assert after["done"], after
+    assert "the backend failed" not in env.log()
+
+
 async def test_a_native_text_request_is_completed_by_the_model_through_v1_completions(
     env: Env,
 ) -> None:

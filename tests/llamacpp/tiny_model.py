@@ -1,6 +1,7 @@
 """A tiny llama-architecture GGUF model that llama.cpp loads and runs in
 milliseconds: random weights (a fixed seed), a byte-level SentencePiece-style
-vocabulary and a ChatML chat template.
+vocabulary and a ChatML chat template that refuses
+consecutive messages of one role.
 
 Run as a script, it writes the model to the path given::
 
@@ -51,9 +52,13 @@ PRINTABLE = tuple("▁" if c == " " else c for c in map(chr, range(32, 127)))
 TOKENS = (*SPECIALS, *BYTES, *PRINTABLE)
 FIRST_PRINTABLE = len(SPECIALS) + len(BYTES)
 
-# ChatML, as many instruct models ship it.
+# ChatML, as many instruct models ship it, refusing (as the templates of
+# Llama 2, Mistral or Gemma do) a conversation whose roles do not alternate.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
+    "{% if loop.index0 > 0 and message['role'] == messages[loop.index0 - 1]['role'] %}"
+    "{{ raise_exception('Conversation roles must alternate') }}"
+    "{% endif %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
