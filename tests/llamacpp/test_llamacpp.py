@@ -109,20 +109,26 @@ def isolated_environment() -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def running_worker(
-    horde: TestHorde, relay: Relay, client: httpx.AsyncClient, log: Path, cwd: Path
+    horde: TestHorde,
+    relay: Relay,
+    client: httpx.AsyncClient,
+    log: Path,
+    cwd: Path,
+    *flags: str,
+    name: str = NAME,
 ) -> AsyncIterator[None]:
     """``hordelite worker`` in front of the relay, online; SIGINT at exit."""
-    owner = await horde.create_key("owner")
+    owner = await horde.create_key(f"owner-{name}")
     command = [sys.executable, "-m", "hordelite", "worker", "--horde", horde.url]
-    command += [f"--key={owner}", "--name", NAME, "--backend", relay.url]
-    command += ["--max-length", str(MAX_LENGTH)]
+    command += [f"--key={owner}", "--name", name, "--backend", relay.url]
+    command += ["--max-length", str(MAX_LENGTH), *flags]
     with log.open("wb") as out:
         process = await anyio.open_process(
             command, cwd=cwd, env=isolated_environment(), stdout=out, stderr=out
         )
     try:
         with anyio.fail_after(30):
-            while (await client.get(f"/api/v2/workers/name/{NAME}")).status_code != 200:
+            while (await client.get(f"/api/v2/workers/name/{name}")).status_code != 200:
                 assert process.returncode is None, text(log)
                 await anyio.sleep(0.05)
         yield
@@ -346,3 +352,29 @@ async def test_a_native_text_request_is_completed_by_the_model_through_v1_comple
     assert generation["text"] == again["choices"][0]["text"]
     assert len(generation["text"]) >= 1
     assert again["usage"]["completion_tokens"] == 16
+
+
+async def test_a_prompt_llama_server_refuses_as_over_its_context_is_faulted_prompt_overflow(
+    env: Env, tmp_path: Path
+) -> None:
+    """A worker told a larger context than llama-server's (``--context``, which
+    it warns about) passes its fit check on a conversation llama-server then
+    refuses with 400 ``exceed_context_size_error``: refused, not trimmed, so
+    the job is faulted with the reason prompt_overflow."""
+    log = tmp_path / "worker.log"
+    name = "overstated"
+    flags = ("--context", str(2 * CONTEXT), "--model-id", "tiny-llama-overstated")
+    async with running_worker(env.horde, env.relay, env.client, log, tmp_path, *flags, name=name):
+        messages = [{"role": "user", "content": "y" * 300}]  # over 300 tokens
+        status = await env.chat(
+            {"model": "tiny-llama-overstated", "messages": messages, "max_tokens": MAX_LENGTH}
+        )
+        assert status["faulted"], status
+        assert status["fault"] == {
+            "rc": "ChatWorkerFault",
+            "message": FAULT_REASONS["prompt_overflow"],
+        }
+    worker_log = text(log)
+    assert "more than the 256 tokens the backend reports" in worker_log
+    assert "exceeds the available context size" in worker_log  # llama-server's refusal
+    assert env.sent(messages[0]["content"])  # sent: the fit check passed
