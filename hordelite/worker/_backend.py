@@ -259,6 +259,10 @@ def _refusal(response: httpx.Response) -> BackendError:
     if isinstance(error, Mapping):
         message = str(error.get("message", message))[:300]
         code = error.get("code") if isinstance(error.get("code"), str) else None
+        if code is None and isinstance(error.get("type"), str):
+            # llama.cpp's server puts the HTTP status in "code" and the kind
+            # of error in "type" (exceed_context_size_error, say).
+            code = error["type"]
     elif isinstance(error, str):
         message = error[:300]
     path = response.request.url.path

@@ -56,6 +56,9 @@ _IDLE_POLL = 1.0
 # retried with backoff. Any other (a wrong key, an invalid declaration) stops
 # the worker.
 _RETRYABLE_POP_REFUSALS = ("WorkerMaintenance", "TooManyPrompts")
+# The error codes of a backend refusing a prompt over its context: vLLM's
+# (OpenAI's) and llama.cpp's server's (its error "type").
+_OVERFLOW_CODES = ("context_length_exceeded", "exceed_context_size_error")
 # Submit refusals meaning the job has ended on the horde: nothing more to send.
 _ENDED = ("AbortedGen", "InvalidJobID")
 
@@ -463,9 +466,9 @@ class Worker:
                 log.warning("the backend failed (%s): no pops until it answers again", exc)
                 self._backend_up = False
             log.info("job %s: the backend failed: %s", run.id, exc)
-            # A backend refusing an overflowing prompt (vLLM's 400) refused
-            # it rather than trimming it: the reason holds.
-            reason = "prompt_overflow" if exc.code == "context_length_exceeded" else None
+            # A backend refusing an overflowing prompt (a 400 from vLLM or
+            # llama.cpp) refused it rather than trimming it: the reason holds.
+            reason = "prompt_overflow" if exc.code in _OVERFLOW_CODES else None
             if reason is None and not exc.down and run.uncounted is not None:
                 reason = await self._unrenderable(run, run.uncounted)
             await self._fault(run, reason)

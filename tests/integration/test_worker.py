@@ -40,6 +40,7 @@ from hordelite.testing import (
 )
 from hordelite.testing._fake_backend import FakeBackend
 from hordelite.worker import PROBE_MESSAGES, Backoff, Worker, finish_reason, split_reasoning
+from hordelite.worker._backend import Backend, BackendError
 from tests.integration._chat_helpers import TLS, WEATHER_TOOL, chat_body, chat_status_path
 
 pytestmark = pytest.mark.anyio
@@ -1056,6 +1057,36 @@ def test_the_worker_package_exports_its_public_surface() -> None:
         "finish_reason",
         "split_reasoning",
     ]
+
+
+# llama.cpp's server answers a prompt over its context with this 400 (its
+# tools/server, checked against a real one in tests/llamacpp/).
+LLAMACPP_OVERFLOW = {
+    "error": {
+        "code": 400,
+        "message": "request (301 tokens) exceeds the available context size (256 tokens), "
+        "try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 301,
+        "n_ctx": 256,
+    }
+}
+
+
+async def test_llama_cpps_refusal_of_a_prompt_over_its_context_carries_its_type_as_the_code() -> (
+    None
+):
+    backend = Backend("http://backend", 5)
+    await backend.client.aclose()
+    backend.client = httpx.AsyncClient(
+        base_url="http://backend",
+        transport=httpx.MockTransport(lambda _: httpx.Response(400, json=LLAMACPP_OVERFLOW)),
+    )
+    async with backend.client:
+        with pytest.raises(BackendError) as refused:
+            await backend.chat({"messages": []})
+    assert refused.value.code == "exceed_context_size_error"
+    assert (refused.value.status, refused.value.down) == (400, False)
 
 
 # Pure parts ---------------------------------------------------------------------------
