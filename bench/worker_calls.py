@@ -16,6 +16,13 @@ which also queues the jobs and polls their status. A variant's round:
    and wait until every one is done;
 4. read them again; stop both.
 
+With ``--llama-server BIN``, the backend is a real llama-server instead
+(built by ``tests/llamacpp/build_llama_server.py``) running the test tier's
+tiny generated model with a context of 2048 tokens, one slot and one thread;
+the worker reaches it through the tier's recording relay, which counts the
+routes it calls. Its CPU then includes the generation of each reply
+(``max_tokens`` 4 there), which the fit check does not change.
+
 Figures per variant, summed over its rounds: the worker's CPU per job, the
 backend's CPU per job (milliseconds, user + system) and backend calls per job
 (by route); then the ratio this tree / baseline of each, from the same run.
@@ -25,6 +32,8 @@ load on the machine falls on both.
     git worktree add --detach ../wt-base 9bf170a     # the baseline's sources
     .venv/bin/python bench/worker_calls.py --base ../wt-base      # about a minute
     .venv/bin/python bench/worker_calls.py --base ../wt-base --jobs 100 --rounds 1
+    .venv/bin/python bench/worker_calls.py --base ../wt-base \
+        --llama-server "$(python3 tests/llamacpp/build_llama_server.py)"
 
 Measured figures: docs/performance.md ("Worker backend calls per job").
 """
@@ -38,9 +47,11 @@ import dataclasses
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +62,12 @@ import httpx
 from hordelite.testing import open_horde
 
 HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+from tests.llamacpp._relay import open_relay  # noqa: E402
+from tests.llamacpp.tiny_model import write_tiny_model  # noqa: E402
+
+# The real backend's context: the bench's conversation far under it.
+LLAMA_CONTEXT = 2048
 TICKS = os.sysconf("SC_CLK_TCK")
 CONVERSATION = [
     {"role": "system", "content": "You are a concise assistant. Answer in one sentence."},
@@ -132,43 +149,120 @@ async def listed(client: httpx.AsyncClient, name: str) -> None:
             await anyio.sleep(0.05)
 
 
+class Backend:
+    """The backend of a round: its process (for its CPU), its URL, and its
+    requests by route so far."""
+
+    def __init__(self, process: subprocess.Popen[Any], url: str, model: str) -> None:
+        self.process = process
+        self.url = url
+        self.model = model
+
+    async def calls(self) -> collections.Counter[str]:
+        return await requests_by_route(self.process)
+
+
+class LlamaBackend(Backend):
+    def __init__(self, process: subprocess.Popen[Any], url: str, relay: Any) -> None:
+        super().__init__(process, relay.url, "tiny-llama")
+        self.relay = relay
+
+    async def calls(self) -> collections.Counter[str]:
+        return collections.Counter(self.relay.paths("POST"))
+
+
+@contextlib.asynccontextmanager
+async def fake_backend() -> AsyncIterator[Backend]:
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+    with child(["-c", FAKE], HERE, **pipes) as fake:
+        assert fake.stdout is not None
+        url = (await anyio.to_thread.run_sync(fake.stdout.readline)).strip()
+        yield Backend(fake, url, "fake-model")
+
+
+@contextlib.contextmanager
+def llama_process(binary: str, model: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    command = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--ctx-size", str(LLAMA_CONTEXT), "-np", "1", "--threads", "1"]
+    command += ["--jinja", "--no-webui"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(15)
+
+
+@contextlib.asynccontextmanager
+async def llama_backend(binary: str, model: Path) -> AsyncIterator[Backend]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with llama_process(binary, model, port) as process:
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=url, timeout=1) as client:
+            with anyio.fail_after(60):
+                while True:
+                    assert process.poll() is None, "llama-server exited"
+                    try:
+                        if (await client.get("/health")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await anyio.sleep(0.05)
+        async with open_relay(port) as relay:
+            yield LlamaBackend(process, url, relay)
+
+
 async def round_(
-    variant: str, source: Path, horde_url: str, keys: tuple[str, str], n: int, jobs: int
+    variant: str,
+    source: Path,
+    horde_url: str,
+    keys: tuple[str, str],
+    n: int,
+    args: argparse.Namespace,
 ) -> Totals:
     requester, owner = keys
+    jobs = args.jobs
     name = f"bench-{variant}-{n}"
-    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
-    async with httpx.AsyncClient(base_url=horde_url, timeout=30) as client:
-        with child(["-c", FAKE], HERE, **pipes) as fake:
-            assert fake.stdout is not None
-            backend_url = (await anyio.to_thread.run_sync(fake.stdout.readline)).strip()
-            worker_args = ["-m", "hordelite", "worker", "--horde", horde_url, "--key", owner]
-            worker_args += ["--name", name, "--backend", backend_url, "--wait", "5"]
-            quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-            with child(worker_args, source, **quiet) as worker:
-                await listed(client, name)
-                calls = await requests_by_route(fake)
-                cpu = cpu_seconds(worker.pid), cpu_seconds(fake.pid)
-                ids = []
-                body = {"model": "fake-model", "messages": CONVERSATION, "max_tokens": 32}
-                for _ in range(jobs):
-                    r = await client.post(
-                        "/api/v2/generate/chat/async", headers={"apikey": requester}, json=body
-                    )
-                    assert r.status_code == 202, r.text
-                    ids.append(r.json()["id"])
-                for request_id in ids:
-                    path = f"/api/v2/generate/chat/status/{request_id}"
-                    while True:
-                        status = (await client.get(path)).json()
-                        if status["faulted"]:
-                            raise RuntimeError(f"{variant}: a job faulted: {status}")
-                        if status["done"]:
-                            break
-                        await anyio.sleep(0.05)
-                worker_cpu = cpu_seconds(worker.pid) - cpu[0]
-                backend_cpu = cpu_seconds(fake.pid) - cpu[1]
-                after = await requests_by_route(fake)
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=horde_url, timeout=30))
+        if args.llama_server:
+            backend = await stack.enter_async_context(llama_backend(args.llama_server, args.model))
+        else:
+            backend = await stack.enter_async_context(fake_backend())
+        fake = backend.process
+        worker_args = ["-m", "hordelite", "worker", "--horde", horde_url, "--key", owner]
+        worker_args += ["--name", name, "--backend", backend.url, "--wait", "5"]
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        with child(worker_args, source, **quiet) as worker:
+            await listed(client, name)
+            calls = await backend.calls()
+            cpu = cpu_seconds(worker.pid), cpu_seconds(fake.pid)
+            ids = []
+            body = {
+                "model": backend.model,
+                "messages": CONVERSATION,
+                "max_tokens": 4 if args.llama_server else 32,
+            }
+            for _ in range(jobs):
+                r = await client.post(
+                    "/api/v2/generate/chat/async", headers={"apikey": requester}, json=body
+                )
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+            for request_id in ids:
+                path = f"/api/v2/generate/chat/status/{request_id}"
+                while True:
+                    status = (await client.get(path)).json()
+                    if status["faulted"]:
+                        raise RuntimeError(f"{variant}: a job faulted: {status}")
+                    if status["done"]:
+                        break
+                    await anyio.sleep(0.05)
+            worker_cpu = cpu_seconds(worker.pid) - cpu[0]
+            backend_cpu = cpu_seconds(fake.pid) - cpu[1]
+            after = await backend.calls()
     return Totals(jobs, worker_cpu, backend_cpu, after - calls)
 
 
@@ -184,7 +278,7 @@ async def measure(args: argparse.Namespace, base: Path) -> dict[str, Totals]:
         for n in range(args.rounds):
             for variant in ("baseline", "this tree"):
                 got = await round_(
-                    variant.replace(" ", "-"), sources[variant], horde.url, keys, n, args.jobs
+                    variant.replace(" ", "-"), sources[variant], horde.url, keys, n, args
                 )
                 total = totals[variant]
                 total.jobs += got.jobs
@@ -200,14 +294,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200, help="chat jobs a round (200)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each variant (2)")
     parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument(
+        "--llama-server", help="a llama-server binary: the backend, instead of the fake"
+    )
     args = parser.parse_args(argv)
     if not (Path(args.base) / "hordelite" / "worker").is_dir():
         parser.error(f"--base {args.base} is not a hordelite tree")
-    totals = anyio.run(measure, args, Path(args.base).resolve(), backend="trio")
+    with tempfile.TemporaryDirectory() as folder:
+        if args.llama_server:
+            args.model = write_tiny_model(Path(folder) / "tiny-llama.gguf", context=LLAMA_CONTEXT)
+        totals = anyio.run(measure, args, Path(args.base).resolve(), backend="trio")
     figures = {variant: total.per_job() for variant, total in totals.items()}
     base, new = figures["baseline"], figures["this tree"]
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} cores")
-    print(f"{args.rounds} rounds x {args.jobs} chat jobs a variant; per job:")
+    against = "a real llama-server" if args.llama_server else "the fake backend"
+    print(f"{args.rounds} rounds x {args.jobs} chat jobs a variant, {against}; per job:")
     print(f"{'':24}{'baseline':>12}{'this tree':>12}{'ratio':>8}")
     for key, label in (
         ("worker_cpu_ms", "worker CPU (ms)"),

@@ -112,11 +112,12 @@ def weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return tensors
 
 
-def write_tiny_model(path: Path, *, seed: int = SEED) -> Path:
-    """Write the model to ``path``; returns ``path``."""
+def write_tiny_model(path: Path, *, seed: int = SEED, context: int = CONTEXT) -> Path:
+    """Write the model to ``path``; returns ``path``. ``context``: the
+    training context it declares (llama-server caps a slot at it)."""
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("hordelite-tiny")
-    writer.add_context_length(CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(EMBEDDING)
     writer.add_block_count(LAYERS)
     writer.add_feed_forward_length(FEED_FORWARD)
