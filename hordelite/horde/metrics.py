@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 # No ``_created`` series beside each counter: they double the exposition,
 # and multiprocess mode, where the counts of processes started at different
 # times add up, has none.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # The environment variable prometheus_client reads (before the first metric
 # is made) to keep its values in per-process files of that directory.
