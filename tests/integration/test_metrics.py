@@ -202,3 +202,22 @@ async def test_metrics_on_a_port_of_their_own_count_the_horde_port(anyio_backend
     assert http(samples, "/api/v2/status/heartbeat", "GET", 200) == 1
     assert other.status_code == 404
     assert other.json()["rc"] == "NotFound"
+
+
+async def test_an_open_stream_is_counted_until_its_client_leaves(anyio_backend: str) -> None:
+    async with open_chat_horde() as env:
+        await env.chat_worker("w1")  # online, never serving: the stream waits
+        body = {**chat_body("Name one colour."), "stream": True}
+        headers = {"Authorization": f"Bearer {env.requester}"}
+        async with env.client.stream("POST", FRONT, headers=headers, json=body) as response:
+            assert response.status_code == 200  # the headers are out: the stream is open
+            during = await scrape(env.client)
+
+        async def closed() -> bool:
+            return value(await scrape(env.client), "hordelite_sse_streams_open") == 0
+
+        await eventually(closed)
+        after = await scrape(env.client)
+    assert value(during, "hordelite_sse_streams_open") == 1
+    assert value(during, "hordelite_front_call_seconds_count", stream="true") == 0
+    assert value(after, "hordelite_front_call_seconds_count", stream="true") == 1
