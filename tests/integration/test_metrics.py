@@ -221,3 +221,25 @@ async def test_an_open_stream_is_counted_until_its_client_leaves(anyio_backend: 
     assert value(during, "hordelite_sse_streams_open") == 1
     assert value(during, "hordelite_front_call_seconds_count", stream="true") == 0
     assert value(after, "hordelite_front_call_seconds_count", stream="true") == 1
+
+
+async def test_the_kudos_a_cancel_settles_are_counted(anyio_backend: str) -> None:
+    async with open_chat_horde() as env:
+        start = await env.kudos()
+        worker = await env.chat_worker("w1")
+        request_id = await env.queue(chat_body(stream=True))
+        job = await pop_job(worker)
+        posted = await worker.client.post(
+            "/generate/text/progress",
+            json={"id": job["id"], "seq": 1, "delta": {"content": "Blue is a colour. " * 20}},
+        )
+        assert posted.status_code == 200, posted.text
+        cancelled = await env.client.delete(f"/api/v2/generate/chat/status/{request_id}")
+        assert cancelled.status_code == 200, cancelled.text
+        samples = await scrape(env.client)
+        spent = start - await env.kudos()
+        earned = await env.kudos(env.owner)
+    assert earned > 0
+    assert value(samples, "hordelite_kudos_charged_total") == pytest.approx(spent, abs=0.01)
+    assert value(samples, "hordelite_kudos_rewarded_total") == pytest.approx(earned, abs=0.01)
+    assert value(samples, "hordelite_request_latency_seconds_count", kind="chat") == 0
