@@ -8,6 +8,7 @@ answers 404; ``[metrics] port`` serves /metrics alone on a port of its own.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hordelite.config import Config
-from hordelite.testing import open_horde
+from hordelite.testing import FakeTextWorker, ManualClock, open_horde
 from tests.integration._chat_helpers import (
     MODEL,
     ChatEnv,
@@ -25,6 +26,7 @@ from tests.integration._chat_helpers import (
     open_chat_horde,
     pop_job,
 )
+from tests.integration._helpers import submit_text
 from tests.integration.test_front import eventually
 
 pytestmark = pytest.mark.anyio
@@ -243,3 +245,33 @@ async def test_the_kudos_a_cancel_settles_are_counted(anyio_backend: str) -> Non
     assert value(samples, "hordelite_kudos_charged_total") == pytest.approx(spent, abs=0.01)
     assert value(samples, "hordelite_kudos_rewarded_total") == pytest.approx(earned, abs=0.01)
     assert value(samples, "hordelite_request_latency_seconds_count", kind="chat") == 0
+
+
+async def test_a_lease_that_runs_out_is_a_fault_by_lease_expired(anyio_backend: str) -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, name="w", models=["m1"]) as worker:
+            await submit_text(client, requester, "Lease me", models=["m1"])
+            assert (await worker.pop())["id"] is not None
+            clock.advance(horde.horde.config.horde.job_ttl + 1)
+            await horde.sweep()
+            samples = await scrape(client)
+    assert value(samples, "hordelite_faults_total", reason="lease_expired") == 1
+    assert value(samples, "hordelite_queue_depth", model="m1", kind="text") == 1
+
+
+async def test_redis_round_trips_are_measured_only_with_redis_signals(anyio_backend: str) -> None:
+    redis_url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    with_redis = Config().replace(signals={"url": redis_url})
+    async with open_horde(config=with_redis) as horde:
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            samples = await scrape(client)
+    assert value(samples, "hordelite_redis_up") == 1
+    assert value(samples, "hordelite_redis_round_trip_seconds") > 0
+    local = Config().replace(signals={"url": ""})
+    async with open_horde(config=local) as horde:
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            samples = await scrape(client)
+    assert not [name for name, _ in samples if name.startswith("hordelite_redis_")]
