@@ -372,7 +372,10 @@ class Horde:
         return await self._pool.get(now)
 
     def signals_ping(self) -> Callable[[], Awaitable[None]] | None:
-        """A round trip to Redis when the signals go through it, else None."""
+        """A round trip to Redis when the signals go through it, else None.
+
+        Only RedisSignals has ``ping``: in-process signals have nothing to
+        reach, so the Signals protocol does not ask for one."""
         ping = getattr(self.signals, "ping", None)
         return ping if callable(ping) else None
 
