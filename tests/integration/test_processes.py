@@ -382,8 +382,17 @@ def counted(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> di
 
 @pytest.mark.parametrize("own_port", [False, True], ids=["horde-port", "metrics-port"])
 def test_every_child_answers_the_metrics_of_all_and_a_killed_child_loses_none(
-    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any, own_port: bool
+    tmp_path: Path,
+    postgres_schema_url: str,
+    redis_url: str,
+    serve: Any,
+    own_port: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The supervisor's metrics directory is made here, so that its removal shows.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     config = write_config(tmp_path, postgres_schema_url, redis_url)
     metrics_port = free_port() if own_port else 0
     config.write_text(config.read_text() + f"[metrics]\nport = {metrics_port}\n")
@@ -416,6 +425,10 @@ def test_every_child_answers_the_metrics_of_all_and_a_killed_child_loses_none(
     after = {**expected, "pops": 6, "submits": 8, "done": 6}
     for _ in range(4):
         assert counted(scrape(metrics_url)) == after
+    assert [p.name.startswith("hordelite-metrics-") for p in temporary.iterdir()] == [True]
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(timeout=STOP_DEADLINE) == 0, served.log.read_text()
+    assert list(temporary.iterdir()) == []
 
 
 def free_port() -> int:
