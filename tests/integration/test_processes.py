@@ -431,6 +431,52 @@ def test_every_child_answers_the_metrics_of_all_and_a_killed_child_loses_none(
     assert list(temporary.iterdir()) == []
 
 
+CHAT_POP = {
+    **POP,
+    "chat_jobs": True,
+    "chat_features": ["prompt_overflow_refused"],
+    "chat_limits": {"max_context_length": 4096, "max_length": 512},
+    "model_id": MODEL,
+}
+
+
+def test_the_open_streams_of_killed_children_leave_the_gauge(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    worker = {"apikey": worker_key(postgres_schema_url)}
+    r = httpx.post(f"{served.url}/api/v2/generate/text/pop", headers=worker, json=CHAT_POP)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] is None  # the worker is online, with nothing to do
+    call = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    gauge = ("hordelite_sse_streams_open", ())
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", f"{served.url}/v1/chat/completions", json=call) as stream,
+    ):
+        assert stream.status_code == 200  # its headers are out: the stream is open
+        assert scrape(served.url)[gauge] == 1
+        # Whichever child holds the stream dies.
+        victims = served.children()
+        for victim in victims:
+            os.kill(victim, signal.SIGKILL)
+        until(
+            lambda: len(served.children()) == 2 and not served.children() & victims,
+            REPLACE_DEADLINE,
+            "two new children",
+        )
+    until(lambda: answers_scrape(served.url), REPLACE_DEADLINE, "a scrape answered")
+    assert scrape(served.url)[gauge] == 0
+
+
+def answers_scrape(url: str) -> bool:
+    try:
+        scrape(url)
+    except httpx.TransportError:
+        return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
