@@ -11,6 +11,10 @@
 * Without PostgreSQL or without Redis signals the command refuses in one
   line, exit 2, before it binds or migrates anything.
 * Two sweeps at once on PostgreSQL: one runs, the other skips (or waits).
+* Every scrape of /metrics, whichever child answers (on the horde's port or
+  a metrics port of its own), reports the totals of all; a child killed
+  with SIGKILL loses no count and doubles none, its open streams leave the
+  gauge, and the metrics directory is gone after the stop.
 """
 
 from __future__ import annotations
