@@ -14,6 +14,7 @@ import anyio.to_thread
 from quart import current_app, request
 
 from hordelite.contract.json_body import decode_json_body
+from hordelite.errors import RC
 from hordelite.horde.service import Horde
 
 # Bodies larger than this are decoded in a worker thread: a few megabytes of
@@ -42,3 +43,8 @@ def client_agent() -> str:
         or request.headers.get("client_agent")
         or "unknown:0:unknown"
     )
+
+
+def count_refusal(rc: RC) -> None:
+    """A refusal answered, in the metrics by its return code (a closed set)."""
+    horde().metrics.refusals.labels(rc.name).inc()

@@ -320,6 +320,15 @@ class DashboardConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    # Serve GET /metrics, the Prometheus text format (decision 0043).
+    enabled: bool = True
+    # 0: on the horde's own port; else a port of its own (on server.host)
+    # that serves /metrics only.
+    port: int = bounded(0, ge=0, le=65535)
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     """``hordelite worker``: the reference worker (its command-line flags
     override these keys)."""
@@ -380,6 +389,7 @@ class Config:
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
     images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
     dashboard: DashboardConfig = dataclasses.field(default_factory=DashboardConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
@@ -401,6 +411,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "front": FrontConfig,
     "images": ImagesConfig,
     "dashboard": DashboardConfig,
+    "metrics": MetricsConfig,
     "worker": WorkerConfig,
 }
 
@@ -456,6 +467,11 @@ def _check(config: Config) -> None:
             problem = bounds.problem(getattr(section, field.name)) if bounds else None
             if problem is not None:
                 raise ConfigError(f"{name}.{field.name}: {problem}")
+    if config.metrics.port and config.metrics.port == config.server.port:
+        raise ConfigError(
+            f"metrics.port: {config.metrics.port} is server.port; "
+            "0 serves /metrics on the horde's port"
+        )
     w = config.worker
     if w.context and w.max_length > w.context:
         raise ConfigError(

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.to_thread
 
-from hordelite._http import current_backend, serve_http
+from hordelite._http import current_backend, listen, serve_http
 from hordelite.api import create_app
+from hordelite.api.metrics import create_metrics_app
 from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
 from hordelite.clock import Clock
 from hordelite.config import Config
@@ -38,6 +39,8 @@ class RunningHorde:
     # Images taken in at submit, handed to workers by signed URL (/blobs, or
     # the object store's presigned URLs).
     blobs: BlobStore
+    # The base URL of the port serving /metrics alone ([metrics] port), or None.
+    metrics_url: str | None = None
 
 
 async def serve_timers(
@@ -82,6 +85,23 @@ async def _serve_http_until(
         await serve_http(app, config.server, shutdown, sock=sock, task_status=task_status)
     finally:
         stopped.set()
+
+
+async def _serve_metrics(
+    horde: Horde,
+    config: Config,
+    shutdown: anyio.Event,
+    stopped: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """``/metrics`` alone on ``[metrics] port``. Each of several serving
+    processes binds it with SO_REUSEPORT, so a scrape reaches any of them
+    (each answers the sum of all, see hordelite.horde.metrics)."""
+    server = dataclasses.replace(config.server, port=config.metrics.port)
+    sock = listen(server, shared=config.server.processes > 1)
+    app = create_metrics_app(horde, current_backend())
+    await _serve_http_until(app, config, shutdown, stopped, sock, task_status=task_status)
 
 
 @contextlib.asynccontextmanager
@@ -142,9 +162,17 @@ async def _open_horde(
         error: Exception | None = None
         async with anyio.create_task_group() as tg:
             url = await tg.start(_serve_http_until, app, config, shutdown, stopped, sock)
+            metrics_url = None
+            metrics_stopped = anyio.Event()
+            if config.metrics.enabled and config.metrics.port:
+                metrics_url = await tg.start(
+                    _serve_metrics, horde, config, shutdown, metrics_stopped
+                )
+            else:
+                metrics_stopped.set()
             await tg.start(serve_timers, horde, shutdown)
             try:
-                yield RunningHorde(url, horde, blobs)
+                yield RunningHorde(url, horde, blobs, metrics_url)
             except Exception as exc:
                 # Re-raised below, outside the task group, so that the
                 # caller gets its own exception, not a group around it.
@@ -157,6 +185,7 @@ async def _open_horde(
                 # the block raised: the exception then propagates after.
                 with anyio.move_on_after(config.server.grace_period + 1, shield=True):
                     await stopped.wait()
+                    await metrics_stopped.wait()
                 tg.cancel_scope.cancel()
         if error is not None:
             raise error

@@ -11,9 +11,11 @@ from typing import Any
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from hordelite._request import count_refusal
 from hordelite.api.blobs import blobs
 from hordelite.api.dashboard import dashboard
 from hordelite.api.health import health
+from hordelite.api.metrics import count_request, metrics
 from hordelite.api.native import json_response, native
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.json_body import check_text
@@ -36,6 +38,7 @@ def _error(rc: RC, message: str | None = None, **extra: Any) -> Response:
     """A refusal in the envelope of the route family: OpenAI's under /v1."""
     if request.path.startswith("/v1"):
         return error_response(HordeError(rc, message, **extra))
+    count_refusal(rc)  # error_response counts those of the front
     return json_response(
         {"message": message or rc.default_message, "rc": rc.name, **extra}, rc.status
     )
@@ -64,6 +67,9 @@ def create_app(
     app.register_blueprint(front)
     if horde.config.dashboard.enabled:
         app.register_blueprint(dashboard)
+    if horde.config.metrics.enabled and not horde.config.metrics.port:
+        app.register_blueprint(metrics)
+    app.after_request(count_request)
     if blob_store is not None:
         app.config["BLOBS"] = blob_store
         app.register_blueprint(blobs)

@@ -13,6 +13,11 @@ sends the configuration on it (one JSON line, so that a database password
 never shows on a command line), the child answers ``ready`` once it serves,
 and the child watches it for end of file: a parent that is gone, even
 killed with SIGKILL, closes its end, and the child then stops as at SIGTERM.
+
+The parent also makes the children's metrics directory (decision 0043):
+each child keeps its counters in files there, and a scrape of any child
+reads them all; a dead child's open-stream gauge is dropped
+(``mark_process_dead``), its counts stay. The directory goes at the stop.
 """
 
 from __future__ import annotations
@@ -22,17 +27,21 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from types import FrameType
 
 import anyio
+from prometheus_client import multiprocess
 
 from hordelite.config import Config, build_config
+from hordelite.horde.metrics import MULTIPROCESS_ENV
 from hordelite.server import open_server
 
 log = logging.getLogger("hordelite")
@@ -79,6 +88,7 @@ class Supervisor:
         self._selector = selectors.DefaultSelector()
         self._stop_signal: int | None = None
         self._serving = False  # every first child served: the banner is out
+        self._metrics_dir = ""  # made by run
 
     def run(self, banner: list[str]) -> int:
         """Serve until SIGINT or SIGTERM; 0 after a clean stop, 1 when the
@@ -93,6 +103,7 @@ class Supervisor:
         # Every signal also writes a byte here, so that a select wakes at once.
         previous_wakeup = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
         self._selector.register(wake_read, selectors.EVENT_READ, None)
+        self._metrics_dir = tempfile.mkdtemp(prefix="hordelite-metrics-")
         try:
             for slot in range(self.config.server.processes):
                 self._start(slot)
@@ -106,6 +117,7 @@ class Supervisor:
             self._selector.close()
             os.close(wake_read)
             os.close(wake_write)
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum != signal.SIGCHLD and self._stop_signal is None:
@@ -122,6 +134,7 @@ class Supervisor:
                 ],
                 pass_fds=fds,
                 stdin=subprocess.DEVNULL,
+                env={**os.environ, MULTIPROCESS_ENV: self._metrics_dir},
                 # Its own process group: a Ctrl+C in the terminal reaches the
                 # parent alone, which stops the children in order.
                 process_group=0,
@@ -190,6 +203,8 @@ class Supervisor:
 
     def _forget(self, child: _Child) -> None:
         del self._children[child.slot]
+        # Its open streams are gone; its counts stay in the sums.
+        multiprocess.mark_process_dead(child.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
         if _registered(self._selector, child.control):
             self._selector.unregister(child.control)
         child.control.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 from quart import Response
 
+from hordelite._request import count_refusal
 from hordelite.errors import RC, HordeError
 
 # rc -> (status on the front, OpenAI error type)
@@ -81,6 +82,7 @@ def error_response(
     """The error as an HTTP answer. ``held``: the horde may hold the request,
     so the SDK must not retry on its own (a retry is a second charged request)."""
     status, _ = front_status(exc.rc)
+    count_refusal(exc.rc)
     response = Response(
         json.dumps(envelope(exc, metadata)), status=status, content_type="application/json"
     )

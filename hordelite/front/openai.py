@@ -103,10 +103,17 @@ def _json(data: Any, status: int = 200) -> Response:
 
 @front.post("/chat/completions")
 async def chat_completions() -> Response:
-    release = _admission().admit(request.remote_addr or "unknown")
+    admitted = _admission().admit(request.remote_addr or "unknown")
+    timer = horde().metrics.front_call()
+
+    def release() -> None:  # at the answer's end, once (a stream's included)
+        admitted()
+        timer.done()
+
     handed_over = False
     try:
         req = parse_chat_request(await json_body())
+        timer.stream = req.stream
         for model in req.models:
             # The front reserves the colon (e.g. for provider suffixes).
             if ":" in model:
@@ -128,6 +135,7 @@ async def chat_completions() -> Response:
             status = await call.first_read()
             if req.stream:
                 handed_over = True
+                timer.streaming()
                 return _stream(call, status, prompt_chars, release)
             async for final in call.wait():
                 status = final

@@ -16,7 +16,7 @@ import math
 import secrets
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -29,6 +29,7 @@ from hordelite.config import Config
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
 from hordelite.contract.chat_reply import (
+    FAULT_REASONS,
     ChatReply,
     ChatSubmit,
     Verdict,
@@ -66,6 +67,7 @@ from hordelite.contract.text import (
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, HordeliteError, StorageUnavailable, bad_request
 from hordelite.horde import chat, images
+from hordelite.horde.metrics import HordeMetrics
 from hordelite.horde.results import (
     Generation,
     ModelStats,
@@ -84,6 +86,7 @@ from hordelite.horde.results import (
 from hordelite.signals import LocalSignals, ProgressEntry, Signals
 from hordelite.storage import queries as q
 from hordelite.storage.database import Database
+from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.migrations import upgrade
 
 P = ParamSpec("P")
@@ -328,6 +331,8 @@ class Horde:
         self._skipped_sample = _SkippedSample(db)
         self._statuses = _StatusCache()
         self._pool = _PoolSnapshot(db, self.signals)
+        # Counters only on the hot paths; /metrics reads the rest (decision 0043).
+        self.metrics = HordeMetrics()
 
     async def _queue_changed(self, request: RequestView | None = None) -> None:
         """Wake the pops that may take ``request`` (any pop: None), and let
@@ -360,6 +365,19 @@ class Horde:
         if self.signals.degraded:
             return "signals"
         return None
+
+    async def online_workers(self, now: float) -> list[WorkerView]:
+        """The online workers, from the pool snapshot (no read of its own
+        while it is current)."""
+        return await self._pool.get(now)
+
+    def signals_ping(self) -> Callable[[], Awaitable[None]] | None:
+        """A round trip to Redis when the signals go through it, else None.
+
+        Only RedisSignals has ``ping``: in-process signals have nothing to
+        reach, so the Signals protocol does not ask for one."""
+        ping = getattr(self.signals, "ping", None)
+        return ping if callable(ping) else None
 
     # Set-up ------------------------------------------------------------
 
@@ -658,6 +676,8 @@ class Horde:
             parts = await self.db.write(
                 q.cancel_request, canonical, kind, now, self.rules, posted, self.models.billions
             )
+            self.metrics.kudos_rewarded.inc(parts.settled[0])
+            self.metrics.kudos_charged.inc(parts.settled[1])
             await self.signals.notify_request(canonical)
             await self.signals.end_stream(canonical, now)
             return self._status_of(parts)
@@ -819,6 +839,7 @@ class Horde:
                         await self.signals.notify_queue()
                     raise
         job = result.job
+        self.metrics.pops.labels("job").inc()
         if job is not None:
             await self.signals.touch_request(job.request_id)
         if job is not None and job.stream:
@@ -857,6 +878,7 @@ class Horde:
     async def _nothing_for(self, worker: WorkerView) -> PopAnswer:
         """An empty pop's answer: what the worker skipped among the best
         waiting requests (read at most SKIPPED_SAMPLE_SECONDS ago)."""
+        self.metrics.pops.labels("empty").inc()
         return PopAnswer(None, skipped_counts(worker, await self._skipped_sample.get()))
 
     async def post_progress(self, api_key: str, body: Any) -> ProgressAnswer:
@@ -891,6 +913,7 @@ class Horde:
                     model=lease.model,
                 ),
             )
+        self.metrics.progress_posts.inc()
         return ProgressAnswer(accepted.accepted_seq, accepted.cancelled)
 
     async def submit(self, api_key: str, body: Any) -> SubmitAnswer:
@@ -922,6 +945,7 @@ class Horde:
         )
         if result.refusal is not None:
             raise result.refusal
+        self._count_submit(sub, result, now)
         if lease is not None and not lease.cancelled:
             await self.signals.end_lease(sub.id, now)  # the submit ends its posts
         if result.requeued:
@@ -930,6 +954,17 @@ class Horde:
         if result.request_ended:
             await self.signals.end_stream(result.request_id, now)
         return SubmitAnswer(result.reward)
+
+    def _count_submit(self, sub: JobSubmit | ChatSubmit, result: SubmitResult, now: float) -> None:
+        m = self.metrics
+        if sub.state == "faulted":
+            reason = sub.fault_reason if isinstance(sub, ChatSubmit) else None
+            # Only the reasons the horde knows: a worker cannot grow the label set.
+            m.faults.labels(reason if reason in FAULT_REASONS else "none").inc()
+        m.kudos_rewarded.inc(result.reward)
+        m.kudos_charged.inc(result.cost)
+        if result.done_kind is not None:
+            m.request_latency.labels(result.done_kind).observe(max(0.0, now - result.created))
 
     async def _judge(self, key_hash: str, sub: ChatSubmit) -> Verdict | None:
         """The reply judged against its job before the write transaction, so
@@ -966,6 +1001,8 @@ class Horde:
         now = self.clock.now()
         extended = await self.signals.lease_ends()
         result = await self.db.write(q.sweep, now, self.rules, extended, wait=wait)
+        if result.expired_jobs:
+            self.metrics.faults.labels("lease_expired").inc(result.expired_jobs)
         for job_id in result.expired_job_ids:
             await self.signals.end_lease(job_id, now)
         if result.requeued:

@@ -423,6 +423,11 @@ class RedisSignals:
     async def sweep_progress(self, now: float, ended_requests: list[str]) -> None:
         await self._safely(lambda: self._sweep_progress(now, ended_requests), None)
 
+    async def ping(self) -> None:
+        """One round trip to Redis (the metrics scrape times it); raises when
+        Redis does not answer."""
+        await self._redis.ping()
+
     def statistics(self) -> dict[str, int]:
         """This process's waiters (what Redis holds is bounded by its TTLs)."""
         return self._local.statistics()

@@ -38,6 +38,7 @@ JOB_WITH_REQUEST = (
         requests.c.n,
         requests.c.finished,
         requests.c.max_length.label("request_max_length"),
+        requests.c.created.label("request_created"),
     )
     .join(requests, requests.c.id == jobs.c.request_id)
     .where(jobs.c.id == bindparam("job_id"))
@@ -83,6 +84,13 @@ class SubmitResult:
     # A refused chat reply: recorded on the job (a later fault counts by it),
     # then raised by the service once this transaction has committed.
     refusal: HordeError | None = None
+    # What the settlement charged the requester (its worker's owner got
+    # ``reward``); for the metrics.
+    cost: float = 0.0
+    # The request's kind and creation time, when this submit made it done
+    # (its submit-to-done latency).
+    done_kind: str | None = None
+    created: float = 0.0
 
 
 def settlement(
@@ -136,17 +144,28 @@ def settle(
             .where(requests.c.id == job["request_id"])
             .values(kudos=requests.c.kudos + cost)
         )
-        return SubmitResult(reward, job["request_id"], False, False)
+        return SubmitResult(reward, job["request_id"], False, False, cost=cost)
     counts = conn.execute(_FINISH_REQUEST, {"rid": job["request_id"], "cost": cost}).one()
     done = counts.finished >= counts.n
+    ended_done = 0
     if done:
         # A cancelled request stays cancelled when its last job comes in.
-        conn.execute(
+        ended_done = conn.execute(
             update(requests)
             .where(requests.c.id == job["request_id"], requests.c.state == "waiting")
             .values(state="done", ended=now, remaining=0)
-        )
-    return SubmitResult(reward, job["request_id"], done, False)
+        ).rowcount
+    if not done or not ended_done:
+        return SubmitResult(reward, job["request_id"], done, False, cost=cost)
+    return SubmitResult(
+        reward,
+        job["request_id"],
+        True,
+        False,
+        cost=cost,
+        done_kind=job["kind"],
+        created=job["request_created"],
+    )
 
 
 def move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: float) -> None:

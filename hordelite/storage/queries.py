@@ -64,6 +64,7 @@ from hordelite.storage.rules import (
 from hordelite.storage.timers import (
     SweepResult,
     model_queue_stats,
+    queue_depth,
     sweep,
 )
 
@@ -91,6 +92,7 @@ __all__ = [
     "online_pool",
     "online_workers",
     "pop_job",
+    "queue_depth",
     "record_refusal",
     "request_status",
     "skipped_sample",

@@ -399,6 +399,8 @@ class StatusSnapshot:
     online: tuple[WorkerView, ...]
     position: int
     busy: dict[str, int] | None = None
+    # Kudos a cancel's settlement of streamed jobs moved: (rewarded, charged).
+    settled: tuple[float, float] = (0.0, 0.0)
 
 
 def request_status(
@@ -498,6 +500,7 @@ def cancel_request(
     """
     status = request_status(conn, request_id, kind, now, rules)
     req = status.request
+    rewarded = charged = 0.0
     if req.state == "waiting":
         for job_id, chars in (posted or {}).items():
             job = (
@@ -508,6 +511,8 @@ def cancel_request(
             if job is None or job["state"] != "processing" or billions is None:
                 continue
             paid = settlement(job, chars, now, billions)
-            settle(conn, job, paid, {"charge_basis": "output_estimate"}, now, "cancelled")
+            settled = settle(conn, job, paid, {"charge_basis": "output_estimate"}, now, "cancelled")
+            rewarded += settled.reward
+            charged += settled.cost
         end_request(conn, req.id, "cancelled", now, abort_jobs=False)
-    return status
+    return dataclasses.replace(status, settled=(rewarded, charged))

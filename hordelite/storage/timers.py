@@ -185,3 +185,15 @@ def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
         .group_by(queue.c.model)
     ).all()
     return {model: (int(count), int(tokens)) for model, count, tokens in rows}
+
+
+def queue_depth(conn: Connection) -> dict[tuple[str, str], int]:
+    """Per (model, kind): the jobs waiting for a worker, in one statement
+    (the metrics scrape). "" is the any-model queue; a request for several
+    models counts under each of them."""
+    rows = conn.execute(
+        select(queue.c.model, queue.c.kind, func.coalesce(func.sum(requests.c.remaining), 0))
+        .join(requests, requests.c.id == queue.c.request_id)
+        .group_by(queue.c.model, queue.c.kind)
+    ).all()
+    return {(model, kind): int(jobs) for model, kind, jobs in rows}

@@ -28,6 +28,8 @@ class TestHorde:
     # The horde's blob store (its files live in the temporary folder unless
     # the given config names a directory or an object store).
     blobs: BlobStore
+    # The base URL of the port serving /metrics alone, when [metrics] names one.
+    metrics_url: str | None = None
 
     async def create_key(
         self, name: str = "user", *, kudos: float = 0.0, admin: bool = False, trusted: bool = False
@@ -73,4 +75,10 @@ async def open_horde(
         if not cfg.blobs.directory and not cfg.blobs.s3_endpoint:
             cfg = cfg.replace(blobs={"directory": str(Path(tmp) / "hordelite-blobs")})
         async with open_server(cfg, clock=clock) as running:
-            yield TestHorde(url=running.url, horde=running.horde, database=db, blobs=running.blobs)
+            yield TestHorde(
+                url=running.url,
+                horde=running.horde,
+                database=db,
+                blobs=running.blobs,
+                metrics_url=running.metrics_url,
+            )

@@ -11,6 +11,10 @@
 * Without PostgreSQL or without Redis signals the command refuses in one
   line, exit 2, before it binds or migrates anything.
 * Two sweeps at once on PostgreSQL: one runs, the other skips (or waits).
+* Every scrape of /metrics, whichever child answers (on the horde's port or
+  a metrics port of its own), reports the totals of all; a child killed
+  with SIGKILL loses no count and doubles none, its open streams leave the
+  gauge, and the metrics directory is gone after the stop.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import IO, Any
 import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from hordelite.cli import main
 from hordelite.cli._processes import RESTART_DELAY, STOP_MARGIN
@@ -342,6 +347,144 @@ def test_a_child_killed_with_SIGKILL_is_replaced_and_the_horde_keeps_answering(
     heartbeat(served.url)
     text_cycle(served.url, worker_key(postgres_schema_url))
     assert served.process.poll() is None
+
+
+# A model no worker of the metrics test serves: its requests stay queued.
+IDLE_MODEL = "idle-model"
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """One /metrics scrape on a new connection (any child may answer)."""
+    r = httpx.get(f"{url}/metrics", timeout=10, headers={"Connection": "close"})
+    assert r.status_code == 200, r.text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(r.text)
+        for sample in family.samples
+    }
+
+
+def counted(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
+    """The figures the metrics test reads, from one scrape."""
+    submits = ("/api/v2/generate/text/async", "POST", "202")
+    return {
+        "pops": samples.get(("hordelite_pops_total", (("outcome", "job"),)), 0.0),
+        "submits": samples.get(
+            (
+                "hordelite_http_requests_total",
+                tuple(sorted(zip(("route", "method", "status"), submits, strict=True))),
+            ),
+            0.0,
+        ),
+        "done": samples.get(("hordelite_request_latency_seconds_count", (("kind", "text"),)), 0.0),
+        "queued": samples.get(
+            ("hordelite_queue_depth", (("kind", "text"), ("model", IDLE_MODEL))), 0.0
+        ),
+        "workers": samples.get(("hordelite_workers_online", ()), 0.0),
+    }
+
+
+@pytest.mark.parametrize("own_port", [False, True], ids=["horde-port", "metrics-port"])
+def test_every_child_answers_the_metrics_of_all_and_a_killed_child_loses_none(
+    tmp_path: Path,
+    postgres_schema_url: str,
+    redis_url: str,
+    serve: Any,
+    own_port: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The supervisor's metrics directory is made here, so that its removal shows.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    config = write_config(tmp_path, postgres_schema_url, redis_url)
+    metrics_port = free_port() if own_port else 0
+    config.write_text(config.read_text() + f"[metrics]\nport = {metrics_port}\n")
+    served = serve(config)
+    metrics_url = f"http://127.0.0.1:{metrics_port}" if own_port else served.url
+    worker = worker_key(postgres_schema_url)
+    for _ in range(5):
+        text_cycle(served.url, worker)
+    # Two more requests wait (for a model no worker serves): counted once,
+    # from the database, not once per child.
+    with httpx.Client(base_url=f"{served.url}/api/v2", timeout=10) as client:
+        for _ in range(2):
+            r = client.post(
+                "/generate/text/async",
+                headers={"apikey": ANONYMOUS_API_KEY, "Connection": "close"},
+                json={"prompt": "Later", "params": {"max_length": 16}, "models": [IDLE_MODEL]},
+            )
+            assert r.status_code == 202, r.text
+    expected = {"pops": 5, "submits": 7, "done": 5, "queued": 2, "workers": 1}
+    # Several scrapes, each on a new connection, reach both children.
+    for _ in range(8):
+        assert counted(scrape(metrics_url)) == expected
+    victim = min(served.children())
+    os.kill(victim, signal.SIGKILL)
+    until(functools.partial(replaced, served, victim), REPLACE_DEADLINE, "a replaced child")
+    # The killed child's counts stay in the sums, once.
+    for _ in range(8):
+        assert counted(scrape(metrics_url)) == expected
+    text_cycle(served.url, worker)
+    after = {**expected, "pops": 6, "submits": 8, "done": 6}
+    for _ in range(4):
+        assert counted(scrape(metrics_url)) == after
+    assert [p.name.startswith("hordelite-metrics-") for p in temporary.iterdir()] == [True]
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(timeout=STOP_DEADLINE) == 0, served.log.read_text()
+    assert list(temporary.iterdir()) == []
+
+
+CHAT_POP = {
+    **POP,
+    "chat_jobs": True,
+    "chat_features": ["prompt_overflow_refused"],
+    "chat_limits": {"max_context_length": 4096, "max_length": 512},
+    "model_id": MODEL,
+}
+
+
+def test_the_open_streams_of_killed_children_leave_the_gauge(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    worker = {"apikey": worker_key(postgres_schema_url)}
+    r = httpx.post(f"{served.url}/api/v2/generate/text/pop", headers=worker, json=CHAT_POP)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] is None  # the worker is online, with nothing to do
+    call = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    gauge = ("hordelite_sse_streams_open", ())
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", f"{served.url}/v1/chat/completions", json=call) as stream,
+    ):
+        assert stream.status_code == 200  # its headers are out: the stream is open
+        assert scrape(served.url)[gauge] == 1
+        # Whichever child holds the stream dies.
+        victims = served.children()
+        for victim in victims:
+            os.kill(victim, signal.SIGKILL)
+        until(
+            lambda: len(served.children()) == 2 and not served.children() & victims,
+            REPLACE_DEADLINE,
+            "two new children",
+        )
+    until(lambda: answers_scrape(served.url), REPLACE_DEADLINE, "a scrape answered")
+    assert scrape(served.url)[gauge] == 0
+
+
+def answers_scrape(url: str) -> bool:
+    try:
+        scrape(url)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def test_a_job_popped_before_every_child_was_killed_comes_back_through_its_lease(

@@ -269,6 +269,7 @@ UNBOUNDED = {
     "front.pace_progress",
     "images.fetch_private",
     "dashboard.enabled",
+    "metrics.enabled",
     "worker.tools_max_temperature",  # negative means "no clamp"; NaN is no number
 }
 
@@ -404,3 +405,9 @@ def test_each_kind_of_bound_is_refused_with_its_message(
     with pytest.raises(ConfigError) as info:
         Config().replace(**{section: values})
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_metrics_port_that_is_the_server_port_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match=r"metrics\.port: 7001 is server\.port"):
+        Config().replace(metrics={"port": 7001})
+    assert Config().replace(metrics={"port": 9100}).metrics.port == 9100

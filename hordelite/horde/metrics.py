@@ -1,0 +1,287 @@
+"""The horde's Prometheus metrics: every definition, and the scrape.
+
+Counters and histograms move on the hot path (an increment, no I/O); what
+the horde holds now (queue depth, workers online, the database and Redis
+round trips) is read when ``/metrics`` is scraped, with one query for the
+queue and the pool snapshot the service keeps anyway (decision 0043).
+
+Each Horde has its own ``HordeMetrics``, never prometheus_client's global
+registry: several hordes in one process (the tests) each count their own.
+
+Several serving processes (``hordelite serve --processes N``) answer the
+sum over all of them: the supervisor gives each child the environment
+variable PROMETHEUS_MULTIPROC_DIR, a directory it creates and removes, so
+that prometheus_client keeps the counters in per-process files there and a
+scrape of any child reads them all. What is read at scrape time comes from
+the shared database and pool, once, by the child answering: it is never
+multiplied by N.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from hordelite.contract.limits import READY_CHECK_SECONDS
+from hordelite.errors import StorageUnavailable
+from hordelite.storage import queries as q
+
+if TYPE_CHECKING:
+    from hordelite.horde.service import Horde
+
+# No ``_created`` series beside each counter: they double the exposition,
+# and multiprocess mode, where the counts of processes started at different
+# times add up, has none.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# The environment variable prometheus_client reads (before the first metric
+# is made) to keep its values in per-process files of that directory.
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Seconds from a request's creation to its done, and an OpenAI call's: from
+# a fraction of a second (a short reply by an idle worker) to the request
+# expiry's order (twenty minutes).
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+
+# The route label of a request no route matched (404, 405): every unknown
+# path shares it, so a client cannot grow the label set.
+UNMATCHED_ROUTE = "unmatched"
+# The model label of the queue of requests that accept any model.
+ANY_MODEL = "any"
+
+
+class HordeMetrics:
+    """The counters, gauges and histograms of one horde."""
+
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        if multiprocess_dir is None:
+            multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
+        self.multiprocess_dir = multiprocess_dir
+        # In multiprocess mode the values live in the directory's files and
+        # are collected from there (all processes); registering them here
+        # as well would add this process's share twice.
+        self._own = CollectorRegistry(auto_describe=True)
+        registry = None if multiprocess_dir else self._own
+        self.http_requests = Counter(
+            "hordelite_http_requests",
+            "HTTP requests answered, by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "hordelite_refusals",
+            "Requests refused with a return code (rc), by rc.",
+            ["rc"],
+            registry=registry,
+        )
+        self.request_latency = Histogram(
+            "hordelite_request_latency_seconds",
+            "Seconds from a request's creation to its done, by kind (text, chat).",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.front_latency = Histogram(
+            "hordelite_front_call_seconds",
+            "Seconds from an OpenAI chat completion call's arrival to the end of its "
+            "answer, by stream (true, false).",
+            ["stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.pops = Counter(
+            "hordelite_pops",
+            "Worker pops answered, by outcome (job, empty).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.faults = Counter(
+            "hordelite_faults",
+            "Jobs faulted, by reason (a worker's fault reason, none, lease_expired).",
+            ["reason"],
+            registry=registry,
+        )
+        self.progress_posts = Counter(
+            "hordelite_progress_posts",
+            "Progress posts of streamed jobs accepted.",
+            registry=registry,
+        )
+        self.sse_streams = Gauge(
+            "hordelite_sse_streams_open",
+            "Streamed (SSE) OpenAI calls open now.",
+            registry=registry,
+            # The sum over the processes alive (a dead one's streams are gone).
+            multiprocess_mode="livesum",
+        )
+        self.kudos_charged = Counter(
+            "hordelite_kudos_charged",
+            "Kudos charged to requesters for settled jobs.",
+            registry=registry,
+        )
+        self.kudos_rewarded = Counter(
+            "hordelite_kudos_rewarded",
+            "Kudos rewarded to worker owners for settled jobs.",
+            registry=registry,
+        )
+
+    def front_call(self) -> FrontCallTimer:
+        """A timer for one OpenAI call, from now (its arrival)."""
+        return FrontCallTimer(self)
+
+    def render(self, scraped: Iterable[Metric]) -> bytes:
+        """The text exposition: the counted metrics (of every process in
+        multiprocess mode), then the ``scraped`` ones."""
+        registry = CollectorRegistry(auto_describe=False)
+        if self.multiprocess_dir:
+            MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        else:
+            registry.register(_Fixed(self._own.collect()))
+        registry.register(_Fixed(scraped))
+        return generate_latest(registry)
+
+
+class FrontCallTimer:
+    """One OpenAI call's latency, observed once however the call ends (its
+    answer, its refusal, or the end of its stream)."""
+
+    def __init__(self, metrics: HordeMetrics) -> None:
+        self._metrics = metrics
+        self._start = time.monotonic()
+        self._done = False
+        self.stream = False
+        self._streaming = False
+
+    def streaming(self) -> None:
+        """The call is now an open SSE stream (until ``done``)."""
+        self.stream = True
+        self._streaming = True
+        self._metrics.sse_streams.inc()
+
+    def done(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._streaming:
+            self._metrics.sse_streams.dec()
+        label = "true" if self.stream else "false"
+        self._metrics.front_latency.labels(label).observe(time.monotonic() - self._start)
+
+
+class _Fixed:
+    """A collector answering metrics already made (describe: none, so the
+    registry checks no names)."""
+
+    def __init__(self, metrics: Iterable[Metric]) -> None:
+        self._metrics = list(metrics)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._metrics)
+
+
+async def scrape(horde: Horde) -> bytes:
+    """The ``/metrics`` answer: the counted metrics, and what the horde holds
+    now, read once for this scrape (one query, the pool snapshot, a ping
+    each of the database and Redis, each bounded by READY_CHECK_SECONDS)."""
+    scraped: list[Metric] = []
+    db_rtt = await round_trip(horde.db.ping)
+    scraped.append(
+        gauge(
+            "hordelite_database_up",
+            "1 when the database answered the scrape's ping.",
+            0 if db_rtt is None else 1,
+        )
+    )
+    if db_rtt is not None:
+        scraped.append(
+            gauge(
+                "hordelite_database_round_trip_seconds",
+                "Seconds the scrape's ping of the database took.",
+                db_rtt,
+            )
+        )
+        try:
+            with anyio.fail_after(READY_CHECK_SECONDS):
+                now = horde.clock.now()
+                depth = await horde.db.read(q.queue_depth)
+                online = await horde.online_workers(now)
+        except (StorageUnavailable, TimeoutError):
+            pass  # the database went away since its ping: no figures from it
+        else:
+            scraped.append(
+                labelled_gauge(
+                    "hordelite_queue_depth",
+                    "Jobs waiting for a worker, by model (any: requests for any model) "
+                    "and kind (text, chat).",
+                    ["model", "kind"],
+                    {(model or ANY_MODEL, kind): jobs for (model, kind), jobs in depth.items()},
+                )
+            )
+            scraped.append(gauge("hordelite_workers_online", "Workers online.", len(online)))
+            scraped.append(
+                gauge(
+                    "hordelite_threads_online",
+                    "Threads of the workers online.",
+                    sum(w.threads for w in online),
+                )
+            )
+    redis_ping = horde.signals_ping()
+    if redis_ping is not None:
+        redis_rtt = await round_trip(redis_ping)
+        scraped.append(
+            gauge(
+                "hordelite_redis_up",
+                "1 when Redis answered the scrape's ping.",
+                0 if redis_rtt is None else 1,
+            )
+        )
+        if redis_rtt is not None:
+            scraped.append(
+                gauge(
+                    "hordelite_redis_round_trip_seconds",
+                    "Seconds the scrape's ping of Redis took.",
+                    redis_rtt,
+                )
+            )
+    return horde.metrics.render(scraped)
+
+
+async def round_trip(ping: Callable[[], Awaitable[None]]) -> float | None:
+    """Seconds one ``ping()`` took, or None when it failed or took longer
+    than READY_CHECK_SECONDS."""
+    start = time.monotonic()
+    try:
+        with anyio.fail_after(READY_CHECK_SECONDS):
+            await ping()
+    except Exception:
+        return None
+    return time.monotonic() - start
+
+
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def labelled_gauge(
+    name: str, documentation: str, labels: list[str], values: dict[tuple[str, str], int]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
+    return family

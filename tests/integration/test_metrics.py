@@ -1,0 +1,277 @@
+"""``GET /metrics`` over real HTTP: after a known sequence of requests, the
+exposition (parsed with prometheus_client's own parser) holds the exact
+counts: pops, faults, progress posts, requests by route and status,
+refusals by rc, latency histograms, queue depth, workers and threads
+online, and the kudos the ledger moved. ``[metrics] enabled = false``
+answers 404; ``[metrics] port`` serves /metrics alone on a port of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hordelite.config import Config
+from hordelite.testing import FakeTextWorker, ManualClock, open_horde
+from tests.integration._chat_helpers import (
+    MODEL,
+    ChatEnv,
+    chat_body,
+    open_chat_horde,
+    pop_job,
+)
+from tests.integration._helpers import submit_text
+from tests.integration.test_front import eventually
+
+pytestmark = pytest.mark.anyio
+
+FRONT = "/v1/chat/completions"
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    """Every sample of the exposition by (name, sorted labels)."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sample's value; 0 for a labelled series never counted."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def scrape(client: httpx.AsyncClient) -> Samples:
+    response = await client.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return parse(response.text)
+
+
+async def front_call(env: ChatEnv, worker: Any, *, stream: bool) -> list[str]:
+    """An OpenAI call, served meanwhile by ``worker``; the answer's lines."""
+    lines: list[str] = []
+
+    async def call() -> None:
+        body = {**chat_body("Name one colour."), "stream": stream}
+        headers = {"Authorization": f"Bearer {env.requester}"}
+        async with env.client.stream("POST", FRONT, headers=headers, json=body) as response:
+            assert response.status_code == 200
+            lines.extend([line async for line in response.aiter_lines() if line])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        assert await worker.serve_one(wait=10) is not None
+    return lines
+
+
+def http(samples: Samples, route: str, method: str, status: int) -> float:
+    return value(
+        samples, "hordelite_http_requests_total", route=route, method=method, status=str(status)
+    )
+
+
+async def test_metrics_count_a_known_sequence_exactly(
+    anyio_backend: str, chat_database: str | None
+) -> None:
+    async with open_chat_horde() as env:
+        start_requester = await env.kudos()
+        worker = await env.chat_worker("w1")  # one empty pop
+        # A non-streamed and a streamed OpenAI call, each a chat job served.
+        await front_call(env, worker, stream=False)
+        lines = await front_call(env, worker, stream=True)
+        assert lines[-1] == "data: [DONE]"
+        # A native streamed chat request: its job, one progress post, the reply.
+        await env.queue(chat_body(stream=True))
+        job = await pop_job(worker)
+        posted = await worker.client.post(
+            "/generate/text/progress", json={"id": job["id"], "seq": 1, "delta": {"content": "B"}}
+        )
+        assert posted.status_code == 200, posted.text
+        reply = await worker.submit_reply(job, worker.reply(job))
+        assert reply.status_code == 200, reply.text
+        # Three text requests: one served, one faulted (back to the queue).
+        for _ in range(3):
+            await env.submit_text(max_length=16)
+        job = await pop_job(worker)
+        await worker.submit(job["id"], "there was", seed=1)
+        job = await pop_job(worker)
+        await worker.submit(job["id"], "", state="faulted")
+        # A refused submit (400 naming the field), and a path no route has.
+        refused = await env.client.post(
+            "/api/v2/generate/text/async", headers={"apikey": env.requester}, json={"prompt": 5}
+        )
+        assert refused.status_code == 400, refused.text
+        assert (await env.client.get("/api/v2/no/such/route/1234")).status_code == 404
+
+        # The stream's end is counted when its body has ended on the server.
+        async def front_counted() -> bool:
+            found = await scrape(env.client)
+            return value(found, "hordelite_front_call_seconds_count", stream="true") == 1
+
+        await eventually(front_counted)
+        samples = await scrape(env.client)
+        spent = start_requester - await env.kudos()
+        earned = await env.kudos(env.owner)
+
+    assert value(samples, "hordelite_pops_total", outcome="job") == 5
+    assert value(samples, "hordelite_pops_total", outcome="empty") == 1
+    assert value(samples, "hordelite_faults_total", reason="none") == 1
+    assert value(samples, "hordelite_progress_posts_total") == 1
+    assert value(samples, "hordelite_request_latency_seconds_count", kind="chat") == 3
+    assert value(samples, "hordelite_request_latency_seconds_count", kind="text") == 1
+    assert value(samples, "hordelite_front_call_seconds_count", stream="false") == 1
+    assert value(samples, "hordelite_front_call_seconds_count", stream="true") == 1
+    assert value(samples, "hordelite_sse_streams_open") == 0
+    # Two text jobs wait: the untouched one and the faulted one's requeue.
+    assert value(samples, "hordelite_queue_depth", model=MODEL, kind="text") == 2
+    assert value(samples, "hordelite_queue_depth", model=MODEL, kind="chat") == 0
+    assert value(samples, "hordelite_workers_online") == 1
+    assert value(samples, "hordelite_threads_online") == 1
+    assert value(samples, "hordelite_database_up") == 1
+    assert value(samples, "hordelite_database_round_trip_seconds") > 0
+    # The ledger, as the user routes show it (rounded to the hundredth).
+    assert spent > 0
+    assert value(samples, "hordelite_kudos_charged_total") == pytest.approx(spent, abs=0.01)
+    assert value(samples, "hordelite_kudos_rewarded_total") == pytest.approx(earned, abs=0.01)
+    # Requests by route template, method and status.
+    assert http(samples, "/api/v2/generate/text/async", "POST", 202) == 3
+    assert http(samples, "/api/v2/generate/text/async", "POST", 400) == 1
+    assert http(samples, "/api/v2/generate/chat/async", "POST", 202) == 1
+    assert http(samples, "/api/v2/generate/text/pop", "POST", 200) == 6
+    assert http(samples, "/api/v2/generate/text/submit", "POST", 200) == 5
+    assert http(samples, "/api/v2/generate/text/progress", "POST", 200) == 1
+    assert http(samples, FRONT, "POST", 200) == 2
+    assert http(samples, "unmatched", "GET", 404) == 1
+    assert value(samples, "hordelite_refusals_total", rc="NotFound") == 1
+    assert sum(v for (name, _), v in samples.items() if name == "hordelite_refusals_total") == 2
+
+
+async def test_the_route_label_of_unknown_paths_is_one_label(anyio_backend: str) -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        for n in range(5):
+            assert (await client.get(f"/nothing/{n}")).status_code == 404
+        assert (await client.get("/api/v2/workers/name/nobody")).status_code == 404
+        samples = await scrape(client)
+    routes = {
+        dict(labels)["route"]
+        for (name, labels), _ in samples.items()
+        if name == "hordelite_http_requests_total"
+    }
+    assert routes == {"unmatched", "/api/v2/workers/name/<path:name>"}
+    assert http(samples, "unmatched", "GET", 404) == 5
+
+
+async def test_metrics_turned_off_answer_404_in_the_horde_envelope(anyio_backend: str) -> None:
+    config = Config().replace(metrics={"enabled": False})
+    async with open_horde(config=config) as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        response = await client.get("/metrics")
+        assert horde.metrics_url is None
+    assert response.status_code == 404
+    assert response.json()["rc"] == "NotFound"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_metrics_on_a_port_of_their_own_count_the_horde_port(anyio_backend: str) -> None:
+    config = Config().replace(metrics={"port": free_port()})
+    async with (
+        open_horde(config=config) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        assert horde.metrics_url is not None
+        async with httpx.AsyncClient(base_url=horde.metrics_url) as metrics:
+            assert (await client.get("/api/v2/status/heartbeat")).status_code == 200
+            main_port = await client.get("/metrics")
+            samples = await scrape(metrics)
+            other = await metrics.get("/api/v2/status/heartbeat")
+    assert main_port.status_code == 404
+    assert main_port.json()["rc"] == "NotFound"
+    assert http(samples, "/api/v2/status/heartbeat", "GET", 200) == 1
+    assert other.status_code == 404
+    assert other.json()["rc"] == "NotFound"
+
+
+async def test_an_open_stream_is_counted_until_its_client_leaves(anyio_backend: str) -> None:
+    async with open_chat_horde() as env:
+        await env.chat_worker("w1")  # online, never serving: the stream waits
+        body = {**chat_body("Name one colour."), "stream": True}
+        headers = {"Authorization": f"Bearer {env.requester}"}
+        async with env.client.stream("POST", FRONT, headers=headers, json=body) as response:
+            assert response.status_code == 200  # the headers are out: the stream is open
+            during = await scrape(env.client)
+
+        async def closed() -> bool:
+            return value(await scrape(env.client), "hordelite_sse_streams_open") == 0
+
+        await eventually(closed)
+        after = await scrape(env.client)
+    assert value(during, "hordelite_sse_streams_open") == 1
+    assert value(during, "hordelite_front_call_seconds_count", stream="true") == 0
+    assert value(after, "hordelite_front_call_seconds_count", stream="true") == 1
+
+
+async def test_the_kudos_a_cancel_settles_are_counted(anyio_backend: str) -> None:
+    async with open_chat_horde() as env:
+        start = await env.kudos()
+        worker = await env.chat_worker("w1")
+        request_id = await env.queue(chat_body(stream=True))
+        job = await pop_job(worker)
+        posted = await worker.client.post(
+            "/generate/text/progress",
+            json={"id": job["id"], "seq": 1, "delta": {"content": "Blue is a colour. " * 20}},
+        )
+        assert posted.status_code == 200, posted.text
+        cancelled = await env.client.delete(f"/api/v2/generate/chat/status/{request_id}")
+        assert cancelled.status_code == 200, cancelled.text
+        samples = await scrape(env.client)
+        spent = start - await env.kudos()
+        earned = await env.kudos(env.owner)
+    assert earned > 0
+    assert value(samples, "hordelite_kudos_charged_total") == pytest.approx(spent, abs=0.01)
+    assert value(samples, "hordelite_kudos_rewarded_total") == pytest.approx(earned, abs=0.01)
+    assert value(samples, "hordelite_request_latency_seconds_count", kind="chat") == 0
+
+
+async def test_a_lease_that_runs_out_is_a_fault_by_lease_expired(anyio_backend: str) -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, name="w", models=["m1"]) as worker:
+            await submit_text(client, requester, "Lease me", models=["m1"])
+            assert (await worker.pop())["id"] is not None
+            clock.advance(horde.horde.config.horde.job_ttl + 1)
+            await horde.sweep()
+            samples = await scrape(client)
+    assert value(samples, "hordelite_faults_total", reason="lease_expired") == 1
+    assert value(samples, "hordelite_queue_depth", model="m1", kind="text") == 1
+
+
+async def test_redis_round_trips_are_measured_only_with_redis_signals(anyio_backend: str) -> None:
+    redis_url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    with_redis = Config().replace(signals={"url": redis_url})
+    async with open_horde(config=with_redis) as horde:
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            samples = await scrape(client)
+    assert value(samples, "hordelite_redis_up") == 1
+    assert value(samples, "hordelite_redis_round_trip_seconds") > 0
+    local = Config().replace(signals={"url": ""})
+    async with open_horde(config=local) as horde:
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            samples = await scrape(client)
+    assert not [name for name, _ in samples if name.startswith("hordelite_redis_")]
