@@ -55,10 +55,10 @@ def done_jobs_per_bucket(
         .where(jobs.c.state == "done", jobs.c.submitted >= start, jobs.c.submitted < end)
         .group_by(index)
     )
-    # Rollup minutes are whole multiples of the bucket from a whole start:
-    # integer division is exact on both databases.
+    # Rollup minutes are whole seconds, never before the whole start: integer
+    # division (``//``, no cast to a fraction) is their floor on both databases.
     rolled = select(
-        ((activity_minutes.c.minute - int(start)) / literal(bucket_seconds, Integer)).label("i"),
+        ((activity_minutes.c.minute - int(start)) // literal(bucket_seconds, Integer)).label("i"),
         activity_minutes.c.jobs.label("n"),
         activity_minutes.c.tokens.label("tokens"),
         activity_minutes.c.latency_sum.label("latency"),
