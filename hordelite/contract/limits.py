@@ -203,9 +203,10 @@ MAX_WORKER_IMAGE_BYTES: Final = 20 * 1024 * 1024
 WORKER_IMAGE_FETCH_TIMEOUT: Final = 30.0
 
 # The dashboard's activity figures (/dashboard/activity): jobs done per
-# bucket over the last window (shortened to the horde's retention, past which
-# ended requests and their jobs are deleted), read once per cache period at
-# most however many pages poll it.
+# bucket over the last window (jobs purged past the horde's retention count
+# from the per-minute rollup the purge adds them to, which keeps a window's
+# minutes), read once per cache period at most however many pages poll it.
+# The bucket is a whole number of the rollup's minutes.
 DASHBOARD_WINDOW_SECONDS: Final = 3600
 DASHBOARD_BUCKET_SECONDS: Final = 60
 DASHBOARD_CACHE_SECONDS: Final = 5.0

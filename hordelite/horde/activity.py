@@ -1,5 +1,6 @@
 """The dashboard's activity figures (decision 0044): jobs done, their tokens
-and mean latency per minute over the last hour, read at most once per
+and mean latency per minute over the last hour, whatever the retention (the
+purge rolls up the jobs it deletes), read at most once per
 DASHBOARD_CACHE_SECONDS however many pages ask."""
 
 from __future__ import annotations
@@ -37,16 +38,9 @@ class Activity:
     buckets: tuple[Minute, ...]
 
 
-def window(retention: float) -> int:
-    """Whole buckets of the hour, or of the retention when shorter: past it
-    ended requests and their jobs are deleted, so older buckets would read empty."""
-    seconds = min(DASHBOARD_WINDOW_SECONDS, retention)
-    return max(1, int(seconds // DASHBOARD_BUCKET_SECONDS)) * DASHBOARD_BUCKET_SECONDS
-
-
-async def read_activity(db: Database, now: float, retention: float) -> Activity:
-    """The buckets of the window ending with the current, partial one, oldest first."""
-    seconds = window(retention)
+async def read_activity(db: Database, now: float) -> Activity:
+    """The buckets of the hour ending with the current, partial one, oldest first."""
+    seconds = DASHBOARD_WINDOW_SECONDS
     count = seconds // DASHBOARD_BUCKET_SECONDS
     end = (math.floor(now / DASHBOARD_BUCKET_SECONDS) + 1) * DASHBOARD_BUCKET_SECONDS
     start = end - seconds
@@ -61,17 +55,16 @@ async def read_activity(db: Database, now: float, retention: float) -> Activity:
         if b is None:
             buckets.append(Minute(at, 0, 0, None))
         else:
-            buckets.append(Minute(at, b.jobs, b.tokens, round(b.latency, 3)))
+            buckets.append(Minute(at, b.jobs, b.tokens, round(b.latency_sum / b.jobs, 3)))
     return Activity(DASHBOARD_BUCKET_SECONDS, seconds, tuple(buckets))
 
 
 class ActivityCache:
     """The figures as last read, for DASHBOARD_CACHE_SECONDS of ``clock``."""
 
-    def __init__(self, db: Database, clock: Clock, retention: float) -> None:
+    def __init__(self, db: Database, clock: Clock) -> None:
         self._db = db
         self._clock = clock
-        self._retention = retention
         self._lock = anyio.Lock()
         self._activity: Activity | None = None
         self._read_at = -math.inf
@@ -80,6 +73,6 @@ class ActivityCache:
         async with self._lock:  # one read for every page asking at once
             now = self._clock.now()
             if self._activity is None or not 0 <= now - self._read_at < DASHBOARD_CACHE_SECONDS:
-                self._activity = await read_activity(self._db, now, self._retention)
+                self._activity = await read_activity(self._db, now)
                 self._read_at = now
             return self._activity

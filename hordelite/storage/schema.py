@@ -258,3 +258,19 @@ jobs = Table(
     Column("charge_basis", String(32), nullable=True),
     Index("ix_jobs_state_lease", "state", "lease_expires"),
 )
+
+# The dashboard's activity of jobs no longer stored (decision 0044): when the
+# sweep purges ended requests it first adds their done jobs here, one row per
+# minute they were done in, in the same transaction, so a done job is counted
+# either among the stored jobs or here, never both. Rows older than the
+# dashboard's window go with each sweep: at most an hour's minutes are kept.
+activity_minutes = Table(
+    "activity_minutes",
+    metadata,
+    # The minute's start, seconds since the epoch (a multiple of 60).
+    Column("minute", BigInteger, primary_key=True, autoincrement=False),
+    Column("jobs", Integer, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    # Seconds from each job's request submit to its own, summed.
+    Column("latency_sum", Float, nullable=False),
+)

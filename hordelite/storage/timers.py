@@ -14,6 +14,7 @@ from sqlalchemy import (
 )
 
 from hordelite.contract import faults
+from hordelite.storage.activity import roll_up
 from hordelite.storage.ledger import charge_worker, give_back
 from hordelite.storage.queueing import end_request
 from hordelite.storage.rules import Rules
@@ -117,7 +118,7 @@ def sweep(
         if busy is None:
             end_request(conn, request_id, "expired", now)
             ended.append(request_id)
-    purged = _purge(conn, now - rules.retention)
+    purged = _purge(conn, now - rules.retention, now)
     _drop_idle_classes(conn, now)
     # Every request of an expired job changed (requeued or ended), and a
     # purged one is gone: their cached statuses must not answer.
@@ -160,16 +161,26 @@ def _drop_idle_classes(conn: Connection, now: float) -> None:
     )
 
 
-def _purge(conn: Connection, before: float) -> list[str]:
-    """Delete the requests that ended before ``before``; returns their ids."""
+def _purge(conn: Connection, before: float, now: float) -> list[str]:
+    """Delete the requests that ended before ``before``; returns their ids.
+
+    Their done jobs go to the dashboard's per-minute rollup first, in this
+    transaction: the figures of the deleted rows as the deletes return them,
+    so a job is rolled up exactly when it is deleted."""
     old = select(requests.c.id).where(requests.c.ended < before)
-    conn.execute(delete(jobs).where(jobs.c.request_id.in_(old)))
+    purged_jobs = conn.execute(
+        delete(jobs)
+        .where(jobs.c.request_id.in_(old))
+        .returning(jobs.c.request_id, jobs.c.state, jobs.c.submitted, jobs.c.tokens)
+    ).all()
     conn.execute(delete(request_workers).where(request_workers.c.request_id.in_(old)))
-    return list(
-        conn.execute(delete(requests).where(requests.c.ended < before).returning(requests.c.id))
-        .scalars()
-        .all()
-    )
+    purged = conn.execute(
+        delete(requests)
+        .where(requests.c.ended < before)
+        .returning(requests.c.id, requests.c.created)
+    ).all()
+    roll_up(conn, purged_jobs, {r.id: r.created for r in purged}, now)
+    return [r.id for r in purged]
 
 
 def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:

@@ -5,13 +5,17 @@ page in Chromium."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from markupsafe import escape
+from sqlalchemy import Connection, func, select
 
 from hordelite.clock import ManualClock
 from hordelite.config import Config
 from hordelite.contract.kudos import billed_tokens
+from hordelite.storage.schema import activity_minutes, jobs
 from hordelite.testing import FakeTextWorker, open_horde
 from tests.integration._chat_helpers import MODEL, STRICT, ChatEnv, open_chat_horde, pop_job
 
@@ -141,12 +145,92 @@ async def test_activity_counts_the_done_jobs_their_tokens_and_mean_latency_per_m
         assert later["buckets"][-1]["jobs"] == 3
 
 
-async def test_activity_covers_no_more_than_the_retention_past_which_jobs_are_deleted() -> None:
-    async with open_chat_horde(retention=600) as env:
+def _rollup(conn: Connection) -> dict[float, tuple[int, int, float]]:
+    rows = conn.execute(select(activity_minutes)).all()
+    return {float(m): (int(n), int(t), float(s)) for m, n, t, s in rows}
+
+
+def _stored_done_jobs(conn: Connection) -> int:
+    return int(conn.execute(select(func.count()).where(jobs.c.state == "done")).scalar_one())
+
+
+async def _busy_minutes(env: ChatEnv) -> dict[float, dict[str, Any]]:
+    """The activity's buckets that saw a job, by start; checks the window is the hour."""
+    body = (await env.client.get("/dashboard/activity")).json()
+    assert body["window_seconds"] == 3600
+    assert len(body["buckets"]) == 60
+    return {b["start"]: b for b in body["buckets"] if b["jobs"]}
+
+
+@pytest.mark.usefixtures("chat_database")
+async def test_activity_covers_the_hour_past_the_retention_from_the_jobs_the_purge_rolled_up() -> (
+    None
+):
+    clock = ManualClock(1_800_000_000.0)  # a minute boundary
+    t0 = clock.now()
+    async with open_chat_horde(clock=clock, retention=600) as env:
+        db = env.horde.horde.db
+        worker = await env.text_worker("counter")
+        # Minute 0: jobs done at t0 + 10 (5 s after their request) and t0 + 50 (20 s).
+        clock.advance(5)
+        await _done_text_job(env, clock, worker, "a" * 40, 5)
+        clock.advance(20)
+        await _done_text_job(env, clock, worker, "b" * 100, 20)
+        # Minute 1: one done at t0 + 72 (2 s).
+        clock.advance(20)
+        await _done_text_job(env, clock, worker, "c" * 8, 2)
+        assert clock.now() == t0 + 72
+        minute_0 = {
+            "start": t0,
+            "jobs": 2,
+            "tokens": billed_tokens(40, 80) + billed_tokens(100, 80),
+            "latency": 12.5,
+        }
+        minute_1 = {"start": t0 + 60, "jobs": 1, "tokens": billed_tokens(8, 80), "latency": 2.0}
+        assert await _busy_minutes(env) == {t0: minute_0, t0 + 60: minute_1}
+
+        # Past the retention of the first request only: minute 0 is half
+        # rolled up, half stored, and reads the same.
+        clock.advance(630 - 72)
+        await env.horde.sweep()
+        assert await db.read(_stored_done_jobs) == 2
+        assert await db.read(_rollup) == {t0: (1, billed_tokens(40, 80), 5.0)}
+        assert await _busy_minutes(env) == {t0: minute_0, t0 + 60: minute_1}
+
+        # Every job purged: a later sweep adds to minute 0's row.
+        clock.advance(70)
+        await env.horde.sweep()
+        assert await db.read(_stored_done_jobs) == 0
+        assert await db.read(_rollup) == {
+            t0: (2, minute_0["tokens"], 25.0),
+            t0 + 60: (1, billed_tokens(8, 80), 2.0),
+        }
+        assert await _busy_minutes(env) == {t0: minute_0, t0 + 60: minute_1}
+
+        # Minute 20: a job done at t0 + 1217 (7 s), stored beside the rollup.
+        clock.advance(1210 - 700)
+        await _done_text_job(env, clock, worker, "d" * 60, 7)
+        minute_20 = {
+            "start": t0 + 1200,
+            "jobs": 1,
+            "tokens": billed_tokens(60, 80),
+            "latency": 7.0,
+        }
+        busy = await _busy_minutes(env)
+        assert busy == {t0: minute_0, t0 + 60: minute_1, t0 + 1200: minute_20}
+
+        # An hour on, minute 0 has left the window and its row is deleted;
+        # minute 1 is the window's first bucket.
+        clock.advance(3610 - 1217)
+        await env.horde.sweep()
+        assert await db.read(_stored_done_jobs) == 0
+        assert await db.read(_rollup) == {
+            t0 + 60: (1, billed_tokens(8, 80), 2.0),
+            t0 + 1200: (1, billed_tokens(60, 80), 7.0),
+        }
         body = (await env.client.get("/dashboard/activity")).json()
-        assert body["window_seconds"] == 600
-        assert len(body["buckets"]) == 10
-        assert {b["jobs"] for b in body["buckets"]} == {0}
+        assert body["buckets"][0]["start"] == t0 + 60
+        assert await _busy_minutes(env) == {t0 + 60: minute_1, t0 + 1200: minute_20}
 
 
 async def test_activity_takes_no_input_and_writes_nothing() -> None:

@@ -182,6 +182,10 @@ async def test_the_page_shows_the_pool_and_a_reply_streams_in_before_the_worker_
                     assert time.monotonic() < deadline, summary.inner_text()
                     page.wait_for_timeout(250)
                     refresh(page)
+                # The whole hour, whatever the retention (30 min by default).
+                assert summary.inner_text().startswith("Last hour: 1 jobs done"), (
+                    summary.inner_text()
+                )
                 assert page.locator("#chart-jobs polyline").count() == 1
                 screenshot(page, f"dashboard-desktop-{anyio_backend}")
 

@@ -177,3 +177,38 @@ def test_upgrading_a_version_4_database_keeps_its_workers_online_300_s_after_the
     online = db.run_sync(queries.online_workers, False, NOW + 299)
     assert [w.id for w in online] != []
     assert db.run_sync(queries.online_workers, False, NOW + 301) == []
+
+
+def _as_version_5(conn: Connection) -> None:
+    """Put the database back in version 5's shape: no activity_minutes."""
+    conn.exec_driver_sql("DROP TABLE activity_minutes")
+    conn.execute(update(schema.schema_version).values(version=5))
+
+
+def _minute_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
+    rows = conn.execute(select(schema.activity_minutes)).all()
+    return [(int(m), int(n), int(t), float(s)) for m, n, t, s in rows]
+
+
+def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_the_data(
+    empty_database: Database,
+) -> None:
+    db = empty_database
+    db.run_sync(upgrade, True)
+    user_id = db.run_sync(queries.create_user, True, "bob", new_key_hash(), 0.0, False, False, NOW)
+    db.run_sync(_as_version_5, True)
+    assert "activity_minutes" not in db.run_sync(_tables, False)
+
+    before, after = db.run_sync(upgrade, True)
+
+    assert (before, after) == (5, LATEST)
+    assert db.run_sync(_minute_rows, False) == []
+    assert db.run_sync(queries.user_by_id, False, user_id).username == "bob"
+    # The table takes rows: the sweep's purge writes there.
+    db.run_sync(
+        lambda conn: conn.execute(
+            insert(schema.activity_minutes).values(minute=60, jobs=1, tokens=2, latency_sum=3.0)
+        ),
+        True,
+    )
+    assert db.run_sync(_minute_rows, False) == [(60, 1, 2, 3.0)]

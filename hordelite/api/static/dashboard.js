@@ -135,7 +135,7 @@
       const mean = timed.length
         ? timed.reduce(function (a, b) { return a + b.latency * b.jobs; }, 0) / total : null;
       $("activity-summary").textContent =
-        "Last " + Math.round(activity.window_seconds / 60) + " min: " + total + " jobs done, " +
+        "Last hour: " + total + " jobs done, " +
         tokens + " tokens" + (mean === null ? "" : ", mean latency " + mean.toFixed(1) + " s");
       chart($("chart-jobs"), jobs);
       chart($("chart-latency"), latency);
