@@ -26,7 +26,11 @@ The arithmetic a worker's fit check is tested against:
   = ``template_overhead + ceil(bytes(tool preamble + messages) / 4)``;
   of a text completion = ``count_tokens(prompt)`` (no template).
 * ``POST /tokenize`` of a text answers ``max(0, count_tokens(text) - undercount)``
-  tokens. An exact counter (``/apply-template`` then ``/tokenize``) therefore
+  tokens: the ids of its 4-byte pieces (each piece's bytes as a little-endian
+  number), no BOS. ``POST /detokenize`` joins the pieces of ``tokens`` again
+  (a NUL byte ending a piece is lost). ``/v1/completions`` takes a prompt of
+  token ids too, as llama.cpp's server does: ``prompt_tokens`` is their
+  number, the text echoed their pieces (invalid UTF-8 replaced). An exact counter (``/apply-template`` then ``/tokenize``) therefore
   matches ``usage.prompt_tokens`` when ``undercount == 0`` and is short by
   ``undercount`` otherwise.
 * The byte-length bound: each message renders (markup included) to about
@@ -67,7 +71,9 @@ required properties), ``finish_reason`` ``"tool_calls"`` and content null (or
 just the reasoning block); each call counts ``count_tokens(name) +
 count_tokens(arguments)`` completion tokens, and ``max_tokens`` does not cut
 calls. A request whose ``prompt_tokens`` plus ``max_tokens`` exceed
-``context`` is refused with 400 ``context_length_exceeded``, as vLLM does.
+``context`` is refused with 400 ``context_length_exceeded``, as vLLM does
+(or, with ``overflow_error="llamacpp"``, as llama.cpp's server does: the
+error's ``type`` ``exceed_context_size_error``, its ``code`` 400).
 Sampling fields (``temperature``, ``stop``, ``seed``...) change nothing; they
 are recorded in :attr:`FakeBackend.requests` as sent.
 """
@@ -126,12 +132,16 @@ class FakeBackendConfig:
     #: A backend outage: every route, ``/health`` included, answers 503, and a
     #: stream in flight ends at its next token without a finish or ``[DONE]``.
     fail: bool = False
-    #: Serve llama.cpp's counter routes ``/tokenize`` and ``/apply-template``;
+    #: Serve llama.cpp's counter routes ``/tokenize``, ``/detokenize`` and ``/apply-template``;
     #: ``False`` answers them 404, as a backend without a counter (vLLM, Ollama).
     counter: bool = True
     #: Report a loaded multimodal projector (``/props`` ``modalities.vision``,
     #: as newer llama.cpp servers do): the worker then declares ``vision``.
     vision: bool = False
+    #: How a prompt over the context is refused: ``"vllm"`` (the error's
+    #: ``code`` ``context_length_exceeded``) or ``"llamacpp"`` (its ``type``
+    #: ``exceed_context_size_error``).
+    overflow_error: str = "vllm"
 
 
 def count_tokens(text: str) -> int:
@@ -279,10 +289,18 @@ class _Reply:
 
 
 class _BadRequest(HordeliteError):
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | int | None = None,
+        param: str | None = None,
+        kind: str | None = None,
+    ):
         super().__init__(message)
         self.code = code
         self.param = param
+        self.kind = kind
 
 
 def _words(text: str) -> list[str]:
@@ -378,13 +396,20 @@ def _chat_reply(body: JSON, config: FakeBackendConfig, call_ids: Iterator[int]) 
     return _Reply(tokens, [], finish, len(tokens))
 
 
-def _text_reply(body: JSON) -> _Reply:
-    tokens, finish = _cut(_words(f"echo: {body['prompt']}"), _max_tokens(body))
+def _text_reply(body: JSON, prompt: str) -> _Reply:
+    tokens, finish = _cut(_words(f"echo: {prompt}"), _max_tokens(body))
     return _Reply(tokens, [], finish, len(tokens))
 
 
 def _check_fit(prompt_tokens: int, body: JSON, config: FakeBackendConfig) -> None:
     requested = prompt_tokens + (_max_tokens(body) or 0)
+    if requested > config.context and config.overflow_error == "llamacpp":
+        raise _BadRequest(
+            f"request ({requested} tokens) exceeds the available context size "
+            f"({config.context} tokens), try increasing it",
+            code=400,
+            kind="exceed_context_size_error",
+        )
     if requested > config.context:
         raise _BadRequest(
             f"This model's maximum context length is {config.context} tokens. However, you "
@@ -428,6 +453,11 @@ class FakeBackend:
         ids = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, len(raw), 4)]
         return ids[: max(0, len(ids) - self.config.undercount)]
 
+    @staticmethod
+    def detokenize(ids: Sequence[int]) -> str:
+        """What ``/detokenize`` answers: the pieces joined, invalid UTF-8 replaced."""
+        return b"".join(_piece(i) for i in ids).decode(errors="replace")
+
     def _reply_to_chat(self, body: JSON) -> tuple[_Reply, int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -440,14 +470,33 @@ class FakeBackend:
         return _chat_reply(body, self.config, self._call_ids), prompt_tokens
 
     def _reply_to_text(self, body: JSON) -> tuple[_Reply, int]:
-        if not isinstance(body.get("prompt"), str):
-            raise _BadRequest("prompt must be a string", param="prompt")
-        prompt_tokens = count_tokens(body["prompt"])
+        prompt: Any = body.get("prompt")
+        if _token_ids(prompt):
+            prompt_tokens, text = len(prompt), self.detokenize(prompt)
+        elif isinstance(prompt, str):
+            prompt_tokens, text = count_tokens(prompt), prompt
+        else:
+            raise _BadRequest("prompt must be a string or token ids", param="prompt")
         _check_fit(prompt_tokens, body, self.config)
-        return _text_reply(body), prompt_tokens
+        return _text_reply(body, text), prompt_tokens
 
     def _next_reply_id(self) -> int:
         return next(self._reply_ids)
+
+
+def _piece(token: int) -> bytes:
+    """The bytes of a fake token id (a NUL byte ending its piece is lost)."""
+    if not 0 <= token < 2**32:
+        raise _BadRequest(f"no such token: {token}", param="tokens")
+    return token.to_bytes(4, "little").rstrip(b"\x00")
+
+
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    )
 
 
 # The HTTP surface.
@@ -458,9 +507,14 @@ def _json(body: Any, status: int = 200) -> Response:
 
 
 def _error(
-    status: int, message: str, *, code: str | None = None, param: str | None = None
+    status: int,
+    message: str,
+    *,
+    code: str | int | None = None,
+    param: str | None = None,
+    kind: str | None = None,
 ) -> Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
     return _json(
         {"error": {"message": message, "type": kind, "param": param, "code": code}}, status
     )
@@ -633,14 +687,14 @@ def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
         backend.requests.append({"path": request.path, "body": await _body()})
         if backend.config.fail:
             return _error(503, "the backend is unavailable")
-        counters = ("/tokenize", "/apply-template")
+        counters = ("/tokenize", "/detokenize", "/apply-template")
         if request.path in counters and not backend.config.counter:
             return _error(404, f"{request.path} is not served by this backend")
         return None
 
     @app.errorhandler(_BadRequest)
     async def _bad_request(exc: _BadRequest) -> Response:
-        return _error(400, str(exc), code=exc.code, param=exc.param)
+        return _error(400, str(exc), code=exc.code, param=exc.param, kind=exc.kind)
 
     @app.errorhandler(404)
     async def _not_found(exc: Exception) -> Response:
@@ -683,6 +737,13 @@ def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
         if not isinstance(content, str):
             raise _BadRequest("content must be a string", param="content")
         return _json({"tokens": backend.tokenize(content)})
+
+    @app.post("/detokenize")
+    async def _detokenize() -> Response:
+        tokens = (await _json_body()).get("tokens")
+        if not isinstance(tokens, list) or not (tokens == [] or _token_ids(tokens)):
+            raise _BadRequest("tokens must be an array of token ids", param="tokens")
+        return _json({"content": backend.detokenize(tokens)})
 
     @app.post("/v1/chat/completions")
     async def _chat() -> Response:

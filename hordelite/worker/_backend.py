@@ -8,12 +8,14 @@ Routes used, and where each comes from:
 - llama.cpp's server: ``GET /props`` (``default_generation_settings.n_ctx``,
   the context of one slot; ``total_slots``; ``modalities.vision``, whether
   a multimodal projector is loaded), ``POST /apply-template`` (the
-  prompt a chat body renders to) and ``POST /tokenize`` (its tokens);
+  prompt a chat body renders to) and ``POST /tokenize`` (its tokens; also a
+  text prompt's, to trim one over the context: hordelite/worker/_trim.py);
 - koboldcpp: ``GET /api/extra/version`` (``{"result": "KoboldCpp"}``),
   ``GET /api/extra/true_max_context_length`` (``{"value": n}``),
   ``POST /api/extra/tokencount`` (``{"value": n}`` for ``{"prompt": text}``);
 - vLLM: ``max_model_len`` on each model of ``/v1/models``, and ``POST
-  /tokenize`` with ``messages`` (the chat template applied: ``{"count"}``);
+  /tokenize`` with ``messages`` (the chat template applied: ``{"count"}``)
+  or with a text ``prompt`` (``{"tokens"}``, to trim one over the context);
 - Ollama: ``GET /api/version``, ``POST /api/show`` (``parameters`` may set
   ``num_ctx``; ``capabilities`` lists ``vision`` for a model that reads images) and ``GET /api/ps`` (``context_length`` of a loaded model).
 """

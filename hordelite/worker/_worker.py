@@ -44,6 +44,7 @@ from hordelite.worker._reply import (
     reported_counts,
     text_completion_body,
 )
+from hordelite.worker._trim import PromptTrimmer, prompt_trimmer
 
 log = logging.getLogger("hordelite.worker")
 
@@ -145,6 +146,7 @@ class Worker:
         self._wait = config.wait  # lowered to 0 if the horde allows no such long-poll
         self._counter: Counter | None = None
         self._bound: TemplateBound | None = None
+        self._trimmer = PromptTrimmer(None)
         self._backend: Backend | None = None
         self._horde: HordeClient | None = None
         self._images: ImageFetcher | None = None
@@ -185,7 +187,7 @@ class Worker:
             with anyio.CancelScope() as self._start_scope:
                 if self._stopping:
                     self._start_scope.cancel()
-                self.declaration, self._counter, self._bound = await self._declare()
+                self.declaration, self._counter, self._bound, self._trimmer = await self._declare()
             if self.declaration is None:
                 return  # stopped before the backend answered
             task_status.started(self.declaration)
@@ -258,13 +260,23 @@ class Worker:
         log.info("serving from the fake backend at %s (no model: replies are echoes)", fake.url)
         return fake.url
 
-    async def _declare(self) -> tuple[Declaration, Counter, TemplateBound | None]:
-        """The declaration, once the backend answers (retried with backoff)."""
+    async def _declare(
+        self,
+    ) -> tuple[Declaration, Counter, TemplateBound | None, PromptTrimmer]:
+        """The declaration and how text prompts are trimmed, once the
+        backend answers (retried with backoff)."""
         assert self._backend is not None
         attempt = 0
         while True:
             try:
-                return await declare(self._backend, self.config)
+                declaration, counter, bound = await declare(self._backend, self.config)
+                trimmer = await prompt_trimmer(
+                    self._backend, declaration.backend_kind, declaration.backend_model
+                )
+                log.info(
+                    "text prompts over the context: trimmed from their start, %s", trimmer.name
+                )
+                return declaration, counter, bound, trimmer
             except BackendError as exc:
                 if not exc.down:
                     raise WorkerError(f"the backend refused the start probe: {exc}") from exc
@@ -498,6 +510,7 @@ class Worker:
         d = self.declaration
         body = text_completion_body(run.payload, d.backend_model, d.backend_kind)
         check_sendable(body)
+        await self._trim(run, body)
         answer = await self._backend.complete(body)
         choice = _first_choice(answer)
         run.tokens = reported_counts(answer.get("usage")).get("completion_tokens")
@@ -505,6 +518,30 @@ class Worker:
         await self._submit_reply(
             run, {"id": run.id, "state": "ok", "generation": text if isinstance(text, str) else ""}
         )
+
+    async def _trim(self, run: _Run, body: dict[str, Any]) -> None:
+        """Trim a text prompt that does not fit from its start, keeping its
+        end (KoboldAI's way; text jobs carry no guarantee against it)."""
+        assert self.declaration is not None
+        context = min(
+            int(run.payload.get("max_context_length") or self.declaration.context),
+            self.declaration.context,
+        )
+        max_length = int(run.payload["max_length"])
+        trimmed = await self._trimmer.fit(body["prompt"], context - max_length)
+        if trimmed is None:
+            return
+        log.info(
+            "job %s: the prompt plus max_length %d does not fit the context of %d: "
+            "trimmed from its start, %d %s to %d",
+            run.id,
+            max_length,
+            context,
+            trimmed.before,
+            trimmed.unit,
+            trimmed.after,
+        )
+        body["prompt"] = trimmed.prompt
 
     async def _chat_job(self, run: _Run) -> None:
         assert self._backend is not None

@@ -392,6 +392,113 @@ async def test_a_text_job_goes_to_the_completions_route_with_its_samplers_and_it
     assert (sent["top_k"], sent["repeat_penalty"]) == (40, 1.1)
 
 
+# A text prompt over the context: trimmed from its start (decision 0046).
+
+TRIM_CONTEXT = 200  # the fake's context, and the payload's max_context_length
+TRIM_MAX_LENGTH = 40
+
+
+async def text_job(env: Env, prompt: str, max_context_length: int = TRIM_CONTEXT) -> dict[str, Any]:
+    """Queue a native text request; its status once it ended."""
+    params = {"max_length": TRIM_MAX_LENGTH, "max_context_length": max_context_length}
+    r = await env.client.post(
+        TEXT_ASYNC,
+        headers={"apikey": env.requester},
+        json={"prompt": prompt, "params": params, "models": [MODEL]},
+    )
+    assert r.status_code == 202, r.text
+    request_id = r.json()["id"]
+    path = f"/api/v2/generate/text/status/{request_id}"
+    return await env.status_when(request_id, lambda s: s["done"] or s["faulted"], path)
+
+
+def numbered_words(count: int) -> str:
+    return " ".join(f"w{i:04d}" for i in range(count))
+
+
+async def test_a_text_prompt_that_fits_by_its_bytes_is_sent_as_is_in_one_backend_call() -> None:
+    config = FakeBackendConfig(context=TRIM_CONTEXT, overflow_error="llamacpp")
+    async with environment(config) as env, serving(env, env.config(max_length=64)):
+        before = len(env.fake.requests)
+        prompt = "Once upon a time"
+        status = await text_job(env, prompt)
+        calls = env.fake.requests[before:]
+    assert status["done"], status
+    assert [c["path"] for c in calls] == ["/v1/completions"]
+    assert calls[0]["body"]["prompt"] == prompt
+    assert status["generations"][0]["text"] == f"echo: {prompt}"
+
+
+async def test_a_text_prompt_over_the_context_keeps_its_last_tokens_counted_by_the_backend(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hordelite.worker")
+    config = FakeBackendConfig(context=TRIM_CONTEXT, overflow_error="llamacpp")
+    prompt = numbered_words(500)  # 3000 bytes: 750 of the fake's tokens
+    limit = TRIM_CONTEXT - TRIM_MAX_LENGTH
+    async with environment(config) as env, serving(env, env.config(max_length=64)):
+        before = len(env.fake.requests)
+        status = await text_job(env, prompt)
+        calls = env.fake.requests[before:]
+        tokens = env.fake.tokenize(prompt)
+    assert status["done"], status
+    # Counted once, then sent as the token ids it keeps: exactly the limit,
+    # the END of the prompt.
+    assert [c["path"] for c in calls] == ["/tokenize", "/v1/completions"]
+    assert calls[0]["body"] == {"content": prompt, "add_special": True, "parse_special": True}
+    sent = calls[1]["body"]["prompt"]
+    assert len(tokens) == 750
+    assert sent == tokens[-limit:]
+    kept = env.fake.detokenize(sent)
+    assert prompt.endswith(kept)
+    assert kept.endswith("w0499")
+    assert len(sent) + TRIM_MAX_LENGTH <= TRIM_CONTEXT
+    assert status["generations"][0]["text"] == "".join(words(f"echo: {kept}")[:TRIM_MAX_LENGTH])
+    assert any(f"trimmed from its start, 750 tokens to {limit}" in m for m in caplog.messages), (
+        caplog.messages
+    )
+
+
+async def test_a_text_prompt_within_its_tokens_but_not_its_bytes_is_counted_and_sent_whole() -> (
+    None
+):
+    config = FakeBackendConfig(context=TRIM_CONTEXT, overflow_error="llamacpp")
+    prompt = "abcd" * 150  # 600 bytes but 150 of the fake's tokens: fits 160
+    async with environment(config) as env, serving(env, env.config(max_length=64)):
+        before = len(env.fake.requests)
+        status = await text_job(env, prompt)
+        calls = env.fake.requests[before:]
+    assert status["done"], status
+    assert [c["path"] for c in calls] == ["/tokenize", "/v1/completions"]
+    assert calls[1]["body"]["prompt"] == prompt
+
+
+async def test_without_a_tokenizer_a_text_prompt_over_the_context_keeps_its_last_bytes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hordelite.worker")
+    # No /tokenize: cut by bytes, whole characters (two-byte ones here).
+    config = FakeBackendConfig(context=TRIM_CONTEXT, counter=False, overflow_error="llamacpp")
+    prompt = " ".join(f"mot{i}é" for i in range(300))
+    limit = TRIM_CONTEXT - TRIM_MAX_LENGTH
+    async with environment(config) as env, serving(env, env.config(max_length=64)):
+        before = len(env.fake.requests)
+        status = await text_job(env, prompt)
+        calls = env.fake.requests[before:]
+    assert any("cut to their last bytes" in m for m in caplog.messages)
+    assert status["done"], status
+    assert [c["path"] for c in calls] == ["/v1/completions"]
+    sent = calls[0]["body"]["prompt"]
+    assert isinstance(sent, str)
+    assert prompt.endswith(sent)
+    # limit - 2 bytes at most (BOS and a prefix token), one fewer where the
+    # cut would split an "é".
+    assert limit - 3 <= len(sent.encode()) <= limit - 2
+    assert any(
+        f"{len(prompt.encode())} bytes to {len(sent.encode())}" in m for m in caplog.messages
+    )
+
+
 async def test_a_chat_job_is_generated_with_every_sampling_field_as_sent_and_submitted_structured() -> (
     None
 ):

@@ -361,6 +361,48 @@ async def test_a_native_text_request_is_completed_by_the_model_through_v1_comple
     assert again["usage"]["completion_tokens"] == 16
 
 
+async def test_a_native_text_prompt_over_the_context_is_trimmed_from_its_start_and_completed(
+    env: Env,
+) -> None:
+    """KoboldAI's way: the END of a text prompt that does not fit is kept,
+    counted by llama-server's /tokenize and sent as token ids, BOS first."""
+    _, model_id = await declared_model(env.llama)
+    prompt = " ".join(f"w{i:03d}" for i in range(120))  # 599 characters: one token each
+    max_length = 16
+    tokens = (await env.llama.post("/tokenize", {"content": prompt, **SPECIAL}))["tokens"]
+    assert len(tokens) > 2 * CONTEXT
+    r = await env.client.post(
+        "/api/v2/generate/text/async",
+        headers={"apikey": env.requester},
+        json={
+            "prompt": prompt,
+            "models": [model_id],
+            "params": {"max_length": max_length, "max_context_length": CONTEXT},
+        },
+    )
+    assert r.status_code == 202, r.text
+    status = await env.status_when_ended(text_status_path(r.json()["id"]))
+    assert status["done"], (status, env.log()[-2000:])
+    assert len(status["generations"][0]["text"]) >= 1
+    assert {"content": prompt, **SPECIAL} in env.relay.bodies("/tokenize")
+    [sent] = [
+        b
+        for b in env.relay.bodies("/v1/completions")
+        if isinstance(b["prompt"], list) and b["prompt"][-1] == tokens[-1]
+    ]
+    kept = CONTEXT - max_length - 1
+    assert sent["prompt"] == [tokens[0], *tokens[-kept:]]  # the BOS, then the end
+    assert sent["max_tokens"] == max_length
+    end = (await env.llama.post("/detokenize", {"tokens": sent["prompt"][1:]}))["content"]
+    assert prompt.endswith(end)
+    assert end.endswith("w119")
+    # What llama-server itself takes in for it: the BOS and the kept tokens, fitting.
+    again = await env.llama.post("/v1/completions", sent)
+    assert again["usage"]["prompt_tokens"] == 1 + kept
+    assert again["usage"]["prompt_tokens"] + max_length <= CONTEXT
+    await env.until(lambda: f"{len(tokens)} tokens to {1 + kept}" in env.log())
+
+
 async def test_a_prompt_llama_server_refuses_as_over_its_context_is_faulted_prompt_overflow(
     env: Env, tmp_path: Path
 ) -> None:

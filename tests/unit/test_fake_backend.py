@@ -285,6 +285,15 @@ async def test_a_conversation_that_does_not_fit_the_context_is_refused_with_400(
     assert overflows.json()["error"]["code"] == "context_length_exceeded"
 
 
+async def test_a_llamacpp_style_backend_refuses_an_overflow_as_llama_servers_does() -> None:
+    async with running(context=200, overflow_error="llamacpp") as (_, client):
+        r = await client.post("/v1/completions", json={"prompt": "x" * 800, "max_tokens": 10})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["type"], error["code"]) == ("exceed_context_size_error", 400)
+    assert "exceeds the available context size" in error["message"]
+
+
 # Tool calls.
 
 
@@ -511,6 +520,31 @@ async def test_a_text_completion_echoes_the_prompt_whole_and_streamed() -> None:
     assert events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "echo: Once upon"
     assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_detokenize_joins_the_pieces_tokenize_made() -> None:
+    text = "Once upon a time, déjà vu 🙂."
+    async with running() as (backend, client):
+        ids = (await client.post("/tokenize", json={"content": text})).json()["tokens"]
+        whole = (await client.post("/detokenize", json={"tokens": ids})).json()
+        tail = (await client.post("/detokenize", json={"tokens": ids[-2:]})).json()
+        bad = await client.post("/detokenize", json={"tokens": ["a"]})
+    assert whole == {"content": text}
+    assert text.encode().endswith(tail["content"].encode())
+    assert tail["content"] == backend.detokenize(ids[-2:])
+    assert bad.status_code == 400
+
+
+async def test_a_text_completion_of_token_ids_counts_them_and_echoes_their_text() -> None:
+    async with running(context=20) as (backend, client):
+        ids = backend.tokenize("Once upon a time there")  # 22 bytes: 6 tokens
+        whole = await client.post("/v1/completions", json={"prompt": ids, "max_tokens": 14})
+        over = await client.post("/v1/completions", json={"prompt": ids, "max_tokens": 15})
+    assert len(ids) == 6
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["usage"]["prompt_tokens"] == 6
+    assert whole.json()["choices"][0]["text"] == "echo: Once upon a time there"
+    assert over.status_code == 400
 
 
 # Run-time knobs, the request log, determinism.
