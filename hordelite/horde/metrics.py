@@ -62,6 +62,16 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
 UNMATCHED_ROUTE = "unmatched"
 # The model label of the queue of requests that accept any model.
 ANY_MODEL = "any"
+# The model label of the requests none of whose models an online worker
+# serves: a client names models freely, so a name becomes a label only once
+# a worker serves it (the label set is the pool's, not the clients').
+UNSERVED_MODELS = "unserved"
+
+
+def model_label(model: str | None) -> str:
+    if model is None:
+        return UNSERVED_MODELS
+    return model or ANY_MODEL
 
 
 class HordeMetrics:
@@ -218,19 +228,20 @@ async def scrape(horde: Horde) -> bytes:
         )
         try:
             with anyio.fail_after(READY_CHECK_SECONDS):
-                now = horde.clock.now()
-                depth = await horde.db.read(q.queue_depth)
-                online = await horde.online_workers(now)
+                online = await horde.online_workers(horde.clock.now())
+                served = frozenset(m for w in online for m in w.models)
+                depth = await horde.db.read(q.queue_depth, served)
         except (StorageUnavailable, TimeoutError):
             pass  # the database went away since its ping: no figures from it
         else:
             scraped.append(
                 labelled_gauge(
                     "hordelite_queue_depth",
-                    "Jobs waiting for a worker, by model (any: requests for any model) "
-                    "and kind (text, chat).",
+                    "Jobs waiting for a worker, by model an online worker serves (any: "
+                    "requests for any model; unserved: requests for none of them) and "
+                    "kind (text, chat).",
                     ["model", "kind"],
-                    {(model or ANY_MODEL, kind): jobs for (model, kind), jobs in depth.items()},
+                    {(model_label(model), kind): jobs for (model, kind), jobs in depth.items()},
                 )
             )
             scraped.append(gauge("hordelite_workers_online", "Workers online.", len(online)))

@@ -6,6 +6,7 @@ import dataclasses
 
 from sqlalchemy import (
     Connection,
+    case,
     delete,
     exists,
     func,
@@ -198,13 +199,33 @@ def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
     return {model: (int(count), int(tokens)) for model, count, tokens in rows}
 
 
-def queue_depth(conn: Connection) -> dict[tuple[str, str], int]:
-    """Per (model, kind): the jobs waiting for a worker, in one statement
-    (the metrics scrape). "" is the any-model queue; a request for several
-    models counts under each of them."""
+def queue_depth(conn: Connection, served: frozenset[str]) -> dict[tuple[str | None, str], int]:
+    """Per (model, kind): the jobs waiting for a worker (the metrics scrape),
+    in two statements. ``model`` is one of ``served`` (a request for several
+    models counts under each), "" for the any-model queue, or None for the
+    requests of which no model is in ``served``, each counted once: clients
+    name models freely, so only the served ones become labels."""
+    listed = {m for m in served if m}
     rows = conn.execute(
         select(queue.c.model, queue.c.kind, func.coalesce(func.sum(requests.c.remaining), 0))
         .join(requests, requests.c.id == queue.c.request_id)
+        .where(queue.c.model.in_(listed | {""}))
         .group_by(queue.c.model, queue.c.kind)
     ).all()
-    return {(model, kind): int(jobs) for model, kind, jobs in rows}
+    depth: dict[tuple[str | None, str], int] = {
+        (model, kind): int(waiting_jobs) for model, kind, waiting_jobs in rows
+    }
+    reachable = func.sum(case((queue.c.model.in_(listed | {""}), 1), else_=0))
+    waiting = (
+        select(queue.c.request_id, queue.c.kind)
+        .group_by(queue.c.request_id, queue.c.kind)
+        .having(reachable == 0)
+        .subquery()
+    )
+    for kind, waiting_jobs in conn.execute(
+        select(waiting.c.kind, func.coalesce(func.sum(requests.c.remaining), 0))
+        .join(requests, requests.c.id == waiting.c.request_id)
+        .group_by(waiting.c.kind)
+    ).all():
+        depth[(None, kind)] = int(waiting_jobs)
+    return depth

@@ -275,3 +275,28 @@ async def test_redis_round_trips_are_measured_only_with_redis_signals(anyio_back
         async with httpx.AsyncClient(base_url=horde.url) as client:
             samples = await scrape(client)
     assert not [name for name, _ in samples if name.startswith("hordelite_redis_")]
+
+
+async def test_queue_depth_labels_only_the_models_an_online_worker_serves(
+    anyio_backend: str,
+) -> None:
+    # Clients name models freely: a request for 60 names nobody serves adds
+    # one job to model="unserved", never 60 series of the client's choosing.
+    made_up = [f"made-up-{i}" for i in range(60)]
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        requester = await horde.create_key("alice", kudos=1000)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, name="w", models=["m1"]) as worker:
+            assert (await worker.pop())["id"] is None  # online, the queue empty
+            await submit_text(client, requester, "Nobody serves these", models=made_up)
+            await submit_text(client, requester, "Served and not", models=["m1", *made_up])
+            await submit_text(client, requester, "Any model at all")
+            samples = await scrape(client)
+    depth = {
+        labels: jobs for (name, labels), jobs in samples.items() if name == "hordelite_queue_depth"
+    }
+    assert depth == {
+        (("kind", "text"), ("model", "any")): 1,
+        (("kind", "text"), ("model", "m1")): 1,
+        (("kind", "text"), ("model", "unserved")): 1,
+    }
