@@ -377,8 +377,9 @@ def counted(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> di
             0.0,
         ),
         "done": samples.get(("hordelite_request_latency_seconds_count", (("kind", "text"),)), 0.0),
+        # No online worker serves IDLE_MODEL: its requests are "unserved".
         "queued": samples.get(
-            ("hordelite_queue_depth", (("kind", "text"), ("model", IDLE_MODEL))), 0.0
+            ("hordelite_queue_depth", (("kind", "text"), ("model", "unserved"))), 0.0
         ),
         "workers": samples.get(("hordelite_workers_online", ()), 0.0),
     }
