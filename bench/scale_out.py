@@ -72,10 +72,8 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -94,6 +92,7 @@ import front as fr
 import psycopg
 import stream as st
 import text_cycle as tc
+from _common import machine_cpu, process_cpu, process_tree
 
 from hordelite.storage.database import Database
 
@@ -221,33 +220,12 @@ def flush_redis(url: str) -> None:
 # Processes, from /proc --------------------------------------------------------
 
 
-def _stat_fields(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and its descendants, alive now (a server may run worker processes)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                children.setdefault(int(_stat_fields(int(entry.name))[1]), []).append(
-                    int(entry.name)
-                )
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    return tree
-
-
 def cpu_by_pid(pids: Sequence[int]) -> dict[int, float]:
     """CPU seconds each live process of ``pids`` has used (gone ones left out)."""
     seconds = {}
     for pid in pids:
         with contextlib.suppress(OSError):
-            seconds[pid] = tc.process_cpu(pid)
+            seconds[pid] = process_cpu(pid)
     return seconds
 
 
@@ -283,16 +261,16 @@ def cpu_of(servers: Sequence[tc.Server], into: list[Use]) -> Iterator[None]:
     backing = backing_pids()
     wall = time.perf_counter()
     start = {name: cpu_by_pid(tree) for name, tree in trees.items()}
-    client, stores, machine = tc.process_cpu(os.getpid()), cpu_by_pid(backing), tc.machine_cpu()
+    client, stores, machine = process_cpu(os.getpid()), cpu_by_pid(backing), machine_cpu()
     yield
     wall = time.perf_counter() - wall
     each = {name: spent(start[name], cpu_by_pid(tree)) for name, tree in trees.items()}
-    client = tc.process_cpu(os.getpid()) - client
+    client = process_cpu(os.getpid()) - client
     # PostgreSQL forks a backend per new connection: one started meanwhile
     # spent all of its CPU within the measurement.
     stores_now = cpu_by_pid(backing_pids())
     stores_spent = sum(seconds - stores.get(pid, 0.0) for pid, seconds in stores_now.items())
-    machine = tc.machine_cpu() - machine
+    machine = machine_cpu() - machine
     server = sum(each.values())
     total = tc.CpuUse(
         wall, server / wall, client / wall, max(machine - server - client, 0.0) / wall
@@ -313,66 +291,11 @@ def cores_row(use: Use, shared: bool) -> str:
 # The servers ----------------------------------------------------------------------
 
 
-def toml(sections: dict[str, dict[str, Any]]) -> str:
-    """A TOML file of flat sections (JSON's scalars are TOML's here)."""
-    lines = []
-    for section, keys in sections.items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in keys.items()]
-    return "\n".join(lines) + "\n"
-
-
 def processes_option() -> bool:
     """Whether ``hordelite serve`` takes ``--processes``."""
     command = [sys.executable, "-m", "hordelite", "serve", "--help"]
     out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     return "--processes" in out.stdout
-
-
-@contextlib.contextmanager
-def serve(
-    workdir: Path,
-    name: str,
-    database: str,
-    signals_url: str,
-    serve_args: Sequence[str],
-    backend: str,
-) -> Iterator[tc.Server]:
-    """``hordelite serve [serve_args]`` on ``database`` with ``signals_url``;
-    SIGTERM and wait on exit (and for any process it started)."""
-    config = workdir / f"{name}.toml"
-    sections: dict[str, dict[str, Any]] = {
-        "server": {"host": "127.0.0.1", "port": 0, "backend": backend, "grace_period": 1.0},
-        "storage": {"database": database},
-        "signals": {"url": signals_url},
-    }
-    config.write_text(toml(sections))
-    command = [sys.executable, "-m", "hordelite", "--config", str(config), "serve", *serve_args]
-    profile_dir = os.environ.get(tc.PROFILE_ENV)
-    if profile_dir:
-        out = Path(profile_dir).resolve() / f"{name}.prof"
-        command = [sys.executable, tc.__file__, tc.PROFILED_SERVER, str(out), *command[3:]]
-    log_path = workdir / f"{name}.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
-    try:
-        url = tc._served_url(proc, log_path)
-        yield tc.Server(name, url, proc.pid, config)
-    finally:
-        descendants = process_tree(proc.pid)[1:]
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for pid in descendants:  # a process the server started, left behind
-            with contextlib.suppress(OSError):
-                if "hordelite" in Path(f"/proc/{pid}/cmdline").read_text():
-                    os.kill(pid, signal.SIGTERM)
-        log.close()
-        if profile_dir:
-            tc.print_hot_spots(Path(profile_dir).resolve() / f"{name}.prof", name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,13 +339,13 @@ def running_horde(
             database, signals_url = str(workdir / f"{name}.db"), ""
         servers = [
             stack.enter_context(
-                serve(
+                tc.running_server(
                     workdir,
                     f"{name}-{REPLICA_NAMES[i]}",
+                    args.server_backend,
                     database,
                     signals_url,
                     setup.serve_args,
-                    args.server_backend,
                 )
             )
             for i in range(setup.replicas)

@@ -95,6 +95,7 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.to_thread
 import httpx
+from _common import machine_cpu, process_cpu, process_tree, stop_process  # bench/ is on sys.path
 from sqlalchemy import Connection, insert, select
 
 from hordelite.cli import main as hordelite_cli
@@ -311,21 +312,6 @@ async def submit(http: Http, key: str, job_id: str) -> None:
 
 # CPU accounting -------------------------------------------------------------
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a live process has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def machine_cpu() -> float:
-    """CPU seconds every core of the machine has spent busy since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    return (sum(values[:8]) - idle) / _TICK
-
 
 @dataclasses.dataclass(frozen=True)
 class CpuUse:
@@ -366,14 +352,31 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(workdir: Path, name: str, backend: str) -> Iterator[Server]:
-    """``hordelite serve`` on a fresh database; SIGTERM and wait on exit."""
+def running_server(
+    workdir: Path,
+    name: str,
+    backend: str,
+    database: str | None = None,
+    signals_url: str | None = None,
+    serve_args: Sequence[str] = (),
+) -> Iterator[Server]:
+    """``hordelite serve [serve_args]`` on ``database`` (by default a fresh
+    SQLite file) with ``signals_url`` (by default the configuration's default);
+    SIGTERM and wait on exit, for it and for any process it started."""
     config = workdir / f"{name}.toml"
+    sections: dict[str, dict[str, Any]] = {
+        "server": {"host": "127.0.0.1", "port": 0, "backend": backend, "grace_period": 1.0},
+        "storage": {"database": database or f"{workdir / name}.db"},
+    }
+    if signals_url is not None:
+        sections["signals"] = {"url": signals_url}
     config.write_text(
-        f'[server]\nhost = "127.0.0.1"\nport = 0\nbackend = "{backend}"\ngrace_period = 1.0\n'
-        f'[storage]\ndatabase = "{workdir / name}.db"\n'
+        "".join(
+            f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
+            for section, keys in sections.items()
+        )
     )
-    command = [sys.executable, "-m", "hordelite", "--config", str(config), "serve"]
+    command = [sys.executable, "-m", "hordelite", "--config", str(config), "serve", *serve_args]
     profile_dir = os.environ.get(PROFILE_ENV)
     if profile_dir:
         out = Path(profile_dir).resolve() / f"{name}.prof"
@@ -384,12 +387,12 @@ def running_server(workdir: Path, name: str, backend: str) -> Iterator[Server]:
         url = _served_url(proc, workdir / f"{name}.log")
         yield Server(name, url, proc.pid, config)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        descendants = process_tree(proc.pid)[1:]
+        stop_process(proc, 30)
+        for pid in descendants:  # a process the server started, left behind
+            with contextlib.suppress(OSError):
+                if "hordelite" in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGTERM)
         log.close()
         if profile_dir:
             print_hot_spots(Path(profile_dir).resolve() / f"{name}.prof", name)

@@ -58,6 +58,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import httpx
+from _common import process_cpu, stop_process  # bench/ is the script's folder, so on sys.path
 
 from hordelite.testing import open_horde
 
@@ -68,7 +69,6 @@ from tests.llamacpp.tiny_model import write_tiny_model  # noqa: E402
 
 # The real backend's context: the bench's conversation far under it.
 LLAMA_CONTEXT = 2048
-TICKS = os.sysconf("SC_CLK_TCK")
 CONVERSATION = [
     {"role": "system", "content": "You are a concise assistant. Answer in one sentence."},
     {"role": "user", "content": "What is the capital of France, and what river runs through it?"},
@@ -94,12 +94,6 @@ anyio.run(main, backend="trio")
 """
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 @dataclasses.dataclass
 class Totals:
     jobs: int = 0
@@ -123,13 +117,7 @@ def child(args: list[str], source: Path, **kwargs: Any) -> Iterator[subprocess.P
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, 15)
 
 
 async def requests_by_route(fake: subprocess.Popen[str]) -> collections.Counter[str]:
@@ -189,8 +177,7 @@ def llama_process(binary: str, model: Path, port: int) -> Iterator[subprocess.Po
     try:
         yield process
     finally:
-        process.terminate()
-        process.wait(15)
+        stop_process(process, 15)
 
 
 @contextlib.asynccontextmanager
@@ -238,7 +225,7 @@ async def round_(
         with child(worker_args, source, **quiet) as worker:
             await listed(client, name)
             calls = await backend.calls()
-            cpu = cpu_seconds(worker.pid), cpu_seconds(fake.pid)
+            cpu = process_cpu(worker.pid), process_cpu(fake.pid)
             ids = []
             body = {
                 "model": backend.model,
@@ -260,8 +247,8 @@ async def round_(
                     if status["done"]:
                         break
                     await anyio.sleep(0.05)
-            worker_cpu = cpu_seconds(worker.pid) - cpu[0]
-            backend_cpu = cpu_seconds(fake.pid) - cpu[1]
+            worker_cpu = process_cpu(worker.pid) - cpu[0]
+            backend_cpu = process_cpu(fake.pid) - cpu[1]
             after = await backend.calls()
     return Totals(jobs, worker_cpu, backend_cpu, after - calls)
 

@@ -1,0 +1,62 @@
+"""Pieces the bench scripts share: processes and their CPU, from /proc (Linux).
+
+Not a benchmark: the scripts import it (bench/ is the script's folder, so on
+sys.path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a live process has used."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def machine_cpu() -> float:
+    """CPU seconds every core of the machine has spent busy since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values[:8]) - idle) / _TICK
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and its descendants, alive now (a server may run worker processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                children.setdefault(int(_stat_fields(int(entry.name))[1]), []).append(
+                    int(entry.name)
+                )
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL it if it outlives ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
