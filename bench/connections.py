@@ -325,7 +325,7 @@ async def measure(
 ) -> Run:
     run = Run()
     port = urlsplit(server.url).port or 80
-    async with fr.lean_clients(tc.LeanHttp, server.url, 1) as (worker,):
+    async with tc.lean_clients(tc.LeanHttp, server.url, 1) as (worker,):
         await cc.chat_pop(worker, worker_key, "bench-chat-worker")  # online; never pops again
 
     async def until_cancelled(deadline: float) -> int:

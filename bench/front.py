@@ -145,20 +145,6 @@ class SdkShapedHttp(tc.LeanHttp):
         return status, json.loads(answer)
 
 
-@contextlib.asynccontextmanager
-async def lean_clients(kind: type[tc.LeanHttp], url: str | Sequence[str], count: int) -> Any:
-    """``count`` clients of ``url``; of several URLs (replicas of one horde),
-    client i on url[i mod n], as a load balancer spreads clients round-robin."""
-    urls = [url] if isinstance(url, str) else url
-    clients = [kind(urls[i % len(urls)]) for i in range(count)]
-    try:
-        yield clients
-    finally:
-        with anyio.CancelScope(shield=True):
-            for client in clients:
-                await client.aclose()
-
-
 def reply_tag(answer: dict[str, Any]) -> str:
     """The tag a chat_cycle reply carries (the request's own), from a completion."""
     return str(json.loads(answer["choices"][0]["message"]["content"])["request"])
@@ -265,8 +251,8 @@ async def measure_front_cycle(
             window.latencies.append(time.perf_counter() - sent)
 
     async with (
-        lean_clients(tc.LeanHttp, url, args.workers) as workers,
-        lean_clients(SdkShapedHttp, url, args.requesters) as requesters,
+        tc.lean_clients(tc.LeanHttp, url, args.workers) as workers,
+        tc.lean_clients(SdkShapedHttp, url, args.requesters) as requesters,
     ):
         names = [f"{worker_prefix}-{i}" for i in range(args.workers)]
         for http, name in zip(workers, names, strict=True):
@@ -396,8 +382,8 @@ async def measure_held(
     # Warm-up: a worker serves some calls, then stops popping.
     stop = anyio.Event()
     async with (
-        lean_clients(tc.LeanHttp, server.url, 1) as (worker,),
-        lean_clients(SdkShapedHttp, server.url, args.requesters) as requesters,
+        tc.lean_clients(tc.LeanHttp, server.url, 1) as (worker,),
+        tc.lean_clients(SdkShapedHttp, server.url, args.requesters) as requesters,
     ):
         await cc.chat_pop(worker, worker_key, "bench-warmup-worker")  # check in
         left = [args.warmup]
@@ -490,7 +476,7 @@ async def measure_held(
                     "window; give --worker-online more seconds"
                 )
             await anyio.sleep(max(offline_at - time.monotonic(), 0))
-        async with lean_clients(tc.LeanHttp, server.url, 1) as (native,):
+        async with tc.lean_clients(tc.LeanHttp, server.url, 1) as (native,):
             if args.offline_by == "maintenance":
                 worker = await tc.expect(
                     200, native.call("GET", "/workers/name/bench-warmup-worker")
@@ -499,7 +485,7 @@ async def measure_held(
                 await tc.expect(
                     200, native.call("PUT", f"/workers/{worker['id']}", change, worker_key)
                 )
-        async with lean_clients(SdkShapedHttp, server.url, 1) as (probe,):
+        async with tc.lean_clients(SdkShapedHttp, server.url, 1) as (probe,):
             while True:
                 listed = await tc.expect(200, probe.call("GET", "/v1/models", None, key))
                 if not listed["data"]:
@@ -529,13 +515,13 @@ async def measure_held(
         use = []
         started = time.perf_counter()
         with tc.cpu_use(server.pid, use):
-            async with lean_clients(tc.LeanHttp, server.url, args.workers) as workers:
+            async with tc.lean_clients(tc.LeanHttp, server.url, args.workers) as workers:
                 stop = anyio.Event()
                 async with anyio.create_task_group() as drain:
-                    for i, http in enumerate(workers):
+                    for i, drainer in enumerate(workers):
                         drain.start_soon(
                             chat_worker,
-                            http,
+                            drainer,
                             f"bench-drain-{i}",
                             worker_key,
                             args.pop_wait,

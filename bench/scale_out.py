@@ -71,7 +71,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import os
 import secrets
 import socket
@@ -80,7 +79,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -112,7 +111,7 @@ TARGET_RELAY_MS = 10.0  # (c)
 # (d): what a process is expected to hold, the target itself being "flat".
 EXPECTED_REDIS_CONNECTIONS = 2
 
-HttpT = TypeVar("HttpT", bound=tc.LeanHttp)
+T = TypeVar("T")
 
 
 # PostgreSQL and Redis -----------------------------------------------------------
@@ -358,56 +357,26 @@ def print_log_tails(workdir: Path, horde: Horde) -> None:
         fr.print_log_tail(workdir / f"{server.name}.log", 30)
 
 
-# (a) the text cycle, spread over the replicas ----------------------------------
-
-
-@contextlib.asynccontextmanager
-async def spread_clients(
-    kind: type[HttpT], urls: Sequence[str], count: int
-) -> AsyncIterator[list[HttpT]]:
-    """``count`` lean clients, client i on urls[i mod n], as a load balancer
-    spreads clients round-robin."""
-    clients = [kind(urls[i % len(urls)]) for i in range(count)]
+def measured(
+    workdir: Path,
+    horde: Horde,
+    client_backend: str,
+    measure: Callable[..., Awaitable[T]],
+    *measure_args: Any,
+) -> tuple[T, Use]:
+    """What ``measure(*measure_args)`` returns, run on ``client_backend``, and
+    the CPU use meanwhile; the servers' log tails first if it fails."""
+    uses: list[Use] = []
     try:
-        yield clients
-    finally:
-        with anyio.CancelScope(shield=True):
-            for client in clients:
-                await client.aclose()
+        with cpu_of(horde.servers, uses):
+            result = anyio.run(measure, *measure_args, backend=client_backend)
+    except BaseException:
+        print_log_tails(workdir, horde)
+        raise
+    return result, uses[0]
 
 
-async def measure_spread_cycle(
-    urls: list[str], worker_key: str, requester_keys: list[str], args: argparse.Namespace
-) -> tc.Window:
-    """text_cycle's (a) cycle, client i (workers first, then requesters) on urls[i mod n]."""
-    window = tc.Window(args.duration)
-
-    async def worker(http: tc.Http, name: str) -> None:
-        while True:
-            job = await tc.pop(http, worker_key, name, args.pop_wait)
-            window.count("pop")
-            if job["id"] is not None:
-                await tc.submit(http, worker_key, job["id"])
-                if window.count("submit"):
-                    sent = window.sent.pop(job["payload"]["prompt"])
-                    window.done.append(time.perf_counter() - sent)
-
-    count = args.workers + args.requesters
-    async with spread_clients(tc.LeanHttp, urls, count) as clients:
-        workers, requesters = clients[: args.workers], clients[args.workers :]
-        names = [f"bench-worker-{i}" for i in range(args.workers)]
-        for http, name in zip(workers, names, strict=True):
-            # Check in first, so that no request is queued before a worker is online.
-            await tc.pop(http, worker_key, name)
-        tasks: list[tc.Task] = [
-            functools.partial(worker, http, name) for http, name in zip(workers, names, strict=True)
-        ]
-        tasks += [
-            functools.partial(tc.request_cycles, http, key, tc.MODEL, args, window)
-            for http, key in zip(requesters, requester_keys, strict=True)
-        ]
-        await tc.run_until_deadline(window, tasks)
-    return window
+# (a) the text cycle, spread over the replicas ----------------------------------
 
 
 def cycle_setups(args: argparse.Namespace) -> list[Setup]:
@@ -438,21 +407,16 @@ def run_cycle_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) 
             requester_keys = [
                 tc.create_key(first, f"bench-requester-{i}") for i in range(args.requesters)
             ]
-            uses: list[Use] = []
-            try:
-                with cpu_of(horde.servers, uses):
-                    window = anyio.run(
-                        measure_spread_cycle,
-                        horde.urls,
-                        worker_key,
-                        requester_keys,
-                        args,
-                        backend=args.client_backend,
-                    )
-            except BaseException:
-                print_log_tails(workdir, horde)
-                raise
-        use = uses[0]
+            window, use = measured(
+                workdir,
+                horde,
+                args.client_backend,
+                tc.measure_cycle,
+                horde.urls,
+                worker_key,
+                requester_keys,
+                args,
+            )
         report.cpu.append((f"(a) {setup.label}", use.total))
         cycles = len(window.latencies)
         if not cycles:
@@ -510,8 +474,8 @@ async def measure_cross_wake(
     answer of a pop already waiting on A; the two kinds alternate."""
     latencies: dict[str, list[float]] = {"cross": [], "same": []}
     async with (
-        fr.lean_clients(tc.LeanHttp, urls[0], 2) as (worker, on_a),
-        fr.lean_clients(tc.LeanHttp, urls[1], 1) as (on_b,),
+        tc.lean_clients(tc.LeanHttp, urls[0], 2) as (worker, on_a),
+        tc.lean_clients(tc.LeanHttp, urls[1], 1) as (on_b,),
     ):
         requesters = {"cross": on_b, "same": on_a}
         await tc.pop(worker, worker_key, "bench-waiter")  # check in
@@ -538,21 +502,17 @@ def run_wake_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -
     with running_horde(workdir, "wake", setup, args) as horde:
         worker_key = tc.create_key(horde.servers[0], "bench-worker")
         requester_key = tc.create_key(horde.servers[0], "bench-requester")
-        uses: list[Use] = []
-        try:
-            with cpu_of(horde.servers, uses):
-                latencies = anyio.run(
-                    measure_cross_wake,
-                    horde.urls,
-                    worker_key,
-                    requester_key,
-                    args,
-                    backend=args.client_backend,
-                )
-        except BaseException:
-            print_log_tails(workdir, horde)
-            raise
-    report.cpu.append(("(b) cross-replica wake", uses[0].total))
+        latencies, use = measured(
+            workdir,
+            horde,
+            args.client_backend,
+            measure_cross_wake,
+            horde.urls,
+            worker_key,
+            requester_key,
+            args,
+        )
+    report.cpu.append(("(b) cross-replica wake", use.total))
     cross, same = latencies["cross"], latencies["same"]
     p50 = statistics.median(cross)
     report.add(
@@ -585,8 +545,8 @@ async def measure_cross_relay(
     out = st.Latency()
     on_a, on_b, on_c = urls
     async with (
-        fr.lean_clients(tc.LeanHttp, on_a, 1) as (popper,),
-        fr.lean_clients(tc.LeanHttp, on_b, 1) as (poster,),
+        tc.lean_clients(tc.LeanHttp, on_a, 1) as (popper,),
+        tc.lean_clients(tc.LeanHttp, on_b, 1) as (poster,),
     ):
         await cc.chat_pop(popper, worker_key, st.WORKER)  # check in
         for _ in range(args.relay_streams):
@@ -626,21 +586,17 @@ def run_relay_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) 
     with fr.server_env(env), running_horde(workdir, "relay", setup, args) as horde:
         worker_key = tc.create_key(horde.servers[0], "bench-worker")
         key = tc.create_key(horde.servers[0], "bench-requester")
-        uses: list[Use] = []
-        try:
-            with cpu_of(horde.servers, uses):
-                out = anyio.run(
-                    measure_cross_relay,
-                    horde.urls,
-                    worker_key,
-                    key,
-                    args,
-                    backend=args.client_backend,
-                )
-        except BaseException:
-            print_log_tails(workdir, horde)
-            raise
-    report.cpu.append(("(c) progress relay across replicas", uses[0].total))
+        out, use = measured(
+            workdir,
+            horde,
+            args.client_backend,
+            measure_cross_relay,
+            horde.urls,
+            worker_key,
+            key,
+            args,
+        )
+    report.cpu.append(("(c) progress relay across replicas", use.total))
     p50 = statistics.median(out.relay)
     report.add(
         f"(c) post to B -> its text at a client of C, p50 ({len(out.relay)} posts)",
@@ -753,8 +709,8 @@ async def hold_waits(
         # each has made the Redis commands of a whole call, then stops popping.
         stop = anyio.Event()
         async with (
-            fr.lean_clients(tc.LeanHttp, urls[0], 1) as (worker,),
-            spread_clients(fr.SdkShapedHttp, urls, 2 * len(urls)) as callers,
+            tc.lean_clients(tc.LeanHttp, urls[0], 1) as (worker,),
+            tc.lean_clients(fr.SdkShapedHttp, urls, 2 * len(urls)) as callers,
         ):
             await cc.chat_pop(worker, worker_key, "bench-chat-worker")  # check in
             left = [args.warmup]
@@ -924,22 +880,17 @@ def run_front_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) 
             requester_keys = [
                 tc.create_key(first, f"{prefix}-requester-{i}") for i in range(args.requesters)
             ]
-            uses: list[Use] = []
-            try:
-                with cpu_of(horde.servers, uses):
-                    window = anyio.run(
-                        fr.measure_front_cycle,
-                        horde.urls,
-                        worker_key,
-                        requester_keys,
-                        args,
-                        f"{prefix}-chat-worker",
-                        backend=args.client_backend,
-                    )
-            except BaseException:
-                print_log_tails(workdir, horde)
-                raise
-        use = uses[0]
+            window, use = measured(
+                workdir,
+                horde,
+                args.client_backend,
+                fr.measure_front_cycle,
+                horde.urls,
+                worker_key,
+                requester_keys,
+                args,
+                f"{prefix}-chat-worker",
+            )
         report.cpu.append((f"(e) {setup.label}", use.total))
         done = len(window.latencies)
         if not done:

@@ -276,7 +276,7 @@ class Latency:
 
 async def measure_latency(url: str, worker_key: str, key: str, args: argparse.Namespace) -> Latency:
     out = Latency()
-    async with fr.lean_clients(tc.LeanHttp, url, 1) as (worker,):
+    async with tc.lean_clients(tc.LeanHttp, url, 1) as (worker,):
         await cc.chat_pop(worker, worker_key, WORKER)  # check in
         for _ in range(args.latency_streams):
             call = StreamingCall(url)
@@ -408,7 +408,7 @@ async def measure_load(
             when += args.post_every
 
     async with contextlib.AsyncExitStack() as stack:
-        checkin = await stack.enter_async_context(fr.lean_clients(tc.LeanHttp, url, 1))
+        checkin = await stack.enter_async_context(tc.lean_clients(tc.LeanHttp, url, 1))
         for name in names:
             await cc.chat_pop(checkin[0], worker_key, name)  # check in
         tg = await stack.enter_async_context(anyio.create_task_group())

@@ -89,7 +89,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -260,10 +260,34 @@ class HttpxHttp:
         return response.status_code, response.json()
 
 
+LeanT = TypeVar("LeanT", bound=LeanHttp)
+
+
 @contextlib.asynccontextmanager
-async def open_clients(kind: str, url: str, count: int) -> AsyncIterator[list[Http]]:
-    """``count`` clients, one per concurrent task."""
+async def lean_clients(
+    kind: type[LeanT], url: str | Sequence[str], count: int
+) -> AsyncIterator[list[LeanT]]:
+    """``count`` clients of ``url``; of several URLs (replicas of one horde),
+    client i on url[i mod n], as a load balancer spreads clients round-robin."""
+    urls = [url] if isinstance(url, str) else url
+    clients = [kind(urls[i % len(urls)]) for i in range(count)]
+    try:
+        yield clients
+    finally:
+        with anyio.CancelScope(shield=True):
+            for client in clients:
+                await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_clients(
+    kind: str, url: str | Sequence[str], count: int
+) -> AsyncIterator[list[Http]]:
+    """``count`` clients, one per concurrent task (the lean ones spread over
+    several URLs as ``lean_clients`` does)."""
     if kind == "httpx":
+        if not isinstance(url, str):
+            raise ValueError("the httpx client serves one URL")
         limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
         async with httpx.AsyncClient(
             base_url=url + "/api/v2",
@@ -273,13 +297,8 @@ async def open_clients(kind: str, url: str, count: int) -> AsyncIterator[list[Ht
         ) as shared:
             yield [HttpxHttp(shared) for _ in range(count)]
         return
-    lean = [LeanHttp(url) for _ in range(count)]
-    try:
+    async with lean_clients(LeanHttp, url, count) as lean:
         yield list(lean)
-    finally:
-        with anyio.CancelScope(shield=True):
-            for client in lean:
-                await client.aclose()
 
 
 async def expect(status: int, call: Awaitable[tuple[int, Any]]) -> Any:
@@ -524,8 +543,10 @@ async def poll_until_done(http: Http, path: str, args: argparse.Namespace, windo
 
 
 async def measure_cycle(
-    url: str, worker_key: str, requester_keys: list[str], args: argparse.Namespace
+    url: str | Sequence[str], worker_key: str, requester_keys: list[str], args: argparse.Namespace
 ) -> Window:
+    """(a)'s cycle; with several URLs, client i (workers first, then
+    requesters) on url[i mod n]."""
     window = Window(args.duration)
 
     async def worker(http: Http, name: str) -> None:
