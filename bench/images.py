@@ -129,18 +129,14 @@ class PreEncodedHttp(tc.LeanHttp):
     one 10 MB JSON body costs this process no json.dumps."""
 
     async def post_encoded(self, path: str, payload: bytes, apikey: str) -> tuple[int, Any]:
-        if self._stream is not None and time.monotonic() - self._last_used > tc.IDLE_RECONNECT:
-            await self.aclose()  # as LeanHttp.call: never race the server's idle close
-        if self._stream is None:
-            self._stream = await anyio.connect_tcp(self._host, self._port)
-            self._buffer = b""
+        stream = await self._connection()
         head = (
             f"POST /api/v2{path} HTTP/1.1\r\nhost: {self._host}\r\n"
             f"apikey: {apikey}\r\nclient-agent: {tc.CLIENT_AGENT}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
         )
-        await self._stream.send(head.encode())
-        await self._stream.send(payload)
+        await stream.send(head.encode())
+        await stream.send(payload)
         status, answer = await self._read_answer()
         self._last_used = time.monotonic()
         return status, json.loads(answer)

@@ -195,9 +195,8 @@ class LeanHttp:
         self._buffer = b""
         self._last_used = 0.0
 
-    async def call(
-        self, method: str, path: str, body: Any = None, apikey: str = ""
-    ) -> tuple[int, Any]:
+    async def _connection(self) -> anyio.abc.SocketStream:
+        """The open connection, or a new one when there is none or it has been idle."""
         if self._stream is not None and time.monotonic() - self._last_used > IDLE_RECONNECT:
             # The server closes a connection idle for server.keep_alive_timeout
             # (5 s): open a new one rather than race that close, as HTTP
@@ -206,13 +205,19 @@ class LeanHttp:
         if self._stream is None:
             self._stream = await anyio.connect_tcp(self._host, self._port)
             self._buffer = b""
+        return self._stream
+
+    async def call(
+        self, method: str, path: str, body: Any = None, apikey: str = ""
+    ) -> tuple[int, Any]:
+        stream = await self._connection()
         payload = b"" if body is None else json.dumps(body).encode()
         head = (
             f"{method} /api/v2{path} HTTP/1.1\r\nhost: {self._host}\r\n"
             f"apikey: {apikey}\r\nclient-agent: {CLIENT_AGENT}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
         )
-        await self._stream.send(head.encode() + payload)
+        await stream.send(head.encode() + payload)
         status, answer = await self._read_answer()
         self._last_used = time.monotonic()
         return status, json.loads(answer)
