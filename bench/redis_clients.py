@@ -60,7 +60,6 @@ async def coredis_figures(calls: int) -> dict[str, float]:
             sent_at = 0.0
 
             async def hear() -> None:
-                nonlocal got
                 async for message in pubsub:
                     if message["type"] == "pmessage":
                         trips.append(time.perf_counter() - sent_at)
