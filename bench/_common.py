@@ -1,4 +1,5 @@
-"""Pieces the bench scripts share: processes and their CPU, from /proc (Linux).
+"""Pieces the bench scripts share: processes and their CPU, from /proc (Linux),
+and fresh PostgreSQL schemas and Redis databases.
 
 Not a benchmark: the scripts import it (bench/ is the script's folder, so on
 sys.path).
@@ -8,9 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+# The test servers the suite uses (tests/conftest.py reads the same variables).
+POSTGRES_ENV = "HORDELITE_TEST_POSTGRES_URL"
+REDIS_ENV = "HORDELITE_TEST_REDIS_URL"
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -60,3 +72,32 @@ def stop_process(process: subprocess.Popen[Any], timeout: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+# PostgreSQL and Redis -----------------------------------------------------------
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` with libpq's ``options`` set so that every connection uses ``schema``."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "options"]
+    query.append(("options", f"-csearch_path={schema}"))
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+@contextlib.contextmanager
+def fresh_schema(postgres_url: str) -> Iterator[str]:
+    """A postgresql:// URL whose connections live in a new, empty schema, dropped on exit."""
+    schema = f"bench_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield with_search_path(postgres_url, schema)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def redis_on_db(url: str, db: int) -> str:
+    """``url`` (redis://host:port/n) naming logical database ``db`` instead."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))

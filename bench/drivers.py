@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _common import DEFAULT_POSTGRES, POSTGRES_ENV  # bench/ is on sys.path
 from sqlalchemy import (
     Column,
     Connection,
@@ -68,7 +69,6 @@ from sqlalchemy import (
 
 from hordelite.storage.database import Database
 
-POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ROWS = 1000
 POOL_SIZE = 4  # hordelite's default storage.pool_size
 # Commits without waiting for the WAL flush (why: the module docstring).
@@ -464,7 +464,7 @@ def main() -> int:
     if "sqlite" in chosen:
         bench("SQLite", sqlite_database(), "aiosqlite", aiosqlite_alone, True, args)
     if "postgresql" in chosen:
-        url = os.environ.get("HORDELITE_TEST_POSTGRES_URL", POSTGRES_URL)
+        url = os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES)
         why = postgres_reachable(url)
         if why is not None:
             print(f"\nPostgreSQL ({url}): skipped, {why}")

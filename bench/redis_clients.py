@@ -23,17 +23,16 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import coredis
+from _common import DEFAULT_REDIS, REDIS_ENV, redis_on_db  # bench/ is on sys.path
 
 SIGNALS = 300
 
 
 def bench_url() -> str:
-    parts = urlsplit(os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    return urlunsplit(parts._replace(path="/5"))
+    return redis_on_db(os.environ.get(REDIS_ENV, DEFAULT_REDIS), 5)
 
 
 async def round_trips(get: Callable[[], Awaitable[Any]], calls: int) -> tuple[float, float]:

@@ -72,7 +72,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import secrets
 import socket
 import statistics
 import subprocess
@@ -82,23 +81,28 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
 import chat_cycle as cc  # bench/ is the script's folder, so on sys.path
 import front as fr
-import psycopg
 import stream as st
 import text_cycle as tc
-from _common import machine_cpu, process_cpu, process_tree
+from _common import (
+    DEFAULT_POSTGRES,
+    DEFAULT_REDIS,
+    POSTGRES_ENV,
+    REDIS_ENV,
+    fresh_schema,
+    machine_cpu,
+    process_cpu,
+    process_tree,
+    redis_on_db,
+)
 
 from hordelite.storage.database import Database
 
-POSTGRES_ENV = "HORDELITE_TEST_POSTGRES_URL"
-REDIS_ENV = "HORDELITE_TEST_REDIS_URL"
-DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
-DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 COMPLETIONS = "/v1/chat/completions"
 REPLICA_NAMES = "ABC"
 # Processes counted as the shared backing stores in the CPU rows.
@@ -115,32 +119,6 @@ T = TypeVar("T")
 
 
 # PostgreSQL and Redis -----------------------------------------------------------
-
-
-def with_search_path(url: str, schema: str) -> str:
-    """``url`` with libpq's ``options`` set so that every connection uses ``schema``."""
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "options"]
-    query.append(("options", f"-csearch_path={schema}"))
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-@contextlib.contextmanager
-def fresh_schema(postgres_url: str) -> Iterator[str]:
-    """A postgresql:// URL whose connections live in a new, empty schema, dropped on exit."""
-    schema = f"bench_{secrets.token_hex(6)}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield with_search_path(postgres_url, schema)
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-
-
-def redis_on_db(url: str, db: int) -> str:
-    """``url`` (redis://host:port/n) naming logical database ``db`` instead."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
 
 
 class RedisCommands:
