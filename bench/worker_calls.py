@@ -62,8 +62,8 @@ from _common import process_cpu, stop_process  # bench/ is the script's folder, 
 
 from hordelite.testing import open_horde
 
-HERE = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(HERE))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 from tests.llamacpp._relay import open_relay  # noqa: E402
 from tests.llamacpp.tiny_model import write_tiny_model  # noqa: E402
 
@@ -120,15 +120,6 @@ def child(args: list[str], source: Path, **kwargs: Any) -> Iterator[subprocess.P
         stop_process(process, 15)
 
 
-async def requests_by_route(fake: subprocess.Popen[str]) -> collections.Counter[str]:
-    assert fake.stdin is not None
-    assert fake.stdout is not None
-    fake.stdin.write("\n")
-    fake.stdin.flush()
-    line = await anyio.to_thread.run_sync(fake.stdout.readline)
-    return collections.Counter(json.loads(line))
-
-
 async def listed(client: httpx.AsyncClient, name: str) -> None:
     with anyio.fail_after(60):
         while True:
@@ -147,7 +138,13 @@ class Backend:
         self.model = model
 
     async def calls(self) -> collections.Counter[str]:
-        return await requests_by_route(self.process)
+        """The fake's requests by route (FAKE prints them for each line it reads)."""
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        line = await anyio.to_thread.run_sync(self.process.stdout.readline)
+        return collections.Counter(json.loads(line))
 
 
 class LlamaBackend(Backend):
@@ -162,7 +159,7 @@ class LlamaBackend(Backend):
 @contextlib.asynccontextmanager
 async def fake_backend() -> AsyncIterator[Backend]:
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
-    with child(["-c", FAKE], HERE, **pipes) as fake:
+    with child(["-c", FAKE], ROOT, **pipes) as fake:
         assert fake.stdout is not None
         url = (await anyio.to_thread.run_sync(fake.stdout.readline)).strip()
         yield Backend(fake, url, "fake-model")
@@ -210,7 +207,6 @@ async def round_(
     args: argparse.Namespace,
 ) -> Totals:
     requester, owner = keys
-    jobs = args.jobs
     name = f"bench-{variant}-{n}"
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(httpx.AsyncClient(base_url=horde_url, timeout=30))
@@ -218,21 +214,20 @@ async def round_(
             backend = await stack.enter_async_context(llama_backend(args.llama_server, args.model))
         else:
             backend = await stack.enter_async_context(fake_backend())
-        fake = backend.process
         worker_args = ["-m", "hordelite", "worker", "--horde", horde_url, "--key", owner]
         worker_args += ["--name", name, "--backend", backend.url, "--wait", "5"]
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         with child(worker_args, source, **quiet) as worker:
             await listed(client, name)
             calls = await backend.calls()
-            cpu = process_cpu(worker.pid), process_cpu(fake.pid)
+            cpu = process_cpu(worker.pid), process_cpu(backend.process.pid)
             ids = []
             body = {
                 "model": backend.model,
                 "messages": CONVERSATION,
                 "max_tokens": 4 if args.llama_server else 32,
             }
-            for _ in range(jobs):
+            for _ in range(args.jobs):
                 r = await client.post(
                     "/api/v2/generate/chat/async", headers={"apikey": requester}, json=body
                 )
@@ -248,14 +243,14 @@ async def round_(
                         break
                     await anyio.sleep(0.05)
             worker_cpu = process_cpu(worker.pid) - cpu[0]
-            backend_cpu = process_cpu(fake.pid) - cpu[1]
+            backend_cpu = process_cpu(backend.process.pid) - cpu[1]
             after = await backend.calls()
-    return Totals(jobs, worker_cpu, backend_cpu, after - calls)
+    return Totals(args.jobs, worker_cpu, backend_cpu, after - calls)
 
 
 async def measure(args: argparse.Namespace, base: Path) -> dict[str, Totals]:
     totals = {"baseline": Totals(), "this tree": Totals()}
-    sources = {"baseline": base, "this tree": HERE}
+    sources = {"baseline": base, "this tree": ROOT}
     # No limit on generations in flight: every job is queued at once.
     async with open_horde(concurrency=0) as horde:
         keys = (
