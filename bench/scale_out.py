@@ -132,8 +132,7 @@ class RedisCommands:
         self._file = self._sock.makefile("rb")
         if parts.password:
             self.command("AUTH", *filter(None, [parts.username]), parts.password)
-        self.db = int(parts.path.strip("/") or 0)
-        self.command("SELECT", str(self.db))
+        self.command("SELECT", parts.path.strip("/") or "0")
 
     def command(self, *words: str) -> Any:
         encoded = [word.encode() for word in words]
