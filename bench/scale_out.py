@@ -6,10 +6,10 @@ starts them as child processes, each on its own port, and spreads its
 clients over them as a load balancer would. The pieces (the server child,
 the lean HTTP client spread over the replicas, the report, the (a) cycle, the
 key command) are bench/text_cycle.py's; CPU and the process tree from /proc,
-the fresh schema and the Redis database bench/_common.py's; the chat pop bench/chat_cycle.py's;
-the SDK-shaped client, the front cycle, the server environment and the file
-descriptor limit bench/front.py's; the streaming client and the streamed job
-bench/stream.py's: all imported.
+the fresh schema and the Redis database bench/_common.py's; the chat pop
+bench/chat_cycle.py's; the SDK-shaped client, the front cycle, the server
+environment and the file descriptor limit bench/front.py's; the streaming
+client and the streamed job bench/stream.py's: all imported.
 
 Every configuration on PostgreSQL gets a fresh schema (libpq's
 ``options=-csearch_path=<schema>``), dropped afterwards; the Redis database
