@@ -391,6 +391,9 @@ def running_server(
     sections: dict[str, dict[str, Any]] = {
         "server": {"host": "127.0.0.1", "port": 0, "backend": backend, "grace_period": 1.0},
         "storage": {"database": database or f"{workdir / name}.db"},
+        # Where a server on SQLite keeps them anyway; one on PostgreSQL would
+        # use the current directory. Replicas of one horde share it.
+        "blobs": {"directory": str(workdir / "hordelite-blobs")},
     }
     if signals_url is not None:
         sections["signals"] = {"url": signals_url}
