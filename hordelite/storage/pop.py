@@ -343,6 +343,22 @@ def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Selec
     return _statement_for(worker, cls, skip_locked, False).params(**params)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Walks:
+    """What a pop's candidate queries walk: the classes the worker's
+    declaration covers, and whether its owner's own requests come first.
+    Read once per pop: its retries and its look without the lock walk the same."""
+
+    classes: list[_Class]
+    owns: tuple[bool, ...]  # (True, False) when the owner has requests queued
+
+
+def _walks(conn: Connection, worker: WorkerView, owner_id: int) -> _Walks:
+    # The owner's own requests come first; most owners have none queued.
+    has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
+    return _Walks(_classes(conn, worker), (True, False) if has_own else (False,))
+
+
 def _best_candidate(
     conn: Connection,
     worker: WorkerView,
@@ -350,13 +366,15 @@ def _best_candidate(
     skip_locked: bool,
     exclude: set[str],
     capped: bool = False,
+    walks: _Walks | None = None,
 ) -> dict[str, Any] | None:
+    """The best queue row this worker may take; ``walks`` read here when not given."""
+    if walks is None:
+        walks = _walks(conn, worker, owner_id)
     candidates: list[dict[str, Any]] = []
-    # The owner's own requests come first; most owners have none queued.
-    has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
-    for cls in _classes(conn, worker):
+    for cls in walks.classes:
         params = _candidate_params(worker, cls, owner_id)
-        for own in (True, False) if has_own else (False,):
+        for own in walks.owns:
             stmt = _statement_for(worker, cls, skip_locked, own, capped)
             if exclude:
                 stmt = stmt.where(queue.c.request_id.not_in(exclude))
@@ -374,14 +392,15 @@ def _claim(
 ) -> PoppedJob | None:
     exclude: set[str] = set()
     capped = _slower_than_another(conn, worker, now)
+    walks = _walks(conn, worker, owner_id)
     for _ in range(4):
-        cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude, capped)
+        cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude, capped, walks)
         if cand is None and skip_locked:
             # Skipping passed over requests that other pops hold locked. A
             # request with n > 1 may still have jobs once their claim commits:
             # look again without the lock; the conditional update below then
             # waits for that claim instead of answering "no job".
-            cand = _best_candidate(conn, worker, owner_id, False, exclude, capped)
+            cand = _best_candidate(conn, worker, owner_id, False, exclude, capped, walks)
         if cand is None:
             return None
         claimed = (
