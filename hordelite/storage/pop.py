@@ -49,7 +49,6 @@ from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.pool import (
-    WORKER_BY_KEY,
     declaration_changed,
     online_now,
     stored_declaration,
@@ -158,6 +157,7 @@ def pop_job(
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
     name_key = worker_name_key(pop.name)
+    declared = stored_declaration(pop, now)
     row = worker_for_pop(conn, user, pop, name_key)
     if row is None:
         # First pop: the worker exists (and is online) from this transaction.
@@ -167,15 +167,15 @@ def pop_job(
             "name_key": name_key,
             "user_id": user["id"],
             "created": now,
+            "online_until": now + rules.worker_online,
         }
-        online = {"online_until": now + rules.worker_online}
-        conn.execute(insert(workers).values(**values, **stored_declaration(pop, now), **online))
-        row = conn.execute(WORKER_BY_KEY, {"name_key": name_key}).mappings().one()
+        insert_worker = insert(workers).values(**values, **declared).returning(workers)
+        row = conn.execute(insert_worker).mappings().one()
         fresh = True
     else:
         fresh = False
-    pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, pop, now)
-    worker = worker_view({**row, **stored_declaration(pop, now), "trusted": user["trusted"]})
+    pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
+    worker = worker_view({**row, **declared, "trusted": user["trusted"]})
     job = _claim(conn, worker, user["id"], now, rules, skip_locked)
     until = online_until(
         now,
@@ -185,7 +185,7 @@ def pop_job(
         worker_online=rules.worker_online,
     )
     if not fresh:
-        touch_worker(conn, row, pop, now, rules, until)
+        touch_worker(conn, row, declared, now, rules, until)
     elif until != row["online_until"]:
         conn.execute(update(workers).where(workers.c.id == row["id"]).values(online_until=until))
     skipped: dict[str, int] = {}
