@@ -205,17 +205,17 @@ def queue_depth(conn: Connection, served: frozenset[str]) -> dict[tuple[str | No
     models counts under each), "" for the any-model queue, or None for the
     requests of which no model is in ``served``, each counted once: clients
     name models freely, so only the served ones become labels."""
-    listed = {m for m in served if m}
+    labelled = served | {""}
     rows = conn.execute(
         select(queue.c.model, queue.c.kind, func.coalesce(func.sum(requests.c.remaining), 0))
         .join(requests, requests.c.id == queue.c.request_id)
-        .where(queue.c.model.in_(listed | {""}))
+        .where(queue.c.model.in_(labelled))
         .group_by(queue.c.model, queue.c.kind)
     ).all()
     depth: dict[tuple[str | None, str], int] = {
         (model, kind): int(waiting_jobs) for model, kind, waiting_jobs in rows
     }
-    reachable = func.sum(case((queue.c.model.in_(listed | {""}), 1), else_=0))
+    reachable = func.sum(case((queue.c.model.in_(labelled), 1), else_=0))
     waiting = (
         select(queue.c.request_id, queue.c.kind)
         .group_by(queue.c.request_id, queue.c.kind)
