@@ -103,22 +103,14 @@ def sweep(
         requeued += was_requeued
         if was_ended:
             ended.append(req["id"])
-    stale = (
-        conn.execute(
-            select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now)
-        )
-        .scalars()
-        .all()
-    )
-    for request_id in stale:
-        busy = conn.execute(
-            select(jobs.c.id)
-            .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
-            .limit(1)
-        ).first()
-        if busy is None:
-            end_request(conn, request_id, "expired", now)
-            ended.append(request_id)
+    # A request past its expiry with a job still out waits for that job.
+    busy = exists().where(jobs.c.request_id == requests.c.id, jobs.c.state == "processing")
+    stale = conn.execute(
+        select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now, ~busy)
+    ).scalars()
+    for request_id in stale.all():
+        end_request(conn, request_id, "expired", now)
+        ended.append(request_id)
     purged = _purge(conn, now - rules.retention, now)
     _drop_idle_classes(conn, now)
     # Every request of an expired job changed (requeued or ended), and a
