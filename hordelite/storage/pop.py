@@ -481,8 +481,4 @@ def _assign(
 
 def skipped_sample(conn: Connection) -> list[RequestView]:
     """The best waiting requests (SKIPPED_SAMPLE of them), as eligibility sees them."""
-    return [request_view(row) for row in conn.execute(_SKIPPED_SAMPLE).mappings()]
-
-
-def request_view(row: RowMapping | dict[str, Any]) -> RequestView:
-    return RequestView.of(row)
+    return [RequestView.of(row) for row in conn.execute(_SKIPPED_SAMPLE).mappings()]
