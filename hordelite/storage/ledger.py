@@ -71,8 +71,10 @@ _FINISH_REQUEST = (
     update(requests)
     .where(requests.c.id == bindparam("rid"))
     .values(finished=requests.c.finished + 1, kudos=requests.c.kudos + bindparam("cost"))
-    .returning(requests.c.finished, requests.c.n)
 )
+
+# The request's last job: the request ends done in the same statement.
+_FINISH_LAST = _FINISH_REQUEST.values(state="done", ended=bindparam("now"), remaining=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,26 +147,22 @@ def settle(
             .values(kudos=requests.c.kudos + cost)
         )
         return SubmitResult(reward, job["request_id"], False, False, cost=cost)
-    counts = conn.execute(_FINISH_REQUEST, {"rid": job["request_id"], "cost": cost}).one()
-    done = counts.finished >= counts.n
-    ended_done = 0
-    if done:
-        # A cancelled request stays cancelled when its last job comes in.
-        ended_done = conn.execute(
-            update(requests)
-            .where(requests.c.id == job["request_id"], requests.c.state == "waiting")
-            .values(state="done", ended=now, remaining=0)
-        ).rowcount
-    if not done or not ended_done:
-        return SubmitResult(reward, job["request_id"], done, False, cost=cost)
+    # The job's row read the request's counts and state under its lock
+    # (JOB_WITH_REQUEST): whether this job is the last is known here, so the
+    # request is counted and, if so, ended in one statement. A cancelled
+    # request stays cancelled when its last job comes in.
+    done = job["finished"] + 1 >= job["n"]
+    ends = done and job["request_state"] == "waiting"
+    finish = _FINISH_LAST if ends else _FINISH_REQUEST
+    conn.execute(finish, {"rid": job["request_id"], "cost": cost, "now": now})
     return SubmitResult(
         reward,
         job["request_id"],
-        True,
+        done,
         False,
         cost=cost,
-        done_kind=job["kind"],
-        created=job["request_created"],
+        done_kind=job["kind"] if ends else None,
+        created=job["request_created"] if ends else 0.0,
     )
 
 

@@ -173,20 +173,25 @@ def _touch_statement(columns: tuple[str, ...]) -> Update:
     )
 
 
-def declaration_changed(row: RowMapping, pop: PopRequest, now: float) -> bool:
-    """Whether this pop declares other than what the worker's row holds
-    (what eligibility reads: its models, limits, flags and chat declaration)."""
-    declared = stored_declaration(pop, now)
+def declaration_changed(row: RowMapping, declared: dict[str, Any]) -> bool:
+    """Whether a pop's ``stored_declaration`` differs from what the worker's
+    row holds (what eligibility reads: its models, limits, flags and chat
+    declaration)."""
     return any(row[k] != v for k, v in declared.items() if k != "last_check_in")
 
 
 def touch_worker(
-    conn: Connection, row: RowMapping, pop: PopRequest, now: float, rules: Rules, until: float
+    conn: Connection,
+    row: RowMapping,
+    declared: dict[str, Any],
+    now: float,
+    rules: Rules,
+    until: float,
 ) -> None:
-    """Store the declaration of this pop: the worker is online from now until ``until``."""
+    """Store a pop's ``stored_declaration``: the worker is online from now until ``until``."""
     gap = now - row["last_check_in"]
     uptime = row["uptime"] + gap if 0 < gap <= rules.worker_online else row["uptime"]
-    values = {**stored_declaration(pop, now), "online_until": until, "uptime": uptime}
+    values = {**declared, "online_until": until, "uptime": uptime}
     conn.execute(_touch_statement(tuple(values)), {"worker_id": row["id"], **values})
 
 

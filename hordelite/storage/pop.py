@@ -49,7 +49,6 @@ from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.pool import (
-    WORKER_BY_KEY,
     declaration_changed,
     online_now,
     stored_declaration,
@@ -158,6 +157,7 @@ def pop_job(
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
     name_key = worker_name_key(pop.name)
+    declared = stored_declaration(pop, now)
     row = worker_for_pop(conn, user, pop, name_key)
     if row is None:
         # First pop: the worker exists (and is online) from this transaction.
@@ -167,15 +167,15 @@ def pop_job(
             "name_key": name_key,
             "user_id": user["id"],
             "created": now,
+            "online_until": now + rules.worker_online,
         }
-        online = {"online_until": now + rules.worker_online}
-        conn.execute(insert(workers).values(**values, **stored_declaration(pop, now), **online))
-        row = conn.execute(WORKER_BY_KEY, {"name_key": name_key}).mappings().one()
+        insert_worker = insert(workers).values(**values, **declared).returning(workers)
+        row = conn.execute(insert_worker).mappings().one()
         fresh = True
     else:
         fresh = False
-    pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, pop, now)
-    worker = worker_view({**row, **stored_declaration(pop, now), "trusted": user["trusted"]})
+    pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
+    worker = worker_view({**row, **declared, "trusted": user["trusted"]})
     job = _claim(conn, worker, user["id"], now, rules, skip_locked)
     until = online_until(
         now,
@@ -185,7 +185,7 @@ def pop_job(
         worker_online=rules.worker_online,
     )
     if not fresh:
-        touch_worker(conn, row, pop, now, rules, until)
+        touch_worker(conn, row, declared, now, rules, until)
     elif until != row["online_until"]:
         conn.execute(update(workers).where(workers.c.id == row["id"]).values(online_until=until))
     skipped: dict[str, int] = {}
@@ -343,6 +343,22 @@ def _candidate_query(worker: WorkerView, model: str, skip_locked: bool) -> Selec
     return _statement_for(worker, cls, skip_locked, False).params(**params)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Walks:
+    """What a pop's candidate queries walk: the classes the worker's
+    declaration covers, and whether its owner's own requests come first.
+    Read once per pop: its retries and its look without the lock walk the same."""
+
+    classes: list[_Class]
+    owns: tuple[bool, ...]  # (True, False) when the owner has requests queued
+
+
+def _walks(conn: Connection, worker: WorkerView, owner_id: int) -> _Walks:
+    # The owner's own requests come first; most owners have none queued.
+    has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
+    return _Walks(_classes(conn, worker), (True, False) if has_own else (False,))
+
+
 def _best_candidate(
     conn: Connection,
     worker: WorkerView,
@@ -350,13 +366,15 @@ def _best_candidate(
     skip_locked: bool,
     exclude: set[str],
     capped: bool = False,
+    walks: _Walks | None = None,
 ) -> dict[str, Any] | None:
+    """The best queue row this worker may take; ``walks`` read here when not given."""
+    if walks is None:
+        walks = _walks(conn, worker, owner_id)
     candidates: list[dict[str, Any]] = []
-    # The owner's own requests come first; most owners have none queued.
-    has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
-    for cls in _classes(conn, worker):
+    for cls in walks.classes:
         params = _candidate_params(worker, cls, owner_id)
-        for own in (True, False) if has_own else (False,):
+        for own in walks.owns:
             stmt = _statement_for(worker, cls, skip_locked, own, capped)
             if exclude:
                 stmt = stmt.where(queue.c.request_id.not_in(exclude))
@@ -374,14 +392,15 @@ def _claim(
 ) -> PoppedJob | None:
     exclude: set[str] = set()
     capped = _slower_than_another(conn, worker, now)
+    walks = _walks(conn, worker, owner_id)
     for _ in range(4):
-        cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude, capped)
+        cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude, capped, walks)
         if cand is None and skip_locked:
             # Skipping passed over requests that other pops hold locked. A
             # request with n > 1 may still have jobs once their claim commits:
             # look again without the lock; the conditional update below then
             # waits for that claim instead of answering "no job".
-            cand = _best_candidate(conn, worker, owner_id, False, exclude, capped)
+            cand = _best_candidate(conn, worker, owner_id, False, exclude, capped, walks)
         if cand is None:
             return None
         claimed = (
@@ -462,8 +481,4 @@ def _assign(
 
 def skipped_sample(conn: Connection) -> list[RequestView]:
     """The best waiting requests (SKIPPED_SAMPLE of them), as eligibility sees them."""
-    return [request_view(row) for row in conn.execute(_SKIPPED_SAMPLE).mappings()]
-
-
-def request_view(row: RowMapping | dict[str, Any]) -> RequestView:
-    return RequestView.of(row)
+    return [RequestView.of(row) for row in conn.execute(_SKIPPED_SAMPLE).mappings()]

@@ -103,22 +103,14 @@ def sweep(
         requeued += was_requeued
         if was_ended:
             ended.append(req["id"])
-    stale = (
-        conn.execute(
-            select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now)
-        )
-        .scalars()
-        .all()
-    )
-    for request_id in stale:
-        busy = conn.execute(
-            select(jobs.c.id)
-            .where(jobs.c.request_id == request_id, jobs.c.state == "processing")
-            .limit(1)
-        ).first()
-        if busy is None:
-            end_request(conn, request_id, "expired", now)
-            ended.append(request_id)
+    # A request past its expiry with a job still out waits for that job.
+    busy = exists().where(jobs.c.request_id == requests.c.id, jobs.c.state == "processing")
+    stale = conn.execute(
+        select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now, ~busy)
+    ).scalars()
+    for request_id in stale.all():
+        end_request(conn, request_id, "expired", now)
+        ended.append(request_id)
     purged = _purge(conn, now - rules.retention, now)
     _drop_idle_classes(conn, now)
     # Every request of an expired job changed (requeued or ended), and a
@@ -205,17 +197,17 @@ def queue_depth(conn: Connection, served: frozenset[str]) -> dict[tuple[str | No
     models counts under each), "" for the any-model queue, or None for the
     requests of which no model is in ``served``, each counted once: clients
     name models freely, so only the served ones become labels."""
-    listed = {m for m in served if m}
+    labelled = served | {""}
     rows = conn.execute(
         select(queue.c.model, queue.c.kind, func.coalesce(func.sum(requests.c.remaining), 0))
         .join(requests, requests.c.id == queue.c.request_id)
-        .where(queue.c.model.in_(listed | {""}))
+        .where(queue.c.model.in_(labelled))
         .group_by(queue.c.model, queue.c.kind)
     ).all()
     depth: dict[tuple[str | None, str], int] = {
         (model, kind): int(waiting_jobs) for model, kind, waiting_jobs in rows
     }
-    reachable = func.sum(case((queue.c.model.in_(listed | {""}), 1), else_=0))
+    reachable = func.sum(case((queue.c.model.in_(labelled), 1), else_=0))
     waiting = (
         select(queue.c.request_id, queue.c.kind)
         .group_by(queue.c.request_id, queue.c.kind)
