@@ -242,6 +242,46 @@ async def test_a_job_in_progress_at_a_cancel_is_still_submitted_and_charged(
     assert payer.kudos == pytest.approx(50 - (result.reward + 1))
 
 
+async def test_a_cancelled_request_stays_cancelled_when_its_last_job_comes_in(
+    database: Database,
+) -> None:
+    requester = await create_user(database, "alice", kudos=50)
+    owner = await create_user(database, "bob")
+    request_id = await submit(database, requester, text_request(models=["m1"]))
+    popped = await pop(database, owner, "w1", ["m1"])
+    assert popped.job is not None
+    await database.write(queries.cancel_request, request_id, "text", NOW + 3, RULES)
+
+    await database.write(
+        queries.submit_job, owner, job_submit(popped.job.id, "late"), NOW + 4, RULES, billions
+    )
+
+    after = await status(database, request_id, now=NOW + 4)
+    assert after.request.state == "cancelled"
+    assert after.request.ended == NOW + 3
+
+
+async def test_a_request_past_its_expiry_waits_for_a_job_still_out(database: Database) -> None:
+    requester = await create_user(database, "alice", kudos=50)
+    owner = await create_user(database, "bob")
+    request_id = await submit(database, requester, text_request(models=["m1"], params={"n": 2}))
+    popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
+    assert popped.job is not None
+    # A pop moves the request's expiry to a full period after it; the job's
+    # progress lease (a streamed job) runs past that expiry.
+    expires = NOW + 1 + RULES.request_expiry
+    progress = {popped.job.id: expires + 100}
+
+    swept = await database.write(queries.sweep, expires + 1, RULES, progress)
+
+    assert (swept.expired_jobs, swept.ended_requests) == (0, [])
+    assert (await status(database, request_id, now=expires + 1)).request.ended is None
+    # Once that lease has run out, the same sweep takes the job back and,
+    # the request being past its expiry with no job out, expires it.
+    later = await database.write(queries.sweep, expires + 101, RULES)
+    assert (later.expired_jobs, later.ended_requests) == (1, [request_id])
+
+
 async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database: Database) -> None:
     requester = await create_user(database, "alice")
     owner = await create_user(database, "bob")
