@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 import httpx
 
 
@@ -50,3 +52,17 @@ def assert_refused(response: httpx.Response, status: int, rc: str) -> None:
     assert body["rc"] == rc, body
     assert isinstance(body["message"], str)
     assert body["message"]
+
+
+async def eventually(check: Callable[[], object], within: float = 10.0) -> None:
+    """Until ``check()`` is truthy, polled with a deadline: fails after ``within``
+    seconds. ``check`` may return an awaitable (an async check), which is
+    awaited: its truth, not the coroutine's, is what counts."""
+    with anyio.fail_after(within):
+        while True:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return
+            await anyio.sleep(0.01)

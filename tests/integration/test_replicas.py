@@ -25,6 +25,7 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
+from tests.integration._helpers import eventually
 
 pytestmark = [
     pytest.mark.anyio,
@@ -90,7 +91,10 @@ async def test_a_long_polled_pop_on_one_replica_is_woken_by_a_submit_on_another(
             with anyio.fail_after(PROMPT_ANSWER):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(long_poll)
-                    await wait_until(lambda: a.horde.signals.statistics()["queue_waiters"] == 1)
+                    await eventually(
+                        lambda: a.horde.signals.statistics()["queue_waiters"] == 1,
+                        within=PROMPT_ANSWER,
+                    )
                     await queue_text(b, key)
             assert jobs[0]["id"] is not None
 
@@ -207,27 +211,10 @@ async def test_progress_posted_to_one_replica_streams_from_another_and_a_cancel_
                     answer = r.json()
                     return r.status_code == 200 and answer.get("cancelled") is True
 
-                await wait_until_async(cancelled)
+                await eventually(cancelled, within=PROMPT_ANSWER)
                 # Settled on what was posted: the worker's owner earned kudos.
                 r = await poster_a.get("/api/v2/find_user", headers={"apikey": owner})
                 assert r.json()["kudos"] > 0, r.text
-
-
-async def wait_until(check: Any, within: float = PROMPT_ANSWER) -> None:
-    """Until ``check()`` holds (polled with a deadline)."""
-    with anyio.fail_after(within):
-        while True:
-            if check():
-                return
-            await anyio.sleep(0.01)
-
-
-async def wait_until_async(check: Any) -> None:
-    with anyio.fail_after(PROMPT_ANSWER):
-        while True:
-            if await check():
-                return
-            await anyio.sleep(0.05)
 
 
 # Losing Redis ----------------------------------------------------------------
@@ -293,7 +280,10 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
                 assert (await worker.pop())["id"] is None
                 assert (await chat.pop())["id"] is None
                 redis.kill()
-                await wait_until(lambda: a.horde.signals.degraded and b.horde.signals.degraded)
+                await eventually(
+                    lambda: a.horde.signals.degraded and b.horde.signals.degraded,
+                    within=PROMPT_ANSWER,
+                )
 
                 # A text request submitted on B reaches a pop long-polling on
                 # A by polling, long before the pop's wait.
@@ -349,7 +339,7 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
 
                 # Redis returns: both replicas notice, and signals cross again.
                 redis.start()
-                await wait_until(
+                await eventually(
                     lambda: not a.horde.signals.degraded and not b.horde.signals.degraded,
                     within=15,
                 )
@@ -357,7 +347,10 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
                 with anyio.fail_after(PROMPT_ANSWER):
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(long_poll)
-                        await wait_until(lambda: a.horde.signals.statistics()["queue_waiters"] == 1)
+                        await eventually(
+                            lambda: a.horde.signals.statistics()["queue_waiters"] == 1,
+                            within=PROMPT_ANSWER,
+                        )
                         await queue_text(b, key)
                 assert jobs[0]["id"] is not None
                 assert not a.horde.signals.degraded

@@ -21,6 +21,7 @@ from sqlalchemy import event
 
 from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
+from tests.integration._helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -280,11 +281,7 @@ async def test_a_bad_wait_is_refused_naming_it(wait: str, why: str) -> None:
 
 async def wait_for_status_waiter(horde: TestHorde) -> None:
     """Until a long-polled status read is waiting (polled with a deadline)."""
-    with anyio.fail_after(5):
-        while True:
-            if horde.horde.signals.statistics()["status_waiters"]:
-                return
-            await anyio.sleep(0.005)
+    await eventually(lambda: horde.horde.signals.statistics()["status_waiters"], within=5)
 
 
 # The pool snapshot: the online workers a submit and a status check against ---

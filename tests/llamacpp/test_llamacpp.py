@@ -27,6 +27,7 @@ from hordelite.contract.chat_reply import FAULT_REASONS
 from hordelite.testing import TestHorde, open_horde
 from hordelite.worker import PROBE_MESSAGES
 from tests.integration._chat_helpers import TLS, chat_status_path, text_status_path
+from tests.integration._helpers import eventually
 from tests.llamacpp._relay import Relay, open_relay
 from tests.llamacpp.conftest import LlamaServer
 from tests.llamacpp.tiny_model import CONTEXT
@@ -59,11 +60,7 @@ class Env:
 
     async def until(self, check: Callable[[], bool], seconds: float = 20) -> None:
         """Return once ``check()`` holds (polled, with a deadline)."""
-        with anyio.fail_after(seconds):
-            while True:
-                if check():
-                    return
-                await anyio.sleep(0.02)
+        await eventually(check, within=seconds)
 
     async def status_when_ended(self, path: str) -> dict[str, Any]:
         with anyio.fail_after(30):
