@@ -75,6 +75,27 @@ async def queue_text(horde: TestHorde, key: str) -> str:
     return str(r.json()["id"])
 
 
+async def assert_a_waiting_pop_is_woken(
+    worker: FakeTextWorker, waiting_on: TestHorde, queued_on: TestHorde, key: str
+) -> None:
+    """A pop long-polling on ``waiting_on`` gets the job of a text request
+    queued on ``queued_on`` within PROMPT_ANSWER: a signal crossed."""
+    jobs: list[dict[str, Any]] = []
+
+    async def long_poll() -> None:
+        jobs.append(await worker.pop(wait=30))
+
+    with anyio.fail_after(PROMPT_ANSWER):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_poll)
+            await eventually(
+                lambda: waiting_on.horde.signals.statistics()["queue_waiters"] == 1,
+                within=PROMPT_ANSWER,
+            )
+            await queue_text(queued_on, key)
+    assert jobs[0]["id"] is not None
+
+
 async def test_a_long_polled_pop_on_one_replica_is_woken_by_a_submit_on_another(
     postgres_schema_url: str, redis_url: str
 ) -> None:
@@ -83,20 +104,7 @@ async def test_a_long_polled_pop_on_one_replica_is_woken_by_a_submit_on_another(
         owner = await a.create_key("bob")
         async with FakeTextWorker(a.url, owner, models=[MODEL]) as worker:
             assert (await worker.pop())["id"] is None  # online, declared
-            jobs: list[dict[str, Any]] = []
-
-            async def long_poll() -> None:
-                jobs.append(await worker.pop(wait=30))
-
-            with anyio.fail_after(PROMPT_ANSWER):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(long_poll)
-                    await eventually(
-                        lambda: a.horde.signals.statistics()["queue_waiters"] == 1,
-                        within=PROMPT_ANSWER,
-                    )
-                    await queue_text(b, key)
-            assert jobs[0]["id"] is not None
+            await assert_a_waiting_pop_is_woken(worker, a, b, key)
 
 
 async def test_a_status_on_one_replica_shows_a_change_made_on_another_at_once(
@@ -343,16 +351,7 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
                     lambda: not a.horde.signals.degraded and not b.horde.signals.degraded,
                     within=15,
                 )
-                jobs.clear()
-                with anyio.fail_after(PROMPT_ANSWER):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(long_poll)
-                        await eventually(
-                            lambda: a.horde.signals.statistics()["queue_waiters"] == 1,
-                            within=PROMPT_ANSWER,
-                        )
-                        await queue_text(b, key)
-                assert jobs[0]["id"] is not None
+                await assert_a_waiting_pop_is_woken(worker, a, b, key)
                 assert not a.horde.signals.degraded
     finally:
         redis.kill()
