@@ -277,18 +277,24 @@ async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database
     assert refused.value.rc is RC.AbortedGen
 
 
-async def test_an_ended_request_is_purged_with_its_jobs_only_after_the_retention(
-    database: Database,
-) -> None:
+async def ended_request(database: Database, ended_at: float) -> str:
+    """A text request popped at NOW + 1 and done at ``ended_at``: its id."""
     requester = await create_user(database, "alice", kudos=100)
     owner = await create_user(database, "bob")
     request_id = await submit(database, requester, text_request(models=["m1"]))
     popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
     assert popped.job is not None
-    ended_at = NOW + 2
     await database.write(
         queries.submit_job, owner, job_submit(popped.job.id, "hi"), ended_at, RULES, billions
     )
+    return request_id
+
+
+async def test_an_ended_request_is_purged_with_its_jobs_only_after_the_retention(
+    database: Database,
+) -> None:
+    ended_at = NOW + 2
+    request_id = await ended_request(database, ended_at)
 
     kept = await database.write(queries.sweep, ended_at + RULES.retention, RULES)
     assert kept.purged_requests == 0
@@ -322,15 +328,8 @@ def _rollup_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
 async def test_a_purge_that_rolls_back_leaves_its_jobs_stored_and_no_rollup(
     database: Database,
 ) -> None:
-    requester = await create_user(database, "alice", kudos=100)
-    owner = await create_user(database, "bob")
-    request_id = await submit(database, requester, text_request(models=["m1"]))
-    popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
-    assert popped.job is not None
     ended_at = NOW + 4
-    await database.write(
-        queries.submit_job, owner, job_submit(popped.job.id, "hi"), ended_at, RULES, billions
-    )
+    request_id = await ended_request(database, ended_at)
     past = ended_at + RULES.retention + 1
 
     with pytest.raises(_Interrupted):
