@@ -11,12 +11,13 @@ from sqlalchemy import Connection, func, select, update
 from hordelite.errors import RC, HordeError
 from hordelite.storage import queries
 from hordelite.storage.database import Database
-from hordelite.storage.schema import activity_minutes, jobs, requests, users
+from hordelite.storage.schema import jobs, requests, users
 from tests.storage.helpers import (
     ANONYMOUS_HASH,
     MODEL_BILLIONS,
     NOW,
     RULES,
+    activity_rows,
     billions,
     create_user,
     job_submit,
@@ -320,11 +321,6 @@ def _sweep_then_fail(conn: Connection, now: float) -> None:
     raise _Interrupted
 
 
-def _rollup_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
-    rows = conn.execute(select(activity_minutes).order_by(activity_minutes.c.minute)).all()
-    return [(int(m), int(n), int(t), float(s)) for m, n, t, s in rows]
-
-
 async def test_a_purge_that_rolls_back_leaves_its_jobs_stored_and_no_rollup(
     database: Database,
 ) -> None:
@@ -335,10 +331,10 @@ async def test_a_purge_that_rolls_back_leaves_its_jobs_stored_and_no_rollup(
     with pytest.raises(_Interrupted):
         await database.write(_sweep_then_fail, past)
 
-    assert await database.read(_rollup_rows) == []
+    assert await database.read(activity_rows) == []
     assert await database.read(_jobs_of, request_id) == 1
     # The same purge committed rolls the job up: 4 s from submit to submit.
     assert (await database.write(queries.sweep, past, RULES)).purged_requests == 1
     assert await database.read(_jobs_of, request_id) == 0
-    [(minute, n, _, latency_sum)] = await database.read(_rollup_rows)
+    [(minute, n, _, latency_sum)] = await database.read(activity_rows)
     assert (minute, n, latency_sum) == (int(ended_at // 60) * 60, 1, 4.0)
