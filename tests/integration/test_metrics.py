@@ -26,8 +26,7 @@ from tests.integration._chat_helpers import (
     open_chat_horde,
     pop_job,
 )
-from tests.integration._helpers import submit_text
-from tests.integration.test_front import eventually
+from tests.integration._helpers import eventually, submit_text
 
 pytestmark = pytest.mark.anyio
 
