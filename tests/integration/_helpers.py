@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
 import httpx
+from sqlalchemy import event
+
+from hordelite.testing import TestHorde
 
 
 async def submit_text(
@@ -66,3 +70,22 @@ async def eventually(check: Callable[[], object], within: float = 10.0) -> None:
             if result:
                 return
             await anyio.sleep(0.01)
+
+
+@contextlib.contextmanager
+def statements(horde: TestHorde) -> Iterator[list[str]]:
+    """The SQL statements the horde sends while the block runs."""
+    sent: list[str] = []
+    db = horde.horde.db
+    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    for engine in engines.values():
+        event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield sent
+    finally:
+        for engine in engines.values():
+            event.remove(engine, "before_cursor_execute", count)

@@ -9,19 +9,16 @@ horde's own engines as SQLAlchemy sends them.
 
 from __future__ import annotations
 
-import contextlib
 import ssl
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from sqlalchemy import event
 
 from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
-from tests.integration._helpers import eventually
+from tests.integration._helpers import eventually, statements
 
 pytestmark = pytest.mark.anyio
 
@@ -50,25 +47,6 @@ async def queue_text(client: httpx.AsyncClient, key: str, **body: Any) -> str:
     r = await client.post("/api/v2/generate/text/async", headers={"apikey": key}, json=body)
     assert r.status_code == 202, r.text
     return r.json()["id"]  # type: ignore[no-any-return]
-
-
-@contextlib.contextmanager
-def statements(horde: TestHorde) -> Iterator[list[str]]:
-    """The SQL statements the horde sends while the block runs."""
-    sent: list[str] = []
-    db = horde.horde.db
-    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    for engine in engines.values():
-        event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield sent
-    finally:
-        for engine in engines.values():
-            event.remove(engine, "before_cursor_execute", count)
 
 
 async def test_reads_of_an_unchanged_request_send_no_statement() -> None:
