@@ -206,8 +206,10 @@ async def test_a_key_typed_in_the_page_is_used_and_sent_only_to_v1() -> None:
                 page.fill("#key", key)
                 chat_turn(page, worker, "Hello", "Hi", "Hi there.")
                 refresh(page)
+                to_v1 = [r for r in sent if r.url == env.horde.url + "/v1/chat/completions"]
+                assert to_v1, [r.url for r in sent]  # the chat went out, with the key
                 for request in sent:
-                    if request.url == env.horde.url + "/v1/chat/completions":
+                    if request in to_v1:
                         assert request.headers["authorization"] == f"Bearer {key}"
                         assert key not in (request.post_data or "")
                         continue
