@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import socket
+import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -89,3 +92,41 @@ def statements(horde: TestHorde) -> Iterator[list[str]]:
     finally:
         for engine in engines.values():
             event.remove(engine, "before_cursor_execute", count)
+
+
+class RedisServer:
+    """A redis-server of the test's own, on a free port, that the test can kill."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no"),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None

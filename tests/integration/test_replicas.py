@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import ssl
-import subprocess
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +22,7 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
-from tests.integration._helpers import eventually
+from tests.integration._helpers import RedisServer, eventually
 
 pytestmark = [
     pytest.mark.anyio,
@@ -232,44 +229,6 @@ async def test_progress_posted_to_one_replica_streams_from_another_and_a_cancel_
 
 
 # Losing Redis ----------------------------------------------------------------
-
-
-class RedisServer:
-    """A redis-server of the test's own, on a free port, that the test can kill."""
-
-    def __init__(self) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--save", "", "--appendonly", "no"),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
 
 
 async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_returns(
