@@ -13,7 +13,9 @@ import anyio.abc
 import httpx
 import pytest
 
+from hordelite.config import Config
 from hordelite.testing import open_horde
+from tests.integration._helpers import RedisServer, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -105,3 +107,34 @@ async def test_readyz_turns_503_when_the_database_stops_answering(
                 {"status": "unready", "reason": "database"},
             )
             assert (await c.get("/healthz")).status_code == 200
+
+
+async def test_readyz_turns_503_while_the_redis_signals_are_down_and_ready_when_they_return() -> (
+    None
+):
+    redis = RedisServer()
+    redis.start()
+    try:
+        config = Config().replace(signals={"url": redis.url})
+        async with (
+            open_horde(config=config) as horde,
+            httpx.AsyncClient(base_url=horde.url, verify=TLS, timeout=30) as c,
+        ):
+            assert (await c.get("/readyz")).status_code == 200
+            redis.kill()
+            await eventually(lambda: horde.horde.signals.degraded)
+            ready = await c.get("/readyz")
+            assert (ready.status_code, ready.json()) == (
+                503,
+                {"status": "unready", "reason": "signals"},
+            )
+            assert (await c.get("/healthz")).status_code == 200  # still alive
+
+            redis.start()
+
+            async def ready_again() -> bool:
+                return (await c.get("/readyz")).status_code == 200
+
+            await eventually(ready_again, within=15)
+    finally:
+        redis.kill()
