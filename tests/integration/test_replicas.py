@@ -22,7 +22,7 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
-from tests.integration._helpers import RedisServer, eventually
+from tests.integration._helpers import RedisServer, eventually, submit_text
 
 pytestmark = [
     pytest.mark.anyio,
@@ -63,13 +63,7 @@ def client(horde: TestHorde) -> httpx.AsyncClient:
 
 async def queue_text(horde: TestHorde, key: str) -> str:
     async with client(horde) as c:
-        r = await c.post(
-            "/api/v2/generate/text/async",
-            headers={"apikey": key},
-            json={"prompt": "Once upon a time", "models": [MODEL]},
-        )
-    assert r.status_code == 202, r.text
-    return str(r.json()["id"])
+        return await submit_text(c, key, "Once upon a time", models=[MODEL])
 
 
 async def assert_a_waiting_pop_is_woken(

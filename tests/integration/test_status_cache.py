@@ -18,7 +18,7 @@ import pytest
 
 from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
-from tests.integration._helpers import eventually, statements
+from tests.integration._helpers import eventually, statements, submit_text
 
 pytestmark = pytest.mark.anyio
 
@@ -41,12 +41,8 @@ async def status_of(client: httpx.AsyncClient, request_id: str, **params: Any) -
     return r.json()  # type: ignore[no-any-return]
 
 
-async def queue_text(client: httpx.AsyncClient, key: str, **body: Any) -> str:
-    body.setdefault("prompt", "Once upon a time")
-    body.setdefault("models", [MODEL])
-    r = await client.post("/api/v2/generate/text/async", headers={"apikey": key}, json=body)
-    assert r.status_code == 202, r.text
-    return r.json()["id"]  # type: ignore[no-any-return]
+async def queue_text(client: httpx.AsyncClient, key: str) -> str:
+    return await submit_text(client, key, "Once upon a time", models=[MODEL])
 
 
 async def test_reads_of_an_unchanged_request_send_no_statement() -> None:
