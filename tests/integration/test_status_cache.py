@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
+from hordelite.horde import service
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
 from tests.integration._helpers import eventually, statements, submit_text
 
@@ -317,3 +318,26 @@ async def test_a_worker_joining_or_leaving_shows_at_once() -> None:
             assert r.json()["warnings"][0]["code"] == "NoAvailableWorker"
             clock.advance(STATUS_POSITION_SECONDS)  # the second's cached position window
             assert (await status_of(client, second))["is_possible"] is False
+
+
+async def test_the_least_recently_read_status_leaves_the_cache_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(service, "STATUS_CACHE_ENTRIES", 2)
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        first, second, third = [await queue_text(client, key) for _ in range(3)]
+        await status_of(client, first)
+        await status_of(client, second)
+        with statements(horde) as sent:
+            await status_of(client, first)  # cached: now the most recently read
+        assert sent == []
+        await status_of(client, third)  # a third entry: the least recently read goes
+        with statements(horde) as sent:
+            await status_of(client, first)
+            await status_of(client, third)
+        assert sent == []
+        with statements(horde) as sent:
+            await status_of(client, second)
+        assert sent != []
