@@ -3,8 +3,6 @@ and is withdrawn at shutdown."""
 
 from __future__ import annotations
 
-import ssl
-
 import anyio
 import anyio.abc
 import httpx
@@ -12,11 +10,10 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import open_horde
+from tests.integration._chat_helpers import TLS
 from tests.integration._helpers import RedisServer, eventually, relayed
 
 pytestmark = pytest.mark.anyio
-
-TLS = ssl.create_default_context()
 
 
 async def test_healthz_and_readyz_answer_a_serving_horde() -> None:

@@ -12,7 +12,6 @@ import gzip
 import io
 import json
 import os
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,10 +25,10 @@ from hordelite.blobs import DirectoryStore
 from hordelite.config import Config
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.testing import FakeChatWorker, ManualClock, TestHorde, open_horde
+from tests.integration._chat_helpers import TLS
 
 pytestmark = pytest.mark.anyio
 
-TLS = ssl.create_default_context()
 MODEL = "fake-vision-model"
 VISION = ("prompt_overflow_refused", "vision")
 

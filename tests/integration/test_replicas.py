@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
+from tests.integration._chat_helpers import TLS
 from tests.integration._helpers import RedisServer, eventually, submit_text
 
 pytestmark = [
@@ -34,7 +34,6 @@ pytestmark = [
     ),
 ]
 
-TLS = ssl.create_default_context()
 MODEL = "fake-model"
 # Far below the front's fallback re-check of a waiting call, and below any
 # pop's wait: an answer within this came through a signal.

@@ -9,7 +9,6 @@ horde's own engines as SQLAlchemy sends them.
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import anyio
@@ -19,11 +18,11 @@ import pytest
 from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
 from hordelite.horde import service
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
+from tests.integration._chat_helpers import TLS
 from tests.integration._helpers import eventually, statements, submit_text
 
 pytestmark = pytest.mark.anyio
 
-TLS = ssl.create_default_context()
 MODEL = "fake-model"
 READS = 20
 
