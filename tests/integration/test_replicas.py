@@ -67,9 +67,10 @@ async def queue_text(horde: TestHorde, key: str) -> str:
 
 async def assert_a_waiting_pop_is_woken(
     worker: FakeTextWorker, waiting_on: TestHorde, queued_on: TestHorde, key: str
-) -> None:
+) -> tuple[dict[str, Any], str]:
     """A pop long-polling on ``waiting_on`` gets the job of a text request
-    queued on ``queued_on`` within PROMPT_ANSWER: a signal crossed."""
+    queued on ``queued_on`` (once the pop waits) within PROMPT_ANSWER, far
+    below the pop's wait: (the job, the request's id)."""
     jobs: list[dict[str, Any]] = []
 
     async def long_poll() -> None:
@@ -82,8 +83,9 @@ async def assert_a_waiting_pop_is_woken(
                 lambda: waiting_on.horde.signals.statistics()["queue_waiters"] == 1,
                 within=PROMPT_ANSWER,
             )
-            await queue_text(queued_on, key)
+            request_id = await queue_text(queued_on, key)
     assert jobs[0]["id"] is not None
+    return jobs[0], request_id
 
 
 async def test_a_long_polled_pop_on_one_replica_is_woken_by_a_submit_on_another(
@@ -253,19 +255,10 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
 
                 # A text request submitted on B reaches a pop long-polling on
                 # A by polling, long before the pop's wait.
-                jobs: list[dict[str, Any]] = []
-
-                async def long_poll() -> None:
-                    jobs.append(await worker.pop(wait=30))
-
-                with anyio.fail_after(PROMPT_ANSWER):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(long_poll)
-                        request_id = await queue_text(b, key)
-                assert jobs[0]["id"] is not None
+                job, request_id = await assert_a_waiting_pop_is_woken(worker, a, b, key)
                 path = f"/api/v2/generate/text/status/{request_id}"
                 assert (await on_b.get(path)).json()["processing"] == 1
-                await worker.submit(jobs[0]["id"], "The end.", seed=1)
+                await worker.submit(job["id"], "The end.", seed=1)
                 assert (await on_b.get(path)).json()["done"] is True
 
                 # A streamed OpenAI call on B: the worker's progress posts
