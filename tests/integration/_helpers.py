@@ -1,11 +1,23 @@
-"""Small client-side helpers shared by the integration tests (over real HTTP)."""
+"""Helpers shared by the integration tests: client calls over real HTTP, polling
+with a deadline, and the parts a test can cut (a Redis server, a database relay)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import inspect
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import anyio
+import anyio.abc
 import httpx
+from sqlalchemy import event
+
+from hordelite.testing import TestHorde
 
 
 async def submit_text(
@@ -50,3 +62,122 @@ def assert_refused(response: httpx.Response, status: int, rc: str) -> None:
     assert body["rc"] == rc, body
     assert isinstance(body["message"], str)
     assert body["message"]
+
+
+async def eventually(check: Callable[[], object], within: float = 10.0) -> None:
+    """Until ``check()`` is truthy, polled with a deadline: fails after ``within``
+    seconds. ``check`` may return an awaitable (an async check), which is
+    awaited: its truth, not the coroutine's, is what counts."""
+    with anyio.fail_after(within):
+        while True:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return
+            await anyio.sleep(0.01)
+
+
+@contextlib.contextmanager
+def statements(horde: TestHorde) -> Iterator[list[str]]:
+    """The SQL statements the horde sends while the block runs."""
+    sent: list[str] = []
+    db = horde.horde.db
+    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    for engine in engines.values():
+        event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield sent
+    finally:
+        for engine in engines.values():
+            event.remove(engine, "before_cursor_execute", count)
+
+
+class RedisServer:
+    """A redis-server of the test's own, on a free port, that the test can kill."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no"),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+class Relay:
+    """A TCP relay to PostgreSQL that the test can cut: every connection
+    through it is closed, and new ones are refused."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._scope = anyio.CancelScope()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with self._scope:
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+            self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            task_status.started()
+            async with listener:
+                await listener.serve(self._relay)
+
+    async def _relay(self, client: anyio.abc.SocketStream) -> None:
+        async with client, await anyio.connect_tcp(*self.target) as server:
+
+            async def pipe(a: anyio.abc.SocketStream, b: anyio.abc.SocketStream) -> None:
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    while True:
+                        await b.send(await a.receive())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pipe, client, server)
+                tg.start_soon(pipe, server, client)
+
+    def cut(self) -> None:
+        self._scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def relayed(url: str) -> AsyncIterator[tuple[Relay, str]]:
+    parts = urlsplit(url)
+    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))
+    async with anyio.create_task_group() as tg:
+        await tg.start(relay.run)
+        netloc = (
+            f"{parts.username}@127.0.0.1:{relay.port}"
+            if parts.username
+            else f"127.0.0.1:{relay.port}"
+        )
+        yield relay, urlunsplit(parts._replace(netloc=netloc))
+        relay.cut()

@@ -15,9 +15,11 @@ from sqlalchemy import Connection, func, select
 from hordelite.clock import ManualClock
 from hordelite.config import Config
 from hordelite.contract.kudos import billed_tokens
+from hordelite.contract.limits import DASHBOARD_CACHE_SECONDS
 from hordelite.storage.schema import activity_minutes, jobs
 from hordelite.testing import FakeTextWorker, open_horde
 from tests.integration._chat_helpers import MODEL, STRICT, ChatEnv, open_chat_horde, pop_job
+from tests.integration._helpers import statements
 
 pytestmark = pytest.mark.anyio
 
@@ -137,10 +139,12 @@ async def test_activity_counts_the_done_jobs_their_tokens_and_mean_latency_per_m
             for b in buckets[:-2]
         )
 
-        # Read at most once per cache period: a job done now shows 5 s later.
+        # Read at most once per cache period: a job done now shows a period later.
         await _done_text_job(env, clock, worker, "d" * 40, 0)
         assert (await env.client.get("/dashboard/activity")).json() == body
-        clock.advance(5)
+        clock.advance(DASHBOARD_CACHE_SECONDS - 0.5)
+        assert (await env.client.get("/dashboard/activity")).json() == body
+        clock.advance(0.5)
         later = (await env.client.get("/dashboard/activity")).json()
         assert later["buckets"][-1]["jobs"] == 3
 
@@ -241,6 +245,13 @@ async def test_activity_takes_no_input_and_writes_nothing() -> None:
         # Only the shipped files are served.
         response = await env.client.get("/dashboard/static/%2e%2e/dashboard.py")
         assert response.status_code == 404
-        # A query string changes nothing.
-        plain = (await env.client.get("/dashboard/activity")).json()
-        assert (await env.client.get("/dashboard/activity?window=999999")).json() == plain
+        # A query string changes nothing, and a read writes nothing.
+        with statements(env.horde) as sent:
+            plain = await env.client.get("/dashboard/activity")
+            other = await env.client.get("/dashboard/activity?window=999999")
+        assert (plain.status_code, other.status_code) == (200, 200), (plain.text, other.text)
+        assert len(plain.json()["buckets"]) == 60
+        assert other.json() == plain.json()
+        assert any(s.lstrip().upper().startswith("SELECT") for s in sent), sent
+        writes = ("INSERT", "UPDATE", "DELETE")
+        assert not [s for s in sent if s.lstrip().upper().startswith(writes)], sent

@@ -129,6 +129,15 @@ def refresh(page: Page) -> None:
     expect(page.locator("body")).to_have_attribute("data-refreshed", str(int(before) + 1))
 
 
+def refresh_until(page: Page, done: Callable[[], bool], why: Callable[[], str]) -> None:
+    """Refresh every 250 ms until ``done()``; past DEADLINE_MS, fail with ``why()``."""
+    deadline = time.monotonic() + DEADLINE_MS / 1000
+    while not done():
+        assert time.monotonic() < deadline, why()
+        page.wait_for_timeout(250)
+        refresh(page)
+
+
 def chat_turn(
     page: Page, worker: FakeChatWorker, message: str, partial: str, full: str
 ) -> dict[str, Any]:
@@ -177,11 +186,9 @@ async def test_the_page_shows_the_pool_and_a_reply_streams_in_before_the_worker_
                 # The activity figures are cached for a few seconds: refresh
                 # until they count the job, within the deadline.
                 summary = page.locator("#activity-summary")
-                deadline = time.monotonic() + DEADLINE_MS / 1000
-                while "1 jobs done" not in summary.inner_text():
-                    assert time.monotonic() < deadline, summary.inner_text()
-                    page.wait_for_timeout(250)
-                    refresh(page)
+                refresh_until(
+                    page, lambda: "1 jobs done" in summary.inner_text(), summary.inner_text
+                )
                 # The whole hour, whatever the retention (30 min by default).
                 assert summary.inner_text().startswith("Last hour: 1 jobs done"), (
                     summary.inner_text()
@@ -206,8 +213,10 @@ async def test_a_key_typed_in_the_page_is_used_and_sent_only_to_v1() -> None:
                 page.fill("#key", key)
                 chat_turn(page, worker, "Hello", "Hi", "Hi there.")
                 refresh(page)
+                to_v1 = [r for r in sent if r.url == env.horde.url + "/v1/chat/completions"]
+                assert to_v1, [r.url for r in sent]  # the chat went out, with the key
                 for request in sent:
-                    if request.url == env.horde.url + "/v1/chat/completions":
+                    if request in to_v1:
                         assert request.headers["authorization"] == f"Bearer {key}"
                         assert key not in (request.post_data or "")
                         continue
@@ -348,11 +357,9 @@ def test_the_readme_quick_start_leads_to_a_dashboard_that_chats_with_a_workers_m
             page.goto(url + "/")
             expect(page.locator("body")).to_have_attribute("data-ready", "true")
             worker_row = page.locator("#workers tbody tr", has_text="my-worker")
-            deadline = time.monotonic() + DEADLINE_MS / 1000
-            while worker_row.count() == 0:  # until the worker has checked in
-                assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
-                page.wait_for_timeout(250)
-                refresh(page)
+            refresh_until(  # until the worker has checked in
+                page, lambda: worker_row.count() > 0, (tmp_path / "worker.log").read_text
+            )
             expect(page.locator("#models tbody tr", has_text="fake-model")).to_have_count(1)
             expect(page.locator("#model")).to_have_value("fake-model")
             page.fill("#message", "Name a colour.")

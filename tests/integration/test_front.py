@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
@@ -37,6 +37,7 @@ from tests.integration._chat_helpers import (
     pop_job,
     pop_nothing,
 )
+from tests.integration._helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -126,15 +127,6 @@ async def open_front(front: dict[str, Any] | None = None, **horde: Any) -> Async
     config = Config().replace(front=front) if front else None
     async with open_chat_horde(config=config, **horde) as env:
         yield Front(env)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
-    """Poll ``check`` until it is true; fails after ``within`` seconds."""
-    with anyio.fail_after(within):
-        while True:
-            if await check():
-                return
-            await anyio.sleep(0.02)
 
 
 def assert_error(

@@ -15,11 +15,11 @@ import pytest
 
 from hordelite.contract.chat_reply import FAULT_REASONS
 from tests.integration._chat_helpers import MODEL, STRICT, WEATHER_TOOL, pop_nothing
+from tests.integration._helpers import eventually
 from tests.integration.test_front import (
     CHAT,
     ENVELOPE_KEYS,
     Front,
-    eventually,
     open_front,
     user,
 )

@@ -3,21 +3,17 @@ and is withdrawn at shutdown."""
 
 from __future__ import annotations
 
-import contextlib
-import ssl
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit, urlunsplit
-
 import anyio
 import anyio.abc
 import httpx
 import pytest
 
+from hordelite.config import Config
 from hordelite.testing import open_horde
+from tests.integration._chat_helpers import TLS
+from tests.integration._helpers import RedisServer, eventually, relayed
 
 pytestmark = pytest.mark.anyio
-
-TLS = ssl.create_default_context()
 
 
 async def test_healthz_and_readyz_answer_a_serving_horde() -> None:
@@ -39,54 +35,6 @@ async def test_readyz_is_withdrawn_once_shutdown_begins() -> None:
         assert (await c.get("/healthz")).status_code == 200  # still alive
 
 
-class Relay:
-    """A TCP relay to PostgreSQL that the test can cut: every connection
-    through it is closed, and new ones are refused."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = 0
-        self._scope = anyio.CancelScope()
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        with self._scope:
-            listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-            self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-            task_status.started()
-            async with listener:
-                await listener.serve(self._relay)
-
-    async def _relay(self, client: anyio.abc.SocketStream) -> None:
-        async with client, await anyio.connect_tcp(*self.target) as server:
-
-            async def pipe(a: anyio.abc.SocketStream, b: anyio.abc.SocketStream) -> None:
-                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
-                    while True:
-                        await b.send(await a.receive())
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(pipe, client, server)
-                tg.start_soon(pipe, server, client)
-
-    def cut(self) -> None:
-        self._scope.cancel()
-
-
-@contextlib.asynccontextmanager
-async def relayed(url: str) -> AsyncIterator[tuple[Relay, str]]:
-    parts = urlsplit(url)
-    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))
-    async with anyio.create_task_group() as tg:
-        await tg.start(relay.run)
-        netloc = (
-            f"{parts.username}@127.0.0.1:{relay.port}"
-            if parts.username
-            else f"127.0.0.1:{relay.port}"
-        )
-        yield relay, urlunsplit(parts._replace(netloc=netloc))
-        relay.cut()
-
-
 @pytest.mark.postgres
 async def test_readyz_turns_503_when_the_database_stops_answering(
     postgres_schema_url: str,
@@ -105,3 +53,34 @@ async def test_readyz_turns_503_when_the_database_stops_answering(
                 {"status": "unready", "reason": "database"},
             )
             assert (await c.get("/healthz")).status_code == 200
+
+
+async def test_readyz_turns_503_while_the_redis_signals_are_down_and_ready_when_they_return() -> (
+    None
+):
+    redis = RedisServer()
+    redis.start()
+    try:
+        config = Config().replace(signals={"url": redis.url})
+        async with (
+            open_horde(config=config) as horde,
+            httpx.AsyncClient(base_url=horde.url, verify=TLS, timeout=30) as c,
+        ):
+            assert (await c.get("/readyz")).status_code == 200
+            redis.kill()
+            await eventually(lambda: horde.horde.signals.degraded)
+            ready = await c.get("/readyz")
+            assert (ready.status_code, ready.json()) == (
+                503,
+                {"status": "unready", "reason": "signals"},
+            )
+            assert (await c.get("/healthz")).status_code == 200  # still alive
+
+            redis.start()
+
+            async def ready_again() -> bool:
+                return (await c.get("/readyz")).status_code == 200
+
+            await eventually(ready_again, within=15)
+    finally:
+        redis.kill()

@@ -7,11 +7,12 @@ the official openai package for the front.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import io
 import json
 import os
-import ssl
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -24,10 +25,10 @@ from hordelite.blobs import DirectoryStore
 from hordelite.config import Config
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.testing import FakeChatWorker, ManualClock, TestHorde, open_horde
+from tests.integration._chat_helpers import TLS
 
 pytestmark = pytest.mark.anyio
 
-TLS = ssl.create_default_context()
 MODEL = "fake-vision-model"
 VISION = ("prompt_overflow_refused", "vision")
 
@@ -52,6 +53,19 @@ def image_body(url: str) -> dict[str, Any]:
         ],
         "max_tokens": 32,
     }
+
+
+@contextlib.asynccontextmanager
+async def online_vision_worker(
+    horde: TestHorde, owner: str, transports: tuple[str, ...] = ("url",)
+) -> AsyncIterator[FakeChatWorker]:
+    """A vision worker for MODEL taking images by ``transports``, declared by
+    a first pop that finds nothing."""
+    async with FakeChatWorker(
+        horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=transports
+    ) as worker:
+        assert (await worker.pop())["id"] is None  # online, declared
+        yield worker
 
 
 def client_for(horde: TestHorde) -> httpx.AsyncClient:
@@ -86,18 +100,11 @@ async def test_an_openai_image_reaches_a_vision_worker_by_its_transport(transpor
         key = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
         async with (
-            FakeChatWorker(
-                horde.url,
-                owner,
-                model_id=MODEL,
-                chat_features=VISION,
-                image_transports=(transport,),
-            ) as worker,
+            online_vision_worker(horde, owner, (transport,)) as worker,
             openai.AsyncOpenAI(
                 base_url=horde.url + "/v1", api_key=key, max_retries=0, http_client=http
             ) as sdk,
         ):
-            assert (await worker.pop())["id"] is None  # online, declared
             answers: list[Any] = []
 
             async def call() -> None:
@@ -132,10 +139,7 @@ async def test_the_stored_request_keeps_a_reference_not_the_image() -> None:
     async with open_horde() as horde, client_for(horde) as http:
         key = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
-        async with FakeChatWorker(
-            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
-        ) as worker:
-            assert (await worker.pop())["id"] is None
+        async with online_vision_worker(horde, owner):
             big = png_data_url(1500, 1500, "RGB")
             r = await http.post(
                 "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(big)
@@ -174,10 +178,7 @@ async def test_a_bad_image_is_refused_naming_its_part_and_nothing_is_kept(
     async with open_horde() as horde, client_for(horde) as http:
         key = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
-        async with FakeChatWorker(
-            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
-        ) as worker:
-            assert (await worker.pop())["id"] is None
+        async with online_vision_worker(horde, owner) as worker:
             before = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
             r = await http.post(
                 "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(url)
@@ -218,10 +219,7 @@ async def test_a_purged_request_takes_its_images_with_it() -> None:
     async with open_horde(clock=clock, retention=60) as horde, client_for(horde) as http:
         key = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
-        async with FakeChatWorker(
-            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
-        ) as worker:
-            assert (await worker.pop())["id"] is None
+        async with online_vision_worker(horde, owner) as worker:
             r = await http.post(
                 "/api/v2/generate/chat/async",
                 headers={"apikey": key},
@@ -304,10 +302,7 @@ async def test_a_messages_url_worker_fetches_the_offloaded_messages_plain_or_gzi
         client_for(horde) as http,
     ):
         owner = await horde.create_key("bob")
-        async with FakeChatWorker(
-            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=OFFLOADING
-        ) as worker:
-            assert (await worker.pop())["id"] is None
+        async with online_vision_worker(horde, owner, OFFLOADING) as worker:
             request_id = await submit_image_request(horde, http)
             job = await worker.pop()
             payload = job["payload"]
@@ -342,10 +337,7 @@ async def test_a_worker_without_messages_url_receives_an_offloaded_request_inlin
         client_for(horde) as http,
     ):
         owner = await horde.create_key("bob")
-        async with FakeChatWorker(
-            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=("base64",)
-        ) as worker:
-            assert (await worker.pop())["id"] is None
+        async with online_vision_worker(horde, owner, ("base64",)) as worker:
             await submit_image_request(horde, http)
             job = await worker.pop()
             assert "messages_url" not in job["payload"]
@@ -355,10 +347,7 @@ async def test_a_worker_without_messages_url_receives_an_offloaded_request_inlin
 async def test_a_request_under_the_threshold_is_not_offloaded() -> None:
     async with open_horde(config=offloading(64 * 1024)) as horde, client_for(horde) as http:
         owner = await horde.create_key("bob")
-        async with FakeChatWorker(
-            horde.url, owner, model_id=MODEL, chat_features=VISION, image_transports=OFFLOADING
-        ) as worker:
-            assert (await worker.pop())["id"] is None
+        async with online_vision_worker(horde, owner, OFFLOADING) as worker:
             request_id = await submit_image_request(horde, http)
             job = await worker.pop()
             assert "messages_url" not in job["payload"]

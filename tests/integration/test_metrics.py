@@ -26,8 +26,7 @@ from tests.integration._chat_helpers import (
     open_chat_horde,
     pop_job,
 )
-from tests.integration._helpers import submit_text
-from tests.integration.test_front import eventually
+from tests.integration._helpers import RedisServer, eventually, relayed, submit_text
 
 pytestmark = pytest.mark.anyio
 
@@ -300,3 +299,44 @@ async def test_queue_depth_labels_only_the_models_an_online_worker_serves(
         (("kind", "text"), ("model", "m1")): 1,
         (("kind", "text"), ("model", "unserved")): 1,
     }
+
+
+async def test_a_scrape_while_redis_is_down_answers_with_redis_up_0(anyio_backend: str) -> None:
+    redis = RedisServer()
+    redis.start()
+    try:
+        config = Config().replace(signals={"url": redis.url})
+        async with open_horde(config=config) as horde:
+            async with httpx.AsyncClient(base_url=horde.url) as client:
+                assert value(await scrape(client), "hordelite_redis_up") == 1
+                redis.kill()
+                samples = await scrape(client)
+    finally:
+        redis.kill()
+    assert value(samples, "hordelite_redis_up") == 0
+    assert ("hordelite_redis_round_trip_seconds", ()) not in samples
+    assert value(samples, "hordelite_database_up") == 1  # the rest still scraped
+
+
+@pytest.mark.postgres
+async def test_a_scrape_while_the_database_is_down_answers_with_database_up_0(
+    anyio_backend: str, postgres_schema_url: str
+) -> None:
+    async with relayed(postgres_schema_url) as (relay, url):
+        async with (
+            open_horde(database=url) as horde,
+            httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+        ):
+            assert value(await scrape(client), "hordelite_database_up") == 1
+            relay.cut()
+            with anyio.fail_after(15):
+                samples = await scrape(client)
+    assert value(samples, "hordelite_database_up") == 0
+    names = {name for name, _ in samples}
+    # No figure read from the database it could not reach.
+    assert not names & {
+        "hordelite_database_round_trip_seconds",
+        "hordelite_queue_depth",
+        "hordelite_workers_online",
+    }
+    assert "hordelite_http_requests_total" in names  # the counted metrics still answer

@@ -650,8 +650,11 @@ def test_children_stop_when_the_parent_is_killed_with_SIGKILL(
 # Refusals ----------------------------------------------------------------------------
 
 
-def refused(tmp_path: Path, config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def refused_line(tmp_path: Path, config: Path) -> str:
+    """The one stderr line of a ``serve`` refused for its processes before
+    anything is bound: exit 2, nothing on stdout, no "in use" (the taken
+    port was never tried)."""
+    done = subprocess.run(
         [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
         capture_output=True,
         text=True,
@@ -660,6 +663,12 @@ def refused(tmp_path: Path, config: Path) -> subprocess.CompletedProcess[str]:
         timeout=START_DEADLINE,
         check=False,
     )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "server.processes" in done.stderr
+    assert "in use" not in done.stderr
+    assert done.stdout == ""
+    return done.stderr
 
 
 def schema_tables(postgres_url: str, database: str) -> list[str]:
@@ -687,15 +696,10 @@ def test_several_processes_on_SQLite_are_refused_in_one_line_before_anything_is_
     tmp_path: Path, redis_url: str, taken_port: int
 ) -> None:
     db = tmp_path / "horde.db"
-    done = refused(tmp_path, write_config(tmp_path, str(db), redis_url, port=taken_port))
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert "server.processes" in done.stderr
-    assert "PostgreSQL" in done.stderr
-    assert "storage.database" in done.stderr
-    assert "signals.url" not in done.stderr  # it is set
-    assert "in use" not in done.stderr
-    assert done.stdout == ""
+    line = refused_line(tmp_path, write_config(tmp_path, str(db), redis_url, port=taken_port))
+    assert "PostgreSQL" in line
+    assert "storage.database" in line
+    assert "signals.url" not in line  # it is set
     assert not db.exists()
 
 
@@ -703,15 +707,10 @@ def test_several_processes_without_a_signals_url_are_refused_in_one_line_before_
     tmp_path: Path, postgres_url: str, postgres_schema_url: str, taken_port: int
 ) -> None:
     config = write_config(tmp_path, postgres_schema_url, "", port=taken_port)
-    done = refused(tmp_path, config)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert "server.processes" in done.stderr
-    assert "signals.url" in done.stderr
-    assert "redis://" in done.stderr
-    assert "storage.database" not in done.stderr  # it is PostgreSQL
-    assert "in use" not in done.stderr
-    assert done.stdout == ""
+    line = refused_line(tmp_path, config)
+    assert "signals.url" in line
+    assert "redis://" in line
+    assert "storage.database" not in line  # it is PostgreSQL
     assert schema_tables(postgres_url, postgres_schema_url) == []  # not migrated
 
 

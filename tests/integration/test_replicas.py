@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import ssl
-import subprocess
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +21,8 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
+from tests.integration._chat_helpers import TLS
+from tests.integration._helpers import RedisServer, eventually, submit_text
 
 pytestmark = [
     pytest.mark.anyio,
@@ -36,7 +34,6 @@ pytestmark = [
     ),
 ]
 
-TLS = ssl.create_default_context()
 MODEL = "fake-model"
 # Far below the front's fallback re-check of a waiting call, and below any
 # pop's wait: an answer within this came through a signal.
@@ -65,13 +62,30 @@ def client(horde: TestHorde) -> httpx.AsyncClient:
 
 async def queue_text(horde: TestHorde, key: str) -> str:
     async with client(horde) as c:
-        r = await c.post(
-            "/api/v2/generate/text/async",
-            headers={"apikey": key},
-            json={"prompt": "Once upon a time", "models": [MODEL]},
-        )
-    assert r.status_code == 202, r.text
-    return str(r.json()["id"])
+        return await submit_text(c, key, "Once upon a time", models=[MODEL])
+
+
+async def assert_a_waiting_pop_is_woken(
+    worker: FakeTextWorker, waiting_on: TestHorde, queued_on: TestHorde, key: str
+) -> tuple[dict[str, Any], str]:
+    """A pop long-polling on ``waiting_on`` gets the job of a text request
+    queued on ``queued_on`` (once the pop waits) within PROMPT_ANSWER, far
+    below the pop's wait: (the job, the request's id)."""
+    jobs: list[dict[str, Any]] = []
+
+    async def long_poll() -> None:
+        jobs.append(await worker.pop(wait=30))
+
+    with anyio.fail_after(PROMPT_ANSWER):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_poll)
+            await eventually(
+                lambda: waiting_on.horde.signals.statistics()["queue_waiters"] == 1,
+                within=PROMPT_ANSWER,
+            )
+            request_id = await queue_text(queued_on, key)
+    assert jobs[0]["id"] is not None
+    return jobs[0], request_id
 
 
 async def test_a_long_polled_pop_on_one_replica_is_woken_by_a_submit_on_another(
@@ -82,17 +96,7 @@ async def test_a_long_polled_pop_on_one_replica_is_woken_by_a_submit_on_another(
         owner = await a.create_key("bob")
         async with FakeTextWorker(a.url, owner, models=[MODEL]) as worker:
             assert (await worker.pop())["id"] is None  # online, declared
-            jobs: list[dict[str, Any]] = []
-
-            async def long_poll() -> None:
-                jobs.append(await worker.pop(wait=30))
-
-            with anyio.fail_after(PROMPT_ANSWER):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(long_poll)
-                    await wait_until(lambda: a.horde.signals.statistics()["queue_waiters"] == 1)
-                    await queue_text(b, key)
-            assert jobs[0]["id"] is not None
+            await assert_a_waiting_pop_is_woken(worker, a, b, key)
 
 
 async def test_a_status_on_one_replica_shows_a_change_made_on_another_at_once(
@@ -207,68 +211,19 @@ async def test_progress_posted_to_one_replica_streams_from_another_and_a_cancel_
                     answer = r.json()
                     return r.status_code == 200 and answer.get("cancelled") is True
 
-                await wait_until_async(cancelled)
+                await eventually(cancelled, within=PROMPT_ANSWER)
+
                 # Settled on what was posted: the worker's owner earned kudos.
-                r = await poster_a.get("/api/v2/find_user", headers={"apikey": owner})
-                assert r.json()["kudos"] > 0, r.text
+                # The lease says cancelled before the cancel's settlement
+                # commits, so the kudos are looked for with a deadline.
+                async def owner_earned() -> bool:
+                    r = await poster_a.get("/api/v2/find_user", headers={"apikey": owner})
+                    return float(r.json()["kudos"]) > 0
 
-
-async def wait_until(check: Any, within: float = PROMPT_ANSWER) -> None:
-    """Until ``check()`` holds (polled with a deadline)."""
-    with anyio.fail_after(within):
-        while True:
-            if check():
-                return
-            await anyio.sleep(0.01)
-
-
-async def wait_until_async(check: Any) -> None:
-    with anyio.fail_after(PROMPT_ANSWER):
-        while True:
-            if await check():
-                return
-            await anyio.sleep(0.05)
+                await eventually(owner_earned, within=PROMPT_ANSWER)
 
 
 # Losing Redis ----------------------------------------------------------------
-
-
-class RedisServer:
-    """A redis-server of the test's own, on a free port, that the test can kill."""
-
-    def __init__(self) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--save", "", "--appendonly", "no"),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
 
 
 async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_returns(
@@ -293,23 +248,17 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
                 assert (await worker.pop())["id"] is None
                 assert (await chat.pop())["id"] is None
                 redis.kill()
-                await wait_until(lambda: a.horde.signals.degraded and b.horde.signals.degraded)
+                await eventually(
+                    lambda: a.horde.signals.degraded and b.horde.signals.degraded,
+                    within=PROMPT_ANSWER,
+                )
 
                 # A text request submitted on B reaches a pop long-polling on
                 # A by polling, long before the pop's wait.
-                jobs: list[dict[str, Any]] = []
-
-                async def long_poll() -> None:
-                    jobs.append(await worker.pop(wait=30))
-
-                with anyio.fail_after(PROMPT_ANSWER):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(long_poll)
-                        request_id = await queue_text(b, key)
-                assert jobs[0]["id"] is not None
+                job, request_id = await assert_a_waiting_pop_is_woken(worker, a, b, key)
                 path = f"/api/v2/generate/text/status/{request_id}"
                 assert (await on_b.get(path)).json()["processing"] == 1
-                await worker.submit(jobs[0]["id"], "The end.", seed=1)
+                await worker.submit(job["id"], "The end.", seed=1)
                 assert (await on_b.get(path)).json()["done"] is True
 
                 # A streamed OpenAI call on B: the worker's progress posts
@@ -349,17 +298,11 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
 
                 # Redis returns: both replicas notice, and signals cross again.
                 redis.start()
-                await wait_until(
+                await eventually(
                     lambda: not a.horde.signals.degraded and not b.horde.signals.degraded,
                     within=15,
                 )
-                jobs.clear()
-                with anyio.fail_after(PROMPT_ANSWER):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(long_poll)
-                        await wait_until(lambda: a.horde.signals.statistics()["queue_waiters"] == 1)
-                        await queue_text(b, key)
-                assert jobs[0]["id"] is not None
+                await assert_a_waiting_pop_is_woken(worker, a, b, key)
                 assert not a.horde.signals.degraded
     finally:
         redis.kill()

@@ -9,22 +9,20 @@ horde's own engines as SQLAlchemy sends them.
 
 from __future__ import annotations
 
-import contextlib
-import ssl
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from sqlalchemy import event
 
 from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
+from hordelite.horde import service
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
+from tests.integration._chat_helpers import TLS
+from tests.integration._helpers import eventually, statements, submit_text
 
 pytestmark = pytest.mark.anyio
 
-TLS = ssl.create_default_context()
 MODEL = "fake-model"
 READS = 20
 
@@ -43,31 +41,8 @@ async def status_of(client: httpx.AsyncClient, request_id: str, **params: Any) -
     return r.json()  # type: ignore[no-any-return]
 
 
-async def queue_text(client: httpx.AsyncClient, key: str, **body: Any) -> str:
-    body.setdefault("prompt", "Once upon a time")
-    body.setdefault("models", [MODEL])
-    r = await client.post("/api/v2/generate/text/async", headers={"apikey": key}, json=body)
-    assert r.status_code == 202, r.text
-    return r.json()["id"]  # type: ignore[no-any-return]
-
-
-@contextlib.contextmanager
-def statements(horde: TestHorde) -> Iterator[list[str]]:
-    """The SQL statements the horde sends while the block runs."""
-    sent: list[str] = []
-    db = horde.horde.db
-    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    for engine in engines.values():
-        event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield sent
-    finally:
-        for engine in engines.values():
-            event.remove(engine, "before_cursor_execute", count)
+async def queue_text(client: httpx.AsyncClient, key: str) -> str:
+    return await submit_text(client, key, "Once upon a time", models=[MODEL])
 
 
 async def test_reads_of_an_unchanged_request_send_no_statement() -> None:
@@ -280,11 +255,7 @@ async def test_a_bad_wait_is_refused_naming_it(wait: str, why: str) -> None:
 
 async def wait_for_status_waiter(horde: TestHorde) -> None:
     """Until a long-polled status read is waiting (polled with a deadline)."""
-    with anyio.fail_after(5):
-        while True:
-            if horde.horde.signals.statistics()["status_waiters"]:
-                return
-            await anyio.sleep(0.005)
+    await eventually(lambda: horde.horde.signals.statistics()["status_waiters"], within=5)
 
 
 # The pool snapshot: the online workers a submit and a status check against ---
@@ -346,3 +317,26 @@ async def test_a_worker_joining_or_leaving_shows_at_once() -> None:
             assert r.json()["warnings"][0]["code"] == "NoAvailableWorker"
             clock.advance(STATUS_POSITION_SECONDS)  # the second's cached position window
             assert (await status_of(client, second))["is_possible"] is False
+
+
+async def test_the_least_recently_read_status_leaves_the_cache_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(service, "STATUS_CACHE_ENTRIES", 2)
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, client_for(horde) as client:
+        key = await horde.create_key("alice", kudos=100)
+        first, second, third = [await queue_text(client, key) for _ in range(3)]
+        await status_of(client, first)
+        await status_of(client, second)
+        with statements(horde) as sent:
+            await status_of(client, first)  # cached: now the most recently read
+        assert sent == []
+        await status_of(client, third)  # a third entry: the least recently read goes
+        with statements(horde) as sent:
+            await status_of(client, first)
+            await status_of(client, third)
+        assert sent == []
+        with statements(horde) as sent:
+            await status_of(client, second)
+        assert sent != []

@@ -24,7 +24,8 @@ import pytest
 
 from hordelite.testing import FakeChatWorker, ManualClock
 from tests.integration._chat_helpers import MODEL
-from tests.integration.test_front import CHAT, eventually, open_front, user
+from tests.integration._helpers import eventually
+from tests.integration.test_front import CHAT, open_front, user
 
 pytestmark = pytest.mark.anyio
 

@@ -42,6 +42,7 @@ from hordelite.testing._fake_backend import FakeBackend
 from hordelite.worker import PROBE_MESSAGES, Backoff, Worker, finish_reason, split_reasoning
 from hordelite.worker._backend import Backend, BackendError
 from tests.integration._chat_helpers import TLS, WEATHER_TOOL, chat_body, chat_status_path
+from tests.integration._helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -168,14 +169,6 @@ async def worker_listed(client: httpx.AsyncClient, name: str) -> None:
     with anyio.fail_after(10):
         while True:
             if (await client.get(f"/api/v2/workers/name/{name}")).status_code == 200:
-                return
-            await anyio.sleep(0.01)
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    with anyio.fail_after(10):
-        while True:
-            if check():
                 return
             await anyio.sleep(0.01)
 
@@ -795,15 +788,7 @@ async def test_a_streamed_job_the_client_cancels_stops_generating_and_is_not_sub
         async with serving(env, env.config()) as worker:
             request_id = await env.chat(chat_body(prompt, model=MODEL, stream=True))
             signals = env.horde.horde.signals
-
-            async def posted() -> bool:
-                return bool(await signals.read_progress(request_id, 0))
-
-            with anyio.fail_after(10):
-                while True:
-                    if await posted():
-                        break
-                    await anyio.sleep(0.01)
+            await eventually(lambda: signals.read_progress(request_id, 0))
             r = await env.client.delete(chat_status_path(request_id))
             assert r.status_code == 200, r.text
             # Well before the whole reply could have been generated.

@@ -27,6 +27,7 @@ from hordelite.contract.chat_reply import FAULT_REASONS
 from hordelite.testing import TestHorde, open_horde
 from hordelite.worker import PROBE_MESSAGES
 from tests.integration._chat_helpers import TLS, chat_status_path, text_status_path
+from tests.integration._helpers import eventually
 from tests.llamacpp._relay import Relay, open_relay
 from tests.llamacpp.conftest import LlamaServer
 from tests.llamacpp.tiny_model import CONTEXT
@@ -59,11 +60,7 @@ class Env:
 
     async def until(self, check: Callable[[], bool], seconds: float = 20) -> None:
         """Return once ``check()`` holds (polled, with a deadline)."""
-        with anyio.fail_after(seconds):
-            while True:
-                if check():
-                    return
-                await anyio.sleep(0.02)
+        await eventually(check, within=seconds)
 
     async def status_when_ended(self, path: str) -> dict[str, Any]:
         with anyio.fail_after(30):
@@ -80,6 +77,14 @@ class Env:
         )
         assert r.status_code == 202, r.text
         return await self.status_when_ended(chat_status_path(r.json()["id"]))
+
+    async def text(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Queue a native text request; its status once it ended."""
+        r = await self.client.post(
+            "/api/v2/generate/text/async", headers={"apikey": self.requester}, json=body
+        )
+        assert r.status_code == 202, r.text
+        return await self.status_when_ended(text_status_path(r.json()["id"]))
 
     def sent(self, content: str) -> list[dict[str, Any]]:
         """The chat completion bodies the worker sent whose last message is ``content``."""
@@ -341,17 +346,13 @@ async def test_a_native_text_request_is_completed_by_the_model_through_v1_comple
 ) -> None:
     _, model_id = await declared_model(env.llama)
     prompt = "Once upon a time"
-    r = await env.client.post(
-        "/api/v2/generate/text/async",
-        headers={"apikey": env.requester},
-        json={
+    status = await env.text(
+        {
             "prompt": prompt,
             "models": [model_id],
             "params": {"max_length": 16, "max_context_length": CONTEXT, "temperature": 0},
-        },
+        }
     )
-    assert r.status_code == 202, r.text
-    status = await env.status_when_ended(text_status_path(r.json()["id"]))
     assert status["done"], status
     [generation] = status["generations"]
     [sent] = [b for b in env.relay.bodies("/v1/completions") if b["prompt"] == prompt]
@@ -371,17 +372,13 @@ async def test_a_native_text_prompt_over_the_context_is_trimmed_from_its_start_a
     max_length = 16
     tokens = (await env.llama.post("/tokenize", {"content": prompt, **SPECIAL}))["tokens"]
     assert len(tokens) > 2 * CONTEXT
-    r = await env.client.post(
-        "/api/v2/generate/text/async",
-        headers={"apikey": env.requester},
-        json={
+    status = await env.text(
+        {
             "prompt": prompt,
             "models": [model_id],
             "params": {"max_length": max_length, "max_context_length": CONTEXT},
-        },
+        }
     )
-    assert r.status_code == 202, r.text
-    status = await env.status_when_ended(text_status_path(r.json()["id"]))
     assert status["done"], (status, env.log()[-2000:])
     assert len(status["generations"][0]["text"]) >= 1
     assert {"content": prompt, **SPECIAL} in env.relay.bodies("/tokenize")

@@ -8,6 +8,8 @@ import secrets
 import uuid
 from typing import Any
 
+from sqlalchemy import Connection, select
+
 from hordelite.contract.text import (
     JobSubmit,
     PopRequest,
@@ -19,6 +21,7 @@ from hordelite.contract.text import (
 from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
+from hordelite.storage.schema import activity_minutes
 
 NOW = 1_000_000.0
 ANONYMOUS_HASH = hashlib.sha256(b"0000000000").hexdigest()
@@ -104,3 +107,9 @@ async def pop(
 
 async def status(db: Database, request_id: str, now: float = NOW) -> queries.StatusSnapshot:
     return await db.read(queries.request_status, request_id, "text", now, RULES)
+
+
+def activity_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
+    """The activity roll-up, a (minute, jobs, tokens, latency sum) row a minute."""
+    rows = conn.execute(select(activity_minutes).order_by(activity_minutes.c.minute)).all()
+    return [(int(m), int(n), int(t), float(s)) for m, n, t, s in rows]

@@ -11,12 +11,13 @@ from sqlalchemy import Connection, func, select, update
 from hordelite.errors import RC, HordeError
 from hordelite.storage import queries
 from hordelite.storage.database import Database
-from hordelite.storage.schema import activity_minutes, jobs, requests, users
+from hordelite.storage.schema import jobs, requests, users
 from tests.storage.helpers import (
     ANONYMOUS_HASH,
     MODEL_BILLIONS,
     NOW,
     RULES,
+    activity_rows,
     billions,
     create_user,
     job_submit,
@@ -317,18 +318,24 @@ async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database
     assert refused.value.rc is RC.AbortedGen
 
 
-async def test_an_ended_request_is_purged_with_its_jobs_only_after_the_retention(
-    database: Database,
-) -> None:
+async def ended_request(database: Database, ended_at: float) -> str:
+    """A text request popped at NOW + 1 and done at ``ended_at``: its id."""
     requester = await create_user(database, "alice", kudos=100)
     owner = await create_user(database, "bob")
     request_id = await submit(database, requester, text_request(models=["m1"]))
     popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
     assert popped.job is not None
-    ended_at = NOW + 2
     await database.write(
         queries.submit_job, owner, job_submit(popped.job.id, "hi"), ended_at, RULES, billions
     )
+    return request_id
+
+
+async def test_an_ended_request_is_purged_with_its_jobs_only_after_the_retention(
+    database: Database,
+) -> None:
+    ended_at = NOW + 2
+    request_id = await ended_request(database, ended_at)
 
     kept = await database.write(queries.sweep, ended_at + RULES.retention, RULES)
     assert kept.purged_requests == 0
@@ -354,32 +361,20 @@ def _sweep_then_fail(conn: Connection, now: float) -> None:
     raise _Interrupted
 
 
-def _rollup_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
-    rows = conn.execute(select(activity_minutes).order_by(activity_minutes.c.minute)).all()
-    return [(int(m), int(n), int(t), float(s)) for m, n, t, s in rows]
-
-
 async def test_a_purge_that_rolls_back_leaves_its_jobs_stored_and_no_rollup(
     database: Database,
 ) -> None:
-    requester = await create_user(database, "alice", kudos=100)
-    owner = await create_user(database, "bob")
-    request_id = await submit(database, requester, text_request(models=["m1"]))
-    popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
-    assert popped.job is not None
     ended_at = NOW + 4
-    await database.write(
-        queries.submit_job, owner, job_submit(popped.job.id, "hi"), ended_at, RULES, billions
-    )
+    request_id = await ended_request(database, ended_at)
     past = ended_at + RULES.retention + 1
 
     with pytest.raises(_Interrupted):
         await database.write(_sweep_then_fail, past)
 
-    assert await database.read(_rollup_rows) == []
+    assert await database.read(activity_rows) == []
     assert await database.read(_jobs_of, request_id) == 1
     # The same purge committed rolls the job up: 4 s from submit to submit.
     assert (await database.write(queries.sweep, past, RULES)).purged_requests == 1
     assert await database.read(_jobs_of, request_id) == 0
-    [(minute, n, _, latency_sum)] = await database.read(_rollup_rows)
+    [(minute, n, _, latency_sum)] = await database.read(activity_rows)
     assert (minute, n, latency_sum) == (int(ended_at // 60) * 60, 1, 4.0)

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from hordelite.storage import queries, schema
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version, upgrade
-from tests.storage.helpers import NOW, RULES, new_key_hash, pop_request
+from tests.storage.helpers import NOW, RULES, activity_rows, new_key_hash, pop_request
 
 
 def _tables(conn: Connection) -> set[str]:
@@ -185,11 +185,6 @@ def _as_version_5(conn: Connection) -> None:
     conn.execute(update(schema.schema_version).values(version=5))
 
 
-def _minute_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
-    rows = conn.execute(select(schema.activity_minutes)).all()
-    return [(int(m), int(n), int(t), float(s)) for m, n, t, s in rows]
-
-
 def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_the_data(
     empty_database: Database,
 ) -> None:
@@ -202,7 +197,7 @@ def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_
     before, after = db.run_sync(upgrade, True)
 
     assert (before, after) == (5, LATEST)
-    assert db.run_sync(_minute_rows, False) == []
+    assert db.run_sync(activity_rows, False) == []
     assert db.run_sync(queries.user_by_id, False, user_id).username == "bob"
     # The table takes rows: the sweep's purge writes there.
     db.run_sync(
@@ -211,4 +206,4 @@ def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_
         ),
         True,
     )
-    assert db.run_sync(_minute_rows, False) == [(60, 1, 2, 3.0)]
+    assert db.run_sync(activity_rows, False) == [(60, 1, 2, 3.0)]

@@ -4,11 +4,13 @@ that leaves without being woken takes its event with it."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hordelite.contract.limits import REQUEST_VERSIONS, STREAM_RETENTION_SECONDS
 from hordelite.contract.progress import Lease
-from hordelite.signals import LocalSignals, ProgressEntry
+from hordelite.signals import LocalSignals, ProgressEntry, open_signals
 
 pytestmark = pytest.mark.anyio
 NOW = 1_000.0
@@ -129,3 +131,36 @@ async def test_an_unreadable_redis_signal_is_dropped_not_fatal(
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
     assert all(m.startswith(f"dropped an unreadable signal on {QUEUE}: ") for m in messages)
+
+
+async def test_redis_versions_move_with_each_change_and_are_never_repeated_while_redis_is_down() -> (
+    None
+):
+    import uuid
+
+    import coredis
+
+    from hordelite.signals._redis import RedisSignals
+
+    url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    request_id = str(uuid.uuid4())
+    async with open_signals(url) as signals:
+        before_any = await signals.request_version(request_id)
+        await signals.touch_request(request_id)
+        touched = await signals.request_version(request_id)
+        assert touched != before_any
+        assert await signals.request_version(request_id) == touched  # unchanged: the same
+        await signals.notify_request(request_id)
+        assert await signals.request_version(request_id) not in (before_any, touched)
+        assert not signals.degraded
+
+    # Redis down: every read is a version no cached status was stored under.
+    client: coredis.Redis[str] = coredis.Redis.from_url(
+        "redis://127.0.0.1:1/0", decode_responses=True
+    )
+    async with client:
+        down = RedisSignals(client)
+        unknown = [await down.request_version(request_id) for _ in range(3)]
+    assert all(v < 0 for v in unknown), unknown
+    assert len(set(unknown)) == 3, unknown
+    assert down.degraded

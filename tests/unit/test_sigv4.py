@@ -6,6 +6,7 @@ the signatures printed there."""
 from __future__ import annotations
 
 import datetime
+from typing import Any
 from urllib.parse import parse_qsl
 
 import pytest
@@ -18,17 +19,23 @@ HOST = "examplebucket.s3.amazonaws.com"
 NOW = datetime.datetime(2013, 5, 24, tzinfo=datetime.UTC)
 
 
+def presign(**changes: Any) -> str:
+    """The documented presigned GET (expiring in 60 s), with ``changes``."""
+    request: dict[str, Any] = {
+        "method": "GET",
+        "host": HOST,
+        "path": "/test.txt",
+        "access_key": ACCESS_KEY,
+        "secret_key": SECRET_KEY,
+        "region": "us-east-1",
+        "now": NOW,
+        "expires_in": 60,
+    }
+    return sigv4.presign_query(**{**request, **changes})
+
+
 def test_the_documented_presigned_get_example() -> None:
-    query = sigv4.presign_query(
-        method="GET",
-        host=HOST,
-        path="/test.txt",
-        access_key=ACCESS_KEY,
-        secret_key=SECRET_KEY,
-        region="us-east-1",
-        now=NOW,
-        expires_in=86400,
-    )
+    query = presign(expires_in=86400)
     assert query == (
         "X-Amz-Algorithm=AWS4-HMAC-SHA256"
         "&X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F20130524%2Fus-east-1%2Fs3%2Faws4_request"
@@ -67,32 +74,15 @@ def test_the_canonical_query_is_sorted_and_encoded_as_sigv4_wants() -> None:
 
 
 def test_every_signed_part_changes_the_signature() -> None:
-    def sign(
-        method: str = "GET",
-        host: str = HOST,
-        path: str = "/test.txt",
-        secret_key: str = SECRET_KEY,
-        region: str = "us-east-1",
-        now: datetime.datetime = NOW,
-        expires_in: int = 60,
-    ) -> str:
-        query = sigv4.presign_query(
-            method=method,
-            host=host,
-            path=path,
-            access_key=ACCESS_KEY,
-            secret_key=secret_key,
-            region=region,
-            now=now,
-            expires_in=expires_in,
-        )
-        return dict(parse_qsl(query))["X-Amz-Signature"]
+    def sign(**changes: Any) -> str:
+        return dict(parse_qsl(presign(**changes)))["X-Amz-Signature"]
 
     base = sign()
     others = [
         sign(method="PUT"),
         sign(host="other.example"),
         sign(path="/other.txt"),
+        sign(access_key="AKIAIOSFODNN7EXAMPLF"),  # in the signed credential
         sign(secret_key="x" + SECRET_KEY[1:]),
         sign(region="eu-west-1"),
         sign(now=NOW + datetime.timedelta(seconds=1)),
@@ -105,13 +95,4 @@ def test_every_signed_part_changes_the_signature() -> None:
 @pytest.mark.parametrize("seconds", [0, -1, sigv4.MAX_PRESIGN_SECONDS + 1])
 def test_a_presigned_url_lives_one_second_to_seven_days(seconds: int) -> None:
     with pytest.raises(ValueError, match="1 to 604800 seconds"):
-        sigv4.presign_query(
-            method="GET",
-            host=HOST,
-            path="/test.txt",
-            access_key=ACCESS_KEY,
-            secret_key=SECRET_KEY,
-            region="us-east-1",
-            now=NOW,
-            expires_in=seconds,
-        )
+        presign(expires_in=seconds)
