@@ -63,9 +63,11 @@ def create_app(
     app.register_blueprint(front)
     if horde.config.dashboard.enabled:
         app.register_blueprint(dashboard)
-    if horde.config.metrics.enabled and not horde.config.metrics.port:
-        app.register_blueprint(metrics)
-    app.after_request(count_request)
+    if horde.config.metrics.enabled:
+        if not horde.config.metrics.port:
+            app.register_blueprint(metrics)
+        # With metrics off nothing reads the count: no request pays for it.
+        app.after_request(count_request)
     if blob_store is not None:
         app.config["BLOBS"] = blob_store
         app.register_blueprint(blobs)
