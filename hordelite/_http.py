@@ -1,7 +1,7 @@
 """Hypercorn inside the caller's task group, on whichever loop is running.
 
-The one module (with the app-class choice in api/app.py) that knows which
-event loop runs: Hypercorn has one ``worker_serve`` per loop.
+The one module that knows which event loop runs: Hypercorn has one
+``worker_serve`` per loop, and Quart one app class (``quart_app``).
 
 It also bounds what one connection can hold (see decision 0027):
 
@@ -44,6 +44,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
 from hypercorn.utils import wrap_app
+from quart import Quart
 
 from hordelite.config import ServerConfig
 
@@ -75,6 +76,15 @@ _WANTED_OPEN_FILES = 65536
 def current_backend() -> str:
     """ "trio" or "asyncio": the loop this code runs on."""
     return "trio" if sniffio.current_async_library() == "trio" else "asyncio"
+
+
+def quart_app(name: str, backend: str) -> Quart:
+    """An empty Quart app for ``backend``: QuartTrio on trio, Quart on asyncio."""
+    if backend == "trio":
+        from quart_trio import QuartTrio
+
+        return QuartTrio(name)
+    return Quart(name)
 
 
 class _Exchange:

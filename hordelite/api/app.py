@@ -11,12 +11,13 @@ from typing import Any
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from hordelite._http import quart_app
 from hordelite._request import count_refusal
 from hordelite.api.blobs import blobs
 from hordelite.api.dashboard import dashboard
 from hordelite.api.health import health
 from hordelite.api.metrics import count_request, metrics
-from hordelite.api.native import json_response, native
+from hordelite.api.native import http_error_response, json_response, native
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.json_body import check_text
 from hordelite.errors import RC, HordeError, StorageUnavailable
@@ -49,12 +50,7 @@ def create_app(
 ) -> Quart:
     """The app serving ``horde``; with a ``blob_store``, also its blobs'
     signed URLs (``GET /blobs/<key>``)."""
-    if backend == "trio":
-        from quart_trio import QuartTrio
-
-        app: Quart = QuartTrio("hordelite")
-    else:
-        app = Quart("hordelite")
+    app = quart_app("hordelite", backend)
     app.config["HORDE"] = horde
     app.config["MAX_CONTENT_LENGTH"] = horde.config.server.max_body_bytes
     # Quart answers 408 itself when a body does not arrive in time.
@@ -67,9 +63,11 @@ def create_app(
     app.register_blueprint(front)
     if horde.config.dashboard.enabled:
         app.register_blueprint(dashboard)
-    if horde.config.metrics.enabled and not horde.config.metrics.port:
-        app.register_blueprint(metrics)
-    app.after_request(count_request)
+    if horde.config.metrics.enabled:
+        if not horde.config.metrics.port:
+            app.register_blueprint(metrics)
+        # With metrics off nothing reads the count: no request pays for it.
+        app.after_request(count_request)
     if blob_store is not None:
         app.config["BLOBS"] = blob_store
         app.register_blueprint(blobs)
@@ -97,12 +95,7 @@ def create_app(
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
         rc = _HTTP_CODES.get(exc.code or 500)
-        if rc is None:
-            status = exc.code or 500
-            return json_response(
-                {"message": exc.description or exc.name, "rc": exc.name.replace(" ", "")}, status
-            )
-        return _error(rc)
+        return http_error_response(exc) if rc is None else _error(rc)
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:

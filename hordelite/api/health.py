@@ -7,27 +7,22 @@ its database does not answer, or its Redis signals are down.
 
 from __future__ import annotations
 
-import json
-
 from quart import Blueprint, Response
 
 from hordelite._request import horde
+from hordelite.api.native import json_response
 
 health = Blueprint("health", __name__)
 
 
-def _answer(body: dict[str, str], status: int) -> Response:
-    return Response(json.dumps(body), status=status, content_type="application/json")
-
-
 @health.get("/healthz")
 async def healthz() -> Response:
-    return _answer({"status": "ok"}, 200)
+    return json_response({"status": "ok"}, 200)
 
 
 @health.get("/readyz")
 async def readyz() -> Response:
     reason = await horde().unready()
     if reason is not None:
-        return _answer({"status": "unready", "reason": reason}, 503)
-    return _answer({"status": "ready"}, 200)
+        return json_response({"status": "unready", "reason": reason}, 503)
+    return json_response({"status": "ready"}, 200)

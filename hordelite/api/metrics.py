@@ -10,8 +10,9 @@ from __future__ import annotations
 from quart import Blueprint, Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from hordelite._http import quart_app
 from hordelite._request import horde
-from hordelite.api.native import json_response
+from hordelite.api.native import http_error_response
 from hordelite.horde.metrics import UNMATCHED_ROUTE, scrape
 from hordelite.horde.service import Horde
 
@@ -43,19 +44,12 @@ async def count_request(response: Response) -> Response:
 
 def create_metrics_app(horde: Horde, backend: str = "trio") -> Quart:
     """The app of a port of its own: ``/metrics``, and a JSON 404 for the rest."""
-    if backend == "trio":
-        from quart_trio import QuartTrio
-
-        app: Quart = QuartTrio("hordelite-metrics")
-    else:
-        app = Quart("hordelite-metrics")
+    app = quart_app("hordelite-metrics", backend)
     app.config["HORDE"] = horde
     app.register_blueprint(metrics)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        rc = exc.name.replace(" ", "")
-        return json_response({"message": exc.description or exc.name, "rc": rc}, status)
+        return http_error_response(exc)
 
     return app

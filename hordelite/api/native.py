@@ -11,6 +11,7 @@ import json
 from typing import Any, cast
 
 from quart import Blueprint, Response, request
+from werkzeug.exceptions import HTTPException
 
 from hordelite._http import ARRIVED
 from hordelite._request import client_agent, horde, json_body
@@ -25,6 +26,12 @@ native = Blueprint("native", __name__, url_prefix="/api/v2")
 
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+def http_error_response(exc: HTTPException) -> Response:
+    """An HTTP error without a return code of its own: its name is the rc."""
+    message = exc.description or exc.name
+    return json_response({"message": message, "rc": exc.name.replace(" ", "")}, exc.code or 500)
 
 
 def api_key() -> str:

@@ -137,6 +137,9 @@ class DirectoryStore:
     async def get(self, key: str) -> Blob | None:
         return await anyio.to_thread.run_sync(_read, self._path(key))
 
+    async def exists(self, key: str) -> bool:
+        return await anyio.to_thread.run_sync(self._path(key).is_file)
+
     async def delete(self, keys: Iterable[str]) -> None:
         paths = [self._path(key) for key in keys]
         if paths:

@@ -149,6 +149,10 @@ class S3Store:
             return None
         return Blob(response.content, response.headers.get("content-type", ""))
 
+    async def exists(self, key: str) -> bool:
+        response = await self._send("HEAD", key, ok=(200, 404))
+        return response.status_code == 200
+
     async def delete(self, keys: Iterable[str]) -> None:
         checked = [signing.check_key(key) for key in keys]
         for key in checked:

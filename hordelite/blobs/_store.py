@@ -25,6 +25,10 @@ class BlobStore(Protocol):
         """The blob, or None when there is none under ``key``."""
         ...
 
+    async def exists(self, key: str) -> bool:
+        """Whether a blob is under ``key`` (its data not read)."""
+        ...
+
     async def delete(self, keys: Iterable[str]) -> None:
         """Remove these blobs; a key with no blob is skipped."""
         ...

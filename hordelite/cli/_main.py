@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -235,14 +235,8 @@ def _serve(config: Config) -> int:
     _log_setup()
     if config.server.processes > 1:
         return _serve_processes(config)
-    try:
+    with _listen_refused(config):
         anyio.run(_run, config, backend=config.server.backend)
-    except Exception as exc:
-        message = _listen_error(exc, config)
-        if message is None:
-            raise
-        _refuse(message)
-        return 1
     return 0
 
 
@@ -253,7 +247,7 @@ def _log_setup() -> None:
 def _serve_processes(config: Config) -> int:
     """Bind once, migrate once, then supervise the serving processes."""
     with contextlib.ExitStack() as stack:
-        try:
+        with _listen_refused(config):
             first = stack.enter_context(listen(config.server, shared=True))
             # One socket per process on the port the first got (port 0
             # included): the kernel spreads new connections over them, where
@@ -264,12 +258,6 @@ def _serve_processes(config: Config) -> int:
                 stack.enter_context(listen(same_port, shared=True))
                 for _ in range(config.server.processes - 1)
             ]
-        except OSError as exc:
-            message = _listen_error(exc, config)
-            if message is None:
-                raise
-            _refuse(message)
-            return 1
         _migrate(config)
         lines = banner(config, base_url(first), __version__)
         return Supervisor(config, socks).run(lines)
@@ -288,6 +276,19 @@ def _migrate(config: Config) -> None:
 def _serve_child(socket_fd: int, control_fd: int) -> int:
     _log_setup()
     return serve_child(socket_fd, control_fd)
+
+
+@contextlib.contextmanager
+def _listen_refused(config: Config) -> Iterator[None]:
+    """A socket the server could not listen on ends the command with one
+    line (``_admin.Refused``), not a traceback; any other error goes on."""
+    try:
+        yield
+    except Exception as exc:
+        message = _listen_error(exc, config)
+        if message is None:
+            raise
+        raise _admin.Refused(message) from None
 
 
 def _listen_error(exc: BaseException, config: Config) -> str | None:

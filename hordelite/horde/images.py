@@ -189,7 +189,7 @@ async def _offloaded(
     if _inlined_bytes(messages) <= offload_bytes:
         return None  # the usual case: decided without any read
     key = messages_key(request_id)
-    if await store.get(key) is not None:  # an earlier pop of the request stored it
+    if await store.exists(key):  # an earlier pop of the request stored it
         return key
     inlined = await _with_images(messages, store, None)
     body = json.dumps(inlined, ensure_ascii=False, separators=(",", ":")).encode()

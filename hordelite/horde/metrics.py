@@ -209,23 +209,9 @@ async def scrape(horde: Horde) -> bytes:
     """The ``/metrics`` answer: the counted metrics, and what the horde holds
     now, read once for this scrape (one query, the pool snapshot, a ping
     each of the database and Redis, each bounded by READY_CHECK_SECONDS)."""
-    scraped: list[Metric] = []
     db_rtt = await round_trip(horde.db.ping)
-    scraped.append(
-        gauge(
-            "hordelite_database_up",
-            "1 when the database answered the scrape's ping.",
-            0 if db_rtt is None else 1,
-        )
-    )
+    scraped = reachability("database", "the database", db_rtt)
     if db_rtt is not None:
-        scraped.append(
-            gauge(
-                "hordelite_database_round_trip_seconds",
-                "Seconds the scrape's ping of the database took.",
-                db_rtt,
-            )
-        )
         try:
             with anyio.fail_after(READY_CHECK_SECONDS):
                 online = await horde.online_workers(horde.clock.now())
@@ -254,22 +240,7 @@ async def scrape(horde: Horde) -> bytes:
             )
     redis_ping = horde.signals_ping()
     if redis_ping is not None:
-        redis_rtt = await round_trip(redis_ping)
-        scraped.append(
-            gauge(
-                "hordelite_redis_up",
-                "1 when Redis answered the scrape's ping.",
-                0 if redis_rtt is None else 1,
-            )
-        )
-        if redis_rtt is not None:
-            scraped.append(
-                gauge(
-                    "hordelite_redis_round_trip_seconds",
-                    "Seconds the scrape's ping of Redis took.",
-                    redis_rtt,
-                )
-            )
+        scraped += reachability("redis", "Redis", await round_trip(redis_ping))
     return horde.metrics.render(scraped)
 
 
@@ -283,6 +254,22 @@ async def round_trip(ping: Callable[[], Awaitable[None]]) -> float | None:
     except Exception:
         return None
     return time.monotonic() - start
+
+
+def reachability(name: str, what: str, rtt: float | None) -> list[Metric]:
+    """``hordelite_<name>_up``, and ``hordelite_<name>_round_trip_seconds``
+    (``rtt``) when it answered: name is database or redis."""
+    up = gauge(
+        f"hordelite_{name}_up",
+        f"1 when {what} answered the scrape's ping.",
+        0 if rtt is None else 1,
+    )
+    if rtt is None:
+        return [up]
+    took = gauge(
+        f"hordelite_{name}_round_trip_seconds", f"Seconds the scrape's ping of {what} took.", rtt
+    )
+    return [up, took]
 
 
 def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -144,17 +144,6 @@ async def run_pure(heavy: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.k
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
-def _pop_answer(result: q.PopResult, payload: dict[str, Any] | None = None) -> PopAnswer:
-    """The pop's answer; ``payload`` replaces the stored job's (its images
-    handed out by the worker's transport)."""
-    job = result.job
-    if job is None:
-        return PopAnswer(None, result.skipped)
-    handed = job.payload if payload is None else payload
-    popped = PoppedJob(job.id, job.model, handed, job.softprompt, job.ttl, job.chat)
-    return PopAnswer(popped, {})
-
-
 class _Replan(HordeliteError):
     """Chat admission was worked out for another capacity than the write
     transaction finds: roll back (nothing is written yet), admit again."""
@@ -822,10 +811,10 @@ class Horde:
                 )
                 if result.pool_changed:
                     await self.signals.notify_pool()
-                if result.job is None and last:
-                    return await self._nothing_for(result.worker)
                 if result.job is not None:
                     break
+                if last:
+                    return await self._nothing_for(result.worker)
                 worker = result.worker
                 until = deadline - anyio.current_time()
                 if self.signals.degraded:
@@ -838,12 +827,10 @@ class Horde:
                         # Woken for a job we will not pop: pass it on.
                         await self.signals.notify_queue()
                     raise
-        job = result.job
+        job = result.job  # the loop ends only with a job
         self.metrics.pops.labels("job").inc()
-        if job is not None:
-            await self.signals.touch_request(job.request_id)
-        if job is not None and job.stream:
-            assert result.worker is not None
+        await self.signals.touch_request(job.request_id)
+        if job.stream:
             await self.signals.put_lease(
                 Lease.at_pop(
                     job_id=job.id,
@@ -859,10 +846,11 @@ class Horde:
                     max_length=job.max_length,
                 )
             )
-        payload = None
-        if job is not None and job.chat and self.blobs is not None:
+        payload = job.payload
+        if job.chat and self.blobs is not None:
             # After the transaction: reading images for a base64 worker, or
-            # storing offloaded messages, holds no lock. ``base_url`` is how the worker reached this horde.
+            # storing offloaded messages, holds no lock. ``base_url`` is how
+            # the worker reached this horde.
             payload = await images.hand_images(
                 job.payload,
                 self.blobs,
@@ -873,7 +861,8 @@ class Horde:
                 ttl=job.ttl,
                 offload_bytes=self.config.images.offload_bytes,
             )
-        return _pop_answer(result, payload)
+        popped = PoppedJob(job.id, job.model, payload, job.softprompt, job.ttl, job.chat)
+        return PopAnswer(popped, {})
 
     async def _nothing_for(self, worker: WorkerView) -> PopAnswer:
         """An empty pop's answer: what the worker skipped among the best

@@ -96,10 +96,12 @@ STREAM_PREFIX = "horde:chat:stream:"
 # as a job can be leased (a progress post extends a lease up to its cap).
 STREAM_TTL_SECONDS = 24 * 3600
 
-# One counter for every version, so that no two changes share one.
+# One counter for every version, so that no two changes share one; the
+# change is published in the same round trip.
 _BUMP = """
 local v = redis.call('INCR', KEYS[1])
 redis.call('SET', KEYS[2], v, 'EX', ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return v
 """
 
@@ -270,8 +272,9 @@ class RedisSignals:
 
     async def _changed(self, request_id: str, what: str) -> None:
         keys = ["horde:versions", f"horde:version:{request_id}"]
-        await self._bump(keys=keys, args=[int(VERSION_TTL_SECONDS)])
-        await self._redis.publish(_request_channel(request_id), what)
+        await self._bump(
+            keys=keys, args=[int(VERSION_TTL_SECONDS), _request_channel(request_id), what]
+        )
 
     async def request_version(self, request_id: str) -> int:
         async def read() -> int:
@@ -297,13 +300,14 @@ class RedisSignals:
 
     async def _put_lease(self, lease: Lease) -> None:
         ttl = _lease_ttl(lease, lease.popped)
-        await self._redis.set(f"horde:lease:{lease.job_id}", _lease_json(lease), ex=ttl)
-        await self._redis.sadd(f"horde:request_leases:{lease.request_id}", [lease.job_id])
-        await self._redis.expire(f"horde:request_leases:{lease.request_id}", ttl)
         ends: dict[str | bytes, int | float] = {lease.job_id: lease.expires}
-        await self._redis.zadd("horde:lease_ends", ends)
-        # A new attempt of a request that is still waiting: its stream lives on.
-        await self._redis.expire(f"{STREAM_PREFIX}{lease.request_id}", STREAM_TTL_SECONDS)
+        async with self._redis.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.set(f"horde:lease:{lease.job_id}", _lease_json(lease), ex=ttl)
+            pipe.sadd(f"horde:request_leases:{lease.request_id}", [lease.job_id])
+            pipe.expire(f"horde:request_leases:{lease.request_id}", ttl)
+            pipe.zadd("horde:lease_ends", ends)
+            # A new attempt of a request that is still waiting: its stream lives on.
+            pipe.expire(f"{STREAM_PREFIX}{lease.request_id}", STREAM_TTL_SECONDS)
 
     async def _save_lease(self, lease: Lease) -> None:
         ttl = _lease_ttl(lease, lease.popped)
@@ -357,9 +361,10 @@ class RedisSignals:
 
     async def _append_progress(self, request_id: str, entry: ProgressEntry) -> None:
         key = f"{STREAM_PREFIX}{request_id}"
-        await self._redis.rpush(key, [json.dumps(entry)])
-        await self._redis.expire(key, STREAM_TTL_SECONDS)
-        await self._redis.publish(_request_channel(request_id), "progress")
+        async with self._redis.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.rpush(key, [json.dumps(entry)])
+            pipe.expire(key, STREAM_TTL_SECONDS)
+            pipe.publish(_request_channel(request_id), "progress")
 
     async def _read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
         entries = await self._redis.lrange(f"{STREAM_PREFIX}{request_id}", position, -1)

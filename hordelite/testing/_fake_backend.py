@@ -94,7 +94,7 @@ import anyio
 import anyio.abc
 from quart import Quart, Response, request
 
-from hordelite._http import current_backend, serve_http
+from hordelite._http import current_backend, quart_app, serve_http
 from hordelite.config import ServerConfig
 from hordelite.errors import HordeliteError
 
@@ -675,12 +675,7 @@ async def _json_body() -> JSON:
 
 def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
     """The fake's Quart app (QuartTrio on ``loop == "trio"``) answering for ``backend``."""
-    if loop == "trio":
-        from quart_trio import QuartTrio
-
-        app: Quart = QuartTrio("hordelite.testing.fake_backend")
-    else:
-        app = Quart("hordelite.testing.fake_backend")
+    app = quart_app("hordelite.testing.fake_backend", loop)
 
     @app.before_request
     async def _record() -> Response | None:

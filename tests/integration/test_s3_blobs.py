@@ -122,6 +122,12 @@ async def test_a_put_replaces_the_blob(store: S3Store) -> None:
     assert (found.data, found.content_type) == (b"other", "image/png")
 
 
+async def test_exists_says_whether_a_blob_is_stored(store: S3Store) -> None:
+    assert not await store.exists("img1")
+    await store.put("img1", IMAGE, "image/jpeg")
+    assert await store.exists("img1")
+
+
 async def test_delete_removes_the_blobs_and_skips_a_missing_key(store: S3Store) -> None:
     await store.put("img1", IMAGE, "image/jpeg")
     await store.put("img2", IMAGE, "image/jpeg")
