@@ -805,7 +805,6 @@ class Horde:
                     pop,
                     self.clock.now(),
                     self.rules,
-                    False,
                     not self.db.is_sqlite,
                     poll_left,
                 )

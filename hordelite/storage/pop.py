@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -37,7 +36,6 @@ from hordelite.contract.eligibility import (
     may_be_passed_over,
     passed_over,
     preferred_tokens,
-    skipped_counts,
 )
 from hordelite.contract.limits import (
     SKIPPED_SAMPLE,
@@ -130,7 +128,6 @@ class PoppedJob:
 class PopResult:
     worker: WorkerView
     job: PoppedJob | None
-    skipped: dict[str, int]
     # The worker joined the pool, came back to it, or declared something new.
     pool_changed: bool = False
 
@@ -141,18 +138,16 @@ def pop_job(
     pop: PopRequest,
     now: float,
     rules: Rules,
-    with_skipped: bool,
     skip_locked: bool,
     poll_left: float | None = None,
-    sample: Sequence[RequestView] | None = None,
 ) -> PopResult:
     """Check the worker in and hand it the best job it may take, if any.
 
     ``poll_left``: seconds this long-polled pop still waits after this
     attempt (None: it does not long-poll); how long the check-in lasts
-    depends on it (hordelite.contract.presence). ``sample``: the waiting
-    requests ``skipped`` is counted over (``skipped_sample``), when the
-    caller already holds them; read here otherwise."""
+    depends on it (hordelite.contract.presence). What the worker skipped is
+    counted by the service after the transaction, and only for a pop that
+    hands out nothing (``skipped_sample``)."""
     user = authenticate(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
@@ -188,10 +183,7 @@ def pop_job(
         touch_worker(conn, row, declared, now, rules, until)
     elif until != row["online_until"]:
         conn.execute(update(workers).where(workers.c.id == row["id"]).values(online_until=until))
-    skipped: dict[str, int] = {}
-    if job is None and with_skipped:
-        skipped = skipped_counts(worker, skipped_sample(conn) if sample is None else sample)
-    return PopResult(worker, job, skipped, pool_changed)
+    return PopResult(worker, job, pool_changed)
 
 
 @functools.lru_cache(maxsize=128)

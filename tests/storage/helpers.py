@@ -100,7 +100,6 @@ async def pop(
         pop_request(name, models, **body),
         now,
         RULES,
-        False,
         not db.is_sqlite,
     )
 

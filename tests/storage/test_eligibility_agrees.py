@@ -117,7 +117,7 @@ def worker_ids(database: Database) -> tuple[str, str]:
     ids = []
     for name in ("w1", "w2"):
         result = database.run_sync(
-            queries.pop_job, True, key_hash, pop_request(name, ["m1"]), NOW, RULES, False, False
+            queries.pop_job, True, key_hash, pop_request(name, ["m1"]), NOW, RULES, False
         )
         ids.append(result.worker.id)
     return ids[0], ids[1]

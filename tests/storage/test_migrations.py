@@ -142,7 +142,7 @@ def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker
     assert found is not None
     assert found.id == first
     popped = db.run_sync(
-        queries.pop_job, True, owner, pop_request("ALICE", ["m1"]), NOW + 3, RULES, False, False
+        queries.pop_job, True, owner, pop_request("ALICE", ["m1"]), NOW + 3, RULES, False
     )
     assert popped.worker.id == first
     # The key is unique from now on.

@@ -169,7 +169,6 @@ def test_a_pop_finds_its_model_job_behind_two_thousand_requests_for_another_mode
         pop_request("w1", ["m1"]),
         NOW + 1,
         unlimited,
-        False,
         not database.is_sqlite,
     )
 
