@@ -26,9 +26,11 @@ one ``except``. Handlers inside hordelite catch the precise class:
           +-- worker: HordeUnavailable, HordeRefusal (the horde's answers),
           |   BackendError (the LLM backend's), UnsendableJob (a job no
           |   backend can be sent)
+          +-- storage.jobs.Unjudged  a chat reply whose job changed hands
+          |                         since it was judged (the horde judges it
+          |                         again)
           +-- private control flow that never leaves its module: the
-              service's _Replan, the database's _Busy, the fake backend's
-              _BadRequest
+              database's _Busy, the fake backend's _BadRequest
 """
 
 from __future__ import annotations

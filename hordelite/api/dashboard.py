@@ -65,11 +65,11 @@ def workers_per_model(workers: list[dict[str, Any]]) -> dict[str, int]:
 @dashboard.get("/")
 async def page() -> str:
     service = horde()
-    models = [_render.model(m) for m in await service.model_stats(with_chat=True)]
-    workers = [_render.worker(w) for w in await service.workers()]
+    models = [_render.model(m) for m in await service.directory.model_stats(with_chat=True)]
+    workers = [_render.worker(w) for w in await service.directory.workers()]
     return await render_template(
         "dashboard.html",
-        version=service.heartbeat()["version"],
+        version=service.upkeep.heartbeat()["version"],
         models=models,
         workers=workers,
         per_model=workers_per_model(workers),

@@ -22,7 +22,7 @@ async def healthz() -> Response:
 
 @health.get("/readyz")
 async def readyz() -> Response:
-    reason = await horde().unready()
+    reason = await horde().upkeep.unready()
     if reason is not None:
         return json_response({"status": "unready", "reason": reason}, 503)
     return json_response({"status": "ready"}, 200)

@@ -57,7 +57,7 @@ def operation_key() -> str | None:
 @native.post("/generate/text/async")
 async def text_async() -> Response:
     body = await json_body()
-    answer = await horde().submit_text(api_key(), body, client_agent(), operation_key())
+    answer = await horde().requests.submit_text(api_key(), body, client_agent(), operation_key())
     # A dry run queues nothing: 200 with its quote.
     return json_response(_render.queued(answer), 202 if isinstance(answer, Queued) else 200)
 
@@ -65,30 +65,34 @@ async def text_async() -> Response:
 @native.post("/generate/chat/async")
 async def chat_async() -> Response:
     body = await json_body()
-    answer = await horde().submit_chat(api_key(), body, client_agent(), operation_key())
+    answer = await horde().requests.submit_chat(api_key(), body, client_agent(), operation_key())
     return json_response(_render.queued(answer), 202)
 
 
 @native.get("/generate/chat/status/<request_id>")
 async def chat_status(request_id: str) -> Response:
     wait = parse_status_wait(request.args.get("wait"))
-    return json_response(_render.status(await horde().chat_status(request_id, wait=wait)))
+    return json_response(
+        _render.status(await horde().requests.status("chat", request_id, wait=wait))
+    )
 
 
 @native.delete("/generate/chat/status/<request_id>")
 async def chat_cancel(request_id: str) -> Response:
-    return json_response(_render.status(await horde().chat_status(request_id, cancel=True)))
+    return json_response(_render.status(await horde().requests.cancel("chat", request_id)))
 
 
 @native.get("/generate/text/status/<request_id>")
 async def text_status(request_id: str) -> Response:
     wait = parse_status_wait(request.args.get("wait"))
-    return json_response(_render.status(await horde().text_status(request_id, wait=wait)))
+    return json_response(
+        _render.status(await horde().requests.status("text", request_id, wait=wait))
+    )
 
 
 @native.delete("/generate/text/status/<request_id>")
 async def text_cancel(request_id: str) -> Response:
-    return json_response(_render.status(await horde().text_status(request_id, cancel=True)))
+    return json_response(_render.status(await horde().requests.cancel("text", request_id)))
 
 
 @native.post("/generate/text/pop")
@@ -96,25 +100,25 @@ async def text_pop() -> Response:
     body = await json_body()
     arrived = cast(float | None, request.scope.get(ARRIVED))
     base_url = request.host_url.rstrip("/")  # the signed image URLs start with it
-    answer = await horde().pop(api_key(), body, arrived=arrived, base_url=base_url)
+    answer = await horde().jobs.pop(api_key(), body, arrived=arrived, base_url=base_url)
     return json_response(_render.pop(answer))
 
 
 @native.post("/generate/text/progress")
 async def text_progress() -> Response:
     body = await json_body()
-    return json_response(_render.progress(await horde().post_progress(api_key(), body)))
+    return json_response(_render.progress(await horde().jobs.post_progress(api_key(), body)))
 
 
 @native.post("/generate/text/submit")
 async def text_submit() -> Response:
     body = await json_body()
-    return json_response(_render.submitted(await horde().submit(api_key(), body)))
+    return json_response(_render.submitted(await horde().jobs.submit(api_key(), body)))
 
 
 @native.get("/status/heartbeat")
 async def heartbeat() -> Response:
-    return json_response(horde().heartbeat())
+    return json_response(horde().upkeep.heartbeat())
 
 
 @native.get("/status/models")
@@ -123,7 +127,7 @@ async def status_models() -> Response:
     if request.args.get("type", "text") != "text":
         return json_response([])
     with_chat = request.args.get("chat", "false").lower() in ("true", "1", "yes")
-    return json_response([_render.model(m) for m in await horde().model_stats(with_chat)])
+    return json_response([_render.model(m) for m in await horde().directory.model_stats(with_chat)])
 
 
 @native.get("/workers")
@@ -131,32 +135,32 @@ async def workers() -> Response:
     # An empty type means every type (horde_sdk's default listing sends ``type=``).
     if request.args.get("type", "text") not in ("text", ""):
         return json_response([])
-    return json_response([_render.worker(w) for w in await horde().workers()])
+    return json_response([_render.worker(w) for w in await horde().directory.workers()])
 
 
 @native.get("/workers/<worker_id>")
 async def worker(worker_id: str) -> Response:
-    return json_response(_render.worker(await horde().worker(worker_id)))
+    return json_response(_render.worker(await horde().directory.worker(worker_id)))
 
 
 @native.put("/workers/<worker_id>")
 async def worker_update(worker_id: str) -> Response:
     body = await json_body()
     return json_response(
-        _render.worker_update(await horde().update_worker(api_key(), worker_id, body))
+        _render.worker_update(await horde().directory.update_worker(api_key(), worker_id, body))
     )
 
 
 @native.get("/workers/name/<path:name>")
 async def worker_by_name(name: str) -> Response:
-    return json_response(_render.worker(await horde().worker_by_name(name)))
+    return json_response(_render.worker(await horde().directory.worker_by_name(name)))
 
 
 @native.get("/find_user")
 async def find_user() -> Response:
-    return json_response(_render.user(await horde().find_user(api_key())))
+    return json_response(_render.user(await horde().directory.find_user(api_key())))
 
 
 @native.get("/users/<user_id>")
 async def user(user_id: str) -> Response:
-    return json_response(_render.user(await horde().user(user_id)))
+    return json_response(_render.user(await horde().directory.user(user_id)))

@@ -344,7 +344,7 @@ def banner(config: Config, url: str, version: str) -> list[str]:
 async def _run(config: Config) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_server(config) as running:
-            version = running.horde.heartbeat()["version"]
+            version = running.horde.upkeep.heartbeat()["version"]
             for line in banner(config, running.url, version):
                 print(line, flush=True)
             async for signum in signals:

@@ -1,10 +1,14 @@
-"""Whether an account may queue a request: kudos up front and the concurrency
-limit. Pure: storage reads the account and its generations in flight inside
-the transaction that queues the request, then applies what these decide."""
+"""What to queue for a request (``NewRequest``), and whether an account may
+queue it: kudos up front and the concurrency limit. Pure: storage reads the
+account and its generations in flight inside the transaction that queues
+the request, then applies what these decide."""
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import Any, Literal
+
+from hordelite.contract.eligibility import RequestView
 
 # "accepted": queued as asked; "downgrade": queued at its downgraded
 # max_length; "refused": KudosUpfront.
@@ -46,3 +50,39 @@ def unlimited(limit: int) -> bool:
 def over_limit(in_flight: int, n: int, limit: int) -> bool:
     """Whether ``n`` more generations would pass the limit."""
     return not unlimited(limit) and in_flight + n > limit
+
+
+@dataclasses.dataclass(frozen=True)
+class NewRequest:
+    """What admission decided to queue: a text or a chat request (storage
+    stores it as it is).
+
+    ``eligibility`` holds every field that decides which worker may take it,
+    declared once in RequestView: the requests table has a column of each
+    name and the queue rows are derived from it (``queueing.enqueue``).
+    """
+
+    eligibility: RequestView
+    prompt: str  # the text prompt, or the kept conversation flattened
+    params: dict[str, Any]
+    n: int
+    quote: float  # the dry-run price, checked against kudos up front
+    softprompt: str | None = None
+    proxied_account: str | None = None
+    webhook: str | None = None
+    chat: dict[str, Any] | None = None
+    submitted_prompt: str | None = None
+    context_adjustments: list[dict[str, Any]] | None = None
+    operation_key: str | None = None
+    fingerprint: str | None = None
+    # Queued instead when the kudos up front are missing (allow_downgrade).
+    downgrade: NewRequest | None = None
+    downgrade_field: str = "params.max_length"
+
+    @property
+    def kind(self) -> str:
+        return self.eligibility.kind
+
+    @property
+    def max_length(self) -> int:
+        return self.eligibility.max_length

@@ -39,6 +39,7 @@ from hordelite.contract.limits import (
     MIN_MAX_LENGTH,
     MIN_SAMPLER_ORDER,
 )
+from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, bad_request
 
 # Sampling parameters with their bounds, as the AI Horde's ModelPayloadKobold.
@@ -220,6 +221,9 @@ class PopRequest:
     priority_usernames: tuple[str, ...]
     chat: ChatDeclaration | None = None  # absent: the worker takes no chat jobs
     prompt_jobs: bool = True  # false: chat jobs only
+    # What worker names are compared by (unicode_rules.worker_name_key),
+    # worked out once, at parse.
+    name_key: str = ""
 
 
 def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
@@ -260,6 +264,9 @@ def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
         ),
         chat=chat,
         prompt_jobs=prompt_jobs,
+        # Last (arguments run in order): a name no worker can have is
+        # refused after every other field of the body was checked.
+        name_key=worker_name_key(name),
     )
 
 

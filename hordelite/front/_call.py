@@ -17,10 +17,10 @@ import anyio
 from hordelite._http import run_to_completion
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest
-from hordelite.contract.limits import DEGRADED_POLL_SECONDS
 from hordelite.errors import RC, HordeError
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
+from hordelite.signals import look_again_by
 
 # What the wait yields while nothing happened (a stream sends a comment).
 TICK = object()
@@ -50,7 +50,9 @@ class Call:
         Retry-After.
         """
         fail_fast = self.req.horde.availability_mode == "fail_fast"
-        status = await self.horde.chat_status(self.request_id, with_free_threads=fail_fast)
+        status = await self.horde.requests.status(
+            "chat", self.request_id, with_free_threads=fail_fast
+        )
         reason = status.impossible
         if reason and reason.rc in (RC.no_worker_supports_features, RC.no_worker_supports_limit):
             raise HordeError(reason.rc, reason.message)
@@ -74,7 +76,7 @@ class Call:
         the deadline (408), no eligible worker past the grace period (503)
         or a stopping horde (503)."""
         # The re-checks do not need the queue position, the costly part.
-        status = await self.horde.chat_status(self.request_id, with_position=False)
+        status = await self.horde.requests.status("chat", self.request_id, with_position=False)
         now = anyio.current_time()
         if status.faulted:
             self.settled = True
@@ -115,7 +117,7 @@ class Call:
         a worker takes it (which signals), nothing else can change."""
         now = anyio.current_time()
         if self.horde.signals.degraded:  # signals may be lost: re-read soon
-            return min(self.deadline, now + DEGRADED_POLL_SECONDS)
+            return look_again_by(self.horde.signals, self.deadline)
         if self._impossible_since is not None:
             grace_end = self._impossible_since + self.config.no_worker_grace
             return min(self.deadline, max(grace_end, now) + random.uniform(0.0, 1.0))
@@ -154,4 +156,4 @@ class Call:
 
     async def _cancel_request(self) -> None:
         with anyio.move_on_after(_CANCEL_BUDGET):
-            await self.horde.chat_status(self.request_id, cancel=True)
+            await self.horde.requests.cancel("chat", self.request_id)

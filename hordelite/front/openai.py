@@ -128,7 +128,7 @@ async def chat_completions() -> Response:
         # is cancelled then): the request it queued is cancelled below. No
         # operation key: the service is called in-process, so no answer can
         # be lost on the way back, and there is nothing to recover.
-        answer = await run_to_completion(lambda: horde().queue_chat(key, req, agent, None))
+        answer = await run_to_completion(lambda: horde().requests.queue_chat(key, req, agent, None))
         call = Call(horde(), current_app.config["HORDE"].config.front, answer.id, req, started)
         prompt_chars = len(flatten_messages(req.messages, req.tools))
         try:
@@ -238,6 +238,6 @@ async def _chat_models() -> list[dict[str, Any]]:
             "owned_by": "hordelite",
             "chat": e.chat,
         }
-        for e in await horde().model_stats(with_chat=True)
+        for e in await horde().directory.model_stats(with_chat=True)
         if e.chat is not None and ":" not in e.name
     ]

@@ -214,7 +214,7 @@ async def scrape(horde: Horde) -> bytes:
     if db_rtt is not None:
         try:
             with anyio.fail_after(READY_CHECK_SECONDS):
-                online = await horde.online_workers(horde.clock.now())
+                online = await horde.directory.online_workers(horde.clock.now())
                 served = frozenset(m for w in online for m in w.models)
                 depth = await horde.db.read(q.queue_depth, served)
         except (StorageUnavailable, TimeoutError):
@@ -238,7 +238,7 @@ async def scrape(horde: Horde) -> bytes:
                     sum(w.threads for w in online),
                 )
             )
-    redis_ping = horde.signals_ping()
+    redis_ping = horde.upkeep.signals_ping()
     if redis_ping is not None:
         scraped += reachability("redis", "Redis", await round_trip(redis_ping))
     return horde.metrics.render(scraped)

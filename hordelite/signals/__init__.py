@@ -11,9 +11,24 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+import anyio
+
+from hordelite.contract.limits import DEGRADED_POLL_SECONDS
 from hordelite.signals._local import LocalSignals, ProgressEntry, Signals
 
-__all__ = ["LocalSignals", "ProgressEntry", "Signals", "open_signals"]
+__all__ = ["LocalSignals", "ProgressEntry", "Signals", "look_again_by", "open_signals"]
+
+
+def look_again_by(signals: Signals, deadline: float) -> float:
+    """When a waiter looks again without a signal (anyio's clock): at its
+    ``deadline``, or within DEGRADED_POLL_SECONDS while signals may be lost.
+
+    The one place of the rule every wait follows (pops, long-polled
+    statuses, OpenAI calls): a lost signal only delays an answer.
+    """
+    if signals.degraded:
+        return min(deadline, anyio.current_time() + DEGRADED_POLL_SECONDS)
+    return deadline
 
 
 @contextlib.asynccontextmanager

@@ -15,12 +15,10 @@ from hordelite.contract import refusals
 from hordelite.contract.chat_reply import (
     ChatSubmit,
     Verdict,
-    judge_chat_reply,
     output_estimate_chars,
 )
-from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.text import JobSubmit
-from hordelite.errors import HordeError
+from hordelite.errors import HordeError, HordeliteError
 from hordelite.storage.accounts import USER_BY_KEY, authenticate
 from hordelite.storage.ledger import (
     FINISH_JOB,
@@ -36,6 +34,16 @@ from hordelite.storage.schema import (
     requests,
     users,
 )
+
+
+class Unjudged(HordeliteError):
+    """A chat reply reached its transaction without a verdict for the job
+    found there (the job changed hands between the judging read and the
+    write): nothing was written; judge it again and resubmit."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"the reply to job {job_id} was not judged against it")
+        self.job_id = job_id
 
 
 def record_refusal(conn: Connection, key_hash: str, job_id: str, refusal: HordeError) -> None:
@@ -95,8 +103,8 @@ def submit_job(
 
     ``lease_until``: the end of the job's progress lease, which progress
     posts may have extended past the stored one. ``verdict``: the chat reply
-    already judged against this job outside the transaction (without it, or
-    judged against another job or model, it is judged here).
+    judged against this job outside the transaction; a chat reply without
+    one for this job and model raises Unjudged (nothing written).
     """
     user = authenticate(conn, key_hash, rules)
     # Locks the job and its request (PostgreSQL), in that order.
@@ -139,10 +147,9 @@ def _accept_chat_reply(
     verdict: Verdict | None,
 ) -> SubmitResult:
     if verdict is None or verdict.job_id != job["id"] or verdict.model != job["model"]:
-        chat = conn.execute(
-            select(requests.c.chat).where(requests.c.id == job["request_id"])
-        ).scalar_one()
-        verdict = judge_chat_reply(job["id"], job["model"], ChatRequest.from_json(chat), sub)
+        # Judging is the horde's, outside the transaction: roll back, and
+        # let it judge the reply against the job this transaction found.
+        raise Unjudged(job["id"])
     reply, refusal = verdict.reply, verdict.refusal
     if refusal is not None:
         conn.execute(

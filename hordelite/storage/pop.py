@@ -25,10 +25,6 @@ from hordelite.contract.chat_features import (
     ChatFeature,
     ChatGuarantee,
 )
-from hordelite.contract.chat_reply import (
-    build_worker_chat_extras,
-)
-from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import (
     REQUEST_FIELDS,
     RequestView,
@@ -41,9 +37,7 @@ from hordelite.contract.limits import (
     SKIPPED_SAMPLE,
 )
 from hordelite.contract.presence import online_until
-from hordelite.contract.progress import streams_progress
 from hordelite.contract.text import PopRequest
-from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.pool import (
@@ -112,16 +106,22 @@ _CLAIM = (
 
 @dataclasses.dataclass(frozen=True)
 class PoppedJob:
+    """A job handed out, with what its payload is made of: a text job's
+    payload is its stored params and prompt; a chat job's is built by the
+    horde, after the transaction, from ``request`` (the stored chat request)
+    and the budgets of the declaration it was assigned under."""
+
     id: str
     request_id: str
     model: str
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # a text job's; empty for a chat job
     softprompt: str | None
     ttl: float
     chat: bool = False
-    stream: bool = False  # popped with stream_progress: it gets a progress lease
     gen: int = 0  # the attempt of the request (its restarts so far)
     max_length: int = 0
+    max_context_length: int = 0
+    request: dict[str, Any] | None = None  # a chat job's stored request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,20 +138,25 @@ def pop_job(
     pop: PopRequest,
     now: float,
     rules: Rules,
-    skip_locked: bool,
+    skip_locked: bool | None = None,
     poll_left: float | None = None,
 ) -> PopResult:
     """Check the worker in and hand it the best job it may take, if any.
 
+    ``skip_locked``: whether the claim skips requests other pops hold
+    locked; None (the default) leaves it to the database: PostgreSQL skips
+    them, SQLite (one writer at a time, no row locks) has none to skip.
     ``poll_left``: seconds this long-polled pop still waits after this
     attempt (None: it does not long-poll); how long the check-in lasts
     depends on it (hordelite.contract.presence). What the worker skipped is
     counted by the service after the transaction, and only for a pop that
     hands out nothing (``skipped_sample``)."""
+    if skip_locked is None:
+        skip_locked = conn.dialect.name == "postgresql"
     user = authenticate(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
-    name_key = worker_name_key(pop.name)
+    name_key = pop.name_key
     declared = stored_declaration(pop, now)
     row = worker_for_pop(conn, user, pop, name_key)
     if row is None:
@@ -444,30 +449,18 @@ def _assign(
             "max_context_length": max_context_length,
         },
     )
-    stream = False
-    if chat:
-        request = ChatRequest.from_json(claimed["chat"])
-        stream = streams_progress(request)
-        payload = build_worker_chat_extras(
-            request,
-            frozenset(worker.chat_features),
-            max_length,
-            max_context_length,
-            stream_progress=stream,
-        )
-    else:
-        payload = {**claimed["params"], "prompt": claimed["prompt"], "n": 1}
     return PoppedJob(
         job_id,
         cand["request_id"],
         model,
-        payload,
+        {} if chat else {**claimed["params"], "prompt": claimed["prompt"], "n": 1},
         claimed["softprompt"],
         rules.job_ttl,
         chat,
-        stream,
         claimed["restarts"],
         max_length,
+        max_context_length,
+        claimed["chat"] if chat else None,
     )
 
 

@@ -18,6 +18,8 @@ never wait on each other and never hand one job to two workers.
 
 from __future__ import annotations
 
+# What admission decided to queue (a record of the contract; submit_request stores it).
+from hordelite.contract.admission import NewRequest
 from hordelite.storage.accounts import (
     UserRecord,
     create_user,
@@ -48,12 +50,12 @@ from hordelite.storage.pop import (
 )
 from hordelite.storage.requests import (
     FirstRequest,
-    NewRequest,
     StatusSnapshot,
     StoredJob,
     StoredRequest,
     Submitted,
     cancel_request,
+    first_request,
     request_status,
     submit_chat_request,
     submit_request,
@@ -87,6 +89,7 @@ __all__ = [
     "chat_job_to_judge",
     "create_user",
     "ensure_anonymous",
+    "first_request",
     "list_workers",
     "model_queue_stats",
     "online_pool",

@@ -18,6 +18,8 @@ from sqlalchemy.sql import ColumnElement
 
 from hordelite.contract import admission, refusals
 from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.admission import NewRequest
+from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.eligibility import (
     REQUEST_FIELDS,
     RequestView,
@@ -93,41 +95,6 @@ _REQUEST_JOBS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class NewRequest:
-    """What ``submit_request`` stores: a text or a chat request.
-
-    ``eligibility`` holds every field that decides which worker may take it,
-    declared once in RequestView: the requests table has a column of each
-    name and the queue rows are derived from it (``queueing.enqueue``).
-    """
-
-    eligibility: RequestView
-    prompt: str  # the text prompt, or the kept conversation flattened
-    params: dict[str, Any]
-    n: int
-    quote: float  # the dry-run price, checked against kudos up front
-    softprompt: str | None = None
-    proxied_account: str | None = None
-    webhook: str | None = None
-    chat: dict[str, Any] | None = None
-    submitted_prompt: str | None = None
-    context_adjustments: list[dict[str, Any]] | None = None
-    operation_key: str | None = None
-    fingerprint: str | None = None
-    # Queued instead when the kudos up front are missing (allow_downgrade).
-    downgrade: NewRequest | None = None
-    downgrade_field: str = "params.max_length"
-
-    @property
-    def kind(self) -> str:
-        return self.eligibility.kind
-
-    @property
-    def max_length(self) -> int:
-        return self.eligibility.max_length
-
-
-@dataclasses.dataclass(frozen=True)
 class Submitted:
     request_id: str
     queued: NewRequest
@@ -167,28 +134,30 @@ def submit_request(
 def submit_chat_request(
     conn: Connection,
     key_hash: str,
-    operation_key: str | None,
-    fingerprint: str | None,
-    admit: Callable[[list[WorkerView]], NewRequest],
+    plan: AdmissionPlan,
     request_id: str,
     now: float,
     rules: Rules,
     upfront_max_length: int,
     client_agent: str,
-) -> Submitted | FirstRequest:
+) -> Submitted | FirstRequest | Capacity:
     """A chat submission in one transaction: authenticate, answer a resubmit
-    of an operation key with its first request, else admit against the online workers
-    (``admit(online)`` raises the refusals) and queue.
+    of an operation key with its first request, else admit by ``plan``
+    against the online workers read here (its refusals raised) and queue.
+    A Capacity instead, with nothing written: the online workers are not the
+    ones the plan was worked out for (``AdmissionPlan.under``).
     """
     user = authenticate(conn, key_hash, rules)
-    if operation_key is not None:
-        first = _first_request(conn, user, operation_key, "chat", fingerprint)
+    if plan.operation_key is not None:
+        first = _first_request(conn, user, plan.operation_key, "chat", plan.fingerprint)
         if first is not None:
             return first
     # Admission and the possible check read only chat workers: a chat
     # request cannot go to a worker without a chat declaration.
     online = online_now(conn, now, chat=True)
-    new = admit(online)
+    new = plan.under(online)
+    if isinstance(new, Capacity):
+        return new
     return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
 
 
@@ -200,6 +169,21 @@ class FirstRequest:
     id: str
     max_length: int
     models: tuple[str, ...]
+
+
+def first_request(
+    conn: Connection,
+    key_hash: str,
+    operation_key: str,
+    kind: str,
+    fingerprint: str | None,
+    rules: Rules,
+) -> FirstRequest | None:
+    """The request the key's user queued under ``operation_key``, None when
+    there is none; raises InvalidAPIKey, and OperationKeyReused when that was
+    a different request."""
+    user = authenticate(conn, key_hash, rules)
+    return _first_request(conn, user, operation_key, kind, fingerprint)
 
 
 def _first_request(

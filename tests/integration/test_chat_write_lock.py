@@ -19,9 +19,9 @@ import anyio
 import psycopg
 import pytest
 
+from hordelite.contract import chat_admission as chat
 from hordelite.contract import chat_reply
 from hordelite.contract.chat_features import ALL_NAMES
-from hordelite.horde import chat
 from tests.integration._chat_helpers import (
     ChatEnv,
     chat_body,

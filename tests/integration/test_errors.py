@@ -52,7 +52,7 @@ def test_the_package_defines_the_exceptions_the_tree_names() -> None:
         "HordeUnavailable",
         "HordeRefusal",
         "UnsendableJob",
-        "_Replan",
+        "Unjudged",
         "_Busy",
     } <= names
 

@@ -278,7 +278,7 @@ def test_the_inlined_size_is_known_from_the_references_alone(jpeg_bytes: int) ->
     import json
 
     from hordelite.contract.images import data_url
-    from hordelite.horde.images import _inlined_bytes
+    from hordelite.horde.request_images import _inlined_bytes
 
     def messages(url: str) -> list[dict[str, object]]:
         return [

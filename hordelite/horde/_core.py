@@ -1,0 +1,62 @@
+"""What every room of the horde shares: the configuration, storage, signals,
+clock, model reference, blob store, metrics and caches of one horde, and
+the few steps each room takes the same way."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from hordelite.blobs import BlobStore
+from hordelite.clock import Clock
+from hordelite.config import Config
+from hordelite.contract.eligibility import RequestView
+from hordelite.contract.models import ModelReference
+from hordelite.horde.caches import PoolSnapshot, SkippedSample, StatusCache
+from hordelite.horde.metrics import HordeMetrics
+from hordelite.signals import Signals
+from hordelite.storage.store import Store
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class HordeCore:
+    """The state of one horde, shared by its rooms (hordelite.horde.service
+    builds it). ``stopping`` is set once, by ``Upkeep.begin_shutdown``."""
+
+    config: Config
+    store: Store
+    signals: Signals
+    clock: Clock
+    models: ModelReference
+    # Where images taken in at submit are kept; without one, a request with
+    # an image is refused.
+    blobs: BlobStore | None
+    # Counters only on the hot paths; /metrics reads the rest (decision 0043).
+    metrics: HordeMetrics
+    pool: PoolSnapshot
+    statuses: StatusCache
+    skipped: SkippedSample
+    stopping: bool = False
+
+    async def queue_changed(self, request: RequestView | None = None) -> None:
+        """Wake the pops that may take ``request`` (any pop: None), and let
+        the next empty pop count ``skipped`` over the queue as it is now."""
+        self.skipped.stale()
+        await self.signals.notify_queue(request)
+
+
+async def run_pure(heavy: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Pure CPU work (no I/O, no shared state): on the event loop when light,
+    in a worker thread when ``heavy``, so that the loop keeps serving while
+    it runs. Never inside a transaction: the caller holds no lock."""
+    if not heavy:
+        return fn(*args, **kwargs)
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))

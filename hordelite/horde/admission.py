@@ -1,0 +1,146 @@
+"""Admission in the horde: what to queue for a text request, and the chat
+admission loop around the write transaction.
+
+The rules are pure (``hordelite.contract.admission`` and
+``hordelite.contract.chat_admission``); this module runs them where they
+cost the event loop least and the write lock nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from hordelite.contract import kudos as kudos_rules
+from hordelite.contract.admission import NewRequest
+from hordelite.contract.chat_admission import Capacity, heavy_to_admit, plan_admission
+from hordelite.contract.chat_request import ChatRequest
+from hordelite.contract.eligibility import RequestView
+from hordelite.contract.limits import UPFRONT_MAX_LENGTH
+from hordelite.contract.models import ModelReference
+from hordelite.contract.text import TextRequest
+from hordelite.horde._core import HordeCore, run_pure
+from hordelite.storage.requests import FirstRequest, Submitted
+
+# Chat admission outside the write transaction: tries before admitting
+# inside it, and how many sets of models keep their last capacity.
+ADMISSION_TRIES = 3
+CAPACITY_CACHE = 256
+
+
+def text_quote(models: ModelReference, req: TextRequest) -> float:
+    """The dry-run price: every job at full max_length on the largest model asked for."""
+    sizes = [models.billions(m) for m in req.models] or [models.billions("")]
+    return kudos_rules.request_quote(req.max_length, req.n, max(sizes))
+
+
+def text_fingerprint(req: TextRequest) -> str:
+    """A digest of what was asked, which a resubmit under the same operation key must match."""
+    raw = json.dumps(dataclasses.asdict(req), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def new_text_request(req: TextRequest, quote: Any, operation_key: str | None = None) -> NewRequest:
+    """What storage queues for a validated text request (and its
+    allow_downgrade alternative at the up-front threshold). ``quote`` prices
+    a TextRequest. The fingerprint is the request's as asked, on both: a
+    resubmit of a downgraded request is the same request."""
+    fingerprint = text_fingerprint(req) if operation_key else None
+
+    def build(r: TextRequest) -> NewRequest:
+        return NewRequest(
+            eligibility=RequestView(
+                models=r.models,
+                max_length=r.max_length,
+                max_context_length=r.max_context_length,
+                trusted_workers=r.trusted_workers,
+                slow_workers=r.slow_workers,
+                nsfw=r.nsfw,
+                worker_ids=r.workers,
+                worker_blacklist=r.worker_blacklist,
+            ),
+            prompt=r.prompt,
+            params=r.params,
+            n=r.n,
+            quote=quote(r),
+            softprompt=r.softprompt,
+            proxied_account=r.proxied_account,
+            webhook=r.webhook,
+            operation_key=operation_key,
+            fingerprint=fingerprint,
+        )
+
+    new = build(req)
+    if req.allow_downgrade and req.max_length > UPFRONT_MAX_LENGTH:
+        lowered = {**req.params, "max_length": UPFRONT_MAX_LENGTH}
+        low = dataclasses.replace(req, max_length=UPFRONT_MAX_LENGTH, params=lowered)
+        new = dataclasses.replace(new, downgrade=build(low))
+    return new
+
+
+class ChatAdmission:
+    """Queues a chat request, admitted outside the write transaction.
+
+    Admission is pure work over the whole conversation: it runs before the
+    write transaction, against the capacity the last transaction for these
+    models saw. The transaction reads the workers anyway and uses the
+    outcome when their capacity is the same (nearly always); otherwise it
+    gives up before writing anything, and admission runs again outside it
+    against what it saw. The last try admits inside.
+    """
+
+    def __init__(self, core: HordeCore) -> None:
+        self._core = core
+        # The capacity each set of chat models last had.
+        self._capacities: dict[tuple[str, ...], Capacity] = {}
+
+    async def queue(
+        self,
+        *,
+        key_hash: str,
+        req: ChatRequest,
+        client_agent: str,
+        operation_key: str | None,
+        fingerprint: str | None,
+        request_id: str | None = None,
+    ) -> Submitted | FirstRequest:
+        """The queued request, or the first request of this operation key
+        (raises the refusals of admission and of storing)."""
+        core = self._core
+        request_id = request_id or str(uuid.uuid4())
+        billions = core.models.billions
+        for attempt in range(ADMISSION_TRIES):
+            seen = self._capacities.get(req.models)
+            heavy = seen is not None and heavy_to_admit(req)
+            plan = await run_pure(
+                heavy,
+                plan_admission,
+                req,
+                seen,
+                attempt == ADMISSION_TRIES - 1,
+                billions,
+                operation_key,
+                fingerprint,
+            )
+            outcome = await core.store.submit_chat_request(
+                key_hash=key_hash,
+                plan=plan,
+                request_id=request_id,
+                now=core.clock.now(),
+                upfront_max_length=UPFRONT_MAX_LENGTH,
+                client_agent=client_agent,
+            )
+            if not isinstance(outcome, Capacity):
+                return outcome
+            self._remember(req.models, outcome)
+        raise AssertionError("the last try admits inside the transaction")
+
+    def _remember(self, models: tuple[str, ...], cap: Capacity) -> None:
+        self._capacities.pop(models, None)
+        self._capacities[models] = cap
+        if len(self._capacities) > CAPACITY_CACHE:
+            # Model names are the clients': keep only the latest sets.
+            del self._capacities[next(iter(self._capacities))]

@@ -1,0 +1,112 @@
+"""What the horde keeps in memory between requests, each entry invalidated
+by the change that makes it wrong (decision 0038): the online pool, the
+statuses by request version, and the sample an empty pop counts
+``skipped`` over."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import anyio
+
+from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.limits import (
+    POOL_SNAPSHOT_SECONDS,
+    SKIPPED_SAMPLE_SECONDS,
+    STATUS_CACHE_ENTRIES,
+    STATUS_POSITION_SECONDS,
+)
+from hordelite.horde.results import RequestStatus
+from hordelite.signals import Signals
+from hordelite.storage.pool import OnlineWorker
+from hordelite.storage.store import Store
+
+
+class PoolSnapshot:
+    """The online workers, read at most POOL_SNAPSHOT_SECONDS ago and under
+    the current pool version (decision 0038): a worker joining, coming back,
+    declaring anew or changed by its owner bumps the version, so only what
+    a worker's own jobs change (its measured speed) can be that old. A
+    worker whose check-in ends leaves the snapshot at its ``until``."""
+
+    def __init__(self, store: Store, signals: Signals) -> None:
+        self._store = store
+        self._signals = signals
+        self._lock = anyio.Lock()
+        self._workers: list[OnlineWorker] = []
+        self._read_at = -math.inf
+        self._version = -1
+
+    def _current(self) -> bool:
+        fresh = anyio.current_time() - self._read_at < POOL_SNAPSHOT_SECONDS
+        return fresh and self._version == self._signals.pool_version()
+
+    async def get(self, now: float) -> list[WorkerView]:
+        """The workers online at ``now`` (a read only when the snapshot is not current)."""
+        if not self._current():
+            async with self._lock:  # one read for every caller that needs a fresh one
+                if not self._current():
+                    version = self._signals.pool_version()  # before the read, as for statuses
+                    self._workers = await self._store.online_pool(now=now)
+                    self._read_at = anyio.current_time()
+                    self._version = version
+        return [w.view for w in self._workers if w.until > now]
+
+
+StatusKey = tuple[str, str, bool, bool]  # kind, request id, with_position, with_free_threads
+
+
+class StatusCache:
+    """Statuses as last read, each under its request's version (decision 0038).
+
+    An entry answers while the version is the one it was read under and, for
+    a request still waiting for a worker (its position, wait time and
+    is_possible move with the rest of the queue), for STATUS_POSITION_SECONDS
+    at most. The least recently read entries go past STATUS_CACHE_ENTRIES.
+    """
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[StatusKey, tuple[int, float, RequestStatus]] = OrderedDict()
+
+    def get(self, key: StatusKey, version: int, now: float) -> RequestStatus | None:
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != version or now >= entry[1]:
+            return None
+        self._entries.move_to_end(key)
+        return entry[2]
+
+    def put(self, key: StatusKey, version: int, now: float, status: RequestStatus) -> None:
+        until = now + STATUS_POSITION_SECONDS if _moves_with_queue(status) else math.inf
+        self._entries[key] = (version, until, status)
+        self._entries.move_to_end(key)
+        if len(self._entries) > STATUS_CACHE_ENTRIES:
+            self._entries.popitem(last=False)
+
+
+def _moves_with_queue(status: RequestStatus) -> bool:
+    """Whether parts of this status follow other requests and the pool, not
+    only its own request: while it waits for a worker to take a job."""
+    return not (status.done or status.faulted) and status.waiting > 0
+
+
+class SkippedSample:
+    """The waiting requests an empty pop counts ``skipped`` over, read at most
+    SKIPPED_SAMPLE_SECONDS ago (the counts are advice to the worker's owner;
+    reading and decoding them cost an empty pop most of its time)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = anyio.Lock()
+        self._sample: list[RequestView] = []
+        self._read_at = -math.inf
+
+    def stale(self) -> None:
+        self._read_at = -math.inf
+
+    async def get(self) -> list[RequestView]:
+        async with self._lock:  # one read for every pop that needs a fresh one
+            if anyio.current_time() - self._read_at > SKIPPED_SAMPLE_SECONDS:
+                self._sample = await self._store.skipped_sample()
+                self._read_at = anyio.current_time()
+            return self._sample

@@ -1,0 +1,291 @@
+"""What a requester does: queue a text or chat request, read its status
+(at once or long-polled), cancel it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+
+from hordelite.contract import kudos as kudos_rules
+from hordelite.contract._fields import parse_uuid
+from hordelite.contract.chat_request import ChatRequest, parse_chat_request
+from hordelite.contract.limits import IMAGES_NORMALISED_AT_ONCE, UPFRONT_MAX_LENGTH
+from hordelite.contract.text import TextRequest, parse_text_request
+from hordelite.errors import RC, HordeError
+from hordelite.horde import chat, request_images
+from hordelite.horde._core import HordeCore
+from hordelite.horde.admission import ChatAdmission, new_text_request, text_quote
+from hordelite.horde.keys import hash_key, scoped_operation_key
+from hordelite.horde.results import Queued, Quote, RequestStatus, RequestWarning
+from hordelite.horde.status import status_of
+from hordelite.signals import look_again_by
+from hordelite.storage.requests import FirstRequest, Submitted
+
+
+class Requests:
+    """The requester's room. A resubmit with the same operation key
+    (Idempotency-Key) answers the first request again, queues and charges
+    nothing (ignored for the anonymous user)."""
+
+    def __init__(self, core: HordeCore) -> None:
+        self._core = core
+        self._admission = ChatAdmission(core)
+        self._normalising: anyio.CapacityLimiter | None = None
+
+    # Queueing ----------------------------------------------------------
+
+    def quote(self, req: TextRequest) -> float:
+        """The dry-run price of a text request."""
+        return text_quote(self._core.models, req)
+
+    async def submit_text(
+        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+    ) -> Queued | Quote:
+        """Queue a text request; answers the 202 body (or the dry-run quote)."""
+        core = self._core
+        req = parse_text_request(body)
+        if req.dry_run:
+            await core.store.user_by_key(key_hash=hash_key(api_key))
+            return Quote(self.quote(req))
+        new = new_text_request(req, self.quote, scoped_operation_key(api_key, operation_key))
+        submitted = await core.store.submit_request(
+            key_hash=hash_key(api_key),
+            new=new,
+            request_id=str(uuid.uuid4()),
+            now=core.clock.now(),
+            upfront_max_length=UPFRONT_MAX_LENGTH,
+            client_agent=client_agent,
+            online=await core.pool.get(core.clock.now()),
+        )
+        if not submitted.replayed:
+            await core.queue_changed(submitted.view)
+        return self._text_queued(req, submitted)
+
+    def _text_queued(self, req: TextRequest, submitted: Submitted) -> Queued:
+        warnings = []
+        if submitted.queued.max_length != req.max_length:
+            warnings.append(
+                RequestWarning(
+                    "MaxLengthDowngraded",
+                    f"params.max_length was lowered from {req.max_length} to "
+                    f"{submitted.queued.max_length} because of allow_downgrade.",
+                )
+            )
+        message = None
+        if not submitted.possible:
+            expiry = int(self._core.config.horde.request_expiry)
+            message = (
+                "No worker online can serve this request now; it waits for one "
+                f"and expires {expiry} s after its last chance."
+            )
+            warnings.append(RequestWarning("NoAvailableWorker", message))
+        return Queued(
+            submitted.request_id, submitted.queued.quote, message=message, warnings=tuple(warnings)
+        )
+
+    async def submit_chat(
+        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+    ) -> Queued:
+        """Queue a chat request (see contract.chat_admission.admit_within for what is refused)."""
+        return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
+
+    async def queue_chat(
+        self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
+    ) -> Queued:
+        """Queue a validated chat request; answers the 202 body.
+
+        A resubmit with the same operation key answers the first request
+        before anything else is checked (the workers may have changed
+        since), and before its images are fetched or stored. The request is
+        fingerprinted once, as the client sent it: its images are stored
+        under a request id of their own, which the fingerprint must not see.
+        """
+        operation_key = scoped_operation_key(api_key, operation_key)
+        fingerprint = req.fingerprint() if operation_key is not None else None
+        key_hash = hash_key(api_key)
+        if req.has_images and operation_key is not None:
+            first = await self._core.store.first_request(
+                key_hash=key_hash, operation_key=operation_key, kind="chat", fingerprint=fingerprint
+            )
+            if first is not None:
+                return self._first_again(first)
+        request_id = str(uuid.uuid4())
+        taken = await self._take_images(req, request_id)
+        try:
+            outcome = await self._admission.queue(
+                key_hash=key_hash,
+                req=taken,
+                client_agent=client_agent,
+                operation_key=operation_key,
+                fingerprint=fingerprint,
+                request_id=request_id,
+            )
+        except BaseException:
+            await self._drop_images(taken, request_id)  # not queued: its images go
+            raise
+        if isinstance(outcome, FirstRequest):
+            await self._drop_images(taken, request_id)  # the first request has its own
+            return self._first_again(outcome)
+        await self._core.queue_changed(outcome.view)
+        return _chat_queued(outcome)
+
+    def _first_again(self, first: FirstRequest) -> Queued:
+        """The answer to a resubmit: the first request's id and quote."""
+        billions = max(self._core.models.billions(m) for m in first.models)
+        return Queued(first.id, kudos_rules.request_quote(first.max_length, 1, billions))
+
+    async def _take_images(self, req: ChatRequest, request_id: str) -> ChatRequest:
+        """``req`` with its images fetched, checked and stored under ``request_id``."""
+        if not req.has_images:
+            return req
+        blobs = self._core.blobs
+        if blobs is None:
+            raise HordeError(RC.ChatRequestInvalid, "This horde keeps no images.", param="messages")
+        if self._normalising is None:  # made on the loop that runs the horde
+            self._normalising = anyio.CapacityLimiter(IMAGES_NORMALISED_AT_ONCE)
+        return await request_images.take_images(
+            req,
+            blobs,
+            request_id,
+            fetch_private=self._core.config.images.fetch_private,
+            limiter=self._normalising,
+        )
+
+    async def _drop_images(self, req: ChatRequest, request_id: str) -> None:
+        if req.has_images and self._core.blobs is not None:
+            with anyio.CancelScope(shield=True):
+                await self._core.blobs.delete(request_images.image_keys(request_id, req))
+
+    # Status ------------------------------------------------------------
+
+    async def status(
+        self,
+        kind: str,
+        request_id: str,
+        *,
+        with_position: bool = True,
+        with_free_threads: bool = False,
+        wait: float = 0.0,
+    ) -> RequestStatus:
+        """A ``kind`` ("text" or "chat") request's status: for a chat one also
+        its structured replies, why no online worker can take it
+        (``impossible``), and the fault.
+
+        ``with_position`` False answers queue_position 0 and a wait_time
+        without the queue ahead, for the front's re-checks (cheaper).
+        ``with_free_threads`` also counts the eligible threads not busy with
+        a job (one more read), for the front's fail_fast check. ``wait``
+        long-polls (``_long_polled``).
+        """
+        canonical = _canonical(kind, request_id)
+        if wait > 0:
+            return await self._long_polled(kind, canonical, wait)
+        return await self._read(kind, canonical, with_position, with_free_threads)
+
+    async def _long_polled(self, kind: str, request_id: str, wait: float) -> RequestStatus:
+        """A status read that waits for news (GET .../status/{id}?wait=N, a
+        hordelite extension): the status at once when the request has ended,
+        else at its next change (a job handed out or given back, a
+        generation, the end) or after ``wait`` seconds, whichever is first.
+
+        The waiter is taken before the first read, so that a change committed
+        during it is not missed; the process stopping wakes it.
+        """
+        core = self._core
+        with core.signals.status_waiter(request_id) as changed:
+            status = await self._read(kind, request_id)
+            if status.done or status.faulted or core.stopping:
+                return status
+            deadline = anyio.current_time() + wait
+            while not changed.is_set() and anyio.current_time() < deadline:
+                with anyio.move_on_after(
+                    look_again_by(core.signals, deadline) - anyio.current_time()
+                ):
+                    await changed.wait()
+                if core.signals.degraded:  # the change may have gone unsignalled
+                    fresh = await self._read(kind, request_id)
+                    if fresh != status:
+                        return fresh
+        return await self._read(kind, request_id)
+
+    async def _read(
+        self,
+        kind: str,
+        canonical: str,
+        with_position: bool = True,
+        with_free_threads: bool = False,
+    ) -> RequestStatus:
+        """The status of the request with this canonical id, from the cache
+        while its version is the one it was read under."""
+        core = self._core
+        now = core.clock.now()
+        # Read before the database: a change committed after this read
+        # bumps the version, so what is cached below is not served for it.
+        version = await core.signals.request_version(canonical)
+        key = (kind, canonical, with_position, with_free_threads)
+        cached = core.statuses.get(key, version, now)
+        if cached is not None:
+            return cached
+        parts = await core.store.request_status(
+            request_id=canonical,
+            kind=kind,
+            now=now,
+            with_position=with_position,
+            with_free_threads=with_free_threads,
+            online=await core.pool.get(now),
+        )
+        status = status_of(parts, core.config.horde.request_expiry)
+        core.statuses.put(key, version, now, status)
+        return status
+
+    # Cancel ------------------------------------------------------------
+
+    async def cancel(self, kind: str, request_id: str) -> RequestStatus:
+        """End the request; answers its status as the cancel left it.
+
+        Streamed jobs are settled on what their workers posted before the
+        cancel: their leases take no more text from here on, and the next
+        progress answer says cancelled. Kudos move in the cancel's own
+        transaction.
+        """
+        core = self._core
+        canonical = _canonical(kind, request_id)
+        now = core.clock.now()
+        leases = await core.signals.request_leases(canonical)
+        for lease in leases:
+            lease.cancelled = True
+            await core.signals.save_lease(lease)
+        posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
+        parts = await core.store.cancel_request(
+            request_id=canonical, kind=kind, now=now, posted=posted
+        )
+        core.metrics.kudos_rewarded.inc(parts.settled[0])
+        core.metrics.kudos_charged.inc(parts.settled[1])
+        await core.signals.notify_request(canonical)
+        await core.signals.end_stream(canonical, now)
+        return status_of(parts, core.config.horde.request_expiry)
+
+
+def _canonical(kind: str, request_id: str) -> str:
+    canonical = parse_uuid(request_id)
+    if canonical is None:
+        raise HordeError(RC.RequestNotFound, f"No {kind} request with id {request_id[:64]!r}.")
+    return canonical
+
+
+def _chat_queued(submitted: Submitted) -> Queued:
+    message = None
+    if not submitted.possible:
+        reason = chat.impossible_reason(submitted.view, submitted.online or [])
+        message = (
+            reason.message if reason else "No worker online can take this request now."
+        ) + " It waits for one."
+    return Queued(
+        submitted.request_id,
+        submitted.queued.quote,
+        context_adjustments=submitted.queued.context_adjustments or None,
+        message=message,
+        warnings=() if message is None else (RequestWarning("NoAvailableWorker", message),),
+    )
