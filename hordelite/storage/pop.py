@@ -138,16 +138,21 @@ def pop_job(
     pop: PopRequest,
     now: float,
     rules: Rules,
-    skip_locked: bool,
+    skip_locked: bool | None = None,
     poll_left: float | None = None,
 ) -> PopResult:
     """Check the worker in and hand it the best job it may take, if any.
 
+    ``skip_locked``: whether the claim skips requests other pops hold
+    locked; None (the default) leaves it to the database: PostgreSQL skips
+    them, SQLite (one writer at a time, no row locks) has none to skip.
     ``poll_left``: seconds this long-polled pop still waits after this
     attempt (None: it does not long-poll); how long the check-in lasts
     depends on it (hordelite.contract.presence). What the worker skipped is
     counted by the service after the transaction, and only for a pop that
     hands out nothing (``skipped_sample``)."""
+    if skip_locked is None:
+        skip_locked = conn.dialect.name == "postgresql"
     user = authenticate(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)

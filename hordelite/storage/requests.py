@@ -202,6 +202,21 @@ class FirstRequest:
     models: tuple[str, ...]
 
 
+def first_request(
+    conn: Connection,
+    key_hash: str,
+    operation_key: str,
+    kind: str,
+    fingerprint: str | None,
+    rules: Rules,
+) -> FirstRequest | None:
+    """The request the key's user queued under ``operation_key``, None when
+    there is none; raises InvalidAPIKey, and OperationKeyReused when that was
+    a different request."""
+    user = authenticate(conn, key_hash, rules)
+    return _first_request(conn, user, operation_key, kind, fingerprint)
+
+
 def _first_request(
     conn: Connection, user: RowMapping, operation_key: str, kind: str, fingerprint: str | None
 ) -> FirstRequest | None:

@@ -1,0 +1,279 @@
+"""Storage's one interface: ``Store``, the operations the horde asks of its database.
+
+Each operation is a method with a name, keyword-only typed parameters and
+the frozen record it answers; each runs one transaction of a
+Connection-level function from the modules beside this one (``queries``
+names them), which stay its implementation. The Store holds what every
+operation would otherwise be passed: the horde's ``Rules`` and the model
+sizes (``billions``). How rows are locked is the database's affair: a pop
+on PostgreSQL skips requests other pops hold locked, on SQLite there are
+none to skip; no caller says which.
+
+The operator's operations (``hordelite keys``, ``kudos``, ``workers``)
+are synchronous: the CLI runs them in its own thread, as it runs ``migrate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hordelite.contract.chat_reply import ChatSubmit, Verdict
+from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.text import JobSubmit, PopRequest
+from hordelite.errors import HordeError
+from hordelite.storage import admin
+from hordelite.storage import queries as q
+from hordelite.storage.activity import Bucket, done_jobs_per_bucket
+from hordelite.storage.database import Database
+from hordelite.storage.ledger import SubmitResult
+from hordelite.storage.migrations import upgrade
+
+
+class Store:
+    """Storage's one interface: every operation the horde (and its operator)
+    asks of the database, each one transaction, each answering a record."""
+
+    def __init__(self, db: Database, rules: q.Rules, billions: Callable[[str], float]) -> None:
+        self.db = db
+        self.rules = rules
+        self.billions = billions
+
+    # Set-up --------------------------------------------------------------
+
+    def migrate(self, *, anonymous_key_hash: str, now: float) -> tuple[int, int]:
+        """Bring the schema up to date and create the anonymous user once; the
+        schema versions before and after (synchronous: run at start-up)."""
+        result = self.db.run_sync(upgrade, True)
+        self.db.run_sync(q.ensure_anonymous, True, anonymous_key_hash, now)
+        return result
+
+    async def ping(self) -> None:
+        """One round trip to the database; raises StorageUnavailable."""
+        await self.db.ping()
+
+    # Users ---------------------------------------------------------------
+
+    async def create_user(
+        self, *, username: str, key_hash: str, kudos: float, admin: bool, trusted: bool, now: float
+    ) -> int:
+        """A new user with this key hash; its id."""
+        return await self.db.write(q.create_user, username, key_hash, kudos, admin, trusted, now)
+
+    async def user_by_key(self, *, key_hash: str) -> q.UserRecord:
+        """The key's user; raises InvalidAPIKey (AnonymousDisabled for the anonymous key when off)."""
+        return await self.db.read(q.user_by_key, key_hash, self.rules)
+
+    async def user_by_id(self, *, user_id: int) -> q.UserRecord:
+        """The user with this id; raises UserNotFound."""
+        return await self.db.read(q.user_by_id, user_id)
+
+    # Requests ------------------------------------------------------------
+
+    async def submit_request(
+        self,
+        *,
+        key_hash: str,
+        new: q.NewRequest,
+        request_id: str,
+        now: float,
+        upfront_max_length: int,
+        client_agent: str,
+        online: list[WorkerView] | None,
+    ) -> q.Submitted:
+        """The request queued, or the one its operation key queued first; raises
+        the submit refusals (InvalidAPIKey, KudosUpfront, OperationKeyReused...)."""
+        return await self.db.write(
+            q.submit_request,
+            key_hash,
+            new,
+            request_id,
+            now,
+            self.rules,
+            upfront_max_length,
+            client_agent,
+            online,
+        )
+
+    async def first_request(
+        self, *, key_hash: str, operation_key: str, kind: str, fingerprint: str | None
+    ) -> q.FirstRequest | None:
+        """The request the key's user queued under ``operation_key`` (None: none);
+        raises InvalidAPIKey, and 409 OperationKeyReused for a different request."""
+        return await self.db.read(
+            q.first_request, key_hash, operation_key, kind, fingerprint, self.rules
+        )
+
+    async def submit_chat_request(
+        self,
+        *,
+        key_hash: str,
+        operation_key: str | None,
+        fingerprint: str | None,
+        admit: Callable[[list[WorkerView]], q.NewRequest],
+        request_id: str,
+        now: float,
+        upfront_max_length: int,
+        client_agent: str,
+    ) -> q.Submitted | q.FirstRequest:
+        """The chat request admitted (``admit`` raises its refusals) and queued,
+        or the first request of its operation key."""
+        return await self.db.write(
+            q.submit_chat_request,
+            key_hash,
+            operation_key,
+            fingerprint,
+            admit,
+            request_id,
+            now,
+            self.rules,
+            upfront_max_length,
+            client_agent,
+        )
+
+    async def cancel_request(
+        self, *, request_id: str, kind: str, now: float, posted: dict[str, int]
+    ) -> q.StatusSnapshot:
+        """The request's status parts before its cancel, with what settling its
+        streamed jobs on ``posted`` moved; raises RequestNotFound."""
+        return await self.db.write(
+            q.cancel_request, request_id, kind, now, self.rules, posted, self.billions
+        )
+
+    async def request_status(
+        self,
+        *,
+        request_id: str,
+        kind: str,
+        now: float,
+        with_position: bool,
+        with_free_threads: bool,
+        online: list[WorkerView],
+    ) -> q.StatusSnapshot:
+        """The parts of the request's status answer; raises RequestNotFound."""
+        return await self.db.read(
+            q.request_status,
+            request_id,
+            kind,
+            now,
+            self.rules,
+            with_position,
+            with_free_threads,
+            online,
+        )
+
+    # Workers and jobs ----------------------------------------------------
+
+    async def pop_job(
+        self, *, key_hash: str, pop: PopRequest, now: float, poll_left: float | None
+    ) -> q.PopResult:
+        """The worker checked in and the job it was handed (or none); raises
+        InvalidAPIKey, AnonForbiddenWorker and the pop's refusals."""
+        return await self.db.write(q.pop_job, key_hash, pop, now, self.rules, None, poll_left)
+
+    async def skipped_sample(self) -> list[RequestView]:
+        """The best waiting requests, the sample an empty pop counts ``skipped`` over."""
+        return await self.db.read(q.skipped_sample)
+
+    async def online_pool(self, *, now: float) -> list[q.OnlineWorker]:
+        """Every worker online now, with the end of its check-in."""
+        return await self.db.read(q.online_pool, now)
+
+    async def chat_job_to_judge(
+        self, *, key_hash: str, job_id: str
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The model and stored chat request of the key's chat job in progress, or None."""
+        return await self.db.read(q.chat_job_to_judge, key_hash, job_id)
+
+    async def submit_job(
+        self,
+        *,
+        key_hash: str,
+        sub: JobSubmit | ChatSubmit,
+        now: float,
+        lease_until: float | None,
+        verdict: Verdict | None,
+    ) -> SubmitResult:
+        """What storing the worker's answer to its job did (a refusal it must
+        raise is in ``refusal``); raises InvalidAPIKey and the submit refusals."""
+        return await self.db.write(
+            q.submit_job, key_hash, sub, now, self.rules, self.billions, lease_until, verdict
+        )
+
+    async def record_refusal(self, *, key_hash: str, job_id: str, refusal: HordeError) -> None:
+        """Record a malformed reply's refusal on the key's chat job (nothing when it is not one)."""
+        await self.db.write(q.record_refusal, key_hash, job_id, refusal)
+
+    async def sweep(self, *, now: float, extended: dict[str, float], wait: bool) -> q.SweepResult:
+        """What one pass of the timers expired, ended and purged (``skipped`` when
+        another process was sweeping and ``wait`` is False)."""
+        return await self.db.write(q.sweep, now, self.rules, extended, wait=wait)
+
+    async def model_queue_stats(self) -> dict[str, tuple[int, int]]:
+        """Per model, the waiting requests and their jobs left."""
+        return await self.db.read(q.model_queue_stats)
+
+    async def queue_depth(self, *, served: frozenset[str]) -> dict[tuple[str | None, str], int]:
+        """Jobs waiting, by (model served, or None for any/unserved) and kind."""
+        return await self.db.read(q.queue_depth, served)
+
+    async def activity(self, *, start: float, bucket_seconds: int, count: int) -> list[Bucket]:
+        """The buckets from ``start`` that saw a job done (empty ones left out)."""
+        return await self.db.read(done_jobs_per_bucket, start, bucket_seconds, count)
+
+    async def worker_details(
+        self, *, worker_id: str | None = None, name_key: str | None = None
+    ) -> q.WorkerRecord | None:
+        """The worker with this id (or name key), None when there is none."""
+        return await self.db.read(q.worker_details, worker_id, name_key)
+
+    async def list_workers(self, *, now: float) -> list[q.WorkerRecord]:
+        """The workers online now, by name."""
+        return await self.db.read(q.list_workers, now)
+
+    async def update_worker(
+        self, *, key_hash: str, worker_id: str, maintenance: bool | None, offline_at: float | None
+    ) -> q.WorkerChanges:
+        """What the owner's (or an admin's) update changed; raises InvalidAPIKey,
+        WorkerNotFound, and NotOwner for another user's worker."""
+        return await self.db.write(
+            q.update_worker, key_hash, worker_id, maintenance, self.rules, offline_at
+        )
+
+    # The operator's (synchronous) ----------------------------------------
+
+    def list_users(self) -> list[admin.UserEntry]:
+        """Every user, by id."""
+        return self.db.run_sync(admin.list_users, False)
+
+    def user_by_id_or_none(self, *, user_id: int) -> admin.UserEntry | None:
+        """The user with this id, None when there is none."""
+        return self.db.run_sync(admin.user_by_id, False, user_id)
+
+    def users_named(self, *, name: str) -> list[admin.UserEntry]:
+        """The users with this name, compared case-insensitively."""
+        return self.db.run_sync(admin.users_named, False, name)
+
+    def create_named_user(
+        self, *, username: str, key_hash: str, kudos: float, admin: bool, trusted: bool, now: float
+    ) -> admin.UserEntry | list[admin.UserEntry]:
+        """The new user, or the users already so named (nothing created)."""
+        return self.db.run_sync(
+            _admin_create_user, True, username, key_hash, kudos, admin, trusted, now
+        )
+
+    def set_key(self, *, user_id: int, key_hash: str | None) -> None:
+        """Store the user's new key hash, or revoke its key (None)."""
+        self.db.run_sync(admin.set_key, True, user_id, key_hash)
+
+    def grant_kudos(self, *, user_id: int, amount: float) -> float:
+        """The user's balance after adding ``amount`` (may be negative)."""
+        return self.db.run_sync(admin.grant_kudos, True, user_id, amount)
+
+    def list_all_workers(self, *, now: float) -> list[admin.WorkerEntry]:
+        """Every worker the horde knows, online or not, by name."""
+        return list(self.db.run_sync(admin.list_workers, False, now))
+
+
+# The parameter ``admin`` of create_named_user shadows the module there.
+_admin_create_user = admin.create_user
