@@ -8,6 +8,7 @@ envelopes render.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.eligibility import WorkerView, can_serve
@@ -24,17 +25,8 @@ def status_of(parts: StatusSnapshot, request_expiry: float) -> RequestStatus:
     req = parts.request
     done_jobs = [j for j in parts.jobs if j.state == "done"]
     processing = len(parts.jobs) - len(done_jobs)
-    queued = req.queued
-    eligible = [w for w in parts.online if can_serve(w, req.view)]
-    wait_time = _wait_time(req, parts.position, processing, eligible) if queued else 0
-    impossible = None
-    if req.kind == "chat" and queued and not eligible:
-        impossible = chat.impossible_reason(req.view, parts.online)
     faulted = req.state in ("faulted", "expired")
-    free_threads = None
-    if queued and parts.busy is not None:
-        busy = parts.busy
-        free_threads = sum(max(w.threads - busy.get(w.id, 0), 0) for w in eligible)
+    queue = _queue_fields(parts, processing)
     return RequestStatus(
         kind=req.kind,
         finished=len(done_jobs),
@@ -43,16 +35,36 @@ def status_of(parts: StatusSnapshot, request_expiry: float) -> RequestStatus:
         waiting=req.remaining if req.state == "waiting" else 0,
         done=req.state in ("done", "cancelled"),
         faulted=faulted,
-        wait_time=wait_time,
         queue_position=parts.position,
         kudos=round(req.kudos, 2),
-        is_possible=bool(eligible) if queued else True,
         generations=tuple(generation(j) for j in done_jobs),
-        impossible=impossible,
         context_adjustments=req.context_adjustments if req.kind == "chat" else None,
         fault=_fault_of(req, request_expiry) if faulted else None,
-        free_threads=free_threads,
+        **queue,
     )
+
+
+def _queue_fields(parts: StatusSnapshot, processing: int) -> dict[str, Any]:
+    """What a status says of the pool: the wait, whether an online worker
+    can serve the request (and, for a chat request none can, why not) and
+    its free eligible threads. A request no longer queued waits for nothing."""
+    req = parts.request
+    if not req.queued:
+        return {"wait_time": 0, "is_possible": True, "impossible": None, "free_threads": None}
+    eligible = [w for w in parts.online if can_serve(w, req.view)]
+    impossible = None
+    if req.kind == "chat" and not eligible:
+        impossible = chat.impossible_reason(req.view, parts.online)
+    free_threads = None
+    if parts.busy is not None:
+        busy = parts.busy
+        free_threads = sum(max(w.threads - busy.get(w.id, 0), 0) for w in eligible)
+    return {
+        "wait_time": _wait_time(req, parts.position, processing, eligible),
+        "is_possible": bool(eligible),
+        "impossible": impossible,
+        "free_threads": free_threads,
+    }
 
 
 def _fault_of(req: StoredRequest, request_expiry: float) -> Fault:

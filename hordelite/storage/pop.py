@@ -216,7 +216,7 @@ def _candidate_statement(
         request_workers.c.request_id == queue.c.request_id,
         request_workers.c.worker_id == bindparam("worker_id"),
     )
-    q = select(
+    q: Select[Any] = select(
         queue.c.request_id, queue.c.model, queue.c.anonymous, queue.c.prio_key, queue.c.created
     ).where(
         queue.c.model == bindparam("model"),
@@ -234,26 +234,7 @@ def _candidate_statement(
             queue.c.max_context_length <= bindparam("max_context_length"),
         )
     else:
-        # A chat worker's limits: its reply length, and the conversation's
-        # estimate plus the reply within its context.
-        q = q.where(
-            queue.c.max_length <= bindparam("max_length"),
-            queue.c.context_tokens + queue.c.max_length <= bindparam("max_context_length"),
-        )
-        if capped:
-            # A slow worker, while a faster one serves the model: only what
-            # it generates within the job lease preference (``slow_cap``).
-            # Requests naming their workers are exempt: only they may serve them.
-            q = q.where(
-                or_(queue.c.max_length <= bindparam("slow_cap"), queue.c.worker_filter == 1)
-            )
-        if tools_limit:
-            q = q.where(
-                or_(
-                    queue.c.tools_temperature.is_(None),
-                    queue.c.tools_temperature <= bindparam("tools_max_temperature"),
-                )
-            )
+        q = _chat_limits(q, capped, tools_limit)
     if not trusted:
         q = q.where(queue.c.trusted_only.is_(False))
     if slow:
@@ -269,6 +250,29 @@ def _candidate_statement(
             of=requests, skip_locked=True
         )
     return q.order_by(queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created).limit(1)
+
+
+def _chat_limits(q: Select[Any], capped: bool, tools_limit: bool) -> Select[Any]:
+    """A chat worker's limits: its reply length, and the conversation's
+    estimate plus the reply within its context; for a slow worker
+    (``capped``) and one with a tools temperature limit, those too."""
+    q = q.where(
+        queue.c.max_length <= bindparam("max_length"),
+        queue.c.context_tokens + queue.c.max_length <= bindparam("max_context_length"),
+    )
+    if capped:
+        # A slow worker, while a faster one serves the model: only what
+        # it generates within the job lease preference (``slow_cap``).
+        # Requests naming their workers are exempt: only they may serve them.
+        q = q.where(or_(queue.c.max_length <= bindparam("slow_cap"), queue.c.worker_filter == 1))
+    if tools_limit:
+        q = q.where(
+            or_(
+                queue.c.tools_temperature.is_(None),
+                queue.c.tools_temperature <= bindparam("tools_max_temperature"),
+            )
+        )
+    return q
 
 
 @dataclasses.dataclass(frozen=True)

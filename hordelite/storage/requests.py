@@ -233,8 +233,31 @@ def _store(
     new = _check_upfront(new, user, upfront_max_length)
     _check_concurrency(conn, user, new.n, rules)
     view = new.eligibility
-    row = {
-        **_eligibility_columns(view),
+    row = _request_row(new, user, request_id, now, rules, client_agent)
+    conn.execute(_INSERT_REQUEST, row)
+    if listed:
+        conn.execute(
+            insert(request_workers),
+            [{"request_id": request_id, "worker_id": w} for w in listed],
+        )
+    enqueue(conn, row, view, now)
+    if online is None:
+        online = online_now(conn, now)
+    possible = any(can_serve(w, view) for w in online)
+    return Submitted(request_id, new, view, possible, False, online)
+
+
+def _request_row(
+    new: NewRequest,
+    user: RowMapping,
+    request_id: str,
+    now: float,
+    rules: Rules,
+    client_agent: str,
+) -> dict[str, Any]:
+    """The requests row of a request queued now by ``user``."""
+    return {
+        **_eligibility_columns(new.eligibility),
         "id": request_id,
         "user_id": user["id"],
         "state": "waiting",
@@ -261,17 +284,6 @@ def _store(
         "operation_key": new.operation_key,
         "fingerprint": new.fingerprint,
     }
-    conn.execute(_INSERT_REQUEST, row)
-    if listed:
-        conn.execute(
-            insert(request_workers),
-            [{"request_id": request_id, "worker_id": w} for w in listed],
-        )
-    enqueue(conn, row, view, now)
-    if online is None:
-        online = online_now(conn, now)
-    possible = any(can_serve(w, view) for w in online)
-    return Submitted(request_id, new, view, possible, False, online)
 
 
 def _eligibility_columns(view: RequestView) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import dataclasses
 
 from sqlalchemy import (
     Connection,
+    RowMapping,
     case,
     delete,
     exists,
@@ -70,7 +71,30 @@ def sweep(
     """
     if not _sweep_lock(conn, wait):
         return SweepResult(0, 0, [], 0, skipped=True)
-    extended = extended or {}
+    expired, requeued, ended = _expire_leases(conn, now, rules, extended or {})
+    ended += _expire_requests(conn, now)
+    purged = _purge(conn, now - rules.retention, now)
+    _drop_idle_classes(conn, now)
+    # Every request of an expired job changed (requeued or ended), and a
+    # purged one is gone: their cached statuses must not answer.
+    changed = list(dict.fromkeys([*(j["request_id"] for j in expired), *ended, *purged]))
+    return SweepResult(
+        len(expired),
+        requeued,
+        ended,
+        len(purged),
+        [j["id"] for j in expired],
+        changed,
+        purged_ids=purged,
+    )
+
+
+def _expire_leases(
+    conn: Connection, now: float, rules: Rules, extended: dict[str, float]
+) -> tuple[list[RowMapping], int, list[str]]:
+    """Give back the jobs whose lease ran out (a streamed job whose progress
+    lease still runs has its stored lease moved to that end instead): the
+    expired jobs, how many were requeued, and the requests that ended."""
     expired = (
         conn.execute(
             select(jobs)
@@ -80,14 +104,13 @@ def sweep(
         .mappings()
         .all()
     )
-    requeued = 0
-    ended: list[str] = []
-    still = [j for j in expired if extended.get(j["id"], 0) >= now]
-    for job in still:
+    for job in [j for j in expired if extended.get(j["id"], 0) >= now]:
         conn.execute(
             update(jobs).where(jobs.c.id == job["id"]).values(lease_expires=extended[job["id"]])
         )
     expired = [j for j in expired if extended.get(j["id"], 0) < now]
+    requeued = 0
+    ended: list[str] = []
     for job in expired:
         # Locks in the order submits take them: job, request, worker.
         conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
@@ -103,28 +126,20 @@ def sweep(
         requeued += was_requeued
         if was_ended:
             ended.append(req["id"])
-    # A request past its expiry with a job still out waits for that job.
+    return list(expired), requeued, ended
+
+
+def _expire_requests(conn: Connection, now: float) -> list[str]:
+    """End the waiting requests past their expiry; the ids. A request past its
+    expiry with a job still out waits for that job."""
     busy = exists().where(jobs.c.request_id == requests.c.id, jobs.c.state == "processing")
     stale = conn.execute(
         select(requests.c.id).where(requests.c.state == "waiting", requests.c.expires < now, ~busy)
     ).scalars()
-    for request_id in stale.all():
+    ended = stale.all()
+    for request_id in ended:
         end_request(conn, request_id, "expired", now)
-        ended.append(request_id)
-    purged = _purge(conn, now - rules.retention, now)
-    _drop_idle_classes(conn, now)
-    # Every request of an expired job changed (requeued or ended), and a
-    # purged one is gone: their cached statuses must not answer.
-    changed = list(dict.fromkeys([*(j["request_id"] for j in expired), *ended, *purged]))
-    return SweepResult(
-        len(expired),
-        requeued,
-        ended,
-        len(purged),
-        [j["id"] for j in expired],
-        changed,
-        purged_ids=purged,
-    )
+    return list(ended)
 
 
 def _sweep_lock(conn: Connection, wait: bool) -> bool:
