@@ -27,7 +27,7 @@ from hordelite.blobs import BlobStore
 from hordelite.contract.chat_features import IMAGE_TRANSPORT_BITS, MESSAGES_URL_BIT
 from hordelite.contract.chat_request import BLOB_REFERENCE, ChatRequest
 from hordelite.contract.eligibility import WorkerView
-from hordelite.contract.images import (
+from hordelite.contract.image_normalise import (
     DATA_URL_PREFIX,
     ImageRefused,
     NormalisedImage,
@@ -37,7 +37,7 @@ from hordelite.contract.images import (
 )
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.errors import RC, HordeError
-from hordelite.images.fetch import ImageFetchRefused, fetch_image
+from hordelite.guarded_fetch import ImageFetchRefused, fetch_image
 
 JPEG = "image/jpeg"
 JSON = "application/json"

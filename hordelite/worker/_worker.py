@@ -33,7 +33,7 @@ from hordelite.worker._horde import (
     HordeRefusal,
     HordeUnavailable,
 )
-from hordelite.worker._images import ImageFetcher, ImageUnavailable, has_images
+from hordelite.worker._job_images import ImageFetcher, ImageUnavailable, has_images
 from hordelite.worker._progress import ProgressPoster
 from hordelite.worker._reply import (
     StreamedChat,
