@@ -1,6 +1,6 @@
 """What images cost: normalising one part, a burst of image submits, and a pop that hands images out.
 
-(a) ``hordelite.contract.images.normalise`` runs once per image part at
+(a) ``hordelite.contract.image_normalise.normalise`` runs once per image part at
     submit, in a worker thread. This generates one photo-like 4-megapixel
     image (2309x1732, 4:3: gradients with noise, so neither encoder gets a
     flat picture for free), encodes it as JPEG (quality 90) and as PNG, and
@@ -56,7 +56,7 @@ import PIL
 import text_cycle as tc
 from PIL import Image
 
-from hordelite.contract.images import normalise
+from hordelite.contract.image_normalise import normalise
 
 WIDTH, HEIGHT = 2309, 1732  # 4.0 megapixels
 SMALL = 256  # side of (c)'s image

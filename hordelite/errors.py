@@ -16,10 +16,10 @@ one ``except``. Handlers inside hordelite catch the precise class:
           +-- StorageUnavailable    the database did not answer (rendered 503)
           |    +-- blobs.S3Error     the object store refused or did not answer
           +-- ConfigError           a bad configuration value, raised at start
-          +-- contract.images.ImageRefused  an image part the horde does not
-          |                         store (reason and message; the caller
-          |                         answers 400 naming the part)
-          +-- images.fetch.ImageFetchRefused  an image URL not fetched (reason)
+          +-- contract.image_normalise.ImageRefused  an image part the horde
+          |                         does not store (reason and message; the
+          |                         caller answers 400 naming the part)
+          +-- guarded_fetch.ImageFetchRefused  an image URL not fetched (reason)
           +-- contract.signing.BlobKeyError  a blob key a store refuses
           +-- worker.WorkerError    the reference worker cannot run (the
           |                         message says what to change)

@@ -19,8 +19,8 @@ import anyio
 import anyio.to_thread
 
 from hordelite._http import current_backend, listen, serve_http
-from hordelite.api import create_app
 from hordelite.api.metrics import create_metrics_app
+from hordelite.app import create_app
 from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
 from hordelite.clock import Clock
 from hordelite.config import Config

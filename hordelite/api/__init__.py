@@ -1,5 +1,5 @@
-"""The ASGI app: native /api/v2 routes (and, later, the OpenAI /v1 front)."""
+"""The native /api/v2 routes, the dashboard, health, metrics and blobs.
 
-from hordelite.api.app import create_app
-
-__all__ = ["create_app"]
+The app that serves them beside the OpenAI front (``hordelite.front``) is
+assembled in ``hordelite.app``, above both.
+"""

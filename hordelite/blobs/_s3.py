@@ -2,7 +2,7 @@
 
 Requests are path-style (``{endpoint}/{bucket}/{key}``), so any S3-compatible
 server works without wildcard DNS, and signed with AWS Signature Version 4
-(hordelite.contract.sigv4). A worker fetches a blob from the object store
+(hordelite.blobs._sigv4). A worker fetches a blob from the object store
 itself, by a presigned URL: the horde serves no blob bytes.
 """
 
@@ -17,8 +17,9 @@ from urllib.parse import quote
 
 import httpx
 
+from hordelite.blobs import _sigv4 as sigv4
 from hordelite.blobs._store import Blob
-from hordelite.contract import signing, sigv4
+from hordelite.contract import signing
 from hordelite.errors import StorageUnavailable
 
 # Keys a ListObjectsV2 page holds at most (S3's own cap).

@@ -95,66 +95,22 @@ def admit_within(
     """What to queue for a chat request, or a refusal before anything is queued.
 
     Refuses a model without an online chat worker (503 no_eligible_worker,
-    known to the horde or not, suggesting close names), a conversation over every serving
-    worker's context (400 no_worker_supports_limit, unless context_fit
-    truncate_oldest makes it fit) and a quote over horde.max_kudos. ``fingerprint``
-    is the parsed request's, taken before its images were stored (a resubmit
-    is compared with it). Lowers a
-    max_tokens over every serving worker's max_length to the largest, and says
-    so in context_adjustments. Pure: no I/O, so it runs outside the write
-    transaction (and, for a long conversation, in a worker thread).
+    known to the horde or not, suggesting close names), a conversation over
+    every serving worker's context (400 no_worker_supports_limit, unless
+    context_fit truncate_oldest makes it fit) and a quote over
+    horde.max_kudos. Lowers a max_tokens over every serving worker's
+    max_length to the largest, and says so in context_adjustments.
+    ``fingerprint`` is the parsed request's, taken before its images were
+    stored (a resubmit is compared with it). Pure: no I/O, so it runs
+    outside the write transaction (and, for a long conversation, in a
+    worker thread).
     """
     if not cap.serving:
-        close = f" Served now: {', '.join(repr(m) for m in cap.close)}." if cap.close else ""
-        raise HordeError(
-            RC.no_eligible_worker,
-            f"No online chat worker serves {' or '.join(repr(m) for m in req.models)}; "
-            f"nothing was queued.{close}",
-            param="model",
-        )
-    adjustments: list[dict[str, Any]] = []
-    # Without max_tokens a reply may be as long as a serving worker allows,
-    # up to the length that needs no kudos up front, so that a plain OpenAI
-    # call from an account without kudos is not refused for a field it never
-    # sent.
-    longest = cap.longest
-    max_length = req.max_length or min(longest, UPFRONT_MAX_LENGTH)
-    if req.max_length is not None and req.max_length > longest:
-        max_length = longest
-        adjustments.append(
-            {
-                "field": "max_tokens",
-                "requested": req.max_length,
-                "applied": longest,
-                "reason": "the largest max_length the online workers serving this model declare",
-            }
-        )
-    messages = req.messages
-    context = estimate_tokens(flatten_messages(messages, req.tools))
-    widest = cap.widest
-    if context + max_length > widest:
-        kept = None
-        if req.horde.context_fit == "truncate_oldest":
-            kept = truncate_oldest(messages, widest - max_length, req.tools)
-        if kept is None:
-            raise HordeError(
-                RC.no_worker_supports_limit,
-                f"The conversation (about {context} tokens) plus max_tokens ({max_length}) is over "
-                f"the largest context an online worker serving this model declares ({widest}).",
-                param="messages",
-            )
-        adjustments.append(
-            {
-                "field": "messages",
-                "requested": len(messages),
-                "applied": len(kept),
-                "reason": "context_fit truncate_oldest dropped the oldest turns to fit "
-                f"a context of {widest} tokens",
-            }
-        )
-        messages = kept
-        context = estimate_tokens(flatten_messages(messages, req.tools))
-    queued = dataclasses.replace(req, messages=messages, max_length=max_length)
+        raise _unserved(req, cap)
+    max_length, lowered = _fit_reply(req, cap.longest)
+    fit = _fit_context(req, max_length, cap.widest)
+    adjustments = [a for a in (lowered, fit.adjustment) if a is not None]
+    queued = dataclasses.replace(req, messages=fit.messages, max_length=max_length)
     quote = kudos_rules.request_quote(max_length, 1, max(billions(m) for m in req.models))
     if req.horde.max_kudos is not None and quote > req.horde.max_kudos:
         raise HordeError(
@@ -167,7 +123,7 @@ def admit_within(
         eligibility=RequestView(
             models=req.models,
             max_length=max_length,
-            max_context_length=context + max_length,
+            max_context_length=fit.context + max_length,
             trusted_workers=req.horde.trusted_workers,
             slow_workers=req.horde.slow_workers,
             nsfw=False,
@@ -175,20 +131,88 @@ def admit_within(
             worker_blacklist=req.horde.worker_blacklist,
             kind="chat",
             features=required_mask(queued),
-            context_tokens=context,
+            context_tokens=fit.context,
             tools_temperature=tools_temperature(queued),
         ),
-        prompt=flatten_messages(messages, req.tools),
+        prompt=fit.prompt,
         params={},
         n=1,
         quote=quote,
         chat=queued.to_json(),
-        submitted_prompt=flatten_messages(req.messages, req.tools),
+        submitted_prompt=fit.submitted,
         context_adjustments=adjustments or None,
         operation_key=operation_key,
         fingerprint=fingerprint,
         downgrade_field="max_tokens",
     )
+
+
+def _unserved(req: ChatRequest, cap: Capacity) -> HordeError:
+    close = f" Served now: {', '.join(repr(m) for m in cap.close)}." if cap.close else ""
+    return HordeError(
+        RC.no_eligible_worker,
+        f"No online chat worker serves {' or '.join(repr(m) for m in req.models)}; "
+        f"nothing was queued.{close}",
+        param="model",
+    )
+
+
+def _fit_reply(req: ChatRequest, longest: int) -> tuple[int, dict[str, Any] | None]:
+    """The reply's max_length, and the adjustment when max_tokens was lowered.
+
+    Without max_tokens a reply may be as long as a serving worker allows,
+    up to the length that needs no kudos up front, so that a plain OpenAI
+    call from an account without kudos is not refused for a field it never
+    sent."""
+    if not req.max_length:
+        return min(longest, UPFRONT_MAX_LENGTH), None
+    if req.max_length <= longest:
+        return req.max_length, None
+    return longest, {
+        "field": "max_tokens",
+        "requested": req.max_length,
+        "applied": longest,
+        "reason": "the largest max_length the online workers serving this model declare",
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fit:
+    messages: list[dict[str, Any]]  # what the worker gets
+    submitted: str  # the conversation as submitted, flattened
+    prompt: str  # the kept conversation, flattened
+    context: int  # its estimated tokens
+    adjustment: dict[str, Any] | None  # when turns were dropped
+
+
+def _fit_context(req: ChatRequest, max_length: int, widest: int) -> _Fit:
+    """The conversation within the widest serving context with its reply:
+    as sent, or truncated under context_fit truncate_oldest; refused (400
+    no_worker_supports_limit) when it cannot fit. Flattened once, and again
+    only when truncated."""
+    submitted = flatten_messages(req.messages, req.tools)
+    context = estimate_tokens(submitted)
+    if context + max_length <= widest:
+        return _Fit(req.messages, submitted, submitted, context, None)
+    kept = None
+    if req.horde.context_fit == "truncate_oldest":
+        kept = truncate_oldest(req.messages, widest - max_length, req.tools)
+    if kept is None:
+        raise HordeError(
+            RC.no_worker_supports_limit,
+            f"The conversation (about {context} tokens) plus max_tokens ({max_length}) is over "
+            f"the largest context an online worker serving this model declares ({widest}).",
+            param="messages",
+        )
+    adjustment = {
+        "field": "messages",
+        "requested": len(req.messages),
+        "applied": len(kept),
+        "reason": "context_fit truncate_oldest dropped the oldest turns to fit "
+        f"a context of {widest} tokens",
+    }
+    prompt = flatten_messages(kept, req.tools)
+    return _Fit(kept, submitted, prompt, estimate_tokens(prompt), adjustment)
 
 
 @dataclasses.dataclass(frozen=True)

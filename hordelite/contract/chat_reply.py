@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import referencing
 from jsonschema import Draft202012Validator
@@ -44,17 +44,30 @@ FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls")
 SUBMIT_STATES = ("ok", "censored", "csam", "faulted")
 TOKEN_COUNTS = ("prompt_tokens", "completion_tokens", "reasoning_tokens")
 
+
+class FaultReason:
+    """The ``fault_reason`` values of a faulted chat submit, named once for
+    the worker that sends them and the horde that reads them (the values are
+    the wire's)."""
+
+    PROMPT_OVERFLOW: Final = "prompt_overflow"
+    REPLY_REFUSED: Final = "reply_refused"
+    TEMPLATE_ERROR: Final = "template_error"
+    BACKEND_ERROR: Final = "backend_error"
+    UNSUPPORTED_INPUT: Final = "unsupported_input"
+
+
 # The horde stores and reports a fixed sentence per reason (rc ChatWorkerFault);
 # the worker never supplies the text (worker guide, step 7).
 FAULT_REASONS: dict[str, str] = {
-    "prompt_overflow": (
+    FaultReason.PROMPT_OVERFLOW: (
         "The conversation does not fit the worker's context: its rendered prompt "
         "plus the reply's max_length exceed the worker's max_context_length."
     ),
-    "reply_refused": "The horde refused the worker's reply to this request.",
-    "template_error": "The worker's chat template could not render this conversation.",
-    "backend_error": "The worker's backend failed while generating the reply.",
-    "unsupported_input": "The worker could not process an input of this request.",
+    FaultReason.REPLY_REFUSED: "The horde refused the worker's reply to this request.",
+    FaultReason.TEMPLATE_ERROR: "The worker's chat template could not render this conversation.",
+    FaultReason.BACKEND_ERROR: "The worker's backend failed while generating the reply.",
+    FaultReason.UNSUPPORTED_INPUT: "The worker could not process an input of this request.",
 }
 
 # A refusal quotes at most this much of a validator's message, which can

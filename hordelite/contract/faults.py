@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from hordelite.contract.chat_reply import FAULT_REASONS
+from hordelite.contract.chat_reply import FAULT_REASONS, FaultReason
 from hordelite.contract.limits import ABORT_WINDOW_SECONDS
 from hordelite.errors import RC
 
@@ -48,7 +48,7 @@ def worker_fault(reason: str | None, refusal_message: str | None) -> Fault:
     refusal's message; a known reason its fixed sentence; no reason, or one
     the horde does not know, the generic fault.
     """
-    if reason == "reply_refused" and refusal_message:
+    if reason == FaultReason.REPLY_REFUSED and refusal_message:
         return Fault(RC.ChatWorkerFault.name, refusal_message)
     if reason is not None and reason in FAULT_REASONS:
         return Fault(RC.ChatWorkerFault.name, FAULT_REASONS[reason])

@@ -71,9 +71,9 @@ MAX_REASONING_BYTES: Final = 1024 * 1024
 MAX_REPORTED_TOKENS: Final = 10_000_000
 
 # An image part of a chat request, as the horde checks it at submit before
-# storing it as JPEG (contract/images.py): the bytes given, the pixels its
-# header declares (checked before any pixel is decoded: a small file can
-# declare a huge canvas) and the long side of the stored image.
+# storing it as JPEG (contract/image_normalise.py): the bytes given, the
+# pixels its header declares (checked before any pixel is decoded: a small
+# file can declare a huge canvas) and the long side of the stored image.
 MAX_IMAGE_BYTES: Final = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS: Final = 50_000_000
 MAX_IMAGE_SIDE: Final = 2048

@@ -11,7 +11,7 @@ A stream lost or never posted still ends with the full reply.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -113,14 +113,11 @@ async def relay(
         while status is None:
             with signals.progress_waiter(rid) as posted:
                 now = anyio.current_time()
-                for entry in await signals.read_progress(rid, position):
-                    position += 1
-                    gen = entry["gen"] if gen is None else gen
-                    if entry["gen"] == gen:  # a later attempt is reconciled at the end
-                        model = entry["model"]
-                        content.add(entry["content"], now)
-                        if include_reasoning:
-                            reasoning.add(entry["reasoning_content"], now)
+                entries = await signals.read_progress(rid, position)
+                position += len(entries)
+                gen, model = _add_posts(
+                    entries, gen, model, content, reasoning if include_reasoning else None, now
+                )
                 if finished.is_set() or now >= recheck:
                     held.close()
                     finished = held.enter_context(signals.request_waiter(rid))
@@ -128,14 +125,8 @@ async def relay(
                     recheck = call.next_recheck()
                     if status is not None:
                         break
-                text = reasoning.take(now)
-                if text:
-                    yield chunk({"reasoning_content": text})
-                # Content waits until the reasoning before it has left:
-                # OpenAI-style clients expect all the reasoning first.
-                text = "" if reasoning.pending else content.take(now)
-                if text:
-                    yield chunk({"content": text})
+                for delta in _slices(content, reasoning, now):
+                    yield chunk(delta)
                 if now >= next_keepalive:
                     next_keepalive = now + keepalive
                     yield b": waiting for the worker\n\n"
@@ -143,11 +134,56 @@ async def relay(
                 until = now + content.tick if busy else min(recheck, next_keepalive)
                 with anyio.move_on_after(max(until - anyio.current_time(), 0)):
                     await posted.wait()
+    for delta in _rests(status, content, reasoning if include_reasoning else None):
+        yield chunk(delta)
+    for piece in _shape.finish_chunks(rid, status, prompt_chars, req.include_usage):
+        yield piece
+
+
+def _add_posts(
+    entries: Sequence[Mapping[str, Any]],
+    gen: Any,
+    model: str,
+    content: Pacer,
+    reasoning: Pacer | None,
+    now: float,
+) -> tuple[Any, str]:
+    """Add the posts of the attempt relayed (the first seen: ``gen``) to the
+    pacers (the reasoning's only when it is relayed); (gen, the model of its
+    last post)."""
+    for entry in entries:
+        gen = entry["gen"] if gen is None else gen
+        if entry["gen"] == gen:  # a later attempt is reconciled at the end
+            model = entry["model"]
+            content.add(entry["content"], now)
+            if reasoning is not None:
+                reasoning.add(entry["reasoning_content"], now)
+    return gen, model
+
+
+def _slices(content: Pacer, reasoning: Pacer, now: float) -> Iterator[dict[str, Any]]:
+    """The deltas due now: the reasoning's slice, then the content's."""
+    text = reasoning.take(now)
+    if text:
+        yield {"reasoning_content": text}
+    # Content waits until the reasoning before it has left:
+    # OpenAI-style clients expect all the reasoning first.
+    text = "" if reasoning.pending else content.take(now)
+    if text:
+        yield {"content": text}
+
+
+def _rests(
+    status: RequestStatus, content: Pacer, reasoning: Pacer | None
+) -> Iterator[dict[str, Any]]:
+    """The deltas that reconcile the relayed text with the final reply (the
+    reasoning's only when it is relayed); ChatStreamDiverged when the reply
+    does not extend the relayed content."""
     _, reply = _shape.reply_of(status)
-    if include_reasoning:
+    if reasoning is not None:
         rest = reasoning.rest_of(reply.reasoning_content or "")
         if rest:
-            yield chunk({"reasoning_content": rest})
+            yield {"reasoning_content": rest}
     rest = content.rest_of(reply.content or "")
     if rest is None:
         raise HordeError(
@@ -156,6 +192,4 @@ async def relay(
             "the whole reply is on the request's status.",
         )
     if rest:
-        yield chunk({"content": rest})
-    for piece in _shape.finish_chunks(rid, status, prompt_chars, req.include_usage):
-        yield piece
+        yield {"content": rest}

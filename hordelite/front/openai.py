@@ -2,7 +2,8 @@
 
 A call moves through the states of the specification's front diagram:
 admitted (per-source and global caps), validated (the chat contract the
-native route uses), submitted (in-process, with an operation key), the first
+native route uses), submitted (in-process: no answer can be lost on the way back, so no
+operation key), the first
 status read, the wait, then an answer, a fault, or a cancellation of the horde
 request. Every error once the horde may hold the request says
 ``x-should-retry: false``, so SDKs do not create a second charged request.

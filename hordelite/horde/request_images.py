@@ -2,8 +2,8 @@
 their declared transport.
 
 At submit every ``image_url`` part is read (a ``data:`` URL decoded, an
-``http(s)`` URL fetched with hordelite.images.fetch), checked and normalised
-to JPEG (contract/images.py, in a thread), and stored in the blob store; the
+``http(s)`` URL fetched with hordelite.guarded_fetch), checked and normalised
+to JPEG (contract/image_normalise.py, in a thread), and stored in the blob store; the
 stored request keeps only a reference (``hordelite-blob:<key>/<jpeg bytes>``). At pop,
 after the transaction, each reference becomes what the worker declared: a
 signed URL for a ``url`` worker, an inline ``data:image/jpeg`` URL for a
@@ -27,7 +27,7 @@ from hordelite.blobs import BlobStore
 from hordelite.contract.chat_features import IMAGE_TRANSPORT_BITS, MESSAGES_URL_BIT
 from hordelite.contract.chat_request import BLOB_REFERENCE, ChatRequest
 from hordelite.contract.eligibility import WorkerView
-from hordelite.contract.images import (
+from hordelite.contract.image_normalise import (
     DATA_URL_PREFIX,
     ImageRefused,
     NormalisedImage,
@@ -37,7 +37,7 @@ from hordelite.contract.images import (
 )
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.errors import RC, HordeError
-from hordelite.images.fetch import ImageFetchRefused, fetch_image
+from hordelite.guarded_fetch import ImageFetchRefused, fetch_image
 
 JPEG = "image/jpeg"
 JSON = "application/json"

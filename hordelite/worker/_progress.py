@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from hordelite.errors import RC
 from hordelite.worker._horde import HordeClient, HordeUnavailable
 
 log = logging.getLogger("hordelite.worker")
@@ -88,7 +89,7 @@ class ProgressPoster:
                 self._cancel("the client cancelled the request")
         elif status == 409 and isinstance(body.get("expected_seq"), int):
             self._resync(body["expected_seq"])
-        elif status == 404 and body.get("rc") == "ChatJobAborted":
+        elif status == 404 and body.get("rc") == RC.ChatJobAborted.name:
             self._cancel("the job ended (ChatJobAborted)")
         elif status >= 500:
             self._failed(f"{status} {body.get('rc', '')}".strip())

@@ -23,7 +23,9 @@ import anyio
 import anyio.abc
 
 from hordelite.config import WorkerConfig
+from hordelite.contract.chat_reply import FaultReason
 from hordelite.contract.limits import DEFAULT_JOB_TTL, PROGRESS_CAP_TRUSTED
+from hordelite.errors import RC
 from hordelite.worker._backend import Backend, BackendError, Counter, TemplateBound
 from hordelite.worker._backoff import Backoff
 from hordelite.worker._declare import Declaration, WorkerError, declare
@@ -33,7 +35,7 @@ from hordelite.worker._horde import (
     HordeRefusal,
     HordeUnavailable,
 )
-from hordelite.worker._images import ImageFetcher, ImageUnavailable, has_images
+from hordelite.worker._job_images import ImageFetcher, ImageUnavailable, has_images
 from hordelite.worker._progress import ProgressPoster
 from hordelite.worker._reply import (
     StreamedChat,
@@ -56,12 +58,12 @@ _IDLE_POLL = 1.0
 # Pop refusals that pass (maintenance lifted by the operator, a busy horde):
 # retried with backoff. Any other (a wrong key, an invalid declaration) stops
 # the worker.
-_RETRYABLE_POP_REFUSALS = ("WorkerMaintenance", "TooManyPrompts")
+_RETRYABLE_POP_REFUSALS = (RC.WorkerMaintenance.name, RC.TooManyPrompts.name)
 # The error codes of a backend refusing a prompt over its context: vLLM's
 # (OpenAI's) and llama.cpp's server's (its error "type").
 _OVERFLOW_CODES = ("context_length_exceeded", "exceed_context_size_error")
 # Submit refusals meaning the job has ended on the horde: nothing more to send.
-_ENDED = ("AbortedGen", "InvalidJobID")
+_ENDED = (RC.AbortedGen.name, RC.InvalidJobID.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +256,7 @@ class Worker:
     async def _backend_url(self, stack: contextlib.AsyncExitStack) -> str:
         if self.config.backend != "fake":
             return self.config.backend
-        from hordelite.testing import open_fake_backend
+        from hordelite.fake_backend import open_fake_backend
 
         fake = await stack.enter_async_context(open_fake_backend())
         log.info("serving from the fake backend at %s (no model: replies are echoes)", fake.url)
@@ -480,7 +482,7 @@ class Worker:
             log.info("job %s: the backend failed: %s", run.id, exc)
             # A backend refusing an overflowing prompt (a 400 from vLLM or
             # llama.cpp) refused it rather than trimming it: the reason holds.
-            reason = "prompt_overflow" if exc.code in _OVERFLOW_CODES else None
+            reason = FaultReason.PROMPT_OVERFLOW if exc.code in _OVERFLOW_CODES else None
             if reason is None and not exc.down and run.uncounted is not None:
                 reason = await self._unrenderable(run, run.uncounted)
             await self._fault(run, reason)
@@ -488,7 +490,7 @@ class Worker:
             # The request's text, not the backend: fault it once with the
             # reason for an input the worker cannot process, and pop on.
             log.warning("job %s: %s; faulted with unsupported_input", run.id, exc)
-            await self._fault(run, "unsupported_input")
+            await self._fault(run, FaultReason.UNSUPPORTED_INPUT)
         except ImageUnavailable as exc:
             # The horde's link failed, not the request nor the backend: the
             # generic fault, so that another worker may try it.
@@ -594,7 +596,7 @@ class Worker:
             if exc.down:
                 raise
             log.info("job %s: the conversation cannot be rendered: %s", run.id, exc)
-            await self._fault(run, "template_error")
+            await self._fault(run, FaultReason.TEMPLATE_ERROR)
             return True
         if body.get("tools"):
             counted += self.config.template_overhead
@@ -607,7 +609,7 @@ class Worker:
             run.payload["max_length"],
             limit,
         )
-        await self._fault(run, "prompt_overflow")
+        await self._fault(run, FaultReason.PROMPT_OVERFLOW)
         return True
 
     async def _unrenderable(self, run: _Run, body: dict[str, Any]) -> str | None:
@@ -621,7 +623,7 @@ class Worker:
             if exc.down:
                 return None
             log.info("job %s: the conversation cannot be rendered: %s", run.id, exc)
-            return "template_error"
+            return FaultReason.TEMPLATE_ERROR
         return None
 
     async def _streamed(self, run: _Run, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -705,13 +707,13 @@ class Worker:
         if exc.rc in _ENDED:
             run.settle("aborted", f"aborted ({exc.rc})")
             return
-        if exc.rc == "DuplicateGen":
+        if exc.rc == RC.DuplicateGen.name:
             run.settle("done", "done (already submitted)")
             return
         log.warning("job %s: the horde refused the reply: %s", run.id, exc)
-        if exc.rc == "ChatSubmitNonconformant":
+        if exc.rc == RC.ChatSubmitNonconformant.name:
             self._note_nonconformant(run, exc)
-        await self._fault(run, "reply_refused", f"refused ({exc.rc})", category="refused")
+        await self._fault(run, FaultReason.REPLY_REFUSED, f"refused ({exc.rc})", category="refused")
 
     def _note_nonconformant(self, run: _Run, exc: HordeRefusal) -> None:
         """Count the refusal against the declared features it implicates;
@@ -746,9 +748,9 @@ class Worker:
                 body["fault_reason"] = reason
         else:
             body["generation"] = ""
-        if reason == "prompt_overflow":
+        if reason == FaultReason.PROMPT_OVERFLOW:
             self._counts["overflows"] += 1
-        elif reason == "unsupported_input":
+        elif reason == FaultReason.UNSUPPORTED_INPUT:
             self._counts["unsendable"] += 1
         outcome = outcome or (f"faulted ({reason})" if reason else "faulted")
         try:

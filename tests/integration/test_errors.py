@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hordelite.server  # imports the api and front in their working order
-from hordelite.api.app import create_app
+from hordelite.app import create_app
 from hordelite.errors import RC, ConfigError, HordeError, HordeliteError, StorageUnavailable
 from hordelite.testing import open_horde
 

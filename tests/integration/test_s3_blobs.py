@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from hordelite.blobs import S3Store, _s3
+from hordelite.blobs import _sigv4 as sigv4
 from hordelite.config import Config
-from hordelite.contract import sigv4
 from hordelite.contract.signing import BlobKeyError
 from hordelite.testing import FakeChatWorker, open_horde
 from tests.integration.test_images import (

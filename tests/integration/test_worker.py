@@ -29,6 +29,7 @@ from sqlalchemy import Connection, select, update
 from hordelite.cli import main
 from hordelite.config import Config, WorkerConfig
 from hordelite.contract.chat_reply import FAULT_REASONS
+from hordelite.fake_backend import FakeBackend
 from hordelite.server import open_server
 from hordelite.storage.schema import requests
 from hordelite.testing import (
@@ -38,7 +39,6 @@ from hordelite.testing import (
     open_fake_backend,
     open_horde,
 )
-from hordelite.testing._fake_backend import FakeBackend
 from hordelite.worker import PROBE_MESSAGES, Backoff, Worker, finish_reason, split_reasoning
 from hordelite.worker._backend import Backend, BackendError
 from tests.integration._chat_helpers import TLS, WEATHER_TOOL, chat_body, chat_status_path

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hordelite.fake_backend import count_tokens, message_text, render_prompt
 from hordelite.testing import FakeBackendConfig, open_fake_backend
-from hordelite.testing._fake_backend import count_tokens, message_text, render_prompt
 from hordelite.worker._backend import (
     Backend,
     LlamaCppCounter,

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pytest
 from PIL import Image
 
-from hordelite.contract import images
-from hordelite.contract.images import ImageRefused, NormalisedImage, normalise
+from hordelite.contract import image_normalise as images
+from hordelite.contract.image_normalise import ImageRefused, NormalisedImage, normalise
 from hordelite.contract.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE
 from hordelite.errors import HordeliteError
 
@@ -277,7 +277,7 @@ def test_the_inlined_size_is_known_from_the_references_alone(jpeg_bytes: int) ->
     from the references is the size of the messages with the images inlined."""
     import json
 
-    from hordelite.contract.images import data_url
+    from hordelite.contract.image_normalise import data_url
     from hordelite.horde.request_images import _inlined_bytes
 
     def messages(url: str) -> list[dict[str, object]]:

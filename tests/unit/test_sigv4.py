@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from hordelite.contract import sigv4
+from hordelite.blobs import _sigv4 as sigv4
 
 ACCESS_KEY = "AKIAIOSFODNN7EXAMPLE"
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

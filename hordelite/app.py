@@ -1,6 +1,8 @@
 """Build the Quart app for a Horde: QuartTrio on trio, Quart on asyncio.
 
-The blueprints are the same on both; only the app class differs.
+The blueprints are the same on both; only the app class differs. The app is
+assembled here, above the native routes (``hordelite.api``) and the OpenAI
+front (``hordelite.front``), so that neither of the two imports the other.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ It serves the routes a worker uses on llama.cpp's server (and the
 ``max_model_len`` vLLM puts in ``/v1/models``), in the caller's event loop
 (trio or asyncio), on 127.0.0.1 with an ephemeral port.
 
+It lives outside ``hordelite.testing`` (which re-exports it) because the
+worker's ``--backend fake`` serves it: the worker imports nothing of the
+server. Its logger and app keep the name ``hordelite.testing.fake_backend``.
+
 The tokenizer and the template
 ------------------------------
 The fake tokenizer counts ``ceil(utf8_bytes / 4)`` tokens for any text

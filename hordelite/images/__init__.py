@@ -1,1 +1,0 @@
-"""Images of chat requests: fetching those a client names by URL."""
