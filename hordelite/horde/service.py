@@ -88,6 +88,7 @@ from hordelite.storage import queries as q
 from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.migrations import upgrade
+from hordelite.storage.store import Store
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -311,6 +312,7 @@ class Horde:
             anonymous_concurrency=h.anonymous_concurrency,
             allow_anonymous=h.allow_anonymous,
         )
+        self.store = Store(db, self.rules, self.models.billions)
         self._model_stats: (
             tuple[float, tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]] | None
         ) = None
