@@ -83,7 +83,7 @@ def _activity_cache() -> ActivityCache:
     cache = current_app.config.get("DASHBOARD_ACTIVITY")
     if cache is None:
         service = horde()
-        cache = ActivityCache(service.db, service.clock)
+        cache = ActivityCache(service.store, service.clock)
         current_app.config["DASHBOARD_ACTIVITY"] = cache
     return cache
 

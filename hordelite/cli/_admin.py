@@ -21,16 +21,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from hordelite.config import Config, StorageConfig
+from hordelite.contract.presence import is_online
 from hordelite.errors import HordeliteError
 from hordelite.horde.service import Horde, hash_key, new_api_key
-from hordelite.storage import admin
+from hordelite.storage.accounts import UserRecord
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import current_version
+from hordelite.storage.pool import WorkerRecord
+from hordelite.storage.store import Store
 
 T = TypeVar("T")
 
@@ -101,8 +103,8 @@ _HINT = (
 )
 
 
-def open_existing(config: Config, where: Target) -> Database:
-    """The database, brought up to date; refused when there is none."""
+def open_existing(config: Config, where: Target) -> Store:
+    """The database's Store, brought up to date; refused when there is none."""
     file = _sqlite_file(where.database)
     if file is not None and not file.is_file():
         raise Refused(f"no database at {where.shown} ({where.source}); {_HINT}")
@@ -110,19 +112,19 @@ def open_existing(config: Config, where: Target) -> Database:
     try:
         if db.run_sync(current_version, False) == 0:
             raise Refused(f"{where.shown} holds no hordelite database ({where.source}); {_HINT}")
-        _migrate(config, db, where)
+        store, _ = _migrate(config, db, where)
     except BaseException:
         db.dispose()
         raise
-    return db
+    return store
 
 
-def run(config: Config, where: Target, fn: Callable[[Database], T]) -> T:
-    db = open_existing(config, where)
+def run(config: Config, where: Target, fn: Callable[[Store], T]) -> T:
+    store = open_existing(config, where)
     try:
-        return fn(db)
+        return fn(store)
     finally:
-        db.dispose()
+        store.db.dispose()
 
 
 # Users --------------------------------------------------------------------------
@@ -141,18 +143,18 @@ def check_username(name: str) -> str:
     return name
 
 
-def resolve_user(conn: Connection, user: str) -> admin.UserEntry:
+def resolve_user(store: Store, user: str) -> UserRecord:
     """A user given as its id, as NAME#ID, or by its name (compared
     case-insensitively; refused when several users have it)."""
     text = user.strip()
     if text.isdigit() or _HANDLE.match(text):
         match = _HANDLE.match(text)
         user_id = int(match.group(2) if match else text)
-        entry = admin.user_by_id(conn, user_id)
+        entry = store.find_user(user_id=user_id)
         if entry is None or (match and entry.username.casefold() != match.group(1).casefold()):
             raise Refused(f"no user {text}; `hordelite keys list` shows them")
         return entry
-    named = admin.users_named(conn, text)
+    named = store.users_named(name=text)
     if not named:
         raise Refused(f"no user named {text!r}; `hordelite keys list` shows them")
     if len(named) > 1:
@@ -168,9 +170,14 @@ def keys_create(
     _check_amount(kudos, "--kudos")
     key = new_api_key()
 
-    def create(db: Database) -> admin.UserEntry | list[admin.UserEntry]:
-        return db.run_sync(
-            admin.create_user, True, name, hash_key(key), kudos, is_admin, trusted, time.time()
+    def create(store: Store) -> UserRecord | list[UserRecord]:
+        return store.create_named_user(
+            username=name,
+            key_hash=hash_key(key),
+            kudos=kudos,
+            admin=is_admin,
+            trusted=trusted,
+            now=time.time(),
         )
 
     created = run(config, where, create)
@@ -189,7 +196,7 @@ def keys_create(
 
 
 def keys_list(config: Config, where: Target) -> list[str]:
-    users = run(config, where, lambda db: db.run_sync(admin.list_users, False))
+    users = run(config, where, lambda store: store.list_users())
     rows = [
         (
             str(u.id),
@@ -197,7 +204,7 @@ def keys_list(config: Config, where: Target) -> list[str]:
             f"{u.kudos:g}",
             _key_state(u, config),
             ",".join(r for r, on in (("admin", u.admin), ("trusted", u.trusted)) if on) or "-",
-            str(u.workers),
+            str(len(u.worker_ids)),
         )
         for u in users
     ]
@@ -207,19 +214,19 @@ def keys_list(config: Config, where: Target) -> list[str]:
     ]
 
 
-def _key_state(user: admin.UserEntry, config: Config) -> str:
+def _key_state(user: UserRecord, config: Config) -> str:
     if user.anonymous:
         return "public" if config.horde.allow_anonymous else "off"
     return "active" if user.active else "revoked"
 
 
 def keys_revoke(config: Config, where: Target, user: str) -> list[str]:
-    def revoke(conn: Connection) -> admin.UserEntry:
-        entry = _registered(resolve_user(conn, user), "revoke")
-        admin.set_key(conn, entry.id, None)
+    def revoke(store: Store) -> UserRecord:
+        entry = _registered(resolve_user(store, user), "revoke")
+        store.set_key(user_id=entry.id, key_hash=None)
         return entry
 
-    entry = run(config, where, lambda db: db.run_sync(revoke, True))
+    entry = run(config, where, revoke)
     note = "" if entry.active else " (it was revoked already)"
     return [
         f"database: {where.shown}",
@@ -231,12 +238,12 @@ def keys_revoke(config: Config, where: Target, user: str) -> list[str]:
 def keys_rotate(config: Config, where: Target, user: str) -> list[str]:
     key = new_api_key()
 
-    def rotate(conn: Connection) -> admin.UserEntry:
-        entry = _registered(resolve_user(conn, user), "rotate")
-        admin.set_key(conn, entry.id, hash_key(key))
+    def rotate(store: Store) -> UserRecord:
+        entry = _registered(resolve_user(store, user), "rotate")
+        store.set_key(user_id=entry.id, key_hash=hash_key(key))
         return entry
 
-    entry = run(config, where, lambda db: db.run_sync(rotate, True))
+    entry = run(config, where, rotate)
     return [
         f"database: {where.shown}",
         f"user {entry.handle}: new key; the old one no longer authenticates.",
@@ -244,7 +251,7 @@ def keys_rotate(config: Config, where: Target, user: str) -> list[str]:
     ]
 
 
-def _registered(entry: admin.UserEntry, action: str) -> admin.UserEntry:
+def _registered(entry: UserRecord, action: str) -> UserRecord:
     if entry.anonymous:
         raise Refused(
             f"cannot {action} the anonymous key, every client knows it; "
@@ -256,14 +263,14 @@ def _registered(entry: admin.UserEntry, action: str) -> admin.UserEntry:
 def kudos_grant(config: Config, where: Target, user: str, amount: float) -> list[str]:
     _check_amount(amount, "N")
 
-    def grant(conn: Connection) -> tuple[admin.UserEntry, float]:
-        entry = resolve_user(conn, user)
-        return entry, admin.grant_kudos(conn, entry.id, amount)
+    def grant(store: Store) -> tuple[UserRecord, tuple[float, float]]:
+        entry = resolve_user(store, user)
+        return entry, store.grant_kudos(user_id=entry.id, amount=amount)
 
-    entry, balance = run(config, where, lambda db: db.run_sync(grant, True))
+    entry, (before, after) = run(config, where, grant)
     return [
         f"database: {where.shown}",
-        f"user {entry.handle}: {amount:+g} kudos, {entry.kudos:g} -> {balance:g}.",
+        f"user {entry.handle}: {amount:+g} kudos, {before:g} -> {after:g}.",
     ]
 
 
@@ -274,13 +281,13 @@ def _check_amount(amount: float, name: str) -> None:
 
 def workers_list(config: Config, where: Target) -> list[str]:
     now = time.time()
-    entries = run(config, where, lambda db: db.run_sync(admin.list_workers, False, now))
+    entries = run(config, where, lambda store: store.list_all_workers())
     rows = [
         (
             w.name,
             w.id,
-            w.owner,
-            "maintenance" if w.maintenance else "online" if w.online else "offline",
+            f"{w.owner}#{w.owner_id}",
+            _state(w, now),
             _ago(now - w.last_check_in),
             ",".join(w.models),
             w.chat_model or "-",
@@ -293,6 +300,12 @@ def workers_list(config: Config, where: Target) -> list[str]:
     if not rows:
         return [f"database: {where.shown}", "no workers yet: a worker appears with its first pop"]
     return [f"database: {where.shown}", *_table(header, rows)]
+
+
+def _state(worker: WorkerRecord, now: float) -> str:
+    if worker.maintenance:
+        return "maintenance"
+    return "online" if is_online(worker.online_until, now) else "offline"
 
 
 def _ago(seconds: float) -> str:
@@ -320,14 +333,16 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 def db_upgrade(config: Config, where: Target) -> list[str]:
     db = Database(where.database, 1)
     try:
-        before, after = _migrate(config, db, where)
+        _, (before, after) = _migrate(config, db, where)
     finally:
         db.dispose()
     return [f"database {where.shown}: schema version {before} -> {after}"]
 
 
-def _migrate(config: Config, db: Database, where: Target) -> tuple[int, int]:
+def _migrate(config: Config, db: Database, where: Target) -> tuple[Store, tuple[int, int]]:
+    """The horde's Store, and the schema versions before and after bringing it up to date."""
     try:
-        return Horde(config, db).migrate()
+        horde = Horde(config, db)
+        return horde.store, horde.migrate()
     except RuntimeError as exc:  # a schema newer than this hordelite
         raise Refused(f"{where.shown}: {exc}") from None

@@ -16,8 +16,7 @@ from hordelite.contract.limits import (
     DASHBOARD_CACHE_SECONDS,
     DASHBOARD_WINDOW_SECONDS,
 )
-from hordelite.storage.activity import done_jobs_per_bucket
-from hordelite.storage.database import Database
+from hordelite.storage.store import Store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Activity:
     buckets: tuple[Minute, ...]
 
 
-async def read_activity(db: Database, now: float) -> Activity:
+async def read_activity(store: Store, now: float) -> Activity:
     """The buckets of the hour ending with the current, partial one, oldest first."""
     seconds = DASHBOARD_WINDOW_SECONDS
     count = seconds // DASHBOARD_BUCKET_SECONDS
@@ -46,7 +45,9 @@ async def read_activity(db: Database, now: float) -> Activity:
     start = end - seconds
     found = {
         b.index: b
-        for b in await db.read(done_jobs_per_bucket, start, DASHBOARD_BUCKET_SECONDS, count)
+        for b in await store.activity(
+            start=start, bucket_seconds=DASHBOARD_BUCKET_SECONDS, count=count
+        )
     }
     buckets = []
     for i in range(count):
@@ -62,8 +63,8 @@ async def read_activity(db: Database, now: float) -> Activity:
 class ActivityCache:
     """The figures as last read, for DASHBOARD_CACHE_SECONDS of ``clock``."""
 
-    def __init__(self, db: Database, clock: Clock) -> None:
-        self._db = db
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self._store = store
         self._clock = clock
         self._lock = anyio.Lock()
         self._activity: Activity | None = None
@@ -73,6 +74,6 @@ class ActivityCache:
         async with self._lock:  # one read for every page asking at once
             now = self._clock.now()
             if self._activity is None or not 0 <= now - self._read_at < DASHBOARD_CACHE_SECONDS:
-                self._activity = await read_activity(self._db, now)
+                self._activity = await read_activity(self._store, now)
                 self._read_at = now
             return self._activity

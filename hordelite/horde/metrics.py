@@ -38,7 +38,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from hordelite.contract.limits import READY_CHECK_SECONDS
 from hordelite.errors import StorageUnavailable
-from hordelite.storage import queries as q
 
 if TYPE_CHECKING:
     from hordelite.horde.service import Horde
@@ -209,14 +208,14 @@ async def scrape(horde: Horde) -> bytes:
     """The ``/metrics`` answer: the counted metrics, and what the horde holds
     now, read once for this scrape (one query, the pool snapshot, a ping
     each of the database and Redis, each bounded by READY_CHECK_SECONDS)."""
-    db_rtt = await round_trip(horde.db.ping)
+    db_rtt = await round_trip(horde.store.ping)
     scraped = reachability("database", "the database", db_rtt)
     if db_rtt is not None:
         try:
             with anyio.fail_after(READY_CHECK_SECONDS):
                 online = await horde.directory.online_workers(horde.clock.now())
                 served = frozenset(m for w in online for m in w.models)
-                depth = await horde.db.read(q.queue_depth, served)
+                depth = await horde.store.queue_depth(served=served)
         except (StorageUnavailable, TimeoutError):
             pass  # the database went away since its ping: no figures from it
         else:

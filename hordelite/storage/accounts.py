@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from sqlalchemy import (
     Connection,
@@ -24,6 +25,11 @@ from hordelite.storage.schema import (
 # with bind parameters: SQLAlchemy then only binds values, which halves the
 # cost of each statement against building it anew.
 USER_BY_KEY = select(users).where(users.c.key_hash == bindparam("key_hash"))
+
+# A revoked key's hash is replaced by ``revoked:<user id>``: no key hashes to
+# that (a sha256 is 64 hex digits), so the key stops authenticating with no
+# check added to the authentication path, and the column stays unique.
+REVOKED_PREFIX = "revoked:"
 
 
 def ensure_anonymous(conn: Connection, key_hash: str, now: float) -> None:
@@ -84,6 +90,12 @@ class UserRecord:
     kudos_spent: float
     concurrency: int | None  # None: the horde's default for its kind of user
     worker_ids: tuple[str, ...]
+    active: bool  # its key authenticates (not revoked)
+
+    @property
+    def handle(self) -> str:
+        """``name#id``, the way the AI Horde shows a user."""
+        return f"{self.username}#{self.id}"
 
 
 def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> UserRecord:
@@ -99,6 +111,11 @@ def user_by_id(conn: Connection, user_id: int) -> UserRecord:
 
 def _user_details(conn: Connection, row: RowMapping) -> UserRecord:
     worker_ids = conn.execute(select(workers.c.id).where(workers.c.user_id == row["id"])).scalars()
+    return user_record(row, worker_ids)
+
+
+def user_record(row: RowMapping, worker_ids: Iterable[str]) -> UserRecord:
+    """The record of a user's row and the ids of its workers."""
     return UserRecord(
         id=row["id"],
         username=row["username"],
@@ -110,4 +127,5 @@ def _user_details(conn: Connection, row: RowMapping) -> UserRecord:
         kudos_spent=row["kudos_spent"],
         concurrency=row["concurrency"],
         worker_ids=tuple(worker_ids),
+        active=not row["key_hash"].startswith(REVOKED_PREFIX),
     )

@@ -1,99 +1,42 @@
-"""The operator's operations on users and workers (``hordelite keys``,
-``hordelite kudos``, ``hordelite workers``), each in the transaction the
-caller opened, answering frozen records.
+"""The operator's operations on users (``hordelite keys``, ``hordelite
+kudos``), each in the transaction the caller opened, answering the records
+of ``accounts`` (``hordelite workers`` reads ``pool.list_workers``).
 
-A key is stored only as its sha256 (decision 0009). A revoked key's hash is
-replaced by ``revoked:<user id>``: no key hashes to that (a sha256 is 64 hex
-digits), so the key stops authenticating with no check added to the
-authentication path, and the column stays unique.
+A key is stored only as its sha256 (decision 0009); a revoked key's hash is
+replaced by ``revoked:<user id>`` (``accounts.REVOKED_PREFIX``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections import defaultdict
 
-from sqlalchemy import Connection, RowMapping, func, select, update
+from sqlalchemy import Connection, select, update
 
-from hordelite.contract.presence import is_online
-from hordelite.storage import queries
+from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
+from hordelite.storage.accounts import create_user as _create_user
+from hordelite.storage.accounts import user_by_id as _user_by_id
 from hordelite.storage.schema import users, workers
 
-REVOKED_PREFIX = "revoked:"
+
+def list_users(conn: Connection) -> list[UserRecord]:
+    """Every user, by id (two reads, however many users)."""
+    owned: defaultdict[int, list[str]] = defaultdict(list)
+    for worker_id, user_id in conn.execute(
+        select(workers.c.id, workers.c.user_id).order_by(workers.c.id)
+    ):
+        owned[user_id].append(worker_id)
+    rows = conn.execute(select(users).order_by(users.c.id)).mappings()
+    return [user_record(r, owned[r["id"]]) for r in rows]
 
 
-@dataclasses.dataclass(frozen=True)
-class UserEntry:
-    id: int
-    username: str
-    kudos: float
-    anonymous: bool
-    admin: bool
-    trusted: bool
-    active: bool  # its key authenticates (not revoked)
-    workers: int
-
-    @property
-    def handle(self) -> str:
-        """``name#id``, the way the AI Horde shows a user."""
-        return f"{self.username}#{self.id}"
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerEntry:
-    id: str
-    name: str
-    owner: str  # the owner's name#id
-    online: bool
-    last_check_in: float
-    maintenance: bool
-    models: tuple[str, ...]
-    chat_model: str | None
-    threads: int
-    requests_fulfilled: int
-    kudos_rewards: float
-
-
-_WORKER_COUNT = (
-    select(func.count())
-    .select_from(workers)
-    .where(workers.c.user_id == users.c.id)
-    .scalar_subquery()
-    .label("worker_count")
-)
-_USERS = select(users, _WORKER_COUNT)
-
-
-def _entry(row: RowMapping) -> UserEntry:
-    return UserEntry(
-        id=row["id"],
-        username=row["username"],
-        kudos=row["kudos"],
-        anonymous=bool(row["anonymous"]),
-        admin=bool(row["admin"]),
-        trusted=bool(row["trusted"]),
-        active=not row["key_hash"].startswith(REVOKED_PREFIX),
-        workers=int(row["worker_count"]),
-    )
-
-
-def list_users(conn: Connection) -> list[UserEntry]:
-    return [_entry(r) for r in conn.execute(_USERS.order_by(users.c.id)).mappings()]
-
-
-def user_by_id(conn: Connection, user_id: int) -> UserEntry | None:
-    row = conn.execute(_USERS.where(users.c.id == user_id)).mappings().first()
-    return None if row is None else _entry(row)
-
-
-def users_named(conn: Connection, name: str) -> list[UserEntry]:
+def users_named(conn: Connection, name: str) -> list[UserRecord]:
     """The users whose name is ``name`` compared case-insensitively (Unicode
     case folding, done here: SQLite's lower() folds only ASCII)."""
     folded = name.casefold()
     return [u for u in list_users(conn) if u.username.casefold() == folded]
 
 
-def create_user(
+def create_named_user(
     conn: Connection,
     username: str,
     key_hash: str,
@@ -101,7 +44,7 @@ def create_user(
     admin: bool,
     trusted: bool,
     now: float,
-) -> UserEntry | list[UserEntry]:
+) -> UserRecord | list[UserRecord]:
     """The new user, or the users already named so (nothing created)."""
     if conn.dialect.name == "postgresql":
         # Two creations of one name at once: the second sees the first.
@@ -109,10 +52,7 @@ def create_user(
     taken = users_named(conn, username)
     if taken:
         return taken
-    user_id = queries.create_user(conn, username, key_hash, kudos, admin, trusted, now)
-    entry = user_by_id(conn, user_id)
-    assert entry is not None
-    return entry
+    return _user_by_id(conn, _create_user(conn, username, key_hash, kudos, admin, trusted, now))
 
 
 def set_key(conn: Connection, user_id: int, key_hash: str | None) -> None:
@@ -121,32 +61,10 @@ def set_key(conn: Connection, user_id: int, key_hash: str | None) -> None:
     conn.execute(update(users).where(users.c.id == user_id).values(key_hash=value))
 
 
-def grant_kudos(conn: Connection, user_id: int, amount: float) -> float:
-    """Add ``amount`` (may be negative) to the user's kudos; the new balance."""
+def grant_kudos(conn: Connection, user_id: int, amount: float) -> tuple[float, float]:
+    """Add ``amount`` (may be negative) to the user's kudos; its balance
+    before and after."""
+    balance = select(users.c.kudos).where(users.c.id == user_id)
+    before = float(conn.execute(balance.with_for_update()).scalar_one())
     conn.execute(update(users).where(users.c.id == user_id).values(kudos=users.c.kudos + amount))
-    return float(conn.execute(select(users.c.kudos).where(users.c.id == user_id)).scalar_one())
-
-
-def list_workers(conn: Connection, now: float) -> Sequence[WorkerEntry]:
-    """Every worker the horde knows, online or not, by name."""
-    rows = conn.execute(
-        select(workers, users.c.username)
-        .join(users, users.c.id == workers.c.user_id)
-        .order_by(workers.c.name)
-    ).mappings()
-    return [
-        WorkerEntry(
-            id=r["id"],
-            name=r["name"],
-            owner=f"{r['username']}#{r['user_id']}",
-            online=is_online(r["online_until"], now),
-            last_check_in=r["last_check_in"],
-            maintenance=bool(r["maintenance"]),
-            models=tuple(r["models"]),
-            chat_model=r["chat_model"],
-            threads=r["threads"],
-            requests_fulfilled=r["requests_fulfilled"],
-            kudos_rewards=r["kudos_rewards"],
-        )
-        for r in rows
-    ]
+    return before, float(conn.execute(balance).scalar_one())

@@ -248,6 +248,7 @@ class WorkerRecord:
     id: str
     name: str
     owner: str  # the owner's username
+    owner_id: int
     trusted: bool  # the owner's trust
     bridge_agent: str
     models: tuple[str, ...]
@@ -257,6 +258,7 @@ class WorkerRecord:
     threads: int
     maintenance: bool
     online_until: float
+    last_check_in: float  # its last pop
     uptime: float
     requests_fulfilled: int
     uncompleted_jobs: int
@@ -265,6 +267,7 @@ class WorkerRecord:
     tokens_generated: float
     seconds_generating: float
     chat: dict[str, Any] | None  # the chat declaration of the last pop, as sent
+    chat_model: str | None  # its model, None for a worker without one
     prompt_jobs: bool
     nonconformant_replies: int
 
@@ -280,6 +283,7 @@ def _worker_record(row: RowMapping) -> WorkerRecord:
         id=row["id"],
         name=row["name"],
         owner=row["username"],
+        owner_id=row["user_id"],
         trusted=bool(row["trusted"]),
         bridge_agent=row["bridge_agent"],
         models=tuple(row["models"]),
@@ -289,6 +293,7 @@ def _worker_record(row: RowMapping) -> WorkerRecord:
         threads=row["threads"],
         maintenance=bool(row["maintenance"]),
         online_until=row["online_until"],
+        last_check_in=row["last_check_in"],
         uptime=row["uptime"],
         requests_fulfilled=row["requests_fulfilled"],
         uncompleted_jobs=row["uncompleted_jobs"],
@@ -297,6 +302,7 @@ def _worker_record(row: RowMapping) -> WorkerRecord:
         tokens_generated=row["tokens_generated"],
         seconds_generating=row["seconds_generating"],
         chat=row["chat"],
+        chat_model=row["chat_model"],
         prompt_jobs=bool(row["prompt_jobs"]),
         nonconformant_replies=row["nonconformant_replies"],
     )
@@ -316,6 +322,9 @@ def worker_details(
     return None if row is None else _worker_record(row)
 
 
-def list_workers(conn: Connection, now: float) -> list[WorkerRecord]:
-    q = _WORKER_DETAILS.where(workers.c.online_until > now).order_by(workers.c.name)
+def list_workers(conn: Connection, now: float | None) -> list[WorkerRecord]:
+    """The workers online at ``now`` by name; with None, every worker the
+    horde knows, online or not."""
+    q = _WORKER_DETAILS if now is None else _WORKER_DETAILS.where(workers.c.online_until > now)
+    q = q.order_by(workers.c.name)
     return [_worker_record(r) for r in conn.execute(q).mappings()]

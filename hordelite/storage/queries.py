@@ -1,5 +1,9 @@
 """The storage's domain operations, in one namespace: ``queries.pop_job``.
 
+They are the implementation of ``store.Store``, storage's one interface,
+which names each operation, types its parameters and holds the rules; the
+rest of the horde calls the Store.
+
 Each operation takes a ``Connection`` already inside a transaction (see
 ``Database``) and does one thing: create a user, submit a request, pop a
 job, submit a job, read a status, cancel, sweep. Refusals are raised as

@@ -22,7 +22,7 @@ from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.text import JobSubmit, PopRequest
-from hordelite.errors import HordeError
+from hordelite.errors import RC, HordeError
 from hordelite.storage import admin
 from hordelite.storage import queries as q
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -241,38 +241,43 @@ class Store:
 
     # The operator's (synchronous) ----------------------------------------
 
-    def list_users(self) -> list[admin.UserEntry]:
+    def list_users(self) -> list[q.UserRecord]:
         """Every user, by id."""
         return self.db.run_sync(admin.list_users, False)
 
-    def user_by_id_or_none(self, *, user_id: int) -> admin.UserEntry | None:
+    def find_user(self, *, user_id: int) -> q.UserRecord | None:
         """The user with this id, None when there is none."""
-        return self.db.run_sync(admin.user_by_id, False, user_id)
+        try:
+            return self.db.run_sync(q.user_by_id, False, user_id)
+        except HordeError as refusal:
+            if refusal.rc is RC.UserNotFound:
+                return None
+            raise
 
-    def users_named(self, *, name: str) -> list[admin.UserEntry]:
+    def users_named(self, *, name: str) -> list[q.UserRecord]:
         """The users with this name, compared case-insensitively."""
         return self.db.run_sync(admin.users_named, False, name)
 
     def create_named_user(
         self, *, username: str, key_hash: str, kudos: float, admin: bool, trusted: bool, now: float
-    ) -> admin.UserEntry | list[admin.UserEntry]:
+    ) -> q.UserRecord | list[q.UserRecord]:
         """The new user, or the users already so named (nothing created)."""
         return self.db.run_sync(
-            _admin_create_user, True, username, key_hash, kudos, admin, trusted, now
+            _create_named_user, True, username, key_hash, kudos, admin, trusted, now
         )
 
     def set_key(self, *, user_id: int, key_hash: str | None) -> None:
         """Store the user's new key hash, or revoke its key (None)."""
         self.db.run_sync(admin.set_key, True, user_id, key_hash)
 
-    def grant_kudos(self, *, user_id: int, amount: float) -> float:
-        """The user's balance after adding ``amount`` (may be negative)."""
+    def grant_kudos(self, *, user_id: int, amount: float) -> tuple[float, float]:
+        """The user's balance before and after adding ``amount`` (may be negative)."""
         return self.db.run_sync(admin.grant_kudos, True, user_id, amount)
 
-    def list_all_workers(self, *, now: float) -> list[admin.WorkerEntry]:
+    def list_all_workers(self) -> list[q.WorkerRecord]:
         """Every worker the horde knows, online or not, by name."""
-        return list(self.db.run_sync(admin.list_workers, False, now))
+        return self.db.run_sync(q.list_workers, False, None)
 
 
 # The parameter ``admin`` of create_named_user shadows the module there.
-_admin_create_user = admin.create_user
+_create_named_user = admin.create_named_user

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import Connection, func, select, update
 
 from hordelite.errors import RC, HordeError
+from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import jobs, requests, users
@@ -378,3 +379,27 @@ async def test_a_purge_that_rolls_back_leaves_its_jobs_stored_and_no_rollup(
     assert await database.read(_jobs_of, request_id) == 0
     [(minute, n, _, latency_sum)] = await database.read(activity_rows)
     assert (minute, n, latency_sum) == (int(ended_at // 60) * 60, 1, 4.0)
+
+
+async def test_first_request_finds_the_request_an_operation_key_queued_and_refuses_another(
+    database: Database,
+) -> None:
+    alice = await create_user(database, "alice", kudos=100)
+    new = new_text_request(text_request(models=["m1"]), lambda req: 0.0, "op-1")
+
+    def first(key_hash: str, fingerprint: str | None) -> queries.FirstRequest | None:
+        return database.run_sync(
+            queries.first_request, False, key_hash, "op-1", "text", fingerprint, RULES
+        )
+
+    assert first(alice, new.fingerprint) is None
+    request_id = "5f0e6a38-3c1d-4a55-9d2c-4f9f3f1d8c11"
+    await database.write(
+        queries.submit_request, alice, new, request_id, NOW, RULES, 512, "test:1:test"
+    )
+    assert first(alice, new.fingerprint) == queries.FirstRequest(request_id, 80, ("m1",))
+    with pytest.raises(HordeError) as reused:
+        first(alice, "another request")
+    assert reused.value.rc is RC.OperationKeyReused
+    other = await create_user(database, "bob")
+    assert first(other, new.fingerprint) is None  # another user's operation keys are its own
