@@ -276,19 +276,18 @@ class Jobs:
     async def _store_answer(
         self, key_hash: str, sub: JobSubmit | ChatSubmit, now: float, lease_until: float | None
     ) -> SubmitResult:
-        store = self._core.store
-        for _ in range(_JUDGE_TRIES - 1):
+        """The submit's transaction, with the chat reply's verdict; judged
+        again when storage finds the job changed hands since (Unjudged)."""
+        for attempt in range(_JUDGE_TRIES):
             verdict = await self._judge(key_hash, sub)
             try:
-                return await store.submit_job(
+                return await self._core.store.submit_job(
                     key_hash=key_hash, sub=sub, now=now, lease_until=lease_until, verdict=verdict
                 )
             except Unjudged:
-                continue  # the job changed hands since the judging read
-        verdict = await self._judge(key_hash, sub)
-        return await store.submit_job(
-            key_hash=key_hash, sub=sub, now=now, lease_until=lease_until, verdict=verdict
-        )
+                if attempt == _JUDGE_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable: the last try returns or raises")
 
     async def _judge(self, key_hash: str, sub: JobSubmit | ChatSubmit) -> Verdict | None:
         """A chat reply judged against its job, outside any transaction, so

@@ -609,6 +609,22 @@ async def test_a_text_resubmit_with_the_same_idempotency_key_returns_the_first_r
             assert reused.json()["rc"] == "OperationKeyReused"
 
 
+async def test_a_downgraded_text_request_resubmitted_with_its_idempotency_key_is_the_first() -> None:
+    # Queued at its allow_downgrade max_length (no kudos up front), it is
+    # still the request the client sent: the resubmit gets its id, not 409.
+    async with open_horde() as horde:
+        key = await horde.create_key("alice", kudos=0)
+        async with httpx.AsyncClient(base_url=horde.url, headers={"apikey": key}) as client:
+            body = {"prompt": "Once", "params": {"max_length": 1024}, "allow_downgrade": True}
+            headers = {"Idempotency-Key": "text-op-low"}
+            first = await client.post("/api/v2/generate/text/async", json=body, headers=headers)
+            assert first.status_code == 202, first.text
+            assert "MaxLengthDowngraded" in [w["code"] for w in first.json()["warnings"]]
+            again = await client.post("/api/v2/generate/text/async", json=body, headers=headers)
+            assert again.status_code == 202, again.text
+            assert again.json()["id"] == first.json()["id"]
+
+
 async def test_the_anonymous_user_s_idempotency_key_is_ignored_and_a_registered_user_s_still_holds() -> (
     None
 ):

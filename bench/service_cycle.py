@@ -1,0 +1,248 @@
+"""The horde's own CPU per text and chat cycle, in process, without HTTP.
+
+A cycle is what a requester and a worker ask of the horde for one request:
+queue it, pop it, submit the reply, read the status twice (as polling
+clients do). This runs cycles straight through ``Horde``'s in-process
+methods on a fresh SQLite file (trio, in-process signals), so what it
+measures is the service, storage and contract work of a cycle: the part a
+change to the horde's structure moves, and that the HTTP stack hides in
+text_cycle.py's figures.
+
+With ``--against TREE`` (another checkout of hordelite, e.g. a worktree of
+an older commit) it alternates rounds between this checkout and TREE, each
+round a fresh child process (``PYTHONPATH`` set to the tree's root), and
+prints each round's figures, their medians and the ratio of this checkout's
+to TREE's, measured in the same run.
+
+    .venv/bin/python bench/service_cycle.py [--cycles N]
+    .venv/bin/python bench/service_cycle.py --against ../old-tree --rounds 6
+    .venv/bin/python bench/service_cycle.py --against ../old-tree --instructions --cycles 100
+
+CPU time on a shared machine drifts by tens of percent between rounds;
+``--instructions`` counts instead (valgrind's callgrind, about fifty times
+slower), which gives the same figure run after run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "bench-model"
+AGENT = "bench:1:service_cycle"
+CHAT_FEATURES = ["json_schema", "structured_output_enforced", "prompt_overflow_refused"]
+SCHEMA = {
+    "type": "object",
+    "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+    "required": ["colour"],
+    "additionalProperties": False,
+}
+
+
+def text_body(n: int) -> dict[str, Any]:
+    return {"prompt": f"Once upon a time {n}", "params": {"max_length": 32}, "models": [MODEL]}
+
+
+def chat_body(n: int) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "Answer with one JSON object."},
+            {"role": "user", "content": f"Name a colour. {n}"},
+        ],
+        "max_tokens": 32,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "colour", "strict": True, "schema": SCHEMA},
+        },
+    }
+
+
+POP = {"name": "bench-worker", "models": [MODEL], "max_length": 512, "max_context_length": 4096}
+CHAT_POP = {
+    **POP,
+    "chat_jobs": True,
+    "chat_features": CHAT_FEATURES,
+    "chat_limits": {"max_context_length": 4096, "max_length": 512},
+    "model_id": MODEL,
+    "image_transports": [],
+}
+
+
+async def cycles(kind: str, count: int, warmup: int) -> float:
+    """CPU microseconds per ``kind`` cycle, over ``count`` after ``warmup``."""
+    from hordelite.config import Config
+    from hordelite.horde.service import Horde
+    from hordelite.storage.database import Database
+
+    with tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp:
+        path = str(Path(tmp) / "horde.db")
+        config = Config().replace(storage={"database": path})
+        db = Database(path)
+        horde = Horde(config, db)
+        horde.migrate()
+        _, key = await horde.create_user("bench", kudos=1e9, trusted=True)
+        await horde.pop(key, CHAT_POP if kind == "chat" else POP)  # the worker comes online
+        started = 0.0
+        for n in range(warmup + count):
+            if n == warmup:
+                started = time.process_time()
+            await one_cycle(horde, key, kind, n)
+        spent = time.process_time() - started
+        db.dispose()
+    return spent / count * 1e6
+
+
+async def one_cycle(horde: Any, key: str, kind: str, n: int) -> None:
+    if kind == "text":
+        queued = await horde.submit_text(key, text_body(n), AGENT)
+        job = (await horde.pop(key, POP)).job
+        await horde.submit(key, {"id": job.id, "generation": "The end.", "state": "ok", "seed": 1})
+        status = horde.text_status
+    else:
+        queued = await horde.submit_chat(key, chat_body(n), AGENT)
+        job = (await horde.pop(key, CHAT_POP)).job
+        reply = {
+            "id": job.id,
+            "model_id": job.model,
+            "state": "ok",
+            "message": {"role": "assistant", "content": '{"colour": "blue"}'},
+            "finish_reason": "stop",
+        }
+        await horde.submit(key, reply)
+        status = horde.chat_status
+    for _ in range(2):
+        answer = await status(queued.id)
+    assert answer.done, answer
+
+
+def child(count: int, warmup: int, kinds: list[str]) -> dict[str, float]:
+    import trio
+
+    return {kind: trio.run(cycles, kind, count, warmup) for kind in kinds}
+
+
+def run_child(tree: Path, count: int, warmup: int) -> dict[str, float]:
+    """CPU microseconds per cycle of each kind, in a child on ``tree``."""
+    out = subprocess.run(
+        _child_command(count, warmup, "text,chat"),
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _child_command(count: int, warmup: int, kinds: str) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(__file__)),
+        "--child",
+        "--cycles",
+        str(count),
+        "--warmup",
+        str(warmup),
+        "--kinds",
+        kinds,
+    ]
+
+
+def instructions(tree: Path, count: int, warmup: int) -> dict[str, float]:
+    """Instructions per cycle of each kind, counted by valgrind's callgrind
+    (repeatable whatever else the machine does): the difference between a
+    child of ``warmup + count + 1`` cycles and one of ``warmup + 1``, so that
+    start-up and imports cancel out."""
+    per_kind = {}
+    for kind in ("text", "chat"):
+        totals = []
+        for cycles in (1, count + 1):
+            with tempfile.TemporaryDirectory() as tmp:
+                out = subprocess.run(
+                    [
+                        "valgrind",
+                        "--tool=callgrind",
+                        f"--callgrind-out-file={tmp}/callgrind.out",
+                        *_child_command(cycles, warmup, kind),
+                    ],
+                    env={**os.environ, "PYTHONPATH": str(tree)},
+                    cwd=tree,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+            collected = next(line for line in out.stderr.splitlines() if "Collected" in line)
+            totals.append(int(collected.rsplit(":", 1)[1]))
+        per_kind[kind] = (totals[1] - totals[0]) / count
+    return per_kind
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cycles", type=int, default=1500, help="timed cycles per kind")
+    parser.add_argument("--warmup", type=int, default=200, help="untimed cycles first")
+    parser.add_argument("--against", type=Path, help="another hordelite checkout to alternate with")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per tree with --against")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per cycle under valgrind (one round per tree; slow, repeatable)",
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kinds", default="text,chat", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.cycles, args.warmup, args.kinds.split(","))))
+        return 0
+    trees = {"this": ROOT}
+    if args.against is not None:
+        trees["against"] = args.against.resolve()
+    if args.instructions:
+        return _report_instructions(trees, args.cycles, args.warmup)
+    rounds = args.rounds if args.against is not None else 1
+    seen: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    print(f"{'round':<8}{'tree':<10}{'text us/cycle':>15}{'chat us/cycle':>15}")
+    for r in range(rounds):
+        # Alternate which tree goes first, so drift in machine speed falls on both.
+        order = list(trees) if r % 2 == 0 else list(reversed(trees))
+        for name in order:
+            figures = run_child(trees[name], args.cycles, args.warmup)
+            seen[name].append(figures)
+            print(f"{r + 1:<8}{name:<10}{figures['text']:>15.0f}{figures['chat']:>15.0f}")
+    medians = {
+        name: {kind: statistics.median(f[kind] for f in runs) for kind in ("text", "chat")}
+        for name, runs in seen.items()
+    }
+    for name, m in medians.items():
+        print(f"median  {name:<10}{m['text']:>15.0f}{m['chat']:>15.0f}")
+    if "against" in medians:
+        ratio = {k: medians["this"][k] / medians["against"][k] for k in ("text", "chat")}
+        print(f"ratio this / against: text {ratio['text']:.2f}, chat {ratio['chat']:.2f}")
+    print(f"command: python bench/service_cycle.py {' '.join(sys.argv[1:])}")
+    return 0
+
+
+def _report_instructions(trees: dict[str, Path], count: int, warmup: int) -> int:
+    counted = {name: instructions(tree, count, warmup) for name, tree in trees.items()}
+    print(f"{'tree':<10}{'text instr/cycle':>18}{'chat instr/cycle':>18}")
+    for name, c in counted.items():
+        print(f"{name:<10}{c['text']:>18,.0f}{c['chat']:>18,.0f}")
+    if "against" in counted:
+        ratio = {k: counted["this"][k] / counted["against"][k] for k in ("text", "chat")}
+        print(f"ratio this / against: text {ratio['text']:.3f}, chat {ratio['chat']:.3f}")
+    print(f"command: python bench/service_cycle.py {' '.join(sys.argv[1:])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
