@@ -6,7 +6,9 @@ clients do). This runs cycles straight through ``Horde``'s in-process
 methods on a fresh SQLite file (trio, in-process signals), so what it
 measures is the service, storage and contract work of a cycle: the part a
 change to the horde's structure moves, and that the HTTP stack hides in
-text_cycle.py's figures.
+text_cycle.py's figures. A third figure, ``http``, is the text cycle over
+real HTTP to an ``open_horde`` in the same process (httpx as the client,
+whose work counts too and is the same in every tree).
 
 With ``--against TREE`` (another checkout of hordelite, e.g. a worktree of
 an older commit) it alternates rounds between this checkout and TREE, each
@@ -37,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# text and chat: through the horde's methods; http: the text cycle over real
+# HTTP to an open_horde in the same process (httpx; the client's work is
+# counted too, the same in every tree).
+KINDS = ("text", "chat", "http")
 MODEL = "bench-model"
 AGENT = "bench:1:service_cycle"
 CHAT_FEATURES = ["json_schema", "structured_output_enforced", "prompt_overflow_refused"]
@@ -80,6 +86,8 @@ CHAT_POP = {
 
 async def cycles(kind: str, count: int, warmup: int) -> float:
     """CPU microseconds per ``kind`` cycle, over ``count`` after ``warmup``."""
+    if kind == "http":
+        return await http_cycles(count, warmup)
     from hordelite.config import Config
     from hordelite.horde.service import Horde
     from hordelite.storage.database import Database
@@ -125,6 +133,36 @@ async def one_cycle(horde: Any, key: str, kind: str, n: int) -> None:
     assert answer.done, answer
 
 
+async def http_cycles(count: int, warmup: int) -> float:
+    """CPU microseconds per text cycle over HTTP (server and client)."""
+    import httpx
+
+    from hordelite.testing import open_horde
+
+    async with open_horde() as horde:
+        key = await horde.create_key("bench", kudos=1e9, trusted=True)
+        base = horde.url + "/api/v2"
+        async with httpx.AsyncClient(base_url=base, headers={"apikey": key}) as client:
+            await client.post("/generate/text/pop", json=POP)  # the worker comes online
+            started = 0.0
+            for n in range(warmup + count):
+                if n == warmup:
+                    started = time.process_time()
+                await one_http_cycle(client, n)
+            spent = time.process_time() - started
+    return spent / count * 1e6
+
+
+async def one_http_cycle(client: Any, n: int) -> None:
+    queued = (await client.post("/generate/text/async", json=text_body(n))).json()
+    job = (await client.post("/generate/text/pop", json=POP)).json()
+    submit = {"id": job["id"], "generation": "The end.", "state": "ok", "seed": 1}
+    await client.post("/generate/text/submit", json=submit)
+    for _ in range(2):
+        status = (await client.get(f"/generate/text/status/{queued['id']}")).json()
+    assert status["done"], status
+
+
 def child(count: int, warmup: int, kinds: list[str]) -> dict[str, float]:
     import trio
 
@@ -134,7 +172,7 @@ def child(count: int, warmup: int, kinds: list[str]) -> dict[str, float]:
 def run_child(tree: Path, count: int, warmup: int) -> dict[str, float]:
     """CPU microseconds per cycle of each kind, in a child on ``tree``."""
     out = subprocess.run(
-        _child_command(count, warmup, "text,chat"),
+        _child_command(count, warmup, ",".join(KINDS)),
         env={**os.environ, "PYTHONPATH": str(tree)},
         cwd=tree,
         capture_output=True,
@@ -164,7 +202,7 @@ def instructions(tree: Path, count: int, warmup: int) -> dict[str, float]:
     child of ``warmup + count + 1`` cycles and one of ``warmup + 1``, so that
     start-up and imports cancel out."""
     per_kind = {}
-    for kind in ("text", "chat"):
+    for kind in KINDS:
         totals = []
         for cycles in (1, count + 1):
             with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +237,7 @@ def main() -> int:
         help="count instructions per cycle under valgrind (one round per tree; slow, repeatable)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--kinds", default="text,chat", help=argparse.SUPPRESS)
+    parser.add_argument("--kinds", default=",".join(KINDS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.cycles, args.warmup, args.kinds.split(","))))
@@ -211,36 +249,43 @@ def main() -> int:
         return _report_instructions(trees, args.cycles, args.warmup)
     rounds = args.rounds if args.against is not None else 1
     seen: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    print(f"{'round':<8}{'tree':<10}{'text us/cycle':>15}{'chat us/cycle':>15}")
+    print(_row("round", "tree", [f"{k} us/cycle" for k in KINDS]))
     for r in range(rounds):
         # Alternate which tree goes first, so drift in machine speed falls on both.
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
         for name in order:
             figures = run_child(trees[name], args.cycles, args.warmup)
             seen[name].append(figures)
-            print(f"{r + 1:<8}{name:<10}{figures['text']:>15.0f}{figures['chat']:>15.0f}")
+            print(_row(str(r + 1), name, [f"{figures[k]:.0f}" for k in KINDS]))
     medians = {
-        name: {kind: statistics.median(f[kind] for f in runs) for kind in ("text", "chat")}
+        name: {kind: statistics.median(f[kind] for f in runs) for kind in KINDS}
         for name, runs in seen.items()
     }
     for name, m in medians.items():
-        print(f"median  {name:<10}{m['text']:>15.0f}{m['chat']:>15.0f}")
-    if "against" in medians:
-        ratio = {k: medians["this"][k] / medians["against"][k] for k in ("text", "chat")}
-        print(f"ratio this / against: text {ratio['text']:.2f}, chat {ratio['chat']:.2f}")
-    print(f"command: python bench/service_cycle.py {' '.join(sys.argv[1:])}")
+        print(_row("median", name, [f"{m[k]:.0f}" for k in KINDS]))
+    _report_ratio(medians, 2)
     return 0
+
+
+def _row(first: str, tree: str, cells: list[str]) -> str:
+    return f"{first:<8}{tree:<10}" + "".join(f"{c:>18}" for c in cells)
+
+
+def _report_ratio(figures: dict[str, dict[str, float]], digits: int) -> None:
+    if "against" in figures:
+        ratio = ", ".join(
+            f"{k} {figures['this'][k] / figures['against'][k]:.{digits}f}" for k in KINDS
+        )
+        print(f"ratio this / against: {ratio}")
+    print(f"command: python bench/service_cycle.py {' '.join(sys.argv[1:])}")
 
 
 def _report_instructions(trees: dict[str, Path], count: int, warmup: int) -> int:
     counted = {name: instructions(tree, count, warmup) for name, tree in trees.items()}
-    print(f"{'tree':<10}{'text instr/cycle':>18}{'chat instr/cycle':>18}")
+    print(_row("", "tree", [f"{k} instr/cycle" for k in KINDS]))
     for name, c in counted.items():
-        print(f"{name:<10}{c['text']:>18,.0f}{c['chat']:>18,.0f}")
-    if "against" in counted:
-        ratio = {k: counted["this"][k] / counted["against"][k] for k in ("text", "chat")}
-        print(f"ratio this / against: text {ratio['text']:.3f}, chat {ratio['chat']:.3f}")
-    print(f"command: python bench/service_cycle.py {' '.join(sys.argv[1:])}")
+        print(_row("", name, [f"{c[k]:,.0f}" for k in KINDS]))
+    _report_ratio(counted, 3)
     return 0
 
 
