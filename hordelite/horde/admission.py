@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 import uuid
-from typing import Any
+from collections.abc import Callable
 
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.admission import NewRequest
@@ -43,10 +43,12 @@ def text_fingerprint(req: TextRequest) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def new_text_request(req: TextRequest, quote: Any, operation_key: str | None = None) -> NewRequest:
+def new_text_request(
+    req: TextRequest, quote: Callable[[TextRequest], float], operation_key: str | None = None
+) -> NewRequest:
     """What storage queues for a validated text request (and its
-    allow_downgrade alternative at the up-front threshold). ``quote`` prices
-    a TextRequest. The fingerprint is the request's as asked, on both: a
+    allow_downgrade alternative at the up-front threshold), each priced by
+    ``quote``. The fingerprint is the request's as asked, on both: a
     resubmit of a downgraded request is the same request."""
     fingerprint = text_fingerprint(req) if operation_key else None
 
