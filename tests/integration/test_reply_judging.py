@@ -12,38 +12,33 @@ from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.storage.jobs import Unjudged
 from hordelite.storage.store import Store
 from tests.integration._chat_helpers import chat_body, open_chat_horde, pop_job
+from tests.integration.test_chat_write_lock import COLOUR_SCHEMA
 
 pytestmark = pytest.mark.anyio
 
-COLOUR_SCHEMA = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "colour",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {"colour": {"type": "string"}},
-            "required": ["colour"],
-            "additionalProperties": False,
-        },
-    },
-}
+
+def miss_the_first_judging_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The judging read finds no job the first time (as when the job changed
+    hands between that read and the write); the job ids it was asked for."""
+    reads: list[str] = []
+    original = Store.chat_job_to_judge
+
+    async def missing_once(self: Store, **kwargs: Any) -> Any:
+        reads.append(kwargs["job_id"])
+        return None if len(reads) == 1 else await original(self, **kwargs)
+
+    monkeypatch.setattr(Store, "chat_job_to_judge", missing_once)
+    return reads
 
 
 async def test_a_reply_whose_job_was_not_found_by_the_judging_read_is_judged_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The judging read misses the job once (as when it changed hands between
-    # that read and the write): the transaction refuses to store an unjudged
-    # reply, and the horde judges it again and stores it.
-    reads = []
+    # The transaction refuses to store an unjudged reply, and the horde
+    # judges it again and stores it.
+    reads = miss_the_first_judging_read(monkeypatch)
     raised = []
-    original_read = Store.chat_job_to_judge
     original_submit = Store.submit_job
-
-    async def missing_once(self: Store, **kwargs: Any) -> Any:
-        reads.append(kwargs["job_id"])
-        return None if len(reads) == 1 else await original_read(self, **kwargs)
 
     async def watched(self: Store, **kwargs: Any) -> Any:
         try:
@@ -52,7 +47,6 @@ async def test_a_reply_whose_job_was_not_found_by_the_judging_read_is_judged_aga
             raised.append(exc.job_id)
             raise
 
-    monkeypatch.setattr(Store, "chat_job_to_judge", missing_once)
     monkeypatch.setattr(Store, "submit_job", watched)
     async with open_chat_horde() as env:
         worker = await env.chat_worker("w1", ALL_NAMES)
@@ -73,14 +67,7 @@ async def test_a_nonconformant_reply_judged_again_is_still_refused(
 ) -> None:
     # The second judging holds the reply to the request as the first would:
     # content that is not the strict schema's JSON is refused, not stored.
-    reads = []
-    original_read = Store.chat_job_to_judge
-
-    async def missing_once(self: Store, **kwargs: Any) -> Any:
-        reads.append(kwargs["job_id"])
-        return None if len(reads) == 1 else await original_read(self, **kwargs)
-
-    monkeypatch.setattr(Store, "chat_job_to_judge", missing_once)
+    reads = miss_the_first_judging_read(monkeypatch)
     async with open_chat_horde() as env:
         worker = await env.chat_worker("w1", ALL_NAMES)
         request_id = await env.queue(chat_body(response_format=COLOUR_SCHEMA))
