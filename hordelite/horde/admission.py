@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import uuid
 from collections.abc import Callable
 
 from hordelite.contract import kudos as kudos_rules
@@ -107,12 +106,12 @@ class ChatAdmission:
         client_agent: str,
         operation_key: str | None,
         fingerprint: str | None,
-        request_id: str | None = None,
+        request_id: str,
     ) -> Submitted | FirstRequest:
-        """The queued request, or the first request of this operation key
-        (raises the refusals of admission and of storing)."""
+        """The request queued under ``request_id`` (its images already stored
+        under it), or the first request of this operation key; raises the
+        refusals of admission and of storing."""
         core = self._core
-        request_id = request_id or str(uuid.uuid4())
         billions = core.models.billions
         for attempt in range(ADMISSION_TRIES):
             seen = self._capacities.get(req.models)

@@ -30,7 +30,7 @@ from hordelite.horde.results import PopAnswer, PoppedJob, ProgressAnswer, Submit
 from hordelite.signals import ProgressEntry, look_again_by
 from hordelite.storage.jobs import Unjudged
 from hordelite.storage.ledger import SubmitResult
-from hordelite.storage.pop import PoppedJob as StoredJob
+from hordelite.storage.pop import PoppedJob as ClaimedJob  # not the answer's PoppedJob
 from hordelite.storage.pop import PopResult
 
 # A chat reply is judged again when its job changed hands between the
@@ -151,7 +151,7 @@ class Jobs:
         popped = PoppedJob(job.id, job.model, payload, job.softprompt, job.ttl, job.chat)
         return PopAnswer(popped, {})
 
-    def _lease(self, job: StoredJob, worker: WorkerView, key_hash: str, name: str) -> Lease:
+    def _lease(self, job: ClaimedJob, worker: WorkerView, key_hash: str, name: str) -> Lease:
         return Lease.at_pop(
             job_id=job.id,
             request_id=job.request_id,
@@ -167,7 +167,7 @@ class Jobs:
         )
 
     async def _chat_payload(
-        self, job: StoredJob, request: ChatRequest, worker: WorkerView, stream: bool, base_url: str
+        self, job: ClaimedJob, request: ChatRequest, worker: WorkerView, stream: bool, base_url: str
     ) -> dict[str, Any]:
         """The chat job's payload, narrowed to the worker's declaration; its
         images read (base64) or signed (url), or its messages offloaded.
