@@ -27,6 +27,7 @@ from hordelite.contract.limits import (
     MAX_CHAT_BODY_BYTES,
     MAX_CONTEXT_LENGTH,
     MAX_MAX_LENGTH,
+    MAX_MODELS,
     MAX_NAME,
     MAX_POP_THREADS,
 )
@@ -276,6 +277,45 @@ class HordeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class BudgetsConfig:
+    """What one user may hold and send (the anonymous user is one user,
+    shared by every anonymous client), counted in the database so that the
+    budgets hold across processes. Each budget has a value for registered
+    users and one for each of the anonymous and trusted roles; 0 means no
+    limit. Admins are exempt (contract/budgets.py)."""
+
+    # Requests queued in the last 60 s; past it: 429 RequestRateExceeded.
+    requests_per_minute: int = bounded(60, ge=0)
+    anonymous_requests_per_minute: int = bounded(60, ge=0)
+    trusted_requests_per_minute: int = bounded(600, ge=0)
+    # Requests holding stored prompts or messages: waiting ones, and ended
+    # ones whose jobs are still out; past it: 429 TooManyPrompts.
+    requests_held: int = bounded(100, ge=0)
+    anonymous_requests_held: int = bounded(100, ge=0)
+    trusted_requests_held: int = bounded(1000, ge=0)
+    # Bytes of prompts and messages those requests hold (images apart);
+    # one request over it alone: 413 RequestTooLarge, else 429.
+    stored_bytes: int = bounded(64 * 1024 * 1024, ge=0)
+    anonymous_stored_bytes: int = bounded(32 * 1024 * 1024, ge=0)
+    trusted_stored_bytes: int = bounded(1024 * 1024 * 1024, ge=0)
+    # Images in one chat request; past it: 413 TooManyImages.
+    images_per_request: int = bounded(16, ge=0)
+    anonymous_images_per_request: int = bounded(8, ge=0)
+    trusted_images_per_request: int = bounded(64, ge=0)
+    # Bytes of stored (JPEG) images those requests hold; one request over it
+    # alone: 413 RequestTooLarge, else 429.
+    image_bytes: int = bounded(128 * 1024 * 1024, ge=0)
+    anonymous_image_bytes: int = bounded(64 * 1024 * 1024, ge=0)
+    trusted_image_bytes: int = bounded(1024 * 1024 * 1024, ge=0)
+    # Workers one user may register (the anonymous user runs none); past
+    # it the pop that would register one more gets 403 TooManyWorkers.
+    workers_per_user: int = bounded(20, ge=0)
+    trusted_workers_per_user: int = bounded(200, ge=0)
+    # Models one worker may declare in a pop; past it: 400 TooManyModels.
+    models_per_worker: int = bounded(10, ge=0, le=MAX_MODELS)
+
+
+@dataclasses.dataclass(frozen=True)
 class FrontConfig:
     # Seconds an OpenAI call may wait for its reply (the front's budget); past
     # it the call gets 408 and the horde request is cancelled.
@@ -386,6 +426,7 @@ class Config:
     signals: SignalsConfig = dataclasses.field(default_factory=SignalsConfig)
     blobs: BlobsConfig = dataclasses.field(default_factory=BlobsConfig)
     horde: HordeConfig = dataclasses.field(default_factory=HordeConfig)
+    budgets: BudgetsConfig = dataclasses.field(default_factory=BudgetsConfig)
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
     images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
     dashboard: DashboardConfig = dataclasses.field(default_factory=DashboardConfig)
@@ -408,6 +449,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "signals": SignalsConfig,
     "blobs": BlobsConfig,
     "horde": HordeConfig,
+    "budgets": BudgetsConfig,
     "front": FrontConfig,
     "images": ImagesConfig,
     "dashboard": DashboardConfig,
