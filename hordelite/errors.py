@@ -73,6 +73,8 @@ class RC(enum.Enum):
         400,
         "No online worker serving this model accepts a request this large.",
     )
+    # A pop declaring more models than budgets.models_per_worker allows.
+    TooManyModels = (400, "This worker declares more models than this horde allows.")
     AbortedGen = (400, "This generation was aborted: its lease expired or the request ended.")
     # 401
     InvalidAPIKey = (401, "No user matching the sent API key.")
@@ -85,6 +87,8 @@ class RC(enum.Enum):
     WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
     KudosUpfront = (403, "This request needs kudos up front.")
+    # A pop that would register one worker more than budgets.workers_per_user.
+    TooManyWorkers = (403, "This account has as many workers as it may register.")
     BlobURLInvalid = (403, "This blob URL is not valid: it was altered or has expired.")
     # 404
     RequestNotFound = (404, "No request with this id.")
@@ -106,7 +110,13 @@ class RC(enum.Enum):
     RequestExpired = (408, "No worker took this request before it expired.")
     OperationKeyReused = (409, "This Idempotency-Key was used for a different request.")
     PayloadTooLarge = (413, "The request body is larger than this horde accepts.")
+    # One request larger than a per-user budget allows on its own.
+    RequestTooLarge = (413, "This request is larger than this account may store.")
+    TooManyImages = (413, "This request has more images than this account may send in one.")
     TooManyPrompts = (429, "You have too many requests in flight.")
+    # Per-user budgets (budgets.*), each answered with Retry-After.
+    RequestRateExceeded = (429, "This account queued as many requests as it may this minute.")
+    StoredBytesExceeded = (429, "This account's requests hold as many bytes as it may store.")
     # 5xx
     InternalServerError = (500, "The horde failed unexpectedly.")
     ChatWorkerFault = (502, "The worker could not serve this request.")

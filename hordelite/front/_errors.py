@@ -32,6 +32,8 @@ _FRONT: dict[RC, tuple[int, str]] = {
     RC.OperationKeyReused: (409, "invalid_request_error"),
     RC.PayloadTooLarge: (413, "invalid_request_error"),
     RC.TooManyPrompts: (429, "rate_limit_error"),
+    RC.RequestRateExceeded: (429, "rate_limit_error"),
+    RC.StoredBytesExceeded: (429, "rate_limit_error"),
     RC.InternalServerError: (500, "server_error"),
     RC.ChatRequestFaulted: (502, "upstream_error"),
     RC.ChatWorkerFault: (502, "upstream_error"),
