@@ -1,5 +1,6 @@
 """What to queue for a request (``NewRequest``), and whether an account may
-queue it: kudos up front and the concurrency limit. Pure: storage reads the
+queue it: kudos up front and the concurrency limit (the budgets are
+contract/budgets.py's). Pure: storage reads the
 account and its generations in flight inside the transaction that queues
 the request, then applies what these decide."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from hordelite.contract.budgets import Cost
 from hordelite.contract.eligibility import RequestView
 
 # "accepted": queued as asked; "downgrade": queued at its downgraded
@@ -78,11 +80,27 @@ class NewRequest:
     # Queued instead when the kudos up front are missing (allow_downgrade).
     downgrade: NewRequest | None = None
     downgrade_field: str = "params.max_length"
+    # What it holds stored, for its user's budgets (contract/budgets.py):
+    # bytes of prompt and conversation, and of stored images, and the
+    # number of images.
+    stored_bytes: int = 0
+    image_bytes: int = 0
+    images: int = 0
 
     @property
     def kind(self) -> str:
         return self.eligibility.kind
 
     @property
+    def cost(self) -> Cost:
+        return Cost(self.stored_bytes, self.image_bytes, self.images)
+
+    @property
     def max_length(self) -> int:
         return self.eligibility.max_length
+
+
+def text_bytes(*texts: str | None) -> int:
+    """The bytes these texts take stored (UTF-8), at least 1: a request that
+    holds anything counts as held (contract/budgets.py)."""
+    return max(1, sum(len(t.encode("utf-8", "surrogatepass")) for t in texts if t))

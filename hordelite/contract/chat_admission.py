@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hordelite.contract import kudos as kudos_rules
-from hordelite.contract.admission import NewRequest
+from hordelite.contract.admission import NewRequest, text_bytes
 from hordelite.contract.chat_request import (
     ChatRequest,
     conversation_chars,
     estimate_tokens,
     flatten_messages,
+    image_count,
     required_mask,
     tools_temperature,
     truncate_oldest,
@@ -119,6 +121,8 @@ def admit_within(
             f"over its horde.max_kudos of {req.horde.max_kudos}; nothing was queued.",
             param="horde.max_kudos",
         )
+    chat = queued.to_json()
+    images, image_bytes = image_count(req.messages)
     return NewRequest(
         eligibility=RequestView(
             models=req.models,
@@ -138,12 +142,17 @@ def admit_within(
         params={},
         n=1,
         quote=quote,
-        chat=queued.to_json(),
+        chat=chat,
         submitted_prompt=fit.submitted,
         context_adjustments=adjustments or None,
         operation_key=operation_key,
         fingerprint=fingerprint,
         downgrade_field="max_tokens",
+        stored_bytes=text_bytes(
+            fit.prompt, fit.submitted, json.dumps(chat, ensure_ascii=False, separators=(",", ":"))
+        ),
+        image_bytes=image_bytes,
+        images=images,
     )
 
 

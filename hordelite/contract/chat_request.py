@@ -919,6 +919,23 @@ def required_chat_features(req: ChatRequest) -> list[str]:
     return [f.name for f in needed]
 
 
+def image_count(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """How many image parts the messages have, and the bytes of those
+    already stored (``BLOB_REFERENCE<key>/<jpeg bytes>``): what a request's
+    images count against its user's budgets."""
+    count = stored = 0
+    for message in messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            if part.get("type") != "image_url":
+                continue
+            count += 1
+            url = part["image_url"]["url"]
+            if url.startswith(BLOB_REFERENCE):
+                stored += int(url.rpartition("/")[2])
+    return count, stored
+
+
 def image_transports_needed(req: ChatRequest) -> set[str]:
     """How the request's images must reach a worker. A stored image
     (``BLOB_REFERENCE``) goes by whichever transport the worker declared, so

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 
 from hordelite.contract import kudos as kudos_rules
-from hordelite.contract.admission import NewRequest
+from hordelite.contract.admission import NewRequest, text_bytes
 from hordelite.contract.chat_admission import Capacity, heavy_to_admit, plan_admission
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import RequestView
@@ -72,6 +72,7 @@ def new_text_request(
             webhook=r.webhook,
             operation_key=operation_key,
             fingerprint=fingerprint,
+            stored_bytes=text_bytes(r.prompt),
         )
 
     new = build(req)

@@ -8,9 +8,10 @@ from typing import Any
 
 import anyio
 
+from hordelite.contract import budgets
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
-from hordelite.contract.chat_request import ChatRequest, parse_chat_request
+from hordelite.contract.chat_request import ChatRequest, image_count, parse_chat_request
 from hordelite.contract.limits import IMAGES_NORMALISED_AT_ONCE, UPFRONT_MAX_LENGTH
 from hordelite.contract.text import TextRequest, parse_text_request
 from hordelite.errors import RC, HordeError
@@ -111,6 +112,8 @@ class Requests:
             )
             if first is not None:
                 return self._first_again(first)
+        if req.has_images:
+            await self._check_image_count(key_hash, req)
         request_id = str(uuid.uuid4())
         taken = await self._take_images(req, request_id)
         try:
@@ -135,6 +138,19 @@ class Requests:
         """The answer to a resubmit: the first request's id and quote."""
         billions = max(self._core.models.billions(m) for m in first.models)
         return Queued(first.id, kudos_rules.request_quote(first.max_length, 1, billions))
+
+    async def _check_image_count(self, key_hash: str, req: ChatRequest) -> None:
+        """413 TooManyImages before any image is fetched, decoded or stored,
+        when the request has more than its user's role may send in one. The
+        other budgets are checked where the request is stored."""
+        user = await self._core.store.user_by_key(key_hash=key_hash)
+        budget = self._core.store.rules.budgets.of(
+            anonymous=user.anonymous, trusted=user.trusted, admin=user.admin
+        )
+        role = budgets.role_of(anonymous=user.anonymous, trusted=user.trusted)
+        refusal = budgets.too_many_images(budget, role, image_count(req.messages)[0])
+        if refusal is not None:
+            raise refusal
 
     async def _take_images(self, req: ChatRequest, request_id: str) -> ChatRequest:
         """``req`` with its images fetched, checked and stored under ``request_id``."""
@@ -261,6 +277,11 @@ class Requests:
         parts = await core.store.cancel_request(
             request_id=canonical, kind=kind, now=now, posted=posted
         )
+        if parts.request.image_bytes and core.blobs is not None:
+            # Its images go now, not at the retention's purge: whatever a
+            # job still out would read of them, nobody reads its reply.
+            with anyio.CancelScope(shield=True):
+                await core.blobs.delete_prefixed([canonical])
         core.metrics.kudos_rewarded.inc(parts.settled[0])
         core.metrics.kudos_charged.inc(parts.settled[1])
         await core.signals.notify_request(canonical)

@@ -24,6 +24,7 @@ from typing import Any
 from hordelite.blobs import BlobStore
 from hordelite.clock import Clock, SystemClock
 from hordelite.config import Config
+from hordelite.contract.budgets import Budget, Budgets
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.models import ModelReference
 from hordelite.horde._core import HordeCore
@@ -67,7 +68,29 @@ def rules_of(config: Config) -> Rules:
         concurrency=h.concurrency,
         anonymous_concurrency=h.anonymous_concurrency,
         allow_anonymous=h.allow_anonymous,
+        budgets=budgets_of(config),
     )
+
+
+def budgets_of(config: Config) -> Budgets:
+    """The per-user budgets of requests the [budgets] section sets."""
+    b = config.budgets
+
+    def role(prefix: str) -> Budget:
+        return Budget(
+            **{
+                name: getattr(b, prefix + name)
+                for name in (
+                    "requests_per_minute",
+                    "requests_held",
+                    "stored_bytes",
+                    "images_per_request",
+                    "image_bytes",
+                )
+            }
+        )
+
+    return Budgets(anonymous=role("anonymous_"), user=role(""), trusted=role("trusted_"))
 
 
 class Horde:

@@ -42,8 +42,11 @@ class Upkeep:
             await signals.notify_request(request_id)
         for request_id in result.changed_requests:
             await signals.touch_request(request_id)
-        if result.purged_ids and core.blobs is not None:
-            await core.blobs.delete_prefixed(result.purged_ids)  # their images
+        if core.blobs is not None:
+            # The images of requests purged, and of ended ones released.
+            gone = [*result.purged_ids, *result.released_image_ids]
+            if gone:
+                await core.blobs.delete_prefixed(gone)
         await signals.sweep_progress(now, result.ended_requests)
         return result
 

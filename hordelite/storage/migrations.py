@@ -135,11 +135,20 @@ def _v6(conn: Connection) -> None:
     schema.activity_minutes.create(conn, checkfirst=True)
 
 
+def _v7(conn: Connection) -> None:
+    # Per-user budgets: what each request holds stored, and the indexes the
+    # budgets and the sweep's release read. A request stored before counts
+    # nothing, and its content goes with the retention purge, as before.
+    _add_missing_columns(conn)
+    for name in ("ix_requests_user_created", "ix_requests_held_user", "ix_requests_held_ended"):
+        _recreate_index(conn, name)
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 LATEST = len(MIGRATIONS)
 
 

@@ -10,9 +10,11 @@ from sqlalchemy import (
     bindparam,
     delete,
     insert,
+    literal_column,
     select,
     update,
 )
+from sqlalchemy.sql.expression import ColumnClause
 
 from hordelite.contract import refusals
 from hordelite.contract.eligibility import (
@@ -109,6 +111,26 @@ def get_request(conn: Connection, request_id: str, kind: str, lock: bool = False
     if row is None:
         raise refusals.unknown_request(kind, request_id)
     return row
+
+
+# Once an ended request's jobs are all back, nothing reads its prompt or
+# conversation again (a status reads neither; a pop takes only waiting
+# requests; a reply is judged only while its job is processing): they are
+# released, and the request no longer counts against its user's stored
+# budgets (contract/budgets.py). The row stays readable until its retention.
+HELD: ColumnClause[Any] = literal_column("0")
+_RELEASE = (
+    update(requests)
+    .where(requests.c.id.in_(bindparam("ids", expanding=True)))
+    .values(prompt="", chat=None, submitted_prompt=None, held_bytes=0, image_bytes=0)
+)
+
+
+def release(conn: Connection, request_ids: list[str]) -> None:
+    """Drop what these ended requests hold stored (their blobs are the
+    caller's to delete)."""
+    if request_ids:
+        conn.execute(_RELEASE, {"ids": request_ids})
 
 
 def end_request(

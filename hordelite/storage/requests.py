@@ -10,13 +10,14 @@ from sqlalchemy import (
     Connection,
     RowMapping,
     bindparam,
+    case,
     func,
     insert,
     select,
 )
 from sqlalchemy.sql import ColumnElement
 
-from hordelite.contract import admission, refusals
+from hordelite.contract import admission, budgets, refusals
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.admission import NewRequest
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
@@ -32,7 +33,7 @@ from hordelite.contract.limits import (
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.ledger import JOB_WITH_REQUEST, settle, settlement
 from hordelite.storage.pool import online_now
-from hordelite.storage.queueing import end_request, enqueue
+from hordelite.storage.queueing import HELD, end_request, enqueue, release
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     jobs,
@@ -44,8 +45,26 @@ from hordelite.storage.schema import (
 
 _INSERT_REQUEST = insert(requests)
 
-_IN_FLIGHT = select(func.coalesce(func.sum(requests.c.n - requests.c.finished), 0)).where(
-    requests.c.user_id == bindparam("user_id"), requests.c.state == "waiting"
+# What a user holds (contract/budgets.py): its generations in flight (the
+# concurrency limit), the requests still holding content, and their bytes.
+# Read along the partial index ix_requests_held_user, whose condition the
+# query must state as a literal (a bound 0 would not match it).
+_HOLDINGS = select(
+    func.coalesce(
+        func.sum(
+            case((requests.c.state == "waiting", requests.c.n - requests.c.finished), else_=0)
+        ),
+        0,
+    ),
+    func.count(),
+    func.coalesce(func.sum(requests.c.held_bytes), 0),
+    func.coalesce(func.sum(requests.c.image_bytes), 0),
+).where(requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD)
+
+# A user's requests queued since a moment (requests_per_minute), along
+# ix_requests_user_created.
+_RECENT = select(func.count(), func.min(requests.c.created)).where(
+    requests.c.user_id == bindparam("user_id"), requests.c.created > bindparam("since")
 )
 
 # What a status reads of a request: not its prompt or conversation.
@@ -64,6 +83,7 @@ _STATUS_FIELDS = (
     "context_adjustments",
     "fault_rc",
     "fault_message",
+    "image_bytes",
 )
 
 _REQUEST_STATUS = select(
@@ -231,7 +251,7 @@ def _store(
         if missing:
             raise refusals.unknown_listed_worker(missing[0])
     new = _check_upfront(new, user, upfront_max_length)
-    _check_concurrency(conn, user, new.n, rules)
+    _check_budgets(conn, user, new, now, rules)
     view = new.eligibility
     row = _request_row(new, user, request_id, now, rules, client_agent)
     conn.execute(_INSERT_REQUEST, row)
@@ -283,6 +303,8 @@ def _request_row(
         "context_adjustments": new.context_adjustments,
         "operation_key": new.operation_key,
         "fingerprint": new.fingerprint,
+        "held_bytes": max(1, new.stored_bytes),
+        "image_bytes": new.image_bytes,
     }
 
 
@@ -310,14 +332,33 @@ def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -
     )
 
 
-def _check_concurrency(conn: Connection, user: RowMapping, n: int, rules: Rules) -> None:
+def _check_budgets(
+    conn: Connection, user: RowMapping, new: NewRequest, now: float, rules: Rules
+) -> None:
+    """The user's budgets and concurrency limit against what it holds now,
+    read here (only what a limit set needs): raises the first refusal."""
+    budget = rules.budgets.of(
+        anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
+    )
+    role = budgets.role_of(anonymous=user["anonymous"], trusted=user["trusted"])
     limit = admission.concurrency_limit(
         user["concurrency"], user["anonymous"], rules.concurrency, rules.anonymous_concurrency
     )
-    if admission.unlimited(limit):
-        return  # without a limit, no read of the generations in flight
-    in_flight = conn.execute(_IN_FLIGHT, {"user_id": user["id"]}).scalar_one()
-    if admission.over_limit(in_flight, n, limit):
+    in_flight, held = 0, budgets.Holdings()
+    if budget is not None and budget.requests_per_minute:
+        since = now - budgets.RATE_WINDOW_SECONDS
+        recent, oldest = conn.execute(_RECENT, {"user_id": user["id"], "since": since}).one()
+        held = budgets.Holdings(recent=int(recent), oldest_recent=oldest)
+    if not admission.unlimited(limit) or (budget is not None and budget.counts_held):
+        row = conn.execute(_HOLDINGS, {"user_id": user["id"]}).one()
+        in_flight = int(row[0])
+        held = dataclasses.replace(
+            held, held=int(row[1]), held_bytes=int(row[2]), image_bytes=int(row[3])
+        )
+    refusal = budgets.refusal(budget, role, held, new.cost, now)
+    if refusal is not None:
+        raise refusal
+    if admission.over_limit(in_flight, new.n, limit):
         raise refusals.too_many_in_flight(in_flight, limit)
 
 
@@ -340,6 +381,7 @@ class StoredRequest:
     context_adjustments: list[dict[str, Any]] | None
     fault_rc: str | None
     fault_message: str | None
+    image_bytes: int  # of its stored images, until they are released
 
     @property
     def kind(self) -> str:
@@ -497,6 +539,7 @@ def cancel_request(
     status = request_status(conn, request_id, kind, now, rules)
     req = status.request
     rewarded = charged = 0.0
+    settled_ids: set[str] = set()
     if req.state == "waiting":
         for job_id, chars in (posted or {}).items():
             job = (
@@ -510,5 +553,10 @@ def cancel_request(
             settled = settle(conn, job, paid, {"charge_basis": "output_estimate"}, now, "cancelled")
             rewarded += settled.reward
             charged += settled.cost
+            settled_ids.add(job_id)
         end_request(conn, req.id, "cancelled", now, abort_jobs=False)
+        if not any(j.state == "processing" and j.id not in settled_ids for j in status.jobs):
+            # No job still out needs its content: released at once (a job
+            # still out is judged against it; the sweep releases it later).
+            release(conn, [req.id])
     return dataclasses.replace(status, settled=(rewarded, charged))

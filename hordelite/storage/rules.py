@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from hordelite.contract.budgets import UNLIMITED, Budgets
+
 
 @dataclasses.dataclass(frozen=True)
 class Rules:
@@ -18,3 +20,5 @@ class Rules:
     concurrency: int
     anonymous_concurrency: int
     allow_anonymous: bool
+    # The per-user budgets of requests (contract/budgets.py).
+    budgets: Budgets = UNLIMITED

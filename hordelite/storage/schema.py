@@ -156,10 +156,33 @@ requests = Table(
     # A resubmit with the same Idempotency-Key returns this request.
     Column("operation_key", String(MAX_IDEMPOTENCY_KEY_CHARS), nullable=True),
     Column("fingerprint", String(64), nullable=True),
+    # What the request holds stored, for its user's budgets (decision 0049):
+    # bytes of prompt and conversation (at least 1 while held; 0 once its
+    # content is released after it ended and its jobs came back), and of
+    # its stored images.
+    Column("held_bytes", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("image_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     Index("ix_requests_state_expires", "state", "expires"),
     Index("ix_requests_order", "state", "anonymous", text("prio_key DESC")),
     Index("ix_requests_user_state", "user_id", "state"),
     Index("ix_requests_ended", "ended"),
+    # A user's requests queued in the last minute (requests_per_minute).
+    Index("ix_requests_user_created", "user_id", "created"),
+    # Only the requests still holding content: a user's (the budgets), and
+    # the ended ones the sweep releases. Partial, so each is as small as what
+    # is held, not as the retention's history.
+    Index(
+        "ix_requests_held_user",
+        "user_id",
+        sqlite_where=text("held_bytes > 0"),
+        postgresql_where=text("held_bytes > 0"),
+    ),
+    Index(
+        "ix_requests_held_ended",
+        "ended",
+        sqlite_where=text("held_bytes > 0"),
+        postgresql_where=text("held_bytes > 0"),
+    ),
     # NULL keys are distinct, so only requests with a key are constrained.
     Index("ix_requests_operation", "user_id", "operation_key", unique=True),
 )

@@ -18,7 +18,7 @@ from sqlalchemy import (
 from hordelite.contract import faults
 from hordelite.storage.activity import roll_up
 from hordelite.storage.ledger import charge_worker, give_back
-from hordelite.storage.queueing import end_request
+from hordelite.storage.queueing import HELD, end_request, release
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     jobs,
@@ -48,6 +48,10 @@ class SweepResult:
     changed_requests: list[str] = dataclasses.field(default_factory=list)
     # Requests deleted past their retention (their blobs go too).
     purged_ids: list[str] = dataclasses.field(default_factory=list)
+    # Ended requests whose content was released, and which of them held
+    # images (their blobs go now).
+    released: int = 0
+    released_image_ids: list[str] = dataclasses.field(default_factory=list)
     # Another process was sweeping (PostgreSQL): this round did nothing.
     skipped: bool = False
 
@@ -74,6 +78,7 @@ def sweep(
     expired, requeued, ended = _expire_leases(conn, now, rules, extended or {})
     ended += _expire_requests(conn, now)
     purged = _purge(conn, now - rules.retention, now)
+    released, with_images = _release_ended(conn)
     _drop_idle_classes(conn, now)
     # Every request of an expired job changed (requeued or ended), and a
     # purged one is gone: their cached statuses must not answer.
@@ -86,6 +91,8 @@ def sweep(
         [j["id"] for j in expired],
         changed,
         purged_ids=purged,
+        released=released,
+        released_image_ids=with_images,
     )
 
 
@@ -189,6 +196,30 @@ def _purge(conn: Connection, before: float, now: float) -> list[str]:
     ).all()
     roll_up(conn, purged_jobs, {r.id: r.created for r in purged}, now)
     return [r.id for r in purged]
+
+
+# Ended requests released per sweep at most: a burst of ends is released
+# over a few sweeps, each transaction staying short.
+RELEASE_BATCH = 1000
+
+_RELEASABLE = (
+    select(requests.c.id, requests.c.image_bytes)
+    .where(
+        requests.c.held_bytes > HELD,
+        requests.c.ended.is_not(None),
+        ~exists().where(jobs.c.request_id == requests.c.id, jobs.c.state == "processing"),
+    )
+    .limit(RELEASE_BATCH)
+)
+
+
+def _release_ended(conn: Connection) -> tuple[int, list[str]]:
+    """Release the ended requests whose jobs are all back (done, or ended
+    with jobs still out when they ended), read along ix_requests_held_ended;
+    returns how many, and the ids of those that held images."""
+    rows = conn.execute(_RELEASABLE).all()
+    release(conn, [r.id for r in rows])
+    return len(rows), [r.id for r in rows if r.image_bytes]
 
 
 def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:

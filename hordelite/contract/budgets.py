@@ -1,0 +1,192 @@
+"""Per-user budgets: what one account may queue and hold stored.
+
+The anonymous user is one account, its budgets shared by every anonymous
+client. Each account has a role (anonymous, user, trusted) and each role
+its own budget; an admin is exempt, as the AI Horde's moderators are from
+its per-user limits. Pure: storage reads what the account holds inside the
+transaction that queues the request (``Holdings``), and raises what
+``refusal`` answers from it (decision 0049).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+from hordelite.errors import RC, HordeError
+
+# The window requests_per_minute counts over, in seconds.
+RATE_WINDOW_SECONDS = 60.0
+# A budget of what is held frees up when the account's own requests end,
+# which no one can foretell: a refused client is told to come back after
+# this many seconds, about one sweep of the horde's timers.
+HELD_RETRY_SECONDS = 10
+
+Role = Literal["anonymous", "user", "trusted"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """One role's budgets; 0 is no limit."""
+
+    requests_per_minute: int = 0
+    requests_held: int = 0
+    stored_bytes: int = 0
+    images_per_request: int = 0
+    image_bytes: int = 0
+
+    @property
+    def counts_held(self) -> bool:
+        """Whether checking it needs what the account holds."""
+        return bool(self.requests_held or self.stored_bytes or self.image_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budgets:
+    """Every role's budget of requests (``hordelite.config.BudgetsConfig``;
+    the caps on workers are the pop's)."""
+
+    anonymous: Budget = Budget()
+    user: Budget = Budget()
+    trusted: Budget = Budget()
+
+    def of(self, *, anonymous: bool, trusted: bool, admin: bool) -> Budget | None:
+        """The budget of an account with these flags; None: exempt."""
+        if admin and not anonymous:
+            return None
+        if anonymous:
+            return self.anonymous
+        return self.trusted if trusted else self.user
+
+
+UNLIMITED = Budgets()
+
+
+def role_key(role: Role, name: str) -> str:
+    """The configuration key of a role's budget, as a refusal names it."""
+    prefix = "" if role == "user" else f"{role}_"
+    return f"budgets.{prefix}{name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Holdings:
+    """What an account holds now, as storage read it: requests queued in the
+    last minute (and when the oldest of them was), requests still holding
+    stored content, and the bytes of text and of images they hold."""
+
+    recent: int = 0
+    oldest_recent: float | None = None
+    held: int = 0
+    held_bytes: int = 0
+    image_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What one new request would add: its stored bytes of prompt and
+    messages, and of images (normalised JPEG)."""
+
+    stored_bytes: int
+    image_bytes: int = 0
+    images: int = 0
+
+
+def too_many_images(budget: Budget | None, role: Role, images: int) -> HordeError | None:
+    """413 TooManyImages for a request with more images than the role may
+    send in one (checked before any image is read)."""
+    if budget is None or not budget.images_per_request or images <= budget.images_per_request:
+        return None
+    key = role_key(role, "images_per_request")
+    return HordeError(
+        RC.TooManyImages,
+        f"messages: this request has {images} images; {key} allows at most "
+        f"{budget.images_per_request} in one request.",
+        param="messages",
+        limit=key,
+    )
+
+
+def refusal(
+    budget: Budget | None, role: Role, held: Holdings, cost: Cost, now: float
+) -> HordeError | None:
+    """Why the account may not queue a request of ``cost`` now, or None.
+
+    A request larger than a budget on its own is 413 RequestTooLarge (no
+    retry helps); one that does not fit beside what is held is 429 with
+    ``retry_after``: for the rate, the seconds until the oldest request of
+    the window leaves it.
+    """
+    if budget is None:
+        return None
+    return (
+        too_many_images(budget, role, cost.images)
+        or _too_large(budget, role, cost)
+        or _rate(budget, role, held, now)
+        or _held(budget, role, held, cost)
+    )
+
+
+def _too_large(budget: Budget, role: Role, cost: Cost) -> HordeError | None:
+    for name, limit, size in (
+        ("stored_bytes", budget.stored_bytes, cost.stored_bytes),
+        ("image_bytes", budget.image_bytes, cost.image_bytes),
+    ):
+        if limit and size > limit:
+            key = role_key(role, name)
+            return HordeError(
+                RC.RequestTooLarge,
+                f"This request stores {size} bytes ({name.replace('_', ' ')}); {key} "
+                f"allows at most {limit} for one account.",
+                limit=key,
+            )
+    return None
+
+
+def _rate(budget: Budget, role: Role, held: Holdings, now: float) -> HordeError | None:
+    limit = budget.requests_per_minute
+    if not limit or held.recent < limit:
+        return None
+    oldest = now if held.oldest_recent is None else held.oldest_recent
+    retry = max(1, math.ceil(oldest + RATE_WINDOW_SECONDS - now))
+    key = role_key(role, "requests_per_minute")
+    return HordeError(
+        RC.RequestRateExceeded,
+        f"This account queued {held.recent} requests in the last minute; {key} "
+        f"allows {limit}. Retry in {retry} s.",
+        limit=key,
+        retry_after=retry,
+    )
+
+
+def _held(budget: Budget, role: Role, held: Holdings, cost: Cost) -> HordeError | None:
+    if budget.requests_held and held.held + 1 > budget.requests_held:
+        key = role_key(role, "requests_held")
+        return HordeError(
+            RC.TooManyPrompts,
+            f"This account holds {held.held} requests (waiting, or with jobs still "
+            f"out); {key} allows {budget.requests_held}.",
+            limit=key,
+            retry_after=HELD_RETRY_SECONDS,
+        )
+    for name, limit, holding, adding in (
+        ("stored_bytes", budget.stored_bytes, held.held_bytes, cost.stored_bytes),
+        ("image_bytes", budget.image_bytes, held.image_bytes, cost.image_bytes),
+    ):
+        if limit and holding + adding > limit:
+            key = role_key(role, name)
+            return HordeError(
+                RC.StoredBytesExceeded,
+                f"This account's requests hold {holding} bytes "
+                f"({name.replace('_', ' ')}) and this one adds {adding}; {key} allows "
+                f"{limit}.",
+                limit=key,
+                retry_after=HELD_RETRY_SECONDS,
+            )
+    return None
+
+
+def role_of(*, anonymous: bool, trusted: bool) -> Role:
+    if anonymous:
+        return "anonymous"
+    return "trusted" if trusted else "user"
