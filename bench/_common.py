@@ -8,6 +8,7 @@ sys.path).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import subprocess
@@ -25,6 +26,23 @@ DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 _TICK = os.sysconf("SC_CLK_TCK")
+
+# The most models a pop may declare on the wire (contract/limits.py MAX_MODELS).
+_MODELS_PER_POP = 100
+
+
+def never_refusing_budgets() -> dict[str, int]:
+    """A [budgets] section high enough never to refuse a benchmark's
+    requests, yet set, so that every check and its reads still run (0 would
+    skip them); empty for a tree that has no budgets (a baseline)."""
+    try:
+        from hordelite.config import BudgetsConfig
+    except ImportError:
+        return {}
+    return {
+        f.name: _MODELS_PER_POP if f.name == "models_per_worker" else 10**12
+        for f in dataclasses.fields(BudgetsConfig)
+    }
 
 
 def _stat_fields(pid: int) -> list[str]:

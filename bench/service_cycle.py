@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import never_refusing_budgets  # bench/ is the script's folder, so on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
 # text and chat: through the horde's methods; http: the text cycle over real
 # HTTP to an open_horde in the same process (httpx; the client's work is
@@ -84,6 +86,12 @@ CHAT_POP = {
 }
 
 
+def budgets() -> dict[str, dict[str, int]]:
+    """The [budgets] section of a tree that has them, never refusing."""
+    section = never_refusing_budgets()
+    return {"budgets": section} if section else {}
+
+
 async def cycles(kind: str, count: int, warmup: int) -> float:
     """CPU microseconds per ``kind`` cycle, over ``count`` after ``warmup``."""
     if kind == "http":
@@ -94,7 +102,7 @@ async def cycles(kind: str, count: int, warmup: int) -> float:
 
     with tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp:
         path = str(Path(tmp) / "horde.db")
-        config = Config().replace(storage={"database": path})
+        config = Config().replace(storage={"database": path}, **budgets())
         db = Database(path)
         horde = Horde(config, db)
         horde.migrate()
@@ -137,9 +145,11 @@ async def http_cycles(count: int, warmup: int) -> float:
     """CPU microseconds per text cycle over HTTP (server and client)."""
     import httpx
 
+    from hordelite.config import Config
     from hordelite.testing import open_horde
 
-    async with open_horde() as horde:
+    config = Config().replace(**budgets())
+    async with open_horde(config=config) as horde:
         key = await horde.create_key("bench", kudos=1e9, trusted=True)
         base = horde.url + "/api/v2"
         async with httpx.AsyncClient(base_url=base, headers={"apikey": key}) as client:

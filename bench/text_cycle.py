@@ -95,7 +95,13 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.to_thread
 import httpx
-from _common import machine_cpu, process_cpu, process_tree, stop_process  # bench/ is on sys.path
+from _common import (  # bench/ is on sys.path
+    machine_cpu,
+    never_refusing_budgets,
+    process_cpu,
+    process_tree,
+    stop_process,
+)
 from sqlalchemy import Connection, insert, select
 
 from hordelite.cli import main as hordelite_cli
@@ -397,6 +403,9 @@ def running_server(
     }
     if signals_url is not None:
         sections["signals"] = {"url": signals_url}
+    budgets = never_refusing_budgets()
+    if budgets:
+        sections["budgets"] = budgets
     config.write_text(
         "".join(
             f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())

@@ -42,9 +42,12 @@ def _error(rc: RC, message: str | None = None, **extra: Any) -> Response:
     if request.path.startswith("/v1"):
         return error_response(HordeError(rc, message, **extra))
     count_refusal(rc)  # error_response counts those of the front
-    return json_response(
+    response = json_response(
         {"message": message or rc.default_message, "rc": rc.name, **extra}, rc.status
     )
+    if "retry_after" in extra:  # a budget's 429: when trying again can pass
+        response.headers["Retry-After"] = str(extra["retry_after"])
+    return response
 
 
 def create_app(

@@ -11,6 +11,7 @@ from sqlalchemy import (
     delete,
     insert,
     literal_column,
+    null,
     select,
     update,
 )
@@ -122,7 +123,7 @@ HELD: ColumnClause[Any] = literal_column("0")
 _RELEASE = (
     update(requests)
     .where(requests.c.id.in_(bindparam("ids", expanding=True)))
-    .values(prompt="", chat=None, submitted_prompt=None, held_bytes=0, image_bytes=0)
+    .values(prompt="", chat=null(), submitted_prompt=None, held_bytes=0, image_bytes=0)
 )
 
 

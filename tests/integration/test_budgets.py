@@ -1,0 +1,329 @@
+"""Per-user budgets, black-box: what one account may queue and hold stored
+([budgets], contract/budgets.py, decision 0049).
+
+Each budget is driven over HTTP against a real horde and a real SQLite file:
+going over answers 429 with Retry-After (or 413 for one request too large
+on its own) with an rc and a message naming the limit, and nothing is stored
+or charged. The anonymous user is one account: its budgets are shared.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from hordelite.config import Config
+from hordelite.storage.schema import requests
+from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
+from tests.integration.test_images import (
+    MODEL,
+    blob_files,
+    client_for,
+    image_body,
+    online_vision_worker,
+    png_data_url,
+)
+
+pytestmark = pytest.mark.anyio
+
+ANON = "0000000000"
+TEXT_ASYNC = "/api/v2/generate/text/async"
+CHAT_ASYNC = "/api/v2/generate/chat/async"
+MIB = 1024 * 1024
+
+
+def budgets(**values: int) -> Config:
+    """The default configuration with these [budgets] keys (and in-process
+    signals unless the suite runs on Redis)."""
+    return Config().replace(
+        budgets=values, signals={"url": os.environ.get("HORDELITE_SIGNALS_URL", "")}
+    )
+
+
+def text_body(prompt: str = "Hello") -> dict[str, Any]:
+    return {"prompt": prompt, "params": {"max_length": 16}, "models": ["m"]}
+
+
+async def stored(horde: TestHorde) -> tuple[int, int, int]:
+    """Rows of requests, and the characters of prompts and conversations
+    they keep, as the database holds them."""
+
+    def read(conn: Any) -> tuple[int, int, int]:
+        rows, prompts, chats = conn.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(func.length(requests.c.prompt)), 0),
+                func.coalesce(func.sum(func.length(func.coalesce(requests.c.chat, ""))), 0),
+            )
+        ).one()
+        return int(rows), int(prompts), int(chats)
+
+    return await horde.horde.db.read(read)
+
+
+def assert_refused(r: httpx.Response, status: int, rc: str, limit: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body: dict[str, Any] = r.json()
+    assert body["rc"] == rc
+    assert body["limit"] == limit
+    assert limit in body["message"]
+    if status == 429:
+        assert 1 <= int(r.headers["Retry-After"]) <= 60
+    return body
+
+
+# Images -----------------------------------------------------------------------------
+
+
+async def test_a_300_image_anonymous_request_is_refused_before_any_image_is_stored() -> None:
+    async with open_horde() as horde, client_for(horde) as http:
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner) as worker:
+            image = png_data_url(64, 64, "RGB")
+            body = image_body(image)
+            parts = body["messages"][0]["content"]
+            body["messages"][0]["content"] = [parts[0]] + [parts[1]] * 300
+            r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
+            refusal = assert_refused(
+                r, 413, "TooManyImages", "budgets.anonymous_images_per_request"
+            )
+            assert "300 images" in refusal["message"]
+            assert blob_files(horde) == []
+            assert (await stored(horde))[0] == 0
+            assert (await worker.pop())["id"] is None  # nothing queued
+
+
+async def test_a_registered_user_may_send_as_many_images_as_its_own_budget() -> None:
+    config = budgets(images_per_request=2, anonymous_images_per_request=1)
+    async with open_horde(config=config) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner):
+            body = image_body(png_data_url())
+            parts = body["messages"][0]["content"]
+            body["messages"][0]["content"] = [parts[0], parts[1], parts[1]]
+            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+            assert r.status_code == 202, r.text
+            assert len(blob_files(horde)) == 2
+            r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
+            assert_refused(r, 413, "TooManyImages", "budgets.anonymous_images_per_request")
+
+
+async def test_images_over_the_image_bytes_budget_are_refused_and_deleted() -> None:
+    # A 1500x1500 image is stored as a JPEG of tens of kilobytes: over a
+    # budget of 1 KiB on its own (413), and the blob taken in is deleted.
+    async with open_horde(config=budgets(image_bytes=1024)) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner):
+            body = image_body(png_data_url(1500, 1500, "RGB"))
+            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+            assert_refused(r, 413, "RequestTooLarge", "budgets.image_bytes")
+            assert blob_files(horde) == []
+            assert (await stored(horde))[0] == 0
+
+
+async def test_image_bytes_held_by_waiting_requests_count_until_they_end() -> None:
+    async with (
+        open_horde(config=budgets(image_bytes=1024 * 1024)) as horde,
+        client_for(horde) as http,
+    ):
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner):
+            body = image_body(png_data_url(1500, 1500, "RGB"))
+            accepted = []
+            while True:
+                r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+                if r.status_code != 202:
+                    break
+                accepted.append(r.json()["id"])
+                assert len(accepted) < 200, "the image bytes budget never refused"
+            assert_refused(r, 429, "StoredBytesExceeded", "budgets.image_bytes")
+            assert len(blob_files(horde)) == len(accepted)  # the refused one's went
+            cancelled = await http.delete(f"/api/v2/generate/chat/status/{accepted[0]}")
+            assert cancelled.status_code == 200, cancelled.text
+            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+            assert r.status_code == 202, r.text
+
+
+async def test_a_cancel_deletes_the_request_images_at_once() -> None:
+    async with open_horde() as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner):
+            r = await http.post(
+                CHAT_ASYNC, headers={"apikey": key}, json=image_body(png_data_url())
+            )
+            assert r.status_code == 202, r.text
+            request_id = r.json()["id"]
+            assert len(blob_files(horde)) == 1
+            cancelled = await http.delete(f"/api/v2/generate/chat/status/{request_id}")
+            assert cancelled.status_code == 200, cancelled.text
+            assert blob_files(horde) == []
+            assert (await stored(horde))[1:] == (0, 0)  # its conversation released too
+
+
+async def test_a_done_request_releases_its_conversation_and_images_at_the_next_sweep() -> None:
+    async with open_horde() as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner) as worker:
+            r = await http.post(
+                CHAT_ASYNC, headers={"apikey": key}, json=image_body(png_data_url())
+            )
+            assert r.status_code == 202, r.text
+            request_id = r.json()["id"]
+            job = await worker.pop()
+            reply = {"message": {"role": "assistant", "content": "Red."}, "finish_reason": "stop"}
+            assert (await worker.submit_reply(job, reply)).status_code == 200
+            assert len(blob_files(horde)) == 1  # until the sweep
+            await horde.sweep()
+            assert blob_files(horde) == []
+            assert (await stored(horde))[1:] == (0, 0)
+            status = await http.get(f"/api/v2/generate/chat/status/{request_id}")
+            assert status.status_code == 200, status.text
+            assert status.json()["done"] is True
+            assert status.json()["generations"][0]["message"]["content"] == "Red."
+
+
+# Requests per minute and held -------------------------------------------------------
+
+
+async def test_a_submit_and_cancel_loop_is_held_to_the_rate_and_stores_nothing_past_it() -> None:
+    clock = ManualClock()
+    config = budgets(anonymous_requests_per_minute=10)
+    async with open_horde(config=config, clock=clock) as horde, client_for(horde) as http:
+        prompt = "x" * MIB
+        answers = []
+        for _ in range(30):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body(prompt))
+            answers.append(r)
+            if r.status_code == 202:
+                cancel = await http.delete(f"/api/v2/generate/text/status/{r.json()['id']}")
+                assert cancel.status_code == 200, cancel.text
+            clock.advance(1.0)
+        accepted = [r for r in answers if r.status_code == 202]
+        assert len(accepted) == 10
+        for refused in answers[10:]:
+            body = assert_refused(
+                refused, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute"
+            )
+            assert "10" in body["message"]
+        # The first answer past the window's ten: the oldest leaves it 60 s
+        # after it was queued, 50 s from then.
+        assert int(answers[10].headers["Retry-After"]) == 50
+        rows, prompts, _ = await stored(horde)
+        assert (rows, prompts) == (10, 0)  # cancelled: kept small, content released
+        clock.advance(60.0)
+        r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
+        assert r.status_code == 202, r.text
+
+
+async def test_the_anonymous_rate_is_shared_and_a_registered_user_has_its_own() -> None:
+    config = budgets(anonymous_requests_per_minute=2, requests_per_minute=3)
+    async with open_horde(config=config) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice")
+        for _ in range(2):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
+            assert r.status_code == 202, r.text
+        r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
+        assert_refused(r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute")
+        for _ in range(3):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+            assert r.status_code == 202, r.text
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+        assert_refused(r, 429, "RequestRateExceeded", "budgets.requests_per_minute")
+
+
+async def test_a_trusted_user_has_its_budget_and_an_admin_none() -> None:
+    config = budgets(requests_per_minute=1, trusted_requests_per_minute=2)
+    async with open_horde(config=config) as horde, client_for(horde) as http:
+        trusted = await horde.create_key("carol", trusted=True)
+        admin = await horde.create_key("root", admin=True)
+        for _ in range(2):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": trusted}, json=text_body())
+            assert r.status_code == 202, r.text
+        r = await http.post(TEXT_ASYNC, headers={"apikey": trusted}, json=text_body())
+        assert_refused(r, 429, "RequestRateExceeded", "budgets.trusted_requests_per_minute")
+        for _ in range(5):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": admin}, json=text_body())
+            assert r.status_code == 202, r.text
+
+
+async def test_a_budget_of_0_is_no_limit() -> None:
+    config = budgets(requests_per_minute=0, requests_held=0, stored_bytes=0)
+    async with open_horde(config=config) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice")
+        for _ in range(25):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+            assert r.status_code == 202, r.text
+
+
+async def test_a_cancelled_request_holds_its_place_while_its_job_is_out() -> None:
+    async with open_horde(config=budgets(requests_held=1)) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, models=["m"]) as worker:
+            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+            assert r.status_code == 202, r.text
+            job = await worker.pop()
+            assert job["id"] is not None
+            cancel = await http.delete(f"/api/v2/generate/text/status/{r.json()['id']}")
+            assert cancel.status_code == 200, cancel.text
+            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+            assert_refused(r, 429, "TooManyPrompts", "budgets.requests_held")
+            await worker.submit(job["id"], "late reply", seed=1)
+            await horde.sweep()  # its job is back: released
+            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+            assert r.status_code == 202, r.text
+
+
+# Stored bytes -----------------------------------------------------------------------
+
+
+async def test_a_prompt_over_the_stored_bytes_budget_alone_is_413_and_beside_others_429() -> None:
+    async with open_horde(config=budgets(stored_bytes=1000)) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        before = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("x" * 2000))
+        assert_refused(r, 413, "RequestTooLarge", "budgets.stored_bytes")
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("é" * 300))
+        assert r.status_code == 202, r.text  # 600 bytes of UTF-8
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("é" * 300))
+        assert_refused(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
+        assert (await stored(horde))[0] == 1
+        after = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
+        assert after["kudos"] == before["kudos"]
+
+
+@pytest.mark.parametrize("route", ["native", "front"])
+async def test_a_chat_request_over_a_budget_gets_its_429(route: str) -> None:
+    # A text request fills the minute's budget of one; a chat request for a
+    # served model then passes admission and is refused where it is stored.
+    config = budgets(requests_per_minute=1)
+    async with open_horde(config=config) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner) as worker:
+            first = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+            assert first.status_code == 202, first.text
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            if route == "native":
+                r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+                assert_refused(r, 429, "RequestRateExceeded", "budgets.requests_per_minute")
+            else:
+                r = await http.post(
+                    "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, json=body
+                )
+                assert r.status_code == 429, r.text
+                error = r.json()["error"]
+                assert error["code"] == "RequestRateExceeded"
+                assert error["type"] == "rate_limit_error"
+                assert "budgets.requests_per_minute" in error["message"]
+                assert 1 <= int(r.headers["Retry-After"]) <= 60
+            assert (await worker.pop())["id"] is None  # no chat request queued
