@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Text, cast, func, select
 
 from hordelite.config import Config
 from hordelite.storage.schema import requests
@@ -44,6 +44,15 @@ def budgets(**values: int) -> Config:
     )
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> str | None:
+    """A temporary SQLite file (None: open_horde's own), or a fresh
+    PostgreSQL schema: the budgets' reads run on both."""
+    if request.param == "sqlite":
+        return None
+    return str(request.getfixturevalue("postgres_schema_url"))
+
+
 def text_body(prompt: str = "Hello") -> dict[str, Any]:
     return {"prompt": prompt, "params": {"max_length": 16}, "models": ["m"]}
 
@@ -57,7 +66,7 @@ async def stored(horde: TestHorde) -> tuple[int, int, int]:
             select(
                 func.count(),
                 func.coalesce(func.sum(func.length(requests.c.prompt)), 0),
-                func.coalesce(func.sum(func.length(func.coalesce(requests.c.chat, ""))), 0),
+                func.coalesce(func.sum(func.length(cast(requests.c.chat, Text))), 0),
             )
         ).one()
         return int(rows), int(prompts), int(chats)
@@ -194,10 +203,15 @@ async def test_a_done_request_releases_its_conversation_and_images_at_the_next_s
 # Requests per minute and held -------------------------------------------------------
 
 
-async def test_a_submit_and_cancel_loop_is_held_to_the_rate_and_stores_nothing_past_it() -> None:
+async def test_a_submit_and_cancel_loop_is_held_to_the_rate_and_stores_nothing_past_it(
+    database: str | None,
+) -> None:
     clock = ManualClock()
     config = budgets(anonymous_requests_per_minute=10)
-    async with open_horde(config=config, clock=clock) as horde, client_for(horde) as http:
+    async with (
+        open_horde(config=config, clock=clock, database=database) as horde,
+        client_for(horde) as http,
+    ):
         prompt = "x" * MIB
         answers = []
         for _ in range(30):
@@ -264,8 +278,11 @@ async def test_a_budget_of_0_is_no_limit() -> None:
             assert r.status_code == 202, r.text
 
 
-async def test_a_cancelled_request_holds_its_place_while_its_job_is_out() -> None:
-    async with open_horde(config=budgets(requests_held=1)) as horde, client_for(horde) as http:
+async def test_a_cancelled_request_holds_its_place_while_its_job_is_out(
+    database: str | None,
+) -> None:
+    config = budgets(requests_held=1)
+    async with open_horde(config=config, database=database) as horde, client_for(horde) as http:
         key = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
         async with FakeTextWorker(horde.url, owner, models=["m"]) as worker:
@@ -286,8 +303,13 @@ async def test_a_cancelled_request_holds_its_place_while_its_job_is_out() -> Non
 # Stored bytes -----------------------------------------------------------------------
 
 
-async def test_a_prompt_over_the_stored_bytes_budget_alone_is_413_and_beside_others_429() -> None:
-    async with open_horde(config=budgets(stored_bytes=1000)) as horde, client_for(horde) as http:
+async def test_a_prompt_over_the_stored_bytes_budget_alone_is_413_and_beside_others_429(
+    database: str | None,
+) -> None:
+    async with (
+        open_horde(config=budgets(stored_bytes=1000), database=database) as horde,
+        client_for(horde) as http,
+    ):
         key = await horde.create_key("alice", kudos=100)
         before = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
         r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("x" * 2000))
