@@ -7,6 +7,7 @@ import dataclasses
 from sqlalchemy import (
     Connection,
     RowMapping,
+    bindparam,
     case,
     delete,
     exists,
@@ -202,24 +203,28 @@ def _purge(conn: Connection, before: float, now: float) -> list[str]:
 # over a few sweeps, each transaction staying short.
 RELEASE_BATCH = 1000
 
-_RELEASABLE = (
+_ENDED_HELD = (
     select(requests.c.id, requests.c.image_bytes)
-    .where(
-        requests.c.held_bytes > HELD,
-        requests.c.ended.is_not(None),
-        ~exists().where(jobs.c.request_id == requests.c.id, jobs.c.state == "processing"),
-    )
+    .where(requests.c.held_bytes > HELD, requests.c.ended.is_not(None))
     .limit(RELEASE_BATCH)
+)
+_STILL_OUT = select(jobs.c.request_id).where(
+    jobs.c.request_id.in_(bindparam("ids", expanding=True)), jobs.c.state == "processing"
 )
 
 
 def _release_ended(conn: Connection) -> tuple[int, list[str]]:
     """Release the ended requests whose jobs are all back (done, or ended
-    with jobs still out when they ended), read along ix_requests_held_ended;
-    returns how many, and the ids of those that held images."""
-    rows = conn.execute(_RELEASABLE).all()
-    release(conn, [r.id for r in rows])
-    return len(rows), [r.id for r in rows if r.image_bytes]
+    with jobs still out when they ended), read along ix_requests_held_ended
+    and ix_jobs_request_id; returns how many, and the ids of those that held
+    images."""
+    rows = conn.execute(_ENDED_HELD).all()
+    if not rows:
+        return 0, []
+    out = set(conn.execute(_STILL_OUT, {"ids": [r.id for r in rows]}).scalars())
+    done = [r for r in rows if r.id not in out]
+    release(conn, [r.id for r in done])
+    return len(done), [r.id for r in done if r.image_bytes]
 
 
 def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
