@@ -285,7 +285,7 @@ def _late_reason(p: _Part, seconds: float) -> str:
         host = parse_target(p.url).host
     except ImageFetchRefused:
         host = ""
-    why = f"not fetched within {seconds:g} s, the time a request's images have in all"
+    why = f"the request's images have {seconds:g} s in all"
     return str(ImageFetchRefused("timeout", host, why))
 
 
