@@ -33,6 +33,7 @@ import pytest
 from PIL import Image
 
 from hordelite.config import Config
+from hordelite.contract.chat_request import parse_chat_request
 from hordelite.contract.limits import IMAGE_FETCHES_PER_REQUEST
 from hordelite.horde import request_images
 from hordelite.horde import requests as horde_requests
@@ -347,3 +348,33 @@ async def test_a_failing_image_among_slow_ones_cancels_the_rest_and_keeps_nothin
         with anyio.fail_after(OBSERVED_WITHIN):
             await images.all_hung_closed.wait()
         assert images.hung_closed == 2
+
+
+async def test_a_submit_cancelled_while_its_images_are_taken_in_keeps_nothing(
+    images: ImageServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two parts at once: the hung fetch starts once the data: image or the
+    # fetched one is stored (its slot freed after the put); the submit is
+    # cancelled, from outside, once that fetch is in flight.
+    monkeypatch.setattr(request_images, "IMAGE_FETCHES_PER_REQUEST", 2)
+    images.hung_expected = 1
+    body = body_of([png_data_url(), images.url("/image.png"), images.url("/hung/1")])
+    queued: list[object] = []
+    async with image_horde() as (horde, _, key):
+        submit_scope = anyio.CancelScope()
+
+        async def cancel_once_in_flight() -> None:
+            await images.all_hung.wait()
+            submit_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_once_in_flight)
+            with submit_scope:
+                queued.append(
+                    await horde.horde.queue_chat(key, parse_chat_request(body), "test:1:cancel")
+                )
+        assert submit_scope.cancelled_caught  # the cancellation came through
+        assert queued == []
+        assert blob_files(horde) == []
+        with anyio.fail_after(OBSERVED_WITHIN):
+            await images.all_hung_closed.wait()
