@@ -195,6 +195,30 @@ MIN_LONG_POLL_MARGIN: Final = 10.0
 MAX_IMAGE_FETCH_BYTES: Final = 20 * 1024 * 1024
 IMAGE_FETCH_TIMEOUT: Final = 10.0
 MAX_IMAGE_FETCH_REDIRECTS: Final = 3
+# A request's images are taken in together (horde/request_images.py), so
+# that slow hosts cost a submit seconds, not the sum of their times:
+# - IMAGE_FETCH_DEADLINE: every http(s) image of a request is fetched
+#   within this many seconds of the start of its intake, or the request is
+#   refused naming the parts not fetched. Twice IMAGE_FETCH_TIMEOUT: one
+#   image at its own limit fits, and so do two rounds of the per-request cap
+#   at it (12 images each taking the full 10 s); a submit's fetching never
+#   lasts longer, however many images it names.
+# - IMAGE_FETCHES_PER_REQUEST: parts of one request taken in at once
+#   (fetched or decoded, then normalised and stored). Six is what a browser
+#   opens to one host, and a request's images often share a host: a
+#   request knocks no harder than a page would. It also bounds the fetched
+#   bytes a request holds at once (six times MAX_IMAGE_FETCH_BYTES).
+# - IMAGE_FETCHES_PER_PROCESS: fetches in flight at once in a process,
+#   across its requests. Each holds a socket and up to MAX_IMAGE_FETCH_BYTES
+#   while it reads: 32 bounds that at 640 MiB in the worst case (images are
+#   usually far smaller) and keeps five requests' worth of slow hosts from
+#   taking every connection; a fetch past it waits, within its deadline.
+IMAGE_FETCH_DEADLINE: Final = 2 * IMAGE_FETCH_TIMEOUT
+IMAGE_FETCHES_PER_REQUEST: Final = 6
+IMAGE_FETCHES_PER_PROCESS: Final = 32
+# A refusal for that deadline names this many parts in its message (its
+# ``errors`` names each): enough to find them, short enough to read.
+MAX_LATE_IMAGES_NAMED: Final = 10
 
 # Images the reference worker fetches from a job's signed URL (the horde's
 # normalised JPEG, well under this) to hand its backend inline: at most this

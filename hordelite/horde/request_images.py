@@ -4,7 +4,10 @@ their declared transport.
 At submit every ``image_url`` part is read (a ``data:`` URL decoded, an
 ``http(s)`` URL fetched with hordelite.guarded_fetch), checked and normalised
 to JPEG (contract/image_normalise.py, in a thread), and stored in the blob store; the
-stored request keeps only a reference (``hordelite-blob:<key>/<jpeg bytes>``). At pop,
+stored request keeps only a reference (``hordelite-blob:<key>/<jpeg bytes>``).
+A request's parts are taken in together, a few at a time, its fetches under
+one deadline, so that slow hosts cost a submit about one image's time, not
+the sum of theirs (decision 0042). At pop,
 after the transaction, each reference becomes what the worker declared: a
 signed URL for a ``url`` worker, an inline ``data:image/jpeg`` URL for a
 ``base64``-only one. A large request (``images.offload_bytes``) goes to a
@@ -35,9 +38,15 @@ from hordelite.contract.image_normalise import (
     normalise,
     parse_data_url,
 )
-from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
+from hordelite.contract.limits import (
+    IMAGE_FETCH_DEADLINE,
+    IMAGE_FETCHES_PER_REQUEST,
+    MAX_LATE_IMAGES_NAMED,
+    MESSAGES_URL_SECONDS,
+    MIN_IMAGE_URL_SECONDS,
+)
 from hordelite.errors import RC, HordeError
-from hordelite.guarded_fetch import ImageFetchRefused, fetch_image
+from hordelite.guarded_fetch import ImageFetchRefused, fetch_image, parse_target
 
 JPEG = "image/jpeg"
 JSON = "application/json"
@@ -64,6 +73,60 @@ def image_keys(request_id: str, req: ChatRequest) -> list[str]:
     return [f"{request_id}-{n}" for n, _ in enumerate(_image_parts(req.messages))]
 
 
+@dataclasses.dataclass
+class _Part:
+    """One image part of a request while it is taken in, and how that went."""
+
+    where: str
+    part: dict[str, Any]
+    key: str
+    # Its bytes are in hand (a data: URL's from the start): a part without
+    # them when the deadline passes was not fetched in time.
+    in_hand: bool
+    refusal: str | None = None
+    error: Exception | None = None
+    jpeg_bytes: int = 0
+
+    @property
+    def url(self) -> str:
+        return str(self.part["image_url"]["url"])
+
+    @property
+    def failed(self) -> bool:
+        return self.refusal is not None or self.error is not None
+
+
+@dataclasses.dataclass
+class _Intake:
+    """What a request's parts share while they are taken in."""
+
+    store: BlobStore
+    fetch_private: bool
+    normalising: anyio.CapacityLimiter | None
+    # Fetches in flight in the process (unbounded for a caller with none).
+    fetches: anyio.CapacityLimiter
+    # Parts of this request in progress at once, taken in message order.
+    slots: anyio.Semaphore
+    # When every fetch must be done (anyio's clock), and the seconds it allows.
+    fetch_by: float
+    seconds: float
+    # Every key put or being put, deleted when the request is not taken.
+    stored: list[str] = dataclasses.field(default_factory=list)
+    # The deadline passed with a part not fetched.
+    late: bool = False
+
+
+def _copied(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies down to the parts, which take_images replaces: the caller's
+    request stays as parsed."""
+    return [
+        {**m, "content": [{**part} for part in m["content"]]}
+        if isinstance(m.get("content"), list)
+        else {**m}
+        for m in messages
+    ]
+
+
 async def take_images(
     req: ChatRequest,
     store: BlobStore,
@@ -71,53 +134,159 @@ async def take_images(
     *,
     fetch_private: bool,
     limiter: anyio.CapacityLimiter | None = None,
+    fetches: anyio.CapacityLimiter | None = None,
+    deadline: float | None = None,
+    at_once: int | None = None,
 ) -> ChatRequest:
     """The request with each image read, checked, normalised to JPEG and
-    stored under ``image_keys``; a bad image is refused with 400
-    ChatRequestInvalid naming its part (nothing is queued then, and what
-    was stored of the request is deleted)."""
+    stored under ``image_keys``.
+
+    The parts are taken in together, at most ``at_once``
+    (IMAGE_FETCHES_PER_REQUEST) at a time in message order, each http(s)
+    fetch also holding one of ``fetches`` (the process's bound); every fetch
+    must be done within ``deadline`` (IMAGE_FETCH_DEADLINE) seconds. A bad
+    image, or a part not fetched in time, is refused with 400
+    ChatRequestInvalid naming the part (the first in message order of
+    those that failed); the parts still in progress are then cancelled, and
+    on any failure or cancellation what was stored of the request is
+    deleted. ``limiter`` bounds the normalising threads."""
     if not req.has_images:
         return req
-    # Copies down to the parts, which are replaced below: the caller's
-    # request stays as parsed.
-    messages = [
-        {**m, "content": [{**part} for part in m["content"]]}
-        if isinstance(m.get("content"), list)
-        else {**m}
-        for m in req.messages
+    messages = _copied(req.messages)
+    parts = [
+        _Part(
+            where, part, f"{request_id}-{n}", in_hand=part["image_url"]["url"].startswith("data:")
+        )
+        for n, (where, part) in enumerate(_image_parts(messages))
     ]
-    stored: list[str] = []
+    # Read here, not as defaults, so that a test can set the module's values.
+    seconds = IMAGE_FETCH_DEADLINE if deadline is None else deadline
+    intake = _Intake(
+        store,
+        fetch_private,
+        limiter,
+        anyio.CapacityLimiter(math.inf) if fetches is None else fetches,
+        anyio.Semaphore(IMAGE_FETCHES_PER_REQUEST if at_once is None else at_once),
+        anyio.current_time() + seconds,
+        seconds,
+    )
     try:
-        for n, (where, part) in enumerate(_image_parts(messages)):
-            url = part["image_url"]["url"]
-            try:
-                # Decoding (base64, then the image) and encoding take a while:
-                # in a thread, ``limiter`` bounding how many at once, since
-                # the threads share the process's core with the event loop.
-                if url.startswith("data:"):
-                    image = await anyio.to_thread.run_sync(_from_data_url, url, limiter=limiter)
-                else:
-                    data = await fetch_image(url, allow_private=fetch_private)
-                    image = await anyio.to_thread.run_sync(normalise, data, limiter=limiter)
-            except (ImageRefused, ImageFetchRefused) as refused:
-                raise HordeError(
-                    RC.ChatRequestInvalid,
-                    f"{where}: {refused}",
-                    param=where,
-                    errors={where: str(refused)},
-                ) from None
-            key = f"{request_id}-{n}"
-            await store.put(key, image.jpeg, JPEG)
-            stored.append(key)
-            # The JPEG's size rides along, so that whether a request needs
-            # offloading is known at pop without reading its images.
-            reference = f"{BLOB_REFERENCE}{key}/{len(image.jpeg)}"
-            part["image_url"] = {**part["image_url"], "url": reference}
+        await _take_all(parts, intake)
+        _raise_first_failure(parts, intake)
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await store.delete(stored)
+            await store.delete(intake.stored)
         raise
+    for p in parts:
+        # The JPEG's size rides along, so that whether a request needs
+        # offloading is known at pop without reading its images.
+        reference = f"{BLOB_REFERENCE}{p.key}/{p.jpeg_bytes}"
+        p.part["image_url"] = {**p.part["image_url"], "url": reference}
     return dataclasses.replace(req, messages=messages)
+
+
+async def _take_all(parts: list[_Part], intake: _Intake) -> None:
+    """Each part taken in by a task of its own, started in message order as
+    a slot frees; the first failure cancels the rest (take_images'
+    task group: nothing of the request runs once it returns)."""
+    async with anyio.create_task_group() as tg:
+        for p in parts:
+            # Waiting for a turn counts against the deadline for a part that
+            # is to be fetched: its fetch cannot be done by then otherwise.
+            with anyio.CancelScope(deadline=math.inf if p.in_hand else intake.fetch_by) as turn:
+                await intake.slots.acquire()
+            if turn.cancelled_caught:
+                intake.late = True
+                tg.cancel_scope.cancel()
+                return
+            tg.start_soon(_take_part, p, intake, tg.cancel_scope)
+
+
+async def _take_part(p: _Part, intake: _Intake, group: anyio.CancelScope) -> None:
+    """Read, normalise and store one part. A failure is kept on the part (the
+    task group would wrap it in an exception group, and take_images must
+    choose among the failures) and cancels the request's other parts."""
+    try:
+        image = await _read(p, intake)
+        if image is None:  # the deadline passed before its bytes came
+            intake.late = True
+            group.cancel()
+            return
+        # Listed before the put: a put cut short may still have written it.
+        intake.stored.append(p.key)
+        await intake.store.put(p.key, image.jpeg, JPEG)
+        p.jpeg_bytes = len(image.jpeg)
+    except (ImageRefused, ImageFetchRefused) as refused:
+        p.refusal = str(refused)
+        group.cancel()
+    except Exception as error:  # raised again by take_images, as it came
+        p.error = error
+        group.cancel()
+    finally:
+        intake.slots.release()
+
+
+async def _read(p: _Part, intake: _Intake) -> NormalisedImage | None:
+    """The part's image normalised, or None when its fetch was not done by
+    the deadline."""
+    # Decoding (base64, then the image) and encoding take a while: in a
+    # thread, ``normalising`` bounding how many at once in the process, since
+    # the threads share its core with the event loop.
+    if p.in_hand:
+        return await anyio.to_thread.run_sync(_from_data_url, p.url, limiter=intake.normalising)
+    data = await _fetch(p.url, intake)
+    if data is None:
+        return None
+    p.in_hand = True
+    return await anyio.to_thread.run_sync(normalise, data, limiter=intake.normalising)
+
+
+async def _fetch(url: str, intake: _Intake) -> bytes | None:
+    """The bytes at ``url`` (guarded_fetch, its own time limit kept), or None
+    when the request's deadline passed first, a wait for one of the process's
+    fetches included. Any other cancellation goes on up."""
+    with anyio.CancelScope(deadline=intake.fetch_by):
+        async with intake.fetches:
+            return await fetch_image(url, allow_private=intake.fetch_private)
+    return None
+
+
+def _raise_first_failure(parts: list[_Part], intake: _Intake) -> None:
+    """Raise what the first failed part in message order met, whichever
+    failed first in time: the answer depends on what failed, not on the
+    order the fetches ended in. A part not fetched by the deadline is
+    refused with every other such part named."""
+    late = [p for p in parts if intake.late and not p.in_hand and not p.failed]
+    failed = [p for p in parts if p.failed or (intake.late and not p.in_hand)]
+    if not failed:
+        return
+    first = failed[0]
+    if first.error is not None:
+        raise first.error
+    errors = {
+        p.where: p.refusal or _late_reason(p, intake.seconds) for p in failed if p.error is None
+    }
+    if first.refusal is None:
+        message = _late_message(late, intake.seconds)
+    else:
+        message = f"{first.where}: {first.refusal}"
+    raise HordeError(RC.ChatRequestInvalid, message, param=first.where, errors=errors)
+
+
+def _late_message(late: list[_Part], seconds: float) -> str:
+    named = ", ".join(p.where for p in late[:MAX_LATE_IMAGES_NAMED])
+    if len(late) > MAX_LATE_IMAGES_NAMED:
+        named += f" and {len(late) - MAX_LATE_IMAGES_NAMED} more"
+    return f"{named}: not fetched within {seconds:g} s, the time a request's images have in all"
+
+
+def _late_reason(p: _Part, seconds: float) -> str:
+    try:
+        host = parse_target(p.url).host
+    except ImageFetchRefused:
+        host = ""
+    why = f"the request's images have {seconds:g} s in all"
+    return str(ImageFetchRefused("timeout", host, why))
 
 
 def _stored(part: dict[str, Any]) -> tuple[str, int] | None:

@@ -12,7 +12,11 @@ from hordelite.contract import budgets
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
 from hordelite.contract.chat_request import ChatRequest, image_count, parse_chat_request
-from hordelite.contract.limits import IMAGES_NORMALISED_AT_ONCE, UPFRONT_MAX_LENGTH
+from hordelite.contract.limits import (
+    IMAGE_FETCHES_PER_PROCESS,
+    IMAGES_NORMALISED_AT_ONCE,
+    UPFRONT_MAX_LENGTH,
+)
 from hordelite.contract.text import TextRequest, parse_text_request
 from hordelite.errors import RC, HordeError
 from hordelite.horde import chat, request_images
@@ -34,6 +38,7 @@ class Requests:
         self._core = core
         self._admission = ChatAdmission(core)
         self._normalising: anyio.CapacityLimiter | None = None
+        self._fetching: anyio.CapacityLimiter | None = None
 
     # Queueing ----------------------------------------------------------
 
@@ -161,12 +166,15 @@ class Requests:
             raise HordeError(RC.ChatRequestInvalid, "This horde keeps no images.", param="messages")
         if self._normalising is None:  # made on the loop that runs the horde
             self._normalising = anyio.CapacityLimiter(IMAGES_NORMALISED_AT_ONCE)
+        if self._fetching is None:  # the same; shared by every request's fetches
+            self._fetching = anyio.CapacityLimiter(IMAGE_FETCHES_PER_PROCESS)
         return await request_images.take_images(
             req,
             blobs,
             request_id,
             fetch_private=self._core.config.images.fetch_private,
             limiter=self._normalising,
+            fetches=self._fetching,
         )
 
     async def _drop_images(self, req: ChatRequest, request_id: str) -> None:
