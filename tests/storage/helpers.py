@@ -63,7 +63,10 @@ def text_request(prompt: str = "Once upon a time", **body: Any) -> TextRequest:
 
 
 def pop_request(name: str, models: list[str], **body: Any) -> PopRequest:
-    return parse_pop_request({"name": name, "models": models, **body}, max_wait=60)
+    # No models cap: it is applied at parse, before storage (tests/unit).
+    return parse_pop_request(
+        {"name": name, "models": models, **body}, max_wait=60, models_per_worker=0
+    )
 
 
 def job_submit(job_id: str, generation: str, state: str = "ok") -> JobSubmit:

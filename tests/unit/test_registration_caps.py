@@ -3,13 +3,17 @@ parse_pop_request): the cap of each role, where it refuses, and the words."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hordelite.contract import refusals
-from hordelite.contract.budgets import NO_WORKER_CAP, WorkerCap, worker_cap
-from hordelite.errors import RC
+from hordelite.contract.budgets import NO_WORKER_CAP, WorkerCap, over_models_cap, worker_cap
+from hordelite.contract.limits import MAX_MODELS
+from hordelite.contract.text import parse_pop_request
+from hordelite.errors import RC, HordeError
 
 # The defaults of [budgets].
 WORKERS, TRUSTED_WORKERS, MODELS = 20, 200, 10
@@ -72,3 +76,51 @@ def test_the_refusal_names_the_count_the_cap_and_its_key() -> None:
         "(budgets.workers_per_user); worker 'w21' was not registered. Pop under the "
         "name of one of its workers, or ask the horde's operator for a higher limit."
     )
+
+
+# Models per worker --------------------------------------------------------------
+
+
+def pop(models: list[str], models_per_worker: int = MODELS) -> Any:
+    return parse_pop_request({"name": "w", "models": models}, 30.0, models_per_worker)
+
+
+def names(count: int) -> list[str]:
+    return [f"model-{i}" for i in range(count)]
+
+
+def test_a_pop_may_declare_models_per_worker_models() -> None:
+    assert pop(names(MODELS)).models == tuple(names(MODELS))
+
+
+def test_a_pop_declaring_one_model_more_is_refused_naming_the_field_and_the_limit() -> None:
+    with pytest.raises(HordeError) as info:
+        pop(names(MODELS + 1))
+    error = info.value
+    assert error.rc is RC.TooManyModels
+    assert error.status == 400
+    assert error.message == (
+        "models: declares 11 models; a worker may declare at most 10 (budgets.models_per_worker)."
+    )
+    assert error.extra["errors"] == {
+        "models": "declares 11 models; a worker may declare at most 10"
+    }
+
+
+def test_a_model_named_twice_counts_once() -> None:
+    # 12 entries, 10 distinct names: 10 models served.
+    declared = [*names(MODELS), "model-0", "model-1"]
+    assert pop(declared).models == tuple(names(MODELS))
+
+
+def test_zero_lifts_the_models_cap_up_to_the_wire_limit() -> None:
+    assert len(pop(names(MAX_MODELS), models_per_worker=0).models) == MAX_MODELS
+    # MAX_MODELS stays the list's bound, counted as sent.
+    with pytest.raises(HordeError) as info:
+        pop(names(MAX_MODELS + 1), models_per_worker=0)
+    assert info.value.rc is RC.BadRequest
+
+
+@given(declared=st.integers(1, MAX_MODELS), limit=st.integers(0, MAX_MODELS))
+def test_the_models_cap_refuses_exactly_past_a_nonzero_limit(declared: int, limit: int) -> None:
+    assert over_models_cap(declared, limit) == (limit > 0 and declared > limit)
