@@ -36,6 +36,10 @@ RULES = queries.Rules(
     concurrency=30,
     anonymous_concurrency=100,
     allow_anonymous=True,
+    # No registration cap: the storage suites register workers freely
+    # (test_pop_registration.py sets one).
+    workers_per_user=0,
+    trusted_workers_per_user=0,
 )
 
 # What submit_job is told a model is worth, in billions of parameters.
