@@ -1,11 +1,16 @@
-"""Per-user budgets: what one account may queue and hold stored.
+"""Per-user budgets: what one account may queue and hold stored, and how
+many workers it may register.
 
 The anonymous user is one account, its budgets shared by every anonymous
 client. Each account has a role (anonymous, user, trusted) and each role
 its own budget; an admin is exempt, as the AI Horde's moderators are from
 its per-user limits. Pure: storage reads what the account holds inside the
 transaction that queues the request (``Holdings``), and raises what
-``refusal`` answers from it (decision 0049).
+``refusal`` answers from it (decision 0049). A user's workers are counted
+inside the pop's transaction, which asks ``WorkerCap.refuses`` whether one
+more may be registered; the models cap is applied by
+``text.parse_pop_request``, before any transaction, since it needs nothing
+stored. 0 means no limit, and admins are exempt.
 """
 
 from __future__ import annotations
@@ -190,3 +195,40 @@ def role_of(*, anonymous: bool, trusted: bool) -> Role:
     if anonymous:
         return "anonymous"
     return "trusted" if trusted else "user"
+
+
+# What one key may register ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerCap:
+    """How many workers one user may have registered, and the
+    configuration key that sets it (the refusal names it)."""
+
+    limit: int  # 0: no limit
+    key: str
+
+    def refuses(self, registered: int) -> bool:
+        """Whether a user with ``registered`` workers may not register one more."""
+        return self.limit > 0 and registered >= self.limit
+
+
+NO_WORKER_CAP = WorkerCap(0, "")
+
+
+def worker_cap(
+    *, admin: bool, trusted: bool, workers_per_user: int, trusted_workers_per_user: int
+) -> WorkerCap:
+    """The cap of a user of this role: an admin has none (whoever runs the
+    horde registers as many workers as it likes), a trusted user its own."""
+    if admin:
+        return NO_WORKER_CAP
+    if trusted:
+        return WorkerCap(trusted_workers_per_user, "budgets.trusted_workers_per_user")
+    return WorkerCap(workers_per_user, "budgets.workers_per_user")
+
+
+def over_models_cap(declared: int, models_per_worker: int) -> bool:
+    """Whether a pop declaring ``declared`` distinct models declares more
+    than one worker may (0: no limit)."""
+    return models_per_worker > 0 and declared > models_per_worker

@@ -74,6 +74,18 @@ def worker_in_maintenance(name: str, worker_id: str) -> HordeError:
     )
 
 
+def too_many_workers(name: str, registered: int, limit: int, key: str) -> HordeError:
+    """A first pop under ``name`` by a user who has ``registered`` workers
+    and may have ``limit`` (the configuration ``key`` that sets it)."""
+    workers = "1 worker" if registered == 1 else f"{registered} workers"
+    return HordeError(
+        RC.TooManyWorkers,
+        f"This account has {workers} registered and may have at most {limit} ({key}); "
+        f"worker {name!r} was not registered. Pop under the name of one of its "
+        "workers, or ask the horde's operator for a higher limit.",
+    )
+
+
 def unknown_worker(worker_id: str) -> HordeError:
     return HordeError(RC.WorkerNotFound, f"No worker with id {worker_id}.")
 

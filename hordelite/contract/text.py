@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from hordelite.contract import _fields as f
+from hordelite.contract.budgets import over_models_cap
 from hordelite.contract.chat_declaration import ChatDeclaration, parse_chat_declaration
 from hordelite.contract.limits import (
     DEFAULT_MAX_CONTEXT_LENGTH,
@@ -226,7 +227,9 @@ class PopRequest:
     name_key: str = ""
 
 
-def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
+def parse_pop_request(body: Any, max_wait: float, models_per_worker: int) -> PopRequest:
+    """``models_per_worker``: budgets.models_per_worker, the distinct models
+    one pop may declare (0: no limit; MAX_MODELS entries in any case)."""
     body = f.expect_object(body, "body")
     name = f.get_str(body, "name", "name", MAX_NAME).strip()
     if not name:
@@ -234,6 +237,14 @@ def parse_pop_request(body: Any, max_wait: float) -> PopRequest:
     models = tuple(dict.fromkeys(f.get_str_list(body, "models", "models", MAX_MODELS, MAX_NAME)))
     if not models:
         raise bad_request("models", "must name at least one model")
+    if over_models_cap(len(models), models_per_worker):
+        # Distinct names, as stored: a name sent twice is one model served.
+        why = f"declares {len(models)} models; a worker may declare at most {models_per_worker}"
+        raise HordeError(
+            RC.TooManyModels,
+            f"models: {why} (budgets.models_per_worker).",
+            errors={"models": why},
+        )
     chat, prompt_jobs = parse_chat_declaration(body, models)
     return PopRequest(
         name=name,

@@ -60,8 +60,10 @@ class Jobs:
         for a busy loop to run it is not answered that much later than its
         client asked. Cancelled while it waits, it passes a wake-up it took on.
         """
-        # A name no worker can have is refused here, before the key is read.
-        pop = parse_pop_request(body, self._core.config.horde.max_pop_wait)
+        # A name no worker can have, or more models than a worker may
+        # declare, is refused here, before the key is read.
+        config = self._core.config
+        pop = parse_pop_request(body, config.horde.max_pop_wait, config.budgets.models_per_worker)
         key_hash = hash_key(api_key)
         deadline = (anyio.current_time() if arrived is None else arrived) + pop.wait
         result = await self._wait_for_job(key_hash, pop, deadline)

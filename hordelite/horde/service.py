@@ -56,8 +56,8 @@ __all__ = ["Horde", "hash_key", "new_api_key", "new_text_request"]
 
 
 def rules_of(config: Config) -> Rules:
-    """The storage rules the [horde] section sets."""
-    h = config.horde
+    """The storage rules the [horde] and [budgets] sections set."""
+    h, b = config.horde, config.budgets
     return Rules(
         job_ttl=h.job_ttl,
         request_expiry=h.request_expiry,
@@ -68,6 +68,8 @@ def rules_of(config: Config) -> Rules:
         concurrency=h.concurrency,
         anonymous_concurrency=h.anonymous_concurrency,
         allow_anonymous=h.allow_anonymous,
+        workers_per_user=b.workers_per_user,
+        trusted_workers_per_user=b.trusted_workers_per_user,
         budgets=budgets_of(config),
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,12 +12,15 @@ from sqlalchemy import (
     Connection,
     RowMapping,
     bindparam,
+    func,
+    insert,
     select,
     update,
 )
 from sqlalchemy.sql import Update
 
-from hordelite.contract import refusals
+from hordelite.contract import budgets, refusals
+from hordelite.contract.budgets import WorkerCap
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import (
     ChatWorkerLimits,
@@ -33,6 +37,15 @@ from hordelite.storage.schema import (
 )
 
 WORKER_BY_KEY = select(workers).where(workers.c.name_key == bindparam("name_key"))
+
+_WORKERS_OF = (
+    select(func.count()).select_from(workers).where(workers.c.user_id == bindparam("user_id"))
+)
+
+_LOCK_USER = (
+    select(users.c.id).where(users.c.id == bindparam("user_id")).with_for_update(key_share=True)
+)
+
 
 _ONLINE_WORKERS = (
     select(workers, users.c.trusted)
@@ -143,6 +156,68 @@ def worker_for_pop(
     if row["maintenance"]:
         raise refusals.worker_in_maintenance(pop.name, row["id"])
     return row
+
+
+def worker_cap(user: RowMapping, rules: Rules) -> WorkerCap:
+    """How many workers this user may have registered (budgets)."""
+    return budgets.worker_cap(
+        admin=bool(user["admin"]),
+        trusted=bool(user["trusted"]),
+        workers_per_user=rules.workers_per_user,
+        trusted_workers_per_user=rules.trusted_workers_per_user,
+    )
+
+
+def _registered(conn: Connection, user_id: int) -> int:
+    return int(conn.execute(_WORKERS_OF, {"user_id": user_id}).scalar_one())
+
+
+def register_worker(
+    conn: Connection,
+    user: RowMapping,
+    pop: PopRequest,
+    declared: dict[str, Any],
+    now: float,
+    rules: Rules,
+) -> RowMapping:
+    """A first pop's worker row, inserted: it exists (and is online) from
+    this transaction. Refused when its owner has as many workers as its cap;
+    the count here is unlocked, so that a refused pop ends before it walks
+    the queue: ``hold_worker_cap`` counts again under the owner's lock."""
+    cap = worker_cap(user, rules)
+    if cap.limit:
+        registered = _registered(conn, user["id"])
+        if cap.refuses(registered):
+            raise refusals.too_many_workers(pop.name, registered, cap.limit, cap.key)
+    values = {
+        "id": str(uuid.uuid4()),
+        "name": pop.name,
+        "name_key": pop.name_key,
+        "user_id": user["id"],
+        "created": now,
+        "online_until": now + rules.worker_online,
+    }
+    insert_worker = insert(workers).values(**values, **declared).returning(workers)
+    return conn.execute(insert_worker).mappings().one()
+
+
+def hold_worker_cap(conn: Connection, user: RowMapping, name: str, rules: Rules) -> None:
+    """After the first pop's claim: the owner's workers counted again with its
+    row locked, so that two first pops at once cannot both pass the cap on
+    PostgreSQL (the second waits for the first to commit, then counts its
+    worker). Taken after the claim, in the transactions' lock order
+    (request, users, worker), and FOR NO KEY UPDATE: the worker's insert
+    holds the KEY SHARE lock of its foreign key on the same row, which FOR
+    UPDATE would wait on in the other pop (a deadlock). SQLite runs one
+    writer at a time: there the first count was exact already."""
+    cap = worker_cap(user, rules)
+    if not cap.limit:
+        return
+    conn.execute(_LOCK_USER, {"user_id": user["id"]})
+    # The count includes this pop's own worker.
+    registered = _registered(conn, user["id"]) - 1
+    if cap.refuses(registered):
+        raise refusals.too_many_workers(name, registered, cap.limit, cap.key)
 
 
 def stored_declaration(pop: PopRequest, now: float) -> dict[str, Any]:

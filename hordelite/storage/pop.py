@@ -42,7 +42,9 @@ from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.pool import (
     declaration_changed,
+    hold_worker_cap,
     online_now,
+    register_worker,
     stored_declaration,
     touch_worker,
     worker_for_pop,
@@ -156,27 +158,19 @@ def pop_job(
     user = authenticate(conn, key_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
-    name_key = pop.name_key
     declared = stored_declaration(pop, now)
-    row = worker_for_pop(conn, user, pop, name_key)
+    row = worker_for_pop(conn, user, pop, pop.name_key)
+    fresh = row is None
     if row is None:
         # First pop: the worker exists (and is online) from this transaction.
-        values = {
-            "id": str(uuid.uuid4()),
-            "name": pop.name,
-            "name_key": name_key,
-            "user_id": user["id"],
-            "created": now,
-            "online_until": now + rules.worker_online,
-        }
-        insert_worker = insert(workers).values(**values, **declared).returning(workers)
-        row = conn.execute(insert_worker).mappings().one()
-        fresh = True
-    else:
-        fresh = False
+        row = register_worker(conn, user, pop, declared, now, rules)
     pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
     worker = worker_view({**row, **declared, "trusted": user["trusted"]})
     job = _claim(conn, worker, user["id"], now, rules, skip_locked)
+    if fresh:
+        # A worker already registered is never refused by the cap, even one
+        # lowered since: only the pop that registers one counts.
+        hold_worker_cap(conn, user, pop.name, rules)
     until = online_until(
         now,
         handed_job=job is not None,

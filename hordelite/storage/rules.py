@@ -20,5 +20,9 @@ class Rules:
     concurrency: int
     anonymous_concurrency: int
     allow_anonymous: bool
+    # budgets.workers_per_user and trusted_workers_per_user: the workers one
+    # user may register (0: no limit), counted by the pop that registers one.
+    workers_per_user: int
+    trusted_workers_per_user: int
     # The per-user budgets of requests (contract/budgets.py).
     budgets: Budgets = UNLIMITED

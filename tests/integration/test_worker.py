@@ -39,7 +39,14 @@ from hordelite.testing import (
     open_fake_backend,
     open_horde,
 )
-from hordelite.worker import PROBE_MESSAGES, Backoff, Worker, finish_reason, split_reasoning
+from hordelite.worker import (
+    PROBE_MESSAGES,
+    Backoff,
+    Worker,
+    WorkerError,
+    finish_reason,
+    split_reasoning,
+)
 from hordelite.worker._backend import Backend, BackendError
 from tests.integration._chat_helpers import TLS, WEATHER_TOOL, chat_body, chat_status_path
 from tests.integration._helpers import eventually
@@ -136,9 +143,11 @@ class Env:
 
 
 @contextlib.asynccontextmanager
-async def environment(backend: FakeBackendConfig | None = None, **horde: Any) -> AsyncIterator[Env]:
+async def environment(
+    backend: FakeBackendConfig | None = None, *, config: Config | None = None, **horde: Any
+) -> AsyncIterator[Env]:
     async with (
-        open_horde(**horde) as running,
+        open_horde(config=config, **horde) as running,
         open_fake_backend(backend) as fake,
         httpx.AsyncClient(base_url=running.url, verify=TLS, timeout=30) as client,
     ):
@@ -178,6 +187,23 @@ def words(text: str) -> list[str]:
 
 
 # Declaration ----------------------------------------------------------------------
+
+
+async def test_a_worker_past_its_owners_workers_cap_stops_with_the_hordes_message() -> None:
+    # Its operator must act (another name, or a higher cap): retrying would not help.
+    capped = Config().replace(budgets={"workers_per_user": 1})
+    async with environment(config=capped) as env:
+        async with serving(env, env.config("w1")):
+            pass
+        with pytest.raises(WorkerError) as stopped:
+            await Worker(env.config("w2")).serve()
+        assert (await env.client.get("/api/v2/workers/name/w2")).status_code == 404
+    assert str(stopped.value) == (
+        "the horde refuses this worker's pops: 403 TooManyWorkers: This account has 1 worker "
+        "registered and may have at most 1 (budgets.workers_per_user); worker 'w2' was not "
+        "registered. Pop under the name of one of its workers, or ask the horde's operator "
+        "for a higher limit."
+    )
 
 
 async def test_the_declaration_takes_the_model_and_context_from_the_backend_and_features_from_the_operator() -> (

@@ -36,6 +36,10 @@ RULES = queries.Rules(
     concurrency=30,
     anonymous_concurrency=100,
     allow_anonymous=True,
+    # No registration cap: the storage suites register workers freely
+    # (test_pop_registration.py sets one).
+    workers_per_user=0,
+    trusted_workers_per_user=0,
 )
 
 # What submit_job is told a model is worth, in billions of parameters.
@@ -63,7 +67,10 @@ def text_request(prompt: str = "Once upon a time", **body: Any) -> TextRequest:
 
 
 def pop_request(name: str, models: list[str], **body: Any) -> PopRequest:
-    return parse_pop_request({"name": name, "models": models, **body}, max_wait=60)
+    # No models cap: it is applied at parse, before storage (tests/unit).
+    return parse_pop_request(
+        {"name": name, "models": models, **body}, max_wait=60, models_per_worker=0
+    )
 
 
 def job_submit(job_id: str, generation: str, state: str = "ok") -> JobSubmit:

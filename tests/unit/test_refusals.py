@@ -31,6 +31,13 @@ from hordelite.errors import RC, HordeError
             "Worker 'Alice' is in maintenance mode; its owner can clear it with "
             "PUT /api/v2/workers/w1 and maintenance: false.",
         ),
+        (
+            refusals.too_many_workers("w3", 2, 2, "budgets.trusted_workers_per_user"),
+            RC.TooManyWorkers,
+            "This account has 2 workers registered and may have at most 2 "
+            "(budgets.trusted_workers_per_user); worker 'w3' was not registered. Pop under "
+            "the name of one of its workers, or ask the horde's operator for a higher limit.",
+        ),
         (refusals.unknown_worker("w1"), RC.WorkerNotFound, "No worker with id w1."),
         (
             refusals.not_the_workers_owner(),

@@ -20,6 +20,8 @@ from hordelite.contract.text import parse_job_submit, parse_pop_request, parse_t
 from hordelite.errors import RC, HordeError
 
 MAX_POP_WAIT = 30.0
+# budgets.models_per_worker's default.
+MODELS_PER_WORKER = 10
 JOB_ID = str(uuid.uuid4())
 
 
@@ -36,7 +38,7 @@ def pop(**fields: Any) -> dict[str, Any]:
 
 
 def parse_pop(body: Any) -> Any:
-    return parse_pop_request(body, MAX_POP_WAIT)
+    return parse_pop_request(body, MAX_POP_WAIT, MODELS_PER_WORKER)
 
 
 def refusal(parse: Callable[[Any], Any], body: Any) -> HordeError:
