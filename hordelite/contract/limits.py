@@ -210,3 +210,12 @@ WORKER_IMAGE_FETCH_TIMEOUT: Final = 30.0
 DASHBOARD_WINDOW_SECONDS: Final = 3600
 DASHBOARD_BUCKET_SECONDS: Final = 60
 DASHBOARD_CACHE_SECONDS: Final = 5.0
+
+# Metrics whose cost is bounded whatever the pool holds (decision 0048).
+# /metrics labels the queue depth of at most this many served models (those
+# with most waiting jobs); the other served models are summed under one
+# label. The queue depth (an aggregate of the whole queue) is read at most
+# once per METRICS_READ_SECONDS, however many scrapers there are; the
+# workers and threads online come from the pool snapshot, as before.
+METRICS_MODELS: Final = 50
+METRICS_READ_SECONDS: Final = 1.0

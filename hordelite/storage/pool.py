@@ -12,9 +12,10 @@ from sqlalchemy import (
     RowMapping,
     bindparam,
     select,
+    true,
     update,
 )
-from sqlalchemy.sql import Update
+from sqlalchemy.sql import Select, Update
 
 from hordelite.contract import refusals
 from hordelite.contract.chat_declaration import ChatDeclaration
@@ -26,6 +27,7 @@ from hordelite.contract.eligibility import (
 )
 from hordelite.contract.text import PopRequest
 from hordelite.storage.accounts import authenticate
+from hordelite.storage.arrays import json_elements
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     users,
@@ -328,3 +330,15 @@ def list_workers(conn: Connection, now: float | None) -> list[WorkerRecord]:
     q = _WORKER_DETAILS if now is None else _WORKER_DETAILS.where(workers.c.online_until > now)
     q = q.order_by(workers.c.name)
     return [_worker_record(r) for r in conn.execute(q).mappings()]
+
+
+def served_model_names(conn: Connection, now: float) -> Select[tuple[str]]:
+    """The models the workers online at ``now`` list (in maintenance or not),
+    as a subquery: a statement that needs the served models reads them
+    itself rather than being sent one parameter per model."""
+    listed = json_elements(conn, workers.c.models)
+    return (
+        select(listed.c.value)
+        .select_from(workers.join(listed, true()))
+        .where(workers.c.online_until > now)
+    )

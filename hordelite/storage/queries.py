@@ -68,6 +68,7 @@ from hordelite.storage.rules import (
     Rules,
 )
 from hordelite.storage.timers import (
+    QueueDepth,
     SweepResult,
     model_queue_stats,
     queue_depth,
@@ -80,6 +81,7 @@ __all__ = [
     "OnlineWorker",
     "PopResult",
     "PoppedJob",
+    "QueueDepth",
     "Rules",
     "StatusSnapshot",
     "StoredJob",

@@ -212,9 +212,11 @@ class Store:
         """Per model, the waiting requests and their jobs left."""
         return await self.db.read(q.model_queue_stats)
 
-    async def queue_depth(self, *, served: frozenset[str]) -> dict[tuple[str | None, str], int]:
-        """Jobs waiting, by (model served, or None for any/unserved) and kind."""
-        return await self.db.read(q.queue_depth, served)
+    async def queue_depth(self, *, now: float, top: int) -> q.QueueDepth:
+        """Jobs waiting: for the ``top`` served models with most, the other
+        served ones summed, any model, and the unserved. An aggregate of the
+        whole queue: read off the event loop (``Database.read_aside``)."""
+        return await self.db.read_aside(q.queue_depth, now, top)
 
     async def activity(self, *, start: float, bucket_seconds: int, count: int) -> list[Bucket]:
         """The buckets from ``start`` that saw a job done (empty ones left out)."""
