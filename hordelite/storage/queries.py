@@ -38,13 +38,18 @@ from hordelite.storage.jobs import (
 )
 from hordelite.storage.pool import (
     OnlineWorker,
+    ServedModel,
+    ServedModels,
     WorkerChanges,
+    WorkerPage,
     WorkerRecord,
     list_workers,
     online_pool,
     online_workers,
+    served_models,
     update_worker,
     worker_details,
+    worker_page,
 )
 from hordelite.storage.pop import (
     PoppedJob,
@@ -83,6 +88,8 @@ __all__ = [
     "PoppedJob",
     "QueueDepth",
     "Rules",
+    "ServedModel",
+    "ServedModels",
     "StatusSnapshot",
     "StoredJob",
     "StoredRequest",
@@ -90,6 +97,7 @@ __all__ = [
     "SweepResult",
     "UserRecord",
     "WorkerChanges",
+    "WorkerPage",
     "WorkerRecord",
     "cancel_request",
     "chat_job_to_judge",
@@ -104,6 +112,7 @@ __all__ = [
     "queue_depth",
     "record_refusal",
     "request_status",
+    "served_models",
     "skipped_sample",
     "submit_chat_request",
     "submit_job",
@@ -113,4 +122,5 @@ __all__ = [
     "user_by_id",
     "user_by_key",
     "worker_details",
+    "worker_page",
 ]
