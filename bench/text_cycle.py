@@ -389,10 +389,15 @@ def running_server(
     database: str | None = None,
     signals_url: str | None = None,
     serve_args: Sequence[str] = (),
+    extra: dict[str, dict[str, Any]] | None = None,
+    source: Path | None = None,
 ) -> Iterator[Server]:
     """``hordelite serve [serve_args]`` on ``database`` (by default a fresh
     SQLite file) with ``signals_url`` (by default the configuration's default);
-    SIGTERM and wait on exit, for it and for any process it started."""
+    SIGTERM and wait on exit, for it and for any process it started.
+    ``extra``: more configuration sections (``{"budgets": {...}}``);
+    ``source``: another hordelite tree the server runs from (``PYTHONPATH``),
+    a baseline to compare with in the same run."""
     config = workdir / f"{name}.toml"
     sections: dict[str, dict[str, Any]] = {
         "server": {"host": "127.0.0.1", "port": 0, "backend": backend, "grace_period": 1.0},
@@ -409,6 +414,8 @@ def running_server(
     budgets = never_refusing_budgets()
     if budgets:
         sections["budgets"] = budgets
+    for section, keys in (extra or {}).items():
+        sections[section] = {**sections.get(section, {}), **keys}
     config.write_text(
         "".join(
             f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
@@ -421,7 +428,12 @@ def running_server(
         out = Path(profile_dir).resolve() / f"{name}.prof"
         command = [sys.executable, __file__, PROFILED_SERVER, str(out), *command[3:]]
     log = (workdir / f"{name}.log").open("w")
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    # ``python -m`` puts the working directory first on sys.path, before
+    # PYTHONPATH: the server of another tree starts in that tree.
+    env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=source
+    )
     try:
         url = _served_url(proc, workdir / f"{name}.log")
         yield Server(name, url, proc.pid, config)

@@ -1,9 +1,12 @@
-"""The web dashboard and chat playground at ``/`` (decision 0044).
+"""The web dashboard and chat playground at ``/`` (decisions 0044, 0048).
 
-Server-rendered HTML from the same service calls as ``/api/v2/status/models``
-and ``/api/v2/workers``; a static script refreshes it from those routes and
-from ``/dashboard/activity``, the one route of its own (read-only, no input,
-one aggregate query per cache period). The playground talks to ``/v1`` like
+Server-rendered HTML of the pool, capped (the models with most threads, the
+workers with most jobs done, each list with how many more there are); a
+static script refreshes it from the dashboard's own read-only routes,
+``/dashboard/pool`` (the same figures as JSON) and ``/dashboard/activity``.
+The page and the pool are rendered at most once per DASHBOARD_POOL_SECONDS
+and the bytes reused for every client, so neither their size nor their cost
+grows with the pool or the pages open. The playground talks to ``/v1`` like
 any OpenAI client. Names and replies come from strangers: the template
 autoescapes, the script sets only ``textContent``, and the page's
 Content-Security-Policy runs no script but the static file.
@@ -12,14 +15,19 @@ Content-Security-Policy runs no script but the static file.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 from quart import Blueprint, Response, current_app, render_template
 
 from hordelite._request import horde
-from hordelite.api import _render
 from hordelite.api.native import json_response
+from hordelite.clock import Clock
+from hordelite.contract.limits import DASHBOARD_POOL_SECONDS, DASHBOARD_WORKER_MODELS
 from hordelite.horde.activity import Activity, ActivityCache
+from hordelite.horde.results import PoolOverview, WorkerAnswer
 
 dashboard = Blueprint(
     "dashboard",
@@ -46,37 +54,102 @@ async def _headers(response: Response) -> Response:
     return response
 
 
-def worker_status(worker: dict[str, Any]) -> str:
-    if not worker["online"]:
+def worker_status(w: WorkerAnswer) -> str:
+    if not w.online:
         return "offline"
-    return "maintenance" if worker["maintenance_mode"] else "online"
+    return "maintenance" if w.maintenance else "online"
 
 
-def workers_per_model(workers: list[dict[str, Any]]) -> dict[str, int]:
-    """Online workers out of maintenance, per model they serve."""
-    counts: dict[str, int] = {}
-    for w in workers:
-        if worker_status(w) == "online":
-            for model in w["models"]:
-                counts[model] = counts.get(model, 0) + 1
-    return counts
+def render_pool(pool: PoolOverview) -> dict[str, Any]:
+    """The dashboard's pool (``GET /dashboard/pool``, and what ``/`` renders):
+    every list capped, each with how many more there are, so that its size
+    does not grow with the pool (decision 0048)."""
+    return {
+        "models": [
+            {
+                "name": m.name,
+                "workers": m.workers,
+                "threads": m.count,
+                "jobs": m.jobs,
+                "queued": m.queued,
+                "eta": m.eta,
+                "performance": m.performance,
+                "chat_features": None if m.chat is None else m.chat["features"],
+            }
+            for m in pool.models
+        ],
+        "more_models": pool.models_total - len(pool.models),
+        "workers": [
+            {
+                "name": w.name,
+                "models": list(w.models[:DASHBOARD_WORKER_MODELS]),
+                "more_models": max(len(w.models) - DASHBOARD_WORKER_MODELS, 0),
+                "performance": f"{w.speed:.1f} tokens per second",
+                "threads": w.threads,
+                "jobs_done": w.requests_fulfilled,
+                "status": worker_status(w),
+            }
+            for w in pool.workers
+        ],
+        "more_workers": pool.workers_total - len(pool.workers),
+        "chat_models": list(pool.chat_models),
+        "more_chat_models": pool.chat_models_total - len(pool.chat_models),
+    }
+
+
+class RenderedPages:
+    """The dashboard's pool answers as bytes, each rendered at most once per
+    DASHBOARD_POOL_SECONDS (of the horde's clock) and the same bytes sent to
+    every client meanwhile: the pages polling cost one rendering a period,
+    not one each."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = anyio.Lock()
+        self._pages: dict[str, tuple[float, bytes]] = {}
+
+    async def get(self, name: str, render: Callable[[], Awaitable[bytes]]) -> bytes:
+        async with self._lock:  # the first caller renders, the others wait for its bytes
+            now = self._clock.now()
+            cached = self._pages.get(name)
+            if cached is None or now - cached[0] >= DASHBOARD_POOL_SECONDS:
+                cached = (now, await render())
+                self._pages[name] = cached
+            return cached[1]
+
+
+def _pages() -> RenderedPages:
+    pages = current_app.config.get("DASHBOARD_PAGES")
+    if pages is None:
+        pages = RenderedPages(horde().clock)
+        current_app.config["DASHBOARD_PAGES"] = pages
+    return pages
 
 
 @dashboard.get("/")
-async def page() -> str:
-    service = horde()
-    models = [_render.model(m) for m in await service.directory.model_stats(with_chat=True)]
-    workers = [_render.worker(w) for w in await service.directory.workers()]
-    return await render_template(
-        "dashboard.html",
-        version=service.upkeep.heartbeat()["version"],
-        models=models,
-        workers=workers,
-        per_model=workers_per_model(workers),
-        # The playground reaches only what /v1 can name: chat models without a colon.
-        chat_models=[m["name"] for m in models if "chat" in m and ":" not in m["name"]],
-        status=worker_status,
-    )
+async def page() -> Response:
+    async def render() -> bytes:
+        service = horde()
+        html = await render_template(
+            "dashboard.html",
+            version=service.upkeep.heartbeat()["version"],
+            pool=render_pool(await service.directory.pool_overview()),
+        )
+        return html.encode()
+
+    return Response(await _pages().get("page", render), content_type="text/html; charset=utf-8")
+
+
+@dashboard.get("/dashboard/pool")
+async def pool() -> Response:
+    async def render() -> bytes:
+        # UTF-8 rather than \u escapes: a character of a name takes at most
+        # 6 bytes (a control character's escape), not 12 (one outside the
+        # BMP), which keeps the bound the docs state.
+        body = json.dumps(render_pool(await horde().directory.pool_overview()), ensure_ascii=False)
+        return body.encode()
+
+    return Response(await _pages().get("pool", render), content_type="application/json")
 
 
 def _activity_cache() -> ActivityCache:

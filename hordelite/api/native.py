@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from typing import Any, cast
+from urllib.parse import urlencode
 
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
@@ -16,8 +17,13 @@ from werkzeug.exceptions import HTTPException
 from hordelite._http import ARRIVED
 from hordelite._request import client_agent, horde, json_body
 from hordelite.api import _render
-from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
-from hordelite.contract.text import parse_status_wait
+from hordelite.contract.limits import (
+    MAX_API_KEY_CHARS,
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    MODELS_PAGE,
+    WORKERS_PAGE,
+)
+from hordelite.contract.text import parse_page, parse_status_wait
 from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde.results import Queued
 
@@ -127,7 +133,10 @@ async def status_models() -> Response:
     if request.args.get("type", "text") != "text":
         return json_response([])
     with_chat = request.args.get("chat", "false").lower() in ("true", "1", "yes")
-    return json_response([_render.model(m) for m in await horde().directory.model_stats(with_chat)])
+    page = parse_page(request.args.get("page"))
+    found = await horde().directory.model_page(page, with_chat)
+    body = [_render.model(m) for m in found.models]
+    return paged(body, page, MODELS_PAGE, found.total)
 
 
 @native.get("/workers")
@@ -135,7 +144,28 @@ async def workers() -> Response:
     # An empty type means every type (horde_sdk's default listing sends ``type=``).
     if request.args.get("type", "text") not in ("text", ""):
         return json_response([])
-    return json_response([_render.worker(w) for w in await horde().directory.workers()])
+    page = parse_page(request.args.get("page"))
+    found = await horde().directory.worker_page(page)
+    body = [_render.worker(w) for w in found.workers]
+    return paged(body, page, WORKERS_PAGE, found.total)
+
+
+def paged(body: list[dict[str, Any]], page: int, size: int, total: int) -> Response:
+    """A page of a listing, still the AI Horde's JSON list, with how many
+    entries there are in all (``X-Total-Count``) and, when more follow, the
+    next page's URL (``Link: <...>; rel="next"``, the request's own query
+    with the next page number). In UTF-8 rather than ``\\u`` escapes: a
+    name's character then takes at most 6 bytes (a control character), not
+    12 (a character outside the BMP), which halves the page's bound."""
+    response = Response(
+        json.dumps(body, ensure_ascii=False), status=200, content_type="application/json"
+    )
+    response.headers["X-Total-Count"] = str(total)
+    if page * size < total:
+        query = [(k, v) for k, v in request.args.items(multi=True) if k != "page"]
+        query.append(("page", str(page + 1)))
+        response.headers["Link"] = f'<{request.path}?{urlencode(query)}>; rel="next"'
+    return response
 
 
 @native.get("/workers/<worker_id>")

@@ -234,3 +234,30 @@ WORKER_IMAGE_FETCH_TIMEOUT: Final = 30.0
 DASHBOARD_WINDOW_SECONDS: Final = 3600
 DASHBOARD_BUCKET_SECONDS: Final = 60
 DASHBOARD_CACHE_SECONDS: Final = 5.0
+
+# Pages whose cost is bounded whatever the pool holds (decision 0048).
+# GET /api/v2/workers and GET /api/v2/status/models answer one page of at
+# most this many entries (``?page=N``, a hordelite extension, from 1): a
+# worker may list 100 models of 255 characters, so a page of workers is the
+# smaller one. A page number past MAX_PAGE is refused: no client needs it,
+# and it bounds the offset a client can make the database skip.
+WORKERS_PAGE: Final = 50
+MODELS_PAGE: Final = 500
+MAX_PAGE: Final = 100_000
+# The dashboard (GET / and GET /dashboard/pool) shows the models with most
+# threads, the workers with most jobs done and, for each worker, its first
+# models, each with how many more there are; the playground offers the chat
+# models with most chat workers. Both answers are rendered at most once per
+# DASHBOARD_POOL_SECONDS, however many pages poll them.
+DASHBOARD_MODELS: Final = 20
+DASHBOARD_WORKERS: Final = 20
+DASHBOARD_WORKER_MODELS: Final = 3
+DASHBOARD_CHAT_MODELS: Final = 20
+DASHBOARD_POOL_SECONDS: Final = 2.0
+# /metrics labels the queue depth of at most this many served models (those
+# with most waiting jobs); the other served models are summed under one
+# label. The queue depth (an aggregate of the whole queue) is read at most
+# once per METRICS_READ_SECONDS, however many scrapers there are; the
+# workers and threads online come from the pool snapshot, as before.
+METRICS_MODELS: Final = 50
+METRICS_READ_SECONDS: Final = 1.0

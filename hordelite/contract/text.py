@@ -27,6 +27,7 @@ from hordelite.contract.limits import (
     MAX_MAX_LENGTH,
     MAX_MODELS,
     MAX_NAME,
+    MAX_PAGE,
     MAX_POP_THREADS,
     MAX_PRIORITY_USERNAMES,
     MAX_REQUEST_N,
@@ -363,3 +364,17 @@ def parse_status_wait(value: str | None) -> float:
     if not 0 <= wait <= MAX_STATUS_WAIT:  # also refuses nan and inf
         raise bad_request("wait", f"expected 0 to {MAX_STATUS_WAIT:g} seconds")
     return wait
+
+
+def parse_page(value: str | None) -> int:
+    """The ``page`` of a listing (``?page=N``, a hordelite extension): 1 (the
+    default) to MAX_PAGE, in decimal digits."""
+    if value is None or value == "":
+        return 1
+    # isascii: str.isdigit() also accepts "²", which int() refuses; the
+    # length first, so that int() never reads a number of a thousand digits
+    # (leading zeros past MAX_PAGE's own digits are refused with it).
+    digits = value.isascii() and value.isdigit() and len(value) <= len(str(MAX_PAGE))
+    if not digits or not 1 <= int(value) <= MAX_PAGE:
+        raise bad_request("page", f"expected a page number, 1 to {MAX_PAGE}")
+    return int(value)

@@ -233,12 +233,12 @@ async def _chat_models() -> list[dict[str, Any]]:
     chat declaration summary (ids with a colon cannot be reached here)."""
     return [
         {
-            "id": e.name,
+            "id": name,
             "object": "model",
             "created": 0,
             "owned_by": "hordelite",
-            "chat": e.chat,
+            "chat": summary,
         }
-        for e in await horde().directory.model_stats(with_chat=True)
-        if e.chat is not None and ":" not in e.name
+        for name, summary in (await horde().directory.chat_summary()).items()
+        if ":" not in name
     ]

@@ -4,23 +4,46 @@ changes to its worker), and the models online workers serve."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
+from collections import OrderedDict
 from typing import Any
+
+import anyio
 
 from hordelite.contract._fields import parse_uuid
 from hordelite.contract.eligibility import WorkerView
-from hordelite.contract.limits import MAX_USER_ID_DIGITS, MODEL_STATS_TTL
+from hordelite.contract.limits import (
+    DASHBOARD_CHAT_MODELS,
+    DASHBOARD_MODELS,
+    DASHBOARD_POOL_SECONDS,
+    DASHBOARD_WORKERS,
+    MAX_USER_ID_DIGITS,
+    MODEL_STATS_TTL,
+    MODELS_PAGE,
+    WORKERS_PAGE,
+)
 from hordelite.contract.presence import is_online
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde import chat
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key
-from hordelite.horde.results import ModelStats, UserAnswer, WorkerAnswer, WorkerUpdate
+from hordelite.horde.results import (
+    ModelPage,
+    ModelStats,
+    PoolOverview,
+    UserAnswer,
+    WorkerAnswer,
+    WorkerListing,
+    WorkerUpdate,
+)
 from hordelite.storage.accounts import UserRecord
-from hordelite.storage.pool import WorkerRecord
+from hordelite.storage.pool import ServedModel, WorkerRecord
 
-_ModelStatsEntry = tuple[float, tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]]
+# Pages of the model list kept (the most recently read): a client may ask
+# for any page, so the cache must not grow with the pages asked for.
+_MODEL_PAGES_KEPT = 8
 
 
 class Directory:
@@ -28,7 +51,14 @@ class Directory:
 
     def __init__(self, core: HordeCore) -> None:
         self._core = core
-        self._model_stats: _ModelStatsEntry | None = None
+        # (page, page size) -> (read at, entries, models served in all)
+        self._model_pages: OrderedDict[
+            tuple[int, int], tuple[float, tuple[ModelStats, ...], int]
+        ] = OrderedDict()
+        self._model_lock = anyio.Lock()
+        self._chat: tuple[float, dict[str, dict[str, Any]]] | None = None
+        self._overview: tuple[float, PoolOverview] | None = None
+        self._overview_lock = anyio.Lock()
 
     # Users -------------------------------------------------------------
 
@@ -93,10 +123,13 @@ class Directory:
             raise HordeError(RC.WorkerNotFound, f"No worker named {name[:64]!r}.")
         return _worker_answer(found, self._core.clock.now())
 
-    async def workers(self) -> list[WorkerAnswer]:
-        """Every worker the horde knows."""
+    async def worker_page(self, page: int = 1) -> WorkerListing:
+        """The online workers of page ``page`` (from 1), WORKERS_PAGE a page by name."""
         now = self._core.clock.now()
-        return [_worker_answer(w, now) for w in await self._core.store.list_workers(now=now)]
+        found = await self._core.store.worker_page(
+            now=now, limit=WORKERS_PAGE, offset=(page - 1) * WORKERS_PAGE
+        )
+        return WorkerListing(tuple(_worker_answer(w, now) for w in found.workers), found.total)
 
     async def update_worker(self, api_key: str, worker_id: str, body: Any) -> WorkerUpdate:
         """An owner's change to its worker: ``maintenance``, or ``online: false``."""
@@ -116,50 +149,90 @@ class Directory:
 
     # Models ------------------------------------------------------------
 
-    async def model_stats(self, with_chat: bool = False) -> list[ModelStats]:
-        """The models of online workers with their queues (cached for MODEL_STATS_TTL).
+    async def model_page(self, page: int = 1, with_chat: bool = False) -> ModelPage:
+        """The models of online workers with their queues, MODELS_PAGE a page
+        (from 1), most threads first: each page read at most once per
+        MODEL_STATS_TTL, and only the page's rows come back from the database.
 
         ``with_chat`` adds each model's ``chat`` summary: its online chat
         workers, their largest limits and the sorted union of their features.
         """
-        now = self._core.clock.now()
-        if self._model_stats is None or now - self._model_stats[0] >= MODEL_STATS_TTL:
-            self._model_stats = (now, await self._compute_model_stats(now))
-        plain, with_summary = self._model_stats[1]
-        return list(with_summary if with_chat else plain)
-
-    async def _compute_model_stats(
-        self, now: float
-    ) -> tuple[tuple[ModelStats, ...], tuple[ModelStats, ...]]:
-        """The entries without and with their chat summaries."""
-        online = await self._core.pool.get(now)  # the pool snapshot: no read of its own
-        queued = await self._core.store.model_queue_stats()
-        threads: dict[str, int] = {}
-        speed: dict[str, float] = {}
-        for w in online:
-            if w.maintenance:
-                continue
-            for model in w.models:
-                threads[model] = threads.get(model, 0) + w.threads
-                speed[model] = speed.get(model, 0.0) + w.speed * w.threads
-        plain = []
-        for model in sorted(threads):
-            jobs, tokens = queued.get(model, (0, 0))
-            plain.append(
-                ModelStats(
-                    name=model,
-                    count=threads[model],
-                    performance=round(speed[model] / threads[model], 1),
-                    queued=tokens,
-                    jobs=jobs,
-                    eta=math.ceil(tokens / speed[model]) if speed[model] else 0,
-                )
+        entries, total = await self._models(page, MODELS_PAGE)
+        if with_chat:
+            summary = await self.chat_summary()
+            entries = tuple(
+                dataclasses.replace(e, chat=summary[e.name]) if e.name in summary else e
+                for e in entries
             )
-        summary = chat.chat_summary(online)
-        with_summary = tuple(
-            dataclasses.replace(e, chat=summary[e.name]) if e.name in summary else e for e in plain
+        return ModelPage(entries, total)
+
+    async def _models(self, page: int, size: int) -> tuple[tuple[ModelStats, ...], int]:
+        now = self._core.clock.now()
+        key = (page, size)
+        async with self._model_lock:  # one read for every caller that needs it fresh
+            cached = self._model_pages.get(key)
+            if cached is None or now - cached[0] >= MODEL_STATS_TTL:
+                found = await self._core.store.served_models(
+                    now=now, limit=size, offset=(page - 1) * size
+                )
+                cached = (now, tuple(_model_stats(m) for m in found.models), found.total)
+                self._model_pages[key] = cached
+            self._model_pages.move_to_end(key)
+            while len(self._model_pages) > _MODEL_PAGES_KEPT:
+                self._model_pages.popitem(last=False)
+        return cached[1], cached[2]
+
+    async def chat_summary(self) -> dict[str, dict[str, Any]]:
+        """Per chat model of the online workers out of maintenance, by name:
+        its chat workers, their largest limits and the union of their
+        features (from the pool snapshot; at most one model a worker)."""
+        now = self._core.clock.now()
+        if self._chat is None or now - self._chat[0] >= MODEL_STATS_TTL:
+            summary = chat.chat_summary(await self._core.pool.get(now))
+            self._chat = (now, dict(sorted(summary.items())))
+        return self._chat[1]
+
+    async def pool_overview(self) -> PoolOverview:
+        """What the dashboard shows of the pool, each list capped (``PoolOverview``),
+        computed at most once per DASHBOARD_POOL_SECONDS."""
+        async with self._overview_lock:  # one computation for every page polling it
+            now = self._core.clock.now()
+            if self._overview is None or now - self._overview[0] >= DASHBOARD_POOL_SECONDS:
+                self._overview = (now, await self._compute_overview(now))
+            return self._overview[1]
+
+    async def _compute_overview(self, now: float) -> PoolOverview:
+        models, models_total = await self._models(1, DASHBOARD_MODELS)
+        summary = await self.chat_summary()
+        busiest = await self._core.store.worker_page(
+            now=now, limit=DASHBOARD_WORKERS, offset=0, busiest=True
         )
-        return tuple(plain), with_summary
+        # The playground reaches only what /v1 can name: chat models without a colon.
+        reachable = [(-e["workers"], name) for name, e in summary.items() if ":" not in name]
+        offered = heapq.nsmallest(DASHBOARD_CHAT_MODELS, reachable)
+        return PoolOverview(
+            models=tuple(
+                dataclasses.replace(e, chat=summary[e.name]) if e.name in summary else e
+                for e in models
+            ),
+            models_total=models_total,
+            workers=tuple(_worker_answer(w, now) for w in busiest.workers),
+            workers_total=busiest.total,
+            chat_models=tuple(name for _, name in offered),
+            chat_models_total=len(reachable),
+        )
+
+
+def _model_stats(m: ServedModel) -> ModelStats:
+    return ModelStats(
+        name=m.name,
+        count=m.threads,
+        performance=round(m.speed / m.threads, 1) if m.threads else 0.0,
+        queued=m.tokens,
+        jobs=m.jobs,
+        eta=math.ceil(m.tokens / m.speed) if m.speed else 0,
+        workers=m.workers,
+    )
 
 
 def _worker_changes(body: Any) -> tuple[bool | None, bool | None]:

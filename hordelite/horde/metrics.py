@@ -2,8 +2,10 @@
 
 Counters and histograms move on the hot path (an increment, no I/O); what
 the horde holds now (queue depth, workers online, the database and Redis
-round trips) is read when ``/metrics`` is scraped, with one query for the
-queue and the pool snapshot the service keeps anyway (decision 0043).
+round trips) is read when ``/metrics`` is scraped: the queue depth at most
+once per METRICS_READ_SECONDS, for the METRICS_MODELS models with most
+waiting jobs and the rest summed, and the pool snapshot the service keeps
+anyway (decisions 0043, 0048).
 
 Each Horde has its own ``HordeMetrics``, never prometheus_client's global
 registry: several hordes in one process (the tests) each count their own.
@@ -19,6 +21,7 @@ multiplied by N.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -36,8 +39,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from hordelite.contract.limits import READY_CHECK_SECONDS
-from hordelite.errors import StorageUnavailable
+from hordelite.contract.limits import METRICS_MODELS, METRICS_READ_SECONDS, READY_CHECK_SECONDS
+from hordelite.storage.timers import QueueDepth
 
 if TYPE_CHECKING:
     from hordelite.horde.service import Horde
@@ -67,10 +70,12 @@ ANY_MODEL = "any"
 UNSERVED_MODELS = "unserved"
 
 
-def model_label(model: str | None) -> str:
-    if model is None:
-        return UNSERVED_MODELS
-    return model or ANY_MODEL
+# The model label of the served models past the METRICS_MODELS with most
+# waiting jobs, summed: the label set stays bounded whatever the pool serves.
+OTHER_MODELS = "other"
+_RESERVED_LABELS = frozenset({ANY_MODEL, UNSERVED_MODELS, OTHER_MODELS})
+
+log = logging.getLogger("hordelite.metrics")
 
 
 class HordeMetrics:
@@ -146,6 +151,13 @@ class HordeMetrics:
             "Kudos rewarded to worker owners for settled jobs.",
             registry=registry,
         )
+        self.scrape_failures = Counter(
+            "hordelite_scrape_failures",
+            "Scrapes that left a figure out because it could not be read, by figure.",
+            ["figure"],
+            registry=registry,
+        )
+        self.reads = ScrapeReads()
 
     def front_call(self) -> FrontCallTimer:
         """A timer for one OpenAI call, from now (its arrival)."""
@@ -204,43 +216,116 @@ class _Fixed:
         return iter(self._metrics)
 
 
+# The figures a scrape reads, each left out of the exposition when it cannot
+# be read (and its failure logged, ScrapeReads.failed).
+QUEUE_DEPTH = "hordelite_queue_depth"
+POOL = "hordelite_workers_online"
+
+
+class ScrapeReads:
+    """What scrapes read of the database, shared by every scrape of one
+    horde: the queue depth, read at most once per METRICS_READ_SECONDS
+    however many scrapers there are (one read for all of them when it is
+    stale), and the figures that could not be read, each failure kind logged
+    once (not once a scrape) until its figure reads again."""
+
+    def __init__(self) -> None:
+        self._lock = anyio.Lock()
+        self._depth: tuple[float, QueueDepth] | None = None
+        self._failing: dict[str, set[str]] = {}
+
+    async def queue_depth(self, horde: Horde) -> QueueDepth:
+        async with self._lock:
+            if self._depth is None or anyio.current_time() - self._depth[0] >= METRICS_READ_SECONDS:
+                with anyio.fail_after(READY_CHECK_SECONDS):
+                    depth = await horde.store.queue_depth(now=horde.clock.now(), top=METRICS_MODELS)
+                self._depth = (anyio.current_time(), depth)
+            return self._depth[1]
+
+    def failed(self, figure: str, exc: Exception, metrics: HordeMetrics) -> None:
+        """``figure`` is left out of this scrape: counted, and logged the
+        first time this kind of failure stops it."""
+        metrics.scrape_failures.labels(figure).inc()
+        kind = f"{type(exc).__name__}: {exc}"[:500]
+        kinds = self._failing.setdefault(figure, set())
+        if kind not in kinds:
+            kinds.add(kind)
+            log.warning(
+                "/metrics leaves out %s: it could not be read (%s); logged once until it "
+                "reads again, counted in hordelite_scrape_failures_total",
+                figure,
+                kind,
+            )
+
+    def read(self, figure: str) -> None:
+        if self._failing.pop(figure, None):
+            log.info("/metrics reads %s again", figure)
+
+
 async def scrape(horde: Horde) -> bytes:
     """The ``/metrics`` answer: the counted metrics, and what the horde holds
-    now, read once for this scrape (one query, the pool snapshot, a ping
-    each of the database and Redis, each bounded by READY_CHECK_SECONDS)."""
+    now: the queue depth (at most METRICS_READ_SECONDS old), the pool
+    snapshot, a ping each of the database and Redis, each bounded by
+    READY_CHECK_SECONDS. A figure that cannot be read is left out, counted
+    and logged (``ScrapeReads.failed``), never dropped silently."""
     db_rtt = await round_trip(horde.store.ping)
     scraped = reachability("database", "the database", db_rtt)
     if db_rtt is not None:
-        try:
-            with anyio.fail_after(READY_CHECK_SECONDS):
-                online = await horde.directory.online_workers(horde.clock.now())
-                served = frozenset(m for w in online for m in w.models)
-                depth = await horde.store.queue_depth(served=served)
-        except (StorageUnavailable, TimeoutError):
-            pass  # the database went away since its ping: no figures from it
-        else:
-            scraped.append(
-                labelled_gauge(
-                    "hordelite_queue_depth",
-                    "Jobs waiting for a worker, by model an online worker serves (any: "
-                    "requests for any model; unserved: requests for none of them) and "
-                    "kind (text, chat).",
-                    ["model", "kind"],
-                    {(model_label(model), kind): jobs for (model, kind), jobs in depth.items()},
-                )
-            )
-            scraped.append(gauge("hordelite_workers_online", "Workers online.", len(online)))
-            scraped.append(
-                gauge(
-                    "hordelite_threads_online",
-                    "Threads of the workers online.",
-                    sum(w.threads for w in online),
-                )
-            )
+        scraped += await _pool_figures(horde)
+        scraped += await _queue_figures(horde)
     redis_ping = horde.upkeep.signals_ping()
     if redis_ping is not None:
         scraped += reachability("redis", "Redis", await round_trip(redis_ping))
     return horde.metrics.render(scraped)
+
+
+async def _pool_figures(horde: Horde) -> list[Metric]:
+    reads = horde.metrics.reads
+    try:
+        with anyio.fail_after(READY_CHECK_SECONDS):
+            online = await horde.directory.online_workers(horde.clock.now())
+    except Exception as exc:  # any failure leaves the figure out, counted and logged
+        reads.failed(POOL, exc, horde.metrics)
+        return []
+    reads.read(POOL)
+    threads = sum(w.threads for w in online)
+    return [
+        gauge(POOL, "Workers online.", len(online)),
+        gauge("hordelite_threads_online", "Threads of the workers online.", threads),
+    ]
+
+
+async def _queue_figures(horde: Horde) -> list[Metric]:
+    reads = horde.metrics.reads
+    try:
+        depth = await reads.queue_depth(horde)
+    except Exception as exc:  # any failure leaves the figure out, counted and logged
+        reads.failed(QUEUE_DEPTH, exc, horde.metrics)
+        return []
+    reads.read(QUEUE_DEPTH)
+    values: dict[tuple[str, str], int] = {}
+    for (model, kind), jobs in depth.models.items():
+        # A served model named like a label of ours is summed with the other
+        # models, so that no two series share labels.
+        label = OTHER_MODELS if model in _RESERVED_LABELS else model
+        values[(label, kind)] = values.get((label, kind), 0) + jobs
+    for label, jobs_by_kind in (
+        (OTHER_MODELS, depth.other),
+        (ANY_MODEL, depth.any_model),
+        (UNSERVED_MODELS, depth.unserved),
+    ):
+        for kind, jobs in jobs_by_kind.items():
+            values[(label, kind)] = values.get((label, kind), 0) + jobs
+    return [
+        labelled_gauge(
+            QUEUE_DEPTH,
+            f"Jobs waiting for a worker, by kind (text, chat) and model: the {METRICS_MODELS} "
+            "served models with most (other: the rest of the served models, summed; any: "
+            "requests for any model; unserved: requests for none an online worker serves).",
+            ["model", "kind"],
+            values,
+        )
+    ]
 
 
 async def round_trip(ping: Callable[[], Awaitable[None]]) -> float | None:

@@ -147,7 +147,9 @@ class ModelStats:
     thread-weighted mean tokens per second; ``queued``: the tokens of its
     waiting jobs; ``eta``: seconds to clear them. ``chat``: its online chat
     workers, their largest limits and the union of their features, in the
-    shape both envelopes show (None: not asked for, or no chat worker)."""
+    shape both envelopes show (None: not asked for, or no chat worker).
+    ``workers``: the online workers out of maintenance that list it (the
+    dashboard shows it; the AI Horde's entry has no such field)."""
 
     name: str
     count: int
@@ -156,6 +158,39 @@ class ModelStats:
     jobs: int
     eta: int
     chat: dict[str, Any] | None = None
+    workers: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPage:
+    """One page of the models served (most threads first), and how many
+    are served in all."""
+
+    models: tuple[ModelStats, ...]
+    total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerListing:
+    """One page of the online workers, and how many are online in all."""
+
+    workers: tuple[WorkerAnswer, ...]
+    total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolOverview:
+    """What the dashboard shows of the pool, each list capped: the models
+    with most threads, the workers with most jobs done, the chat models the
+    playground offers (those with most chat workers), each with how many
+    there are in all."""
+
+    models: tuple[ModelStats, ...]
+    models_total: int
+    workers: tuple[WorkerAnswer, ...]
+    workers_total: int
+    chat_models: tuple[str, ...]
+    chat_models_total: int
 
 
 @dataclasses.dataclass(frozen=True)

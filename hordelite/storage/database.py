@@ -94,6 +94,18 @@ class Database:
         """Run ``fn(conn, ...)`` in one read transaction; returns its result."""
         return await self._execute(fn, False, self._reads, args, kwargs)
 
+    async def read_aside(
+        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``read``, always in a worker thread, for a read whose work grows
+        with what the database holds (an aggregate over the pool or the
+        queue): inline, SQLite would run it on the event loop's thread and
+        hold every other request until it ends; in a thread, sqlite3 lets go
+        of the GIL while the statement runs."""
+        return await anyio.to_thread.run_sync(
+            lambda: self._run(self.engine, fn, False, args, kwargs), limiter=self._reads
+        )
+
     async def ping(self) -> None:
         """One round trip to the database (raises StorageUnavailable)."""
         await self.read(_ping)

@@ -12,12 +12,16 @@ from sqlalchemy import (
     Connection,
     RowMapping,
     bindparam,
+    case,
+    false,
     func,
     insert,
+    literal,
     select,
+    true,
     update,
 )
-from sqlalchemy.sql import Update
+from sqlalchemy.sql import Select, Update
 
 from hordelite.contract import budgets, refusals
 from hordelite.contract.budgets import WorkerCap
@@ -28,10 +32,14 @@ from hordelite.contract.chat_features import (
 from hordelite.contract.eligibility import (
     WorkerView,
 )
+from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND
 from hordelite.contract.text import PopRequest
 from hordelite.storage.accounts import authenticate
+from hordelite.storage.arrays import by_codepoint, json_elements, one_of
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
+    queue,
+    requests,
     users,
     workers,
 )
@@ -403,3 +411,124 @@ def list_workers(conn: Connection, now: float | None) -> list[WorkerRecord]:
     q = _WORKER_DETAILS if now is None else _WORKER_DETAILS.where(workers.c.online_until > now)
     q = q.order_by(workers.c.name)
     return [_worker_record(r) for r in conn.execute(q).mappings()]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPage:
+    """Some of the workers online, and how many are online in all."""
+
+    workers: list[WorkerRecord]
+    total: int
+
+
+def worker_page(
+    conn: Connection, now: float, limit: int, offset: int, busiest: bool = False
+) -> WorkerPage:
+    """The online workers from ``offset``, at most ``limit`` of them: by name
+    (read along the name's unique index), or with ``busiest`` those with most
+    jobs done first. Only the page's rows are read and decoded, whatever the
+    pool holds."""
+    online = workers.c.online_until > now
+    order = (workers.c.requests_fulfilled.desc(), workers.c.name) if busiest else (workers.c.name,)
+    q = _WORKER_DETAILS.where(online).order_by(*order).limit(limit).offset(offset)
+    page = [_worker_record(r) for r in conn.execute(q).mappings()]
+    total = conn.execute(select(func.count()).select_from(workers).where(online)).scalar_one()
+    return WorkerPage(page, int(total))
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """A model the online workers out of maintenance serve: their threads,
+    how many they are, their speeds summed weighted by threads (tokens a
+    second), and the model's waiting jobs and their tokens."""
+
+    name: str
+    threads: int
+    workers: int
+    speed: float
+    jobs: int
+    tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModels:
+    """Some of the served models, and how many are served in all."""
+
+    models: list[ServedModel]
+    total: int
+
+
+def served_models(conn: Connection, now: float, limit: int, offset: int) -> ServedModels:
+    """The models online workers out of maintenance serve, most threads first
+    (then by name), from ``offset``, at most ``limit`` of them, with their
+    queues; in two statements. The database sums the pool: only the page's
+    rows come back, whatever the pool holds. A worker's speed is the one
+    ``WorkerView.speed`` gives (the assumed speed before its first job)."""
+    listed = json_elements(conn, workers.c.models)
+    speed = case(
+        (
+            workers.c.seconds_generating > 0,
+            workers.c.tokens_generated / workers.c.seconds_generating,
+        ),
+        else_=literal(ASSUMED_TOKENS_PER_SECOND),
+    )
+    pool = (
+        select(
+            listed.c.value.label("name"),
+            func.sum(workers.c.threads).label("threads"),
+            func.count().label("workers"),
+            func.sum(speed * workers.c.threads).label("speed"),
+        )
+        .select_from(workers.join(listed, true()))
+        .where(workers.c.online_until > now, workers.c.maintenance == false())
+        .group_by(listed.c.value)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(pool, func.count().over().label("total"))
+        .order_by(pool.c.threads.desc(), by_codepoint(conn, pool.c.name))
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    if rows:
+        total = int(rows[0].total)
+    else:  # past the last page: the window had no row to count on
+        total = int(conn.execute(select(func.count()).select_from(pool)).scalar_one())
+    queued = _queued(conn, [r.name for r in rows])
+    models = [
+        ServedModel(
+            r.name, int(r.threads), int(r.workers), float(r.speed), *queued.get(r.name, (0, 0))
+        )
+        for r in rows
+    ]
+    return ServedModels(models, total)
+
+
+def _queued(conn: Connection, models: list[str]) -> dict[str, tuple[int, int]]:
+    """Per model of ``models``: its waiting jobs and their tokens."""
+    if not models:
+        return {}
+    rows = conn.execute(
+        select(
+            queue.c.model,
+            # Jobs, not requests: a request with n = 3 waits for 3 jobs.
+            func.coalesce(func.sum(requests.c.remaining), 0),
+            func.coalesce(func.sum(requests.c.remaining * requests.c.max_length), 0),
+        )
+        .join(requests, requests.c.id == queue.c.request_id)
+        .where(one_of(conn, queue.c.model, models))
+        .group_by(queue.c.model)
+    ).all()
+    return {model: (int(jobs), int(tokens)) for model, jobs, tokens in rows}
+
+
+def served_model_names(conn: Connection, now: float) -> Select[tuple[str]]:
+    """The models the workers online at ``now`` list (in maintenance or not),
+    as a subquery: a statement that needs the served models reads them
+    itself rather than being sent one parameter per model."""
+    listed = json_elements(conn, workers.c.models)
+    return (
+        select(listed.c.value)
+        .select_from(workers.join(listed, true()))
+        .where(workers.c.online_until > now)
+    )

@@ -38,13 +38,18 @@ from hordelite.storage.jobs import (
 )
 from hordelite.storage.pool import (
     OnlineWorker,
+    ServedModel,
+    ServedModels,
     WorkerChanges,
+    WorkerPage,
     WorkerRecord,
     list_workers,
     online_pool,
     online_workers,
+    served_models,
     update_worker,
     worker_details,
+    worker_page,
 )
 from hordelite.storage.pop import (
     PoppedJob,
@@ -68,6 +73,7 @@ from hordelite.storage.rules import (
     Rules,
 )
 from hordelite.storage.timers import (
+    QueueDepth,
     SweepResult,
     model_queue_stats,
     queue_depth,
@@ -80,7 +86,10 @@ __all__ = [
     "OnlineWorker",
     "PopResult",
     "PoppedJob",
+    "QueueDepth",
     "Rules",
+    "ServedModel",
+    "ServedModels",
     "StatusSnapshot",
     "StoredJob",
     "StoredRequest",
@@ -88,6 +97,7 @@ __all__ = [
     "SweepResult",
     "UserRecord",
     "WorkerChanges",
+    "WorkerPage",
     "WorkerRecord",
     "cancel_request",
     "chat_job_to_judge",
@@ -102,6 +112,7 @@ __all__ = [
     "queue_depth",
     "record_refusal",
     "request_status",
+    "served_models",
     "skipped_sample",
     "submit_chat_request",
     "submit_job",
@@ -111,4 +122,5 @@ __all__ = [
     "user_by_id",
     "user_by_key",
     "worker_details",
+    "worker_page",
 ]

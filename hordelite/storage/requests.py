@@ -31,6 +31,7 @@ from hordelite.contract.limits import (
     MAX_AGENT_CHARS,
 )
 from hordelite.storage.accounts import authenticate
+from hordelite.storage.arrays import one_of
 from hordelite.storage.ledger import JOB_WITH_REQUEST, settle, settlement
 from hordelite.storage.pool import online_now
 from hordelite.storage.queueing import HELD, end_request, enqueue, release
@@ -485,12 +486,14 @@ def request_status(
 
 
 def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
-    """Jobs in progress per worker, for these workers (read along ix_jobs_state_lease)."""
+    """Jobs in progress per worker, for these workers (read along
+    ix_jobs_state_lease). The ids are the pool's, as many as it holds: one
+    parameter (storage.arrays)."""
     if not worker_ids:
         return {}
     rows = conn.execute(
         select(jobs.c.worker_id, func.count())
-        .where(jobs.c.state == "processing", jobs.c.worker_id.in_(worker_ids))
+        .where(jobs.c.state == "processing", one_of(conn, jobs.c.worker_id, worker_ids))
         .group_by(jobs.c.worker_id)
     )
     return {worker_id: int(count) for worker_id, count in rows}

@@ -208,13 +208,17 @@ class Store:
         another process was sweeping and ``wait`` is False)."""
         return await self.db.write(q.sweep, now, self.rules, extended, wait=wait)
 
-    async def model_queue_stats(self) -> dict[str, tuple[int, int]]:
-        """Per model, the waiting requests and their jobs left."""
-        return await self.db.read(q.model_queue_stats)
+    async def served_models(self, *, now: float, limit: int, offset: int) -> q.ServedModels:
+        """A page of the models served now (most threads first) with their
+        queues, and how many are served. The database sums the whole pool:
+        read off the event loop (``Database.read_aside``)."""
+        return await self.db.read_aside(q.served_models, now, limit, offset)
 
-    async def queue_depth(self, *, served: frozenset[str]) -> dict[tuple[str | None, str], int]:
-        """Jobs waiting, by (model served, or None for any/unserved) and kind."""
-        return await self.db.read(q.queue_depth, served)
+    async def queue_depth(self, *, now: float, top: int) -> q.QueueDepth:
+        """Jobs waiting: for the ``top`` served models with most, the other
+        served ones summed, any model, and the unserved. An aggregate of the
+        whole queue: read off the event loop (``Database.read_aside``)."""
+        return await self.db.read_aside(q.queue_depth, now, top)
 
     async def activity(self, *, start: float, bucket_seconds: int, count: int) -> list[Bucket]:
         """The buckets from ``start`` that saw a job done (empty ones left out)."""
@@ -226,9 +230,12 @@ class Store:
         """The worker with this id (or name key), None when there is none."""
         return await self.db.read(q.worker_details, worker_id, name_key)
 
-    async def list_workers(self, *, now: float) -> list[q.WorkerRecord]:
-        """The workers online now, by name."""
-        return await self.db.read(q.list_workers, now)
+    async def worker_page(
+        self, *, now: float, limit: int, offset: int, busiest: bool = False
+    ) -> q.WorkerPage:
+        """Some of the workers online now (by name, or with ``busiest`` most
+        jobs done first) and how many are online."""
+        return await self.db.read(q.worker_page, now, limit, offset, busiest)
 
     async def update_worker(
         self, *, key_hash: str, worker_id: str, maintenance: bool | None, offline_at: float | None

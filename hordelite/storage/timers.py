@@ -12,13 +12,19 @@ from sqlalchemy import (
     delete,
     exists,
     func,
+    null,
+    or_,
     select,
+    union_all,
     update,
 )
+from sqlalchemy.sql import Select
 
 from hordelite.contract import faults
 from hordelite.storage.activity import roll_up
+from hordelite.storage.arrays import by_codepoint
 from hordelite.storage.ledger import charge_worker, give_back
+from hordelite.storage.pool import served_model_names
 from hordelite.storage.queueing import HELD, end_request, release
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
@@ -242,33 +248,83 @@ def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
     return {model: (int(count), int(tokens)) for model, count, tokens in rows}
 
 
-def queue_depth(conn: Connection, served: frozenset[str]) -> dict[tuple[str | None, str], int]:
-    """Per (model, kind): the jobs waiting for a worker (the metrics scrape),
-    in two statements. ``model`` is one of ``served`` (a request for several
-    models counts under each), "" for the any-model queue, or None for the
-    requests of which no model is in ``served``, each counted once: clients
-    name models freely, so only the served ones become labels."""
-    labelled = served | {""}
-    rows = conn.execute(
-        select(queue.c.model, queue.c.kind, func.coalesce(func.sum(requests.c.remaining), 0))
-        .join(requests, requests.c.id == queue.c.request_id)
-        .where(queue.c.model.in_(labelled))
+@dataclasses.dataclass(frozen=True)
+class QueueDepth:
+    """The jobs waiting for a worker (the metrics scrape), by kind: for the
+    served models with most of them (at most the ``top`` asked for), summed
+    for the other served models (a request for several counts under each,
+    as it would under their own labels), for the requests that accept any
+    model, and for the requests none of whose models is served (each counted
+    once)."""
+
+    models: dict[tuple[str, str], int]  # (model, kind)
+    other: dict[str, int]
+    any_model: dict[str, int]
+    unserved: dict[str, int]
+
+
+def queue_depth(conn: Connection, now: float, top: int) -> QueueDepth:
+    """The queue's depth (``QueueDepth``) against the models the workers
+    online at ``now`` list, in three statements whose parameters do not grow
+    with the pool: the served models are read in the statements
+    (``served_model_names``), never sent, and only the ``top`` models' rows
+    come back. Clients name models freely, so only served ones are labels."""
+    served = served_model_names(conn, now)
+    waiting = func.coalesce(func.sum(requests.c.remaining), 0)
+    joined = queue.join(requests, requests.c.id == queue.c.request_id)
+    # One pass over the served part of the queue, grouped once (both
+    # databases keep a CTE that is read twice rather than run it twice):
+    # the top models' rows, then the totals by kind (model NULL).
+    per = (
+        select(queue.c.model, queue.c.kind, waiting.label("jobs"))
+        .select_from(joined)
+        .where(queue.c.model.in_(served))
         .group_by(queue.c.model, queue.c.kind)
+        .cte("per_model")
+    )
+    ranked = (
+        select(per.c.model)
+        .group_by(per.c.model)
+        .order_by(func.sum(per.c.jobs).desc(), by_codepoint(conn, per.c.model))
+        .limit(top)
+    )
+    rows = conn.execute(
+        union_all(
+            select(per.c.model, per.c.kind, per.c.jobs).where(per.c.model.in_(ranked)),
+            select(null().label("model"), per.c.kind, func.sum(per.c.jobs)).group_by(per.c.kind),
+        )
     ).all()
-    depth: dict[tuple[str | None, str], int] = {
-        (model, kind): int(waiting_jobs) for model, kind, waiting_jobs in rows
-    }
-    reachable = func.sum(case((queue.c.model.in_(labelled), 1), else_=0))
+    models = {(m, kind): int(count) for m, kind, count in rows if m is not None}
+    other = {kind: int(count) for m, kind, count in rows if m is None}
+    for (_, kind), count in models.items():
+        other[kind] -= count
+    any_model = conn.execute(
+        select(queue.c.kind, waiting)
+        .select_from(joined)
+        .where(queue.c.model == "")
+        .group_by(queue.c.kind)
+    ).all()
+    return QueueDepth(
+        models,
+        {kind: count for kind, count in other.items() if count},
+        {kind: int(count) for kind, count in any_model},
+        _unserved(conn, served),
+    )
+
+
+def _unserved(conn: Connection, served: Select[tuple[str]]) -> dict[str, int]:
+    """Per kind: the jobs of the requests none of whose models is served (nor
+    any model), each request counted once."""
+    reachable = func.sum(case((or_(queue.c.model == "", queue.c.model.in_(served)), 1), else_=0))
     waiting = (
         select(queue.c.request_id, queue.c.kind)
         .group_by(queue.c.request_id, queue.c.kind)
         .having(reachable == 0)
         .subquery()
     )
-    for kind, waiting_jobs in conn.execute(
+    rows = conn.execute(
         select(waiting.c.kind, func.coalesce(func.sum(requests.c.remaining), 0))
         .join(requests, requests.c.id == waiting.c.request_id)
         .group_by(waiting.c.kind)
-    ).all():
-        depth[(None, kind)] = int(waiting_jobs)
-    return depth
+    ).all()
+    return {kind: int(jobs) for kind, jobs in rows}

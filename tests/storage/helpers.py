@@ -3,12 +3,14 @@ the service makes, with explicit times."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, event, insert, select
 
 from hordelite.contract.text import (
     JobSubmit,
@@ -18,10 +20,11 @@ from hordelite.contract.text import (
     parse_pop_request,
     parse_text_request,
 )
+from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
-from hordelite.storage.schema import activity_minutes
+from hordelite.storage.schema import activity_minutes, workers
 
 NOW = 1_000_000.0
 ANONYMOUS_HASH = hashlib.sha256(b"0000000000").hexdigest()
@@ -119,3 +122,54 @@ def activity_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
     """The activity roll-up, a (minute, jobs, tokens, latency sum) row a minute."""
     rows = conn.execute(select(activity_minutes).order_by(activity_minutes.c.minute)).all()
     return [(int(m), int(n), int(t), float(s)) for m, n, t, s in rows]
+
+
+def clone_workers(conn: Connection, template: str, clones: dict[str, list[str]]) -> None:
+    """Copies of the worker named ``template`` (checked in by a real pop),
+    one per name of ``clones``, each declaring its models: a pool of
+    hundreds of workers in one statement, where as many pops would take the
+    test seconds. Each copy is online as long as the template."""
+    row = dict(conn.execute(select(workers).where(workers.c.name == template)).mappings().one())
+    conn.execute(
+        insert(workers),
+        [
+            {
+                **row,
+                "id": str(uuid.uuid4()),
+                "name": name,
+                "name_key": worker_name_key(name),
+                "models": models,
+            }
+            for name, models in clones.items()
+        ],
+    )
+
+
+# What psycopg allows one statement (PostgreSQL's protocol counts them in
+# 16 bits), and what a statement whose parameters do not grow with the pool
+# needs at most (decision 0048).
+POSTGRES_MAX_PARAMETERS = 65_535
+FEW_PARAMETERS = 16
+
+
+@contextlib.contextmanager
+def parameter_counts(db: Database) -> Iterator[list[int]]:
+    """How many parameters each statement ``db`` sends while the block runs
+    is bound with (for an executemany, its largest row); an array counts as
+    one, as the driver sends it."""
+    counts: list[int] = []
+    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
+
+    def count(
+        conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool
+    ) -> None:
+        rows = params if many else [params]
+        counts.append(max((len(row) for row in rows if row is not None), default=0))
+
+    for engine in engines.values():
+        event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield counts
+    finally:
+        for engine in engines.values():
+            event.remove(engine, "before_cursor_execute", count)

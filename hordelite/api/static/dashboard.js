@@ -1,5 +1,5 @@
-// hordelite dashboard: refreshes the server-rendered tables from the horde's
-// read routes, draws the activity charts, and runs the chat playground
+// hordelite dashboard: refreshes the server-rendered tables from the
+// dashboard's read routes, draws the activity charts, and runs the chat playground
 // through /v1/chat/completions. Every value from the horde (names, models,
 // replies) is set as textContent, never parsed as markup.
 "use strict";
@@ -41,47 +41,55 @@
     return response.json();
   }
 
-  function workerStatus(w) {
-    if (!w.online) return "offline";
-    return w.maintenance_mode ? "maintenance" : "online";
+  // A last row saying how many more the horde holds than the page lists.
+  function moreRow(columns, more, what) {
+    const tr = document.createElement("tr");
+    tr.className = "more";
+    const td = cell("and " + more + " more " + what);
+    td.colSpan = columns;
+    tr.append(td);
+    return tr;
   }
 
-  function renderModels(models, workers) {
-    const perModel = new Map();
-    for (const w of workers) {
-      if (workerStatus(w) !== "online") continue;
-      for (const m of w.models) perModel.set(m, (perModel.get(m) || 0) + 1);
-    }
-    const rows = models.map(function (m) {
+  function renderModels(pool) {
+    const rows = pool.models.map(function (m) {
       const tr = document.createElement("tr");
-      const features = m.chat ? (m.chat.features.join(", ") || "chat") : "—";
+      const features = m.chat_features === null ? "—" : (m.chat_features.join(", ") || "chat");
       tr.append(
-        cell(m.name, "name"), cell(perModel.get(m.name) || 0), cell(m.count), cell(m.jobs),
+        cell(m.name, "name"), cell(m.workers), cell(m.threads), cell(m.jobs),
         cell(m.queued), cell(m.eta + " s"), cell(m.performance + " t/s"), cell(features));
       return labelled($("models"), tr);
     });
-    $("models").tBodies[0].replaceChildren(
-      ...(rows.length ? rows : [emptyRow(8, "No model is served now: start a worker.")]));
+    if (!rows.length) rows.push(emptyRow(8, "No model is served now: start a worker."));
+    if (pool.more_models) {
+      rows.push(moreRow(8, pool.more_models, "models (fewer threads): see /api/v2/status/models"));
+    }
+    $("models").tBodies[0].replaceChildren(...rows);
   }
 
-  function renderWorkers(workers) {
-    const rows = workers.map(function (w) {
+  function renderWorkers(pool) {
+    const rows = pool.workers.map(function (w) {
       const tr = document.createElement("tr");
-      const status = workerStatus(w);
+      const models = w.models.join(", ") + (w.more_models ? " and " + w.more_models + " more" : "");
       tr.append(
-        cell(w.name, "name"), cell(w.models.join(", ")), cell(w.performance), cell(w.threads),
-        cell(w.requests_fulfilled), cell(status, "status " + status));
+        cell(w.name, "name"), cell(models), cell(w.performance), cell(w.threads),
+        cell(w.jobs_done), cell(w.status, "status " + w.status));
       return labelled($("workers"), tr);
     });
-    $("workers").tBodies[0].replaceChildren(
-      ...(rows.length ? rows : [emptyRow(6, "No worker has checked in.")]));
+    if (!rows.length) rows.push(emptyRow(6, "No worker has checked in."));
+    if (pool.more_workers) {
+      rows.push(moreRow(6, pool.more_workers, "workers (fewer jobs done): see /api/v2/workers"));
+    }
+    $("workers").tBodies[0].replaceChildren(...rows);
   }
 
-  function renderModelChoice(models) {
+  function renderModelChoice(pool) {
     const select = $("model");
     const chosen = select.value;
-    const names = models.filter(function (m) { return m.chat && !m.name.includes(":"); })
-      .map(function (m) { return m.name; });
+    const names = pool.chat_models;
+    $("more-chat-models").textContent = pool.more_chat_models
+      ? "and " + pool.more_chat_models + " more chat models, fewer workers serve: name one through /v1"
+      : "";
     const current = Array.from(select.options).map(function (o) { return o.value; });
     if (names.join("\n") === current.join("\n")) return;
     select.replaceChildren(...names.map(function (name) { return new Option(name, name); }));
@@ -91,13 +99,11 @@
   async function refreshPool() {
     if (document.hidden) return;  // a tab in the background reads nothing
     try {
-      const [models, workers] = await Promise.all([
-        getJSON("/api/v2/status/models?type=text&chat=true"),
-        getJSON("/api/v2/workers?type=text"),
-      ]);
-      renderModels(models, workers);
-      renderWorkers(workers);
-      renderModelChoice(models);
+      // One capped answer, rendered once for every open page (decision 0048).
+      const pool = await getJSON("/dashboard/pool");
+      renderModels(pool);
+      renderWorkers(pool);
+      renderModelChoice(pool);
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
     } catch (error) {
       $("updated").textContent = "refresh failed: " + error.message;
