@@ -405,12 +405,13 @@ def running_server(
         # Where a server on SQLite keeps them anyway; one on PostgreSQL would
         # use the current directory. Replicas of one horde share it.
         "blobs": {"directory": str(workdir / "hordelite-blobs")},
-        # A bench's one worker key stands for many owners (connections.py
-        # opens 1,000 workers under it): no registration cap.
-        "budgets": {"workers_per_user": 0},
     }
     if signals_url is not None:
         sections["signals"] = {"url": signals_url}
+    # Budgets that never refuse, yet are checked (a tree without budgets
+    # gets none): a bench's one worker key stands for many owners
+    # (connections.py opens 1,000 workers under it), one requester key for
+    # many clients.
     budgets = never_refusing_budgets()
     if budgets:
         sections["budgets"] = budgets
