@@ -716,3 +716,58 @@ def test_the_banner_prints_the_dashboard_url_second_and_not_when_it_is_off() -> 
     assert lines[1] == f"  dashboard and chat playground: {url}/"
     off = banner(Config().replace(dashboard={"enabled": False}), url, "0.1.0")
     assert not any("dashboard" in line for line in off)
+
+
+# A database path that cannot be ----------------------------------------------
+
+
+def bad_database_paths(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
+    """Database paths that name no possible SQLite file, each with the words
+    its refusal must hold: a missing folder, a path under a file, a folder."""
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    return {
+        "missing folder": (
+            tmp_path / "no" / "such" / "x.db",
+            [str(tmp_path / "no" / "such"), "no folder"],
+        ),
+        "under a file": (tmp_path / "a-file" / "x.db", [str(tmp_path / "a-file"), "a file"]),
+        "a folder": (tmp_path, [str(tmp_path), "a folder"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing folder", "under a file", "a folder"])
+def test_db_upgrade_on_an_impossible_sqlite_path_is_one_line_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    path, words = bad_database_paths(tmp_path)[case]
+    before = sorted(tmp_path.rglob("*"))
+    code, out, err = cli(capsys, "db", "upgrade", "--database", str(path))
+    assert code == 1
+    assert_one_line_refusal(code, err, *words)
+    assert "schema version" not in out
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("case", ["missing folder", "under a file"])
+def test_serve_on_an_impossible_sqlite_path_is_one_line_and_creates_nothing(
+    tmp_path: Path, case: str
+) -> None:
+    path, words = bad_database_paths(tmp_path)[case]
+    before = sorted(tmp_path.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+    # A process of its own: a serve that started anyway would serve until
+    # the timeout, which fails the test instead of hanging it.
+    done = subprocess.run(
+        [sys.executable, "-m", "hordelite", "serve", "--port", "0", "--database", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=START_DEADLINE,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert_one_line_refusal(done.returncode, done.stderr, *words)
+    assert done.stderr.startswith("hordelite: ")
+    assert "serving at" not in done.stdout
+    assert sorted(tmp_path.rglob("*")) == before
