@@ -363,9 +363,12 @@ class DashboardConfig:
 class MetricsConfig:
     # Serve GET /metrics, the Prometheus text format (decision 0043).
     enabled: bool = True
-    # 0: on the horde's own port; else a port of its own (on server.host)
-    # that serves /metrics only.
+    # 0: on the horde's own port; else a port of its own that serves
+    # /metrics only.
     port: int = bounded(0, ge=0, le=65535)
+    # The address that port listens on. Never server.host implicitly: a port
+    # kept for monitoring would otherwise be public with --host 0.0.0.0.
+    host: str = bounded("127.0.0.1", rule=_not_empty)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,10 +95,10 @@ async def _serve_metrics(
     *,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``/metrics`` alone on ``[metrics] port``. Each of several serving
+    """``/metrics`` alone on ``[metrics] host:port``. Each of several serving
     processes binds it with SO_REUSEPORT, so a scrape reaches any of them
     (each answers the sum of all, see hordelite.horde.metrics)."""
-    server = dataclasses.replace(config.server, port=config.metrics.port)
+    server = dataclasses.replace(config.server, host=config.metrics.host, port=config.metrics.port)
     sock = listen(server, shared=config.server.processes > 1)
     app = create_metrics_app(horde, current_backend())
     await _serve_http_until(app, config, shutdown, stopped, sock, task_status=task_status)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hordelite.config import Config
+from hordelite.server import open_server
 from hordelite.testing import FakeTextWorker, ManualClock, open_horde
 from tests.integration._chat_helpers import (
     MODEL,
@@ -203,6 +205,41 @@ async def test_metrics_on_a_port_of_their_own_count_the_horde_port(anyio_backend
     assert http(samples, "/api/v2/status/heartbeat", "GET", 200) == 1
     assert other.status_code == 404
     assert other.json()["rc"] == "NotFound"
+
+
+async def test_the_metrics_port_listens_on_127_0_0_1_even_when_the_horde_listens_on_every_address(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    # 127.0.0.2 is another address of this machine (Linux routes all of
+    # 127/8 to the loopback): a socket bound to 127.0.0.1 refuses it, one
+    # bound to 0.0.0.0 answers it.
+    port = free_port()
+    config = Config().replace(
+        server={"host": "0.0.0.0", "port": 0, "grace_period": 2},
+        storage={"database": str(tmp_path / "horde.db")},
+        metrics={"port": port},
+    )
+    # open_server itself: open_horde listens on 127.0.0.1 whatever the config says.
+    async with open_server(config) as horde:
+        horde_port = horde.url.rsplit(":", 1)[1]
+        assert horde.metrics_url == f"http://127.0.0.1:{port}"  # the listening socket's address
+        async with httpx.AsyncClient(timeout=5) as client:
+            # The control: the horde's own port answers on the other address.
+            other = await client.get(f"http://127.0.0.2:{horde_port}/api/v2/status/heartbeat")
+            assert other.status_code == 200
+            assert (await client.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200
+            with pytest.raises(httpx.ConnectError):
+                await client.get(f"http://127.0.0.2:{port}/metrics")
+
+
+async def test_metrics_host_puts_the_metrics_port_on_another_address(anyio_backend: str) -> None:
+    port = free_port()
+    config = Config().replace(metrics={"port": port, "host": "127.0.0.2"})
+    async with open_horde(config=config) as horde, httpx.AsyncClient(timeout=5) as client:
+        assert horde.metrics_url == f"http://127.0.0.2:{port}"
+        assert (await client.get(f"http://127.0.0.2:{port}/metrics")).status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"http://127.0.0.1:{port}/metrics")
 
 
 async def test_an_open_stream_is_counted_until_its_client_leaves(anyio_backend: str) -> None:
