@@ -40,6 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hordelite", description="A self-hostable AI Horde.")
+    parser.add_argument("--version", action="version", version=f"hordelite {__version__}")
     parser.add_argument(
         "--config",
         help=f"configuration file (default: ./{DEFAULT_CONFIG} when it exists)",

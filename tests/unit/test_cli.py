@@ -18,6 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from hordelite import __version__
 from hordelite.cli import main
 from hordelite.cli._main import banner
 from hordelite.config import Config
@@ -771,3 +772,8 @@ def test_serve_on_an_impossible_sqlite_path_is_one_line_and_creates_nothing(
     assert done.stderr.startswith("hordelite: ")
     assert "serving at" not in done.stdout
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_version_prints_hordelite_and_its_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "--version")
+    assert (code, out, err) == (0, f"hordelite {__version__}\n", "")
