@@ -14,7 +14,10 @@ variable PROMETHEUS_MULTIPROC_DIR, a directory it creates and removes, so
 that prometheus_client keeps the counters in per-process files there and a
 scrape of any child reads them all. What is read at scrape time comes from
 the shared database and pool, once, by the child answering: it is never
-multiplied by N.
+multiplied by N. So are ``hordelite_build_info`` and prometheus_client's
+``process_*`` metrics: they describe the process answering the scrape (the
+sum of N processes' resident memories or start times means nothing, and
+their files have no place for it).
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from hordelite import __version__
 from hordelite.contract.limits import READY_CHECK_SECONDS
 from hordelite.errors import StorageUnavailable
 
@@ -65,6 +70,8 @@ ANY_MODEL = "any"
 # serves: a client names models freely, so a name becomes a label only once
 # a worker serves it (the label set is the pool's, not the clients').
 UNSERVED_MODELS = "unserved"
+# The kind label of the queue depth: the queue's two kinds of request.
+QUEUE_KINDS = ("text", "chat")
 
 
 def model_label(model: str | None) -> str:
@@ -85,6 +92,11 @@ class HordeMetrics:
         # as well would add this process's share twice.
         self._own = CollectorRegistry(auto_describe=True)
         registry = None if multiprocess_dir else self._own
+        # This process's own in either mode (never in the multiprocess
+        # files): its CPU, memory, open files and start time, read from /proc
+        # at each scrape, and the version it runs.
+        ProcessCollector(registry=self._own)
+        self._own.register(_Fixed([build_info()]))
         self.http_requests = Counter(
             "hordelite_http_requests",
             "HTTP requests answered, by route template, method and status code.",
@@ -153,12 +165,13 @@ class HordeMetrics:
 
     def render(self, scraped: Iterable[Metric]) -> bytes:
         """The text exposition: the counted metrics (of every process in
-        multiprocess mode), then the ``scraped`` ones."""
+        multiprocess mode), this process's own, then the ``scraped`` ones."""
         registry = CollectorRegistry(auto_describe=False)
         if self.multiprocess_dir:
             MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
-        else:
-            registry.register(_Fixed(self._own.collect()))
+        # In multiprocess mode this holds only the answering process's own
+        # metrics (the counted ones live in the files).
+        registry.register(_Fixed(self._own.collect()))
         registry.register(_Fixed(scraped))
         return generate_latest(registry)
 
@@ -226,7 +239,8 @@ async def scrape(horde: Horde) -> bytes:
                     "requests for any model; unserved: requests for none of them) and "
                     "kind (text, chat).",
                     ["model", "kind"],
-                    {(model_label(model), kind): jobs for (model, kind), jobs in depth.items()},
+                    served_zeros(served)
+                    | {(model_label(model), kind): jobs for (model, kind), jobs in depth.items()},
                 )
             )
             scraped.append(gauge("hordelite_workers_online", "Workers online.", len(online)))
@@ -241,6 +255,21 @@ async def scrape(horde: Horde) -> bytes:
     if redis_ping is not None:
         scraped += reachability("redis", "Redis", await round_trip(redis_ping))
     return horde.metrics.render(scraped)
+
+
+def served_zeros(served: frozenset[str]) -> dict[tuple[str, str], int]:
+    """A 0 for each kind of each model an online worker serves: its queue
+    depth when nothing waits for it, which the queue's rows cannot say (a
+    graph then shows 0, not "no data")."""
+    return {(model_label(model), kind): 0 for model in served for kind in QUEUE_KINDS}
+
+
+def build_info() -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "hordelite_build_info", "1, labelled with the hordelite version running.", labels=["version"]
+    )
+    family.add_metric([__version__], 1)
+    return family
 
 
 async def round_trip(ping: Callable[[], Awaitable[None]]) -> float | None:

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hordelite import __version__
 from hordelite.config import Config
 from hordelite.server import open_server
 from hordelite.testing import FakeTextWorker, ManualClock, open_horde
@@ -334,8 +335,42 @@ async def test_queue_depth_labels_only_the_models_an_online_worker_serves(
     assert depth == {
         (("kind", "text"), ("model", "any")): 1,
         (("kind", "text"), ("model", "m1")): 1,
+        (("kind", "chat"), ("model", "m1")): 0,  # served, nothing waiting
         (("kind", "text"), ("model", "unserved")): 1,
     }
+
+
+async def test_a_served_model_with_nothing_waiting_has_a_queue_depth_of_0(
+    anyio_backend: str,
+) -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        before = await scrape(client)  # no worker: no model to label
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, name="w", models=["m1", "m2"]) as worker:
+            assert (await worker.pop())["id"] is None  # online, the queue empty
+            samples = await scrape(client)
+    assert not [name for name, _ in before if name == "hordelite_queue_depth"]
+    depth = {
+        labels: jobs for (name, labels), jobs in samples.items() if name == "hordelite_queue_depth"
+    }
+    assert depth == {
+        (("kind", kind), ("model", model)): 0 for model in ("m1", "m2") for kind in ("text", "chat")
+    }
+
+
+async def test_the_build_and_this_process_are_described(anyio_backend: str) -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        samples = await scrape(client)
+    assert value(samples, "hordelite_build_info", version=__version__) == 1
+    assert [labels for name, labels in samples if name == "hordelite_build_info"] == [
+        (("version", __version__),)
+    ]
+    # prometheus_client's process collector, on the horde's own registry:
+    # this process's figures, read from /proc.
+    assert value(samples, "process_resident_memory_bytes") > 0
+    assert value(samples, "process_open_fds") > 0
+    assert value(samples, "process_start_time_seconds") > 0
+    assert value(samples, "process_cpu_seconds_total") > 0
 
 
 async def test_a_scrape_while_redis_is_down_answers_with_redis_up_0(anyio_backend: str) -> None:
