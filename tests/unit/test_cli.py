@@ -711,6 +711,22 @@ def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str)
     assert "serving at" not in done.stdout
 
 
+def test_the_banner_names_the_blob_folder_and_its_secret(tmp_path: Path) -> None:
+    url = "http://127.0.0.1:7001"
+    beside = Config().replace(storage={"database": "/srv/horde/h.db"})
+    assert "  blobs and their signing secret: /srv/horde/hordelite-blobs" in banner(
+        beside, url, "0.1.0"
+    )
+    # With PostgreSQL the folder is in the current directory (tmp_path, see
+    # _isolated): named in full.
+    postgres = Config().replace(storage={"database": "postgresql://u@h/db"})
+    assert f"  blobs and their signing secret: {tmp_path / 'hordelite-blobs'}" in banner(
+        postgres, url, "0.1.0"
+    )
+    s3 = Config().replace(blobs={"s3_endpoint": "http://127.0.0.1:9000"})
+    assert "  blobs: bucket hordelite at http://127.0.0.1:9000" in banner(s3, url, "0.1.0")
+
+
 def test_the_banner_prints_the_dashboard_url_second_and_not_when_it_is_off() -> None:
     url = "http://127.0.0.1:7001"
     lines = banner(Config(), url, "0.1.0")
