@@ -124,7 +124,13 @@ _USER_HELP = "the user: its id, NAME#ID, or its name"
 # The worker's flags: (flag, type, [worker] key, help).
 _WORKER_FLAGS: tuple[tuple[str, type, str, str], ...] = (
     ("--horde", str, "horde", "the horde's base URL"),
-    ("--key", str, "key", "the worker owner's API key"),
+    (
+        "--key",
+        str,
+        "key",
+        "the worker owner's API key; prefer the environment variable HORDELITE_WORKER_KEY, "
+        "since every user of the machine sees a flag in ps",
+    ),
     ("--name", str, "name", "the worker's name on the horde"),
     ("--backend", str, "backend", "the backend's base URL (OpenAI-compatible), or fake"),
     ("--threads", int, "threads", "jobs served at once"),

@@ -28,6 +28,7 @@ from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version
 from hordelite.storage.schema import users
 from hordelite.testing import FakeTextWorker, open_horde
+from hordelite.worker._horde import horde_base_url
 
 
 @pytest.fixture(autouse=True)
@@ -793,3 +794,23 @@ def test_serve_on_an_impossible_sqlite_path_is_one_line_and_creates_nothing(
 def test_version_prints_hordelite_and_its_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = cli(capsys, "--version")
     assert (code, out, err) == (0, f"hordelite {__version__}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("given", "base", "suffix"),
+    [
+        ("http://h:7001", "http://h:7001", None),
+        ("http://h:7001/", "http://h:7001/", None),
+        ("http://h:7001/api/v2", "http://h:7001", "/api/v2"),
+        ("http://h:7001/api/v2/", "http://h:7001", "/api/v2"),
+        ("https://h/api/", "https://h", "/api"),
+        ("https://h/v1", "https://h", "/v1"),
+        ("https://h/horde/api/v2", "https://h/horde", "/api/v2"),  # behind a proxy's path
+        ("https://h/myapi", "https://h/myapi", None),
+        ("http://api", "http://api", None),  # a host, not a route
+    ],
+)
+def test_the_worker_takes_an_api_route_off_the_hordes_url(
+    given: str, base: str, suffix: str | None
+) -> None:
+    assert horde_base_url(given) == (base, suffix)
