@@ -156,6 +156,21 @@ def _bucket(value: str) -> str | None:
     return None
 
 
+_ORIGIN = re.compile(r"https?://[^/\s?#,]+")
+
+
+def _cors_origins(value: str) -> str | None:
+    if value.strip() == "*":
+        return None
+    for origin in (o.strip() for o in value.split(",")):
+        if origin and _ORIGIN.fullmatch(origin) is None:
+            return (
+                f"must be * or a comma-separated list of origins (scheme://host[:port], "
+                f"no path), got {origin!r}"
+            )
+    return None
+
+
 def _not_empty(value: str) -> str | None:
     return "must not be empty" if not value.strip() else None
 
@@ -207,6 +222,17 @@ class ServerConfig:
     # Processes serving the one listening socket, each a whole horde. Above 1
     # needs PostgreSQL and Redis signals (processes_problem, decision 0040).
     processes: int = bounded(1, ge=1, le=64)
+    # The web pages whose scripts may read the answers: "*" (any, the AI
+    # Horde's way: browser clients on other sites work), or a comma-separated
+    # list of origins, each answered by name (empty: none).
+    cors_origins: str = bounded("*", rule=_cors_origins)
+
+    @property
+    def allowed_origins(self) -> frozenset[str] | None:
+        """The ``cors_origins`` list, lowercased; None for ``*`` (every origin)."""
+        if self.cors_origins.strip() == "*":
+            return None
+        return frozenset(o.strip().lower() for o in self.cors_origins.split(",") if o.strip())
 
 
 @dataclasses.dataclass(frozen=True)
