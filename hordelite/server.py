@@ -43,6 +43,14 @@ class RunningHorde:
     metrics_url: str | None = None
 
 
+def blob_location(config: Config) -> str:
+    """Where the horde keeps its images and the secret signing their URLs,
+    as its start lines say it."""
+    if config.blobs.s3_endpoint:
+        return f"blobs: bucket {config.blobs.s3_bucket} at {config.blobs.s3_endpoint}"
+    return f"blobs and their signing secret: {blob_directory(config).absolute()}"
+
+
 async def serve_timers(
     horde: Horde,
     stop: anyio.Event,

@@ -17,14 +17,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from hordelite import __version__
 from hordelite._http import base_url, listen
-from hordelite.blobs import blob_directory
 from hordelite.cli import _admin
 from hordelite.cli._processes import Supervisor, serve_child
 from hordelite.config import Config, load_config, processes_problem
 from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.errors import ConfigError, StorageUnavailable
 from hordelite.horde.service import Horde
-from hordelite.server import open_server
+from hordelite.server import blob_location, open_server
 from hordelite.storage.database import Database
 from hordelite.worker import Worker, WorkerError
 
@@ -331,7 +330,9 @@ def banner(config: Config, url: str, version: str) -> list[str]:
     lines = [
         f"hordelite {version} serving at {url} (Ctrl+C stops)",
         f"  database: {_admin.shown_database(config.storage.database)}",
-        _blobs_line(config),
+        # A folder made at start (with PostgreSQL, in the current directory
+        # unless blobs.directory says): the operator should know of it, and keep it.
+        f"  {blob_location(config)}",
         f"  native API: {url}/api/v2/ (horde_sdk: AI_HORDE_URL={url}/api/)",
         f"  OpenAI front: {url}/v1",
     ]
@@ -348,15 +349,6 @@ def banner(config: Config, url: str, version: str) -> list[str]:
         lines.append("  anonymous access: off (horde.allow_anonymous): every request needs a key")
     lines.append("  create a key: hordelite keys create NAME [--kudos N]")
     return lines
-
-
-def _blobs_line(config: Config) -> str:
-    """Where the images and the secret signing their URLs are kept: a
-    folder made at start (with PostgreSQL, in the current directory unless
-    blobs.directory says), which the operator should know of and keep."""
-    if config.blobs.s3_endpoint:
-        return f"  blobs: bucket {config.blobs.s3_bucket} at {config.blobs.s3_endpoint}"
-    return f"  blobs and their signing secret: {blob_directory(config).absolute()}"
 
 
 async def _run(config: Config) -> None:
