@@ -107,9 +107,20 @@ def create_app(
         log.exception("unexpected error on %s %s", request.method, request.path)
         return _error(RC.InternalServerError)
 
+    allowed = horde.config.server.allowed_origins
+
     @app.after_request
     async def _cors(response: Response) -> Response:
-        response.headers["Access-Control-Allow-Origin"] = "*"
+        if allowed is None:
+            response.headers["Access-Control-Allow-Origin"] = "*"
+        else:
+            # The answer depends on the Origin now: a cache must not hand one
+            # origin's answer to another.
+            response.vary.add("Origin")
+            origin = request.headers.get("Origin", "")
+            if origin.lower() not in allowed:
+                return response  # no header: the browser keeps the answer from the page
+            response.headers["Access-Control-Allow-Origin"] = origin
         if request.method == "OPTIONS":
             response.headers["Access-Control-Allow-Headers"] = "*"
             response.headers["Access-Control-Allow-Methods"] = "GET, POST, PUT, DELETE, OPTIONS"

@@ -156,6 +156,21 @@ def _bucket(value: str) -> str | None:
     return None
 
 
+_ORIGIN = re.compile(r"https?://[^/\s?#,]+")
+
+
+def _cors_origins(value: str) -> str | None:
+    if value.strip() == "*":
+        return None
+    for origin in (o.strip() for o in value.split(",")):
+        if origin and _ORIGIN.fullmatch(origin) is None:
+            return (
+                f"must be * or a comma-separated list of origins (scheme://host[:port], "
+                f"no path), got {origin!r}"
+            )
+    return None
+
+
 def _not_empty(value: str) -> str | None:
     return "must not be empty" if not value.strip() else None
 
@@ -207,6 +222,17 @@ class ServerConfig:
     # Processes serving the one listening socket, each a whole horde. Above 1
     # needs PostgreSQL and Redis signals (processes_problem, decision 0040).
     processes: int = bounded(1, ge=1, le=64)
+    # The web pages whose scripts may read the answers: "*" (any, the AI
+    # Horde's way: browser clients on other sites work), or a comma-separated
+    # list of origins, each answered by name (empty: none).
+    cors_origins: str = bounded("*", rule=_cors_origins)
+
+    @property
+    def allowed_origins(self) -> frozenset[str] | None:
+        """The ``cors_origins`` list, lowercased; None for ``*`` (every origin)."""
+        if self.cors_origins.strip() == "*":
+            return None
+        return frozenset(o.strip().lower() for o in self.cors_origins.split(",") if o.strip())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,9 +389,12 @@ class DashboardConfig:
 class MetricsConfig:
     # Serve GET /metrics, the Prometheus text format (decision 0043).
     enabled: bool = True
-    # 0: on the horde's own port; else a port of its own (on server.host)
-    # that serves /metrics only.
+    # 0: on the horde's own port; else a port of its own that serves
+    # /metrics only.
     port: int = bounded(0, ge=0, le=65535)
+    # The address that port listens on. Never server.host implicitly: a port
+    # kept for monitoring would otherwise be public with --host 0.0.0.0.
+    host: str = bounded("127.0.0.1", rule=_not_empty)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,14 @@ class RunningHorde:
     metrics_url: str | None = None
 
 
+def blob_location(config: Config) -> str:
+    """Where the horde keeps its images and the secret signing their URLs,
+    as its start lines say it."""
+    if config.blobs.s3_endpoint:
+        return f"blobs: bucket {config.blobs.s3_bucket} at {config.blobs.s3_endpoint}"
+    return f"blobs and their signing secret: {blob_directory(config).absolute()}"
+
+
 async def serve_timers(
     horde: Horde,
     stop: anyio.Event,
@@ -95,10 +103,10 @@ async def _serve_metrics(
     *,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``/metrics`` alone on ``[metrics] port``. Each of several serving
+    """``/metrics`` alone on ``[metrics] host:port``. Each of several serving
     processes binds it with SO_REUSEPORT, so a scrape reaches any of them
     (each answers the sum of all, see hordelite.horde.metrics)."""
-    server = dataclasses.replace(config.server, port=config.metrics.port)
+    server = dataclasses.replace(config.server, host=config.metrics.host, port=config.metrics.port)
     sock = listen(server, shared=config.server.processes > 1)
     app = create_metrics_app(horde, current_backend())
     await _serve_http_until(app, config, shutdown, stopped, sock, task_status=task_status)

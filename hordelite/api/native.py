@@ -1,6 +1,7 @@
 """The native AI Horde v2 routes: parse, call the service, answer.
 
-Every answer is JSON with ``Access-Control-Allow-Origin: *``; every refusal
+Every answer is JSON with ``Access-Control-Allow-Origin`` (``*`` unless
+``server.cors_origins`` lists origins, see hordelite/app.py); every refusal
 is ``{"message", "rc"}`` (plus ``errors`` naming the field for validation
 failures) with the return code's HTTP status.
 """

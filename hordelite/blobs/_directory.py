@@ -28,6 +28,10 @@ DEFAULT_DIRECTORY_NAME = "hordelite-blobs"
 # Keys never hold a dot, so neither this file nor the temporary files
 # (".<key>.<random>.tmp") can be taken for a blob.
 _SECRET_FILE = "signing.secret"
+# Ignores the whole directory, itself included, in any git working tree it
+# lands in (the default is in the current directory): the secret and the
+# users' images are never committed by a `git add .`.
+_GITIGNORE = ".gitignore"
 
 
 def blob_directory(config: Config) -> Path:
@@ -51,7 +55,11 @@ def _secret(directory: Path) -> bytes:
     whole to a file of this process's own, then linked into place; a process
     that loses the race reads the winner's.
     """
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:  # under a file, say: one line, not a traceback
+        raise ConfigError(f"blobs.directory: cannot make {directory}: {exc.strerror}") from None
+    _ignore_in_git(directory)
     path = directory / _SECRET_FILE
     if not path.exists():
         temporary = directory / f".{_SECRET_FILE}.{secrets.token_hex(8)}.tmp"
@@ -73,6 +81,15 @@ def _secret(directory: Path) -> bytes:
             "(URLs signed before stop working)"
         )
     return secret
+
+
+def _ignore_in_git(directory: Path) -> None:
+    """A ``.gitignore`` of ``*`` in the directory, unless it has one (the
+    operator's own is kept)."""
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(directory / _GITIGNORE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write("# Made by hordelite: blobs and their signing secret stay out of git.\n*\n")
 
 
 def _write(path: Path, data: bytes, content_type: str) -> None:

@@ -23,7 +23,7 @@ from hordelite.config import Config, load_config, processes_problem
 from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.errors import ConfigError, StorageUnavailable
 from hordelite.horde.service import Horde
-from hordelite.server import open_server
+from hordelite.server import blob_location, open_server
 from hordelite.storage.database import Database
 from hordelite.worker import Worker, WorkerError
 
@@ -40,6 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hordelite", description="A self-hostable AI Horde.")
+    parser.add_argument("--version", action="version", version=f"hordelite {__version__}")
     parser.add_argument(
         "--config",
         help=f"configuration file (default: ./{DEFAULT_CONFIG} when it exists)",
@@ -122,7 +123,13 @@ _USER_HELP = "the user: its id, NAME#ID, or its name"
 # The worker's flags: (flag, type, [worker] key, help).
 _WORKER_FLAGS: tuple[tuple[str, type, str, str], ...] = (
     ("--horde", str, "horde", "the horde's base URL"),
-    ("--key", str, "key", "the worker owner's API key"),
+    (
+        "--key",
+        str,
+        "key",
+        "the worker owner's API key; prefer the environment variable HORDELITE_WORKER_KEY, "
+        "since every user of the machine sees a flag in ps",
+    ),
     ("--name", str, "name", "the worker's name on the horde"),
     ("--backend", str, "backend", "the backend's base URL (OpenAI-compatible), or fake"),
     ("--threads", int, "threads", "jobs served at once"),
@@ -323,6 +330,9 @@ def banner(config: Config, url: str, version: str) -> list[str]:
     lines = [
         f"hordelite {version} serving at {url} (Ctrl+C stops)",
         f"  database: {_admin.shown_database(config.storage.database)}",
+        # A folder made at start (with PostgreSQL, in the current directory
+        # unless blobs.directory says): the operator should know of it, and keep it.
+        f"  {blob_location(config)}",
         f"  native API: {url}/api/v2/ (horde_sdk: AI_HORDE_URL={url}/api/)",
         f"  OpenAI front: {url}/v1",
     ]

@@ -16,7 +16,10 @@ variable PROMETHEUS_MULTIPROC_DIR, a directory it creates and removes, so
 that prometheus_client keeps the counters in per-process files there and a
 scrape of any child reads them all. What is read at scrape time comes from
 the shared database and pool, once, by the child answering: it is never
-multiplied by N.
+multiplied by N. So are ``hordelite_build_info`` and prometheus_client's
+``process_*`` metrics: they describe the process answering the scrape (the
+sum of N processes' resident memories or start times means nothing, and
+their files have no place for it).
 """
 
 from __future__ import annotations
@@ -33,16 +36,19 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from hordelite import __version__
 from hordelite.contract.limits import METRICS_MODELS, METRICS_READ_SECONDS, READY_CHECK_SECONDS
 from hordelite.storage.timers import QueueDepth
 
 if TYPE_CHECKING:
+    from hordelite.contract.eligibility import WorkerView
     from hordelite.horde.service import Horde
 
 # No ``_created`` series beside each counter: they double the exposition,
@@ -68,6 +74,8 @@ ANY_MODEL = "any"
 # serves: a client names models freely, so a name becomes a label only once
 # a worker serves it (the label set is the pool's, not the clients').
 UNSERVED_MODELS = "unserved"
+# The kind label of the queue depth: the queue's two kinds of request.
+QUEUE_KINDS = ("text", "chat")
 
 
 # The model label of the served models past the METRICS_MODELS with most
@@ -90,6 +98,11 @@ class HordeMetrics:
         # as well would add this process's share twice.
         self._own = CollectorRegistry(auto_describe=True)
         registry = None if multiprocess_dir else self._own
+        # This process's own in either mode (never in the multiprocess
+        # files): its CPU, memory, open files and start time, read from /proc
+        # at each scrape, and the version it runs.
+        ProcessCollector(registry=self._own)
+        self._own.register(_Fixed([build_info()]))
         self.http_requests = Counter(
             "hordelite_http_requests",
             "HTTP requests answered, by route template, method and status code.",
@@ -165,12 +178,13 @@ class HordeMetrics:
 
     def render(self, scraped: Iterable[Metric]) -> bytes:
         """The text exposition: the counted metrics (of every process in
-        multiprocess mode), then the ``scraped`` ones."""
+        multiprocess mode), this process's own, then the ``scraped`` ones."""
         registry = CollectorRegistry(auto_describe=False)
         if self.multiprocess_dir:
             MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
-        else:
-            registry.register(_Fixed(self._own.collect()))
+        # In multiprocess mode this holds only the answering process's own
+        # metrics (the counted ones live in the files).
+        registry.register(_Fixed(self._own.collect()))
         registry.register(_Fixed(scraped))
         return generate_latest(registry)
 
@@ -271,31 +285,32 @@ async def scrape(horde: Horde) -> bytes:
     db_rtt = await round_trip(horde.store.ping)
     scraped = reachability("database", "the database", db_rtt)
     if db_rtt is not None:
-        scraped += await _pool_figures(horde)
-        scraped += await _queue_figures(horde)
+        pool, online = await _pool_figures(horde)
+        scraped += pool
+        scraped += await _queue_figures(horde, online)
     redis_ping = horde.upkeep.signals_ping()
     if redis_ping is not None:
         scraped += reachability("redis", "Redis", await round_trip(redis_ping))
     return horde.metrics.render(scraped)
 
 
-async def _pool_figures(horde: Horde) -> list[Metric]:
+async def _pool_figures(horde: Horde) -> tuple[list[Metric], list[WorkerView]]:
     reads = horde.metrics.reads
     try:
         with anyio.fail_after(READY_CHECK_SECONDS):
             online = await horde.directory.online_workers(horde.clock.now())
     except Exception as exc:  # any failure leaves the figure out, counted and logged
         reads.failed(POOL, exc, horde.metrics)
-        return []
+        return [], []
     reads.read(POOL)
     threads = sum(w.threads for w in online)
     return [
         gauge(POOL, "Workers online.", len(online)),
         gauge("hordelite_threads_online", "Threads of the workers online.", threads),
-    ]
+    ], online
 
 
-async def _queue_figures(horde: Horde) -> list[Metric]:
+async def _queue_figures(horde: Horde, online: list[WorkerView]) -> list[Metric]:
     reads = horde.metrics.reads
     try:
         depth = await reads.queue_depth(horde)
@@ -303,7 +318,7 @@ async def _queue_figures(horde: Horde) -> list[Metric]:
         reads.failed(QUEUE_DEPTH, exc, horde.metrics)
         return []
     reads.read(QUEUE_DEPTH)
-    values: dict[tuple[str, str], int] = {}
+    values = served_zeros(online, depth)
     for (model, kind), jobs in depth.models.items():
         # A served model named like a label of ours is summed with the other
         # models, so that no two series share labels.
@@ -326,6 +341,28 @@ async def _queue_figures(horde: Horde) -> list[Metric]:
             values,
         )
     ]
+
+
+def served_zeros(online: list[WorkerView], depth: QueueDepth) -> dict[tuple[str, str], int]:
+    """A 0 for each kind of each model labelled, and of the served models
+    with nothing waiting, so that a graph shows 0, not "no data": as many as
+    the label set has room for (METRICS_MODELS models in all; ``other``,
+    which sums the rest, gets its 0s once there is a rest)."""
+    labelled = {model for model, _ in depth.models}
+    served = {m for w in online for m in w.models} - _RESERVED_LABELS
+    idle = sorted(served - labelled)[: max(METRICS_MODELS - len(labelled), 0)]
+    zeros = {(model, kind): 0 for model in (*labelled, *idle) for kind in QUEUE_KINDS}
+    if len(served) > len(labelled) + len(idle):
+        zeros |= {(OTHER_MODELS, kind): 0 for kind in QUEUE_KINDS}
+    return zeros
+
+
+def build_info() -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "hordelite_build_info", "1, labelled with the hordelite version running.", labels=["version"]
+    )
+    family.add_metric([__version__], 1)
+    return family
 
 
 async def round_trip(ping: Callable[[], Awaitable[None]]) -> float | None:

@@ -23,7 +23,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from sqlalchemy import Connection, create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.pool import QueuePool
 
@@ -48,6 +48,37 @@ def database_url(database: str) -> str:
     return f"sqlite:///{Path(database).expanduser()}"
 
 
+def sqlite_path_problem(url: str) -> str | None:
+    """Why the SQLite file of ``url`` (a SQLAlchemy URL) can be neither
+    opened nor created, or None (also for a server, or in memory).
+
+    SQLite creates a missing file but not its folder; the blob directory
+    beside the file would (``mkdir -p``), and a horde would then quietly
+    start empty in a folder made from a typo. So the folder must exist:
+    the file is the only thing a start creates."""
+    parsed = make_url(url)
+    name = parsed.database
+    if parsed.get_backend_name() != "sqlite" or name in (None, "", ":memory:"):
+        return None
+    if name.startswith("file:"):  # a URI filename: SQLite's own to resolve
+        return None
+    path = Path(name).expanduser().absolute()
+    if path.is_dir():
+        return f"{path} is a folder, not a SQLite database file"
+    if path.parent.is_dir():
+        return None
+    # The nearest existing folder up the path says which mistake it is.
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"{path} is under {above}, which is a file, not a folder"
+    return (
+        f"{path}: no folder {path.parent} (the database file is created, never its "
+        "folder); create the folder, or name another database"
+    )
+
+
 class Database:
     """Runs query functions in transactions.
 
@@ -65,6 +96,9 @@ class Database:
     def __init__(self, database: str, pool_size: int = 4, executor: str = "inline") -> None:
         self.url = database_url(database)
         self.is_sqlite = self.url.startswith("sqlite")
+        problem = sqlite_path_problem(self.url) if self.is_sqlite else None
+        if problem is not None:  # before anything is opened, or made beside it
+            raise StorageUnavailable(problem)
         self.inline = self.is_sqlite and executor == "inline"
         if self.is_sqlite:
             self.engine = _sqlite_engine(self.url, pool_size)

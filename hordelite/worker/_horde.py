@@ -19,6 +19,24 @@ _CONNECT = 10.0
 _MARGIN = 30.0
 
 
+# Route prefixes an operator may copy into the horde's URL with it: the
+# native API's (which the worker adds), horde_sdk's AI_HORDE_URL, and the
+# OpenAI front's. Longest first, so /api/v2 is not read as ending in /v2.
+_API_SUFFIXES = ("/api/v2", "/api", "/v1")
+
+
+def horde_base_url(url: str) -> tuple[str, str | None]:
+    """The horde's base URL, and the route prefix taken off its end (None
+    when there was none): ``http://h:7001/api/v2/`` is ``http://h:7001``."""
+    trimmed = url.rstrip("/")
+    for suffix in _API_SUFFIXES:
+        if trimmed.endswith(suffix) and "://" in trimmed[: -len(suffix)]:
+            base = trimmed[: -len(suffix)]
+            if base.split("://", 1)[1]:  # a host is left
+                return base, suffix
+    return url, None
+
+
 class HordeUnavailable(HordeliteError):
     """The horde did not answer (a connection error, a timeout) or answered 5xx."""
 

@@ -34,6 +34,7 @@ from hordelite.worker._horde import (
     HordeClient,
     HordeRefusal,
     HordeUnavailable,
+    horde_base_url,
 )
 from hordelite.worker._job_images import ImageFetcher, ImageUnavailable, has_images
 from hordelite.worker._progress import ProgressPoster
@@ -64,6 +65,9 @@ _RETRYABLE_POP_REFUSALS = (RC.WorkerMaintenance.name, RC.TooManyPrompts.name)
 _OVERFLOW_CODES = ("context_length_exceeded", "exceed_context_size_error")
 # Submit refusals meaning the job has ended on the horde: nothing more to send.
 _ENDED = (RC.AbortedGen.name, RC.InvalidJobID.name)
+# Pop refusals of the key itself: no user has it (or it was revoked), or it
+# is the anonymous key, which can run no worker.
+_KEY_REFUSALS = (RC.InvalidAPIKey.name, RC.AnonForbiddenWorker.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +145,19 @@ class Worker:
     def __init__(self, config: WorkerConfig, *, rng: Callable[[], float] = random.random) -> None:
         for key in ("key", "name", "backend"):
             if not getattr(config, key):
-                raise WorkerError(f"worker.{key} is required (--{key.replace('_', '-')})")
+                how = "HORDELITE_WORKER_KEY, or --key" if key == "key" else f"--{key}"
+                raise WorkerError(f"worker.{key} is required ({how})")
+        base, suffix = horde_base_url(config.horde)
+        if suffix is not None:
+            # A copied API URL would pop /api/v2/api/v2/... and get a bare 404.
+            log.warning(
+                "worker.horde %s ends in %s, which is not part of the horde's base URL: "
+                "using %s (the worker adds /api/v2 itself)",
+                config.horde,
+                suffix,
+                base,
+            )
+            config = dataclasses.replace(config, horde=base)
         self.config = config
         self.backoff = Backoff(config.backoff_initial, config.backoff_max, rng)
         self.declaration: Declaration | None = None
@@ -155,6 +171,7 @@ class Worker:
         self._backend_lock: anyio.Lock | None = None
         self._backend_up = True
         self._stopping = False
+        self._serving = False  # the horde has answered a pop (accepted the key)
         self._drain_deadline = math.inf
         self._start_scope: anyio.CancelScope | None = None
         self._pop_scopes: set[anyio.CancelScope] = set()
@@ -288,13 +305,15 @@ class Worker:
                 await anyio.sleep(delay)
 
     async def _serve_slots(self) -> None:
+        # Not "serving" yet: the horde has not seen the key (see _pop).
         log.info(
-            "worker %r serving %r at %s with %d thread(s)",
+            "worker %r starting: popping for %r at %s with %d thread(s)",
             self.config.name,
             self.declaration.model_id if self.declaration else "",
             self.config.horde,
             self.config.threads,
         )
+        refused = False
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._summaries)
@@ -309,9 +328,11 @@ class Worker:
             first: BaseException = group
             while isinstance(first, BaseExceptionGroup):  # nested task groups nest groups
                 first = first.exceptions[0]
+            refused = not self._serving
             raise first from None
         finally:
-            self._log_summary("final summary")
+            if not refused:  # refused before any pop was answered: nothing to sum up
+                self._log_summary("final summary")
 
     async def _summaries(self) -> None:
         while True:
@@ -401,8 +422,15 @@ class Worker:
         """(a job or None, the failures in a row after this pop)."""
         assert self._horde is not None
         started = anyio.current_time()
+        body = self.pop_body()
+        check_in = not self._serving
+        if check_in:
+            # The first pops do not long-poll: the horde's answer tells at
+            # once whether it takes the key, which an empty long-poll would
+            # tell only as its wait ends.
+            body["wait"] = 0
         try:
-            answer = await self._horde.pop(self.pop_body())
+            answer = await self._horde.pop(body)
         except HordeUnavailable as exc:
             self._counts["horde_errors"] += 1
             delay = self.backoff.delay(failures)
@@ -418,19 +446,45 @@ class Worker:
                 self._wait = 0
                 return None, failures
             if exc.rc not in _RETRYABLE_POP_REFUSALS:
-                raise WorkerError(f"the horde refuses this worker's pops: {exc}") from exc
+                raise self._pop_refused(exc) from exc
             delay = self.backoff.delay(failures)
             log.warning("the horde refuses the pop (%s); popping again in %.1f s", exc, delay)
             await anyio.sleep(delay)
             return None, failures + 1
         if failures:
             log.info("the horde answers again")
+        if not self._serving:
+            self._serving = True
+            log.info(
+                "worker %r serving %r at %s with %d thread(s)",
+                self.config.name,
+                self.declaration.model_id if self.declaration else "",
+                self.config.horde,
+                self.config.threads,
+            )
         self._counts["pops"] += 1
         if answer.get("id") is None:
-            if anyio.current_time() - started < self._wait / 2 or not self._wait:
+            held = anyio.current_time() - started >= self._wait / 2
+            if not check_in and (not held or not self._wait):
                 await anyio.sleep(_IDLE_POLL)  # the horde did not hold the pop
             return None, 0
         return answer, 0
+
+    def _pop_refused(self, exc: HordeRefusal) -> WorkerError:
+        """The error that stops the worker for a pop refusal that will not
+        pass: what the operator should change, in one line."""
+        if exc.rc in _KEY_REFUSALS:
+            return WorkerError(
+                f"the horde at {self.config.horde} refuses the worker's key ({exc}); "
+                "give the worker owner's key (hordelite keys create NAME on the horde) "
+                "in HORDELITE_WORKER_KEY or worker.key"
+            )
+        if exc.status == 404:
+            return WorkerError(
+                f"the horde refuses this worker's pops: {exc} (is {self.config.horde} the "
+                "horde's base URL? the worker adds /api/v2 itself)"
+            )
+        return WorkerError(f"the horde refuses this worker's pops: {exc}")
 
     # Serving a job ----------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +18,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hordelite import __version__
 from hordelite.config import Config
+from hordelite.server import open_server
 from hordelite.testing import FakeTextWorker, ManualClock, open_horde
 from tests.integration._chat_helpers import (
     MODEL,
@@ -205,6 +208,41 @@ async def test_metrics_on_a_port_of_their_own_count_the_horde_port(anyio_backend
     assert other.json()["rc"] == "NotFound"
 
 
+async def test_the_metrics_port_listens_on_127_0_0_1_even_when_the_horde_listens_on_every_address(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    # 127.0.0.2 is another address of this machine (Linux routes all of
+    # 127/8 to the loopback): a socket bound to 127.0.0.1 refuses it, one
+    # bound to 0.0.0.0 answers it.
+    port = free_port()
+    config = Config().replace(
+        server={"host": "0.0.0.0", "port": 0, "grace_period": 2},
+        storage={"database": str(tmp_path / "horde.db")},
+        metrics={"port": port},
+    )
+    # open_server itself: open_horde listens on 127.0.0.1 whatever the config says.
+    async with open_server(config) as horde:
+        horde_port = horde.url.rsplit(":", 1)[1]
+        assert horde.metrics_url == f"http://127.0.0.1:{port}"  # the listening socket's address
+        async with httpx.AsyncClient(timeout=5) as client:
+            # The control: the horde's own port answers on the other address.
+            other = await client.get(f"http://127.0.0.2:{horde_port}/api/v2/status/heartbeat")
+            assert other.status_code == 200
+            assert (await client.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200
+            with pytest.raises(httpx.ConnectError):
+                await client.get(f"http://127.0.0.2:{port}/metrics")
+
+
+async def test_metrics_host_puts_the_metrics_port_on_another_address(anyio_backend: str) -> None:
+    port = free_port()
+    config = Config().replace(metrics={"port": port, "host": "127.0.0.2"})
+    async with open_horde(config=config) as horde, httpx.AsyncClient(timeout=5) as client:
+        assert horde.metrics_url == f"http://127.0.0.2:{port}"
+        assert (await client.get(f"http://127.0.0.2:{port}/metrics")).status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"http://127.0.0.1:{port}/metrics")
+
+
 async def test_an_open_stream_is_counted_until_its_client_leaves(anyio_backend: str) -> None:
     async with open_chat_horde() as env:
         await env.chat_worker("w1")  # online, never serving: the stream waits
@@ -297,8 +335,42 @@ async def test_queue_depth_labels_only_the_models_an_online_worker_serves(
     assert depth == {
         (("kind", "text"), ("model", "any")): 1,
         (("kind", "text"), ("model", "m1")): 1,
+        (("kind", "chat"), ("model", "m1")): 0,  # served, nothing waiting
         (("kind", "text"), ("model", "unserved")): 1,
     }
+
+
+async def test_a_served_model_with_nothing_waiting_has_a_queue_depth_of_0(
+    anyio_backend: str,
+) -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        before = await scrape(client)  # no worker: no model to label
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, name="w", models=["m1", "m2"]) as worker:
+            assert (await worker.pop())["id"] is None  # online, the queue empty
+            samples = await scrape(client)
+    assert not [name for name, _ in before if name == "hordelite_queue_depth"]
+    depth = {
+        labels: jobs for (name, labels), jobs in samples.items() if name == "hordelite_queue_depth"
+    }
+    assert depth == {
+        (("kind", kind), ("model", model)): 0 for model in ("m1", "m2") for kind in ("text", "chat")
+    }
+
+
+async def test_the_build_and_this_process_are_described(anyio_backend: str) -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        samples = await scrape(client)
+    assert value(samples, "hordelite_build_info", version=__version__) == 1
+    assert [labels for name, labels in samples if name == "hordelite_build_info"] == [
+        (("version", __version__),)
+    ]
+    # prometheus_client's process collector, on the horde's own registry:
+    # this process's figures, read from /proc.
+    assert value(samples, "process_resident_memory_bytes") > 0
+    assert value(samples, "process_open_fds") > 0
+    assert value(samples, "process_start_time_seconds") > 0
+    assert value(samples, "process_cpu_seconds_total") > 0
 
 
 async def test_a_scrape_while_redis_is_down_answers_with_redis_up_0(anyio_backend: str) -> None:

@@ -40,6 +40,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hordelite import __version__
 from hordelite.cli import main
 from hordelite.cli._processes import RESTART_DELAY, STOP_MARGIN
 from hordelite.config import Config
@@ -418,8 +419,15 @@ def test_every_child_answers_the_metrics_of_all_and_a_killed_child_loses_none(
             assert r.status_code == 202, r.text
     expected = {"pops": 5, "submits": 7, "done": 5, "queued": 2, "workers": 1}
     # Several scrapes, each on a new connection, reach both children.
+    started = set()
     for _ in range(8):
-        assert counted(scrape(metrics_url)) == expected
+        samples = scrape(metrics_url)
+        assert counted(samples) == expected
+        # The build and the process are the answering child's, never summed.
+        assert samples[("hordelite_build_info", (("version", __version__),))] == 1
+        started.add(samples[("process_start_time_seconds", ())])
+        assert samples[("process_resident_memory_bytes", ())] > 0
+    assert 1 <= len(started) <= 2
     victim = min(served.children())
     os.kill(victim, signal.SIGKILL)
     until(functools.partial(replaced, served, victim), REPLACE_DEADLINE, "a replaced child")

@@ -1089,6 +1089,63 @@ async def test_stop_faults_a_job_still_running_when_the_grace_period_ends() -> N
     assert 0.2 <= elapsed < 3
 
 
+# Starting --------------------------------------------------------------------------
+
+
+async def test_the_worker_says_it_serves_only_once_the_horde_answered_a_pop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hordelite.worker")
+    async with environment() as env:
+        async with serving(env, env.config()):
+            await eventually(lambda: any("serving 'fake-model'" in m for m in caplog.messages))
+    starting = [i for i, m in enumerate(caplog.messages) if "starting: popping for" in m]
+    serving_lines = [i for i, m in enumerate(caplog.messages) if "serving 'fake-model'" in m]
+    assert len(starting) == 1, caplog.messages
+    assert len(serving_lines) == 1, caplog.messages  # once, not at every pop
+    assert starting[0] < serving_lines[0]
+
+
+async def test_a_refused_key_stops_the_worker_with_one_clear_error_and_no_claim_to_serve(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hordelite.worker")
+    async with environment() as env:
+        worker = Worker(env.config(key="no-such-key-1234"))
+        with pytest.raises(WorkerError) as info:
+            await worker.serve()
+    message = str(info.value)
+    assert "\n" not in message
+    for words in ("refuses the worker's key", "401 InvalidAPIKey", "HORDELITE_WORKER_KEY"):
+        assert words in message, message
+    assert not [m for m in caplog.messages if "serving 'fake-model'" in m]
+    assert not [m for m in caplog.messages if "summary" in m]  # nothing served to sum up
+
+
+@pytest.mark.parametrize("suffix", ["/api/v2", "/api/v2/", "/v1", "/api/"])
+async def test_a_horde_url_with_an_api_route_is_corrected_with_a_note(
+    caplog: pytest.LogCaptureFixture, suffix: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="hordelite.worker")
+    async with environment() as env:
+        config = env.config(horde=env.horde.url + suffix)
+        async with serving(env, config) as worker:
+            assert worker.config.horde == env.horde.url
+    notes = [m for m in caplog.messages if "not part of the horde's base URL" in m]
+    assert len(notes) == 1, caplog.messages
+    assert f"using {env.horde.url}" in notes[0]
+
+
+async def test_a_horde_url_that_finds_no_route_is_refused_in_one_line_naming_the_base_url() -> None:
+    async with environment() as env:
+        url = env.horde.url + "/not-the-horde"
+        with pytest.raises(WorkerError) as info:
+            await Worker(env.config(horde=url)).serve()
+    message = str(info.value)
+    assert "404 NotFound" in message
+    assert f"is {url} the horde's base URL?" in message
+
+
 # The command -------------------------------------------------------------------------
 
 
@@ -1160,6 +1217,35 @@ async def test_the_worker_command_serves_the_fake_backend_and_exits_0_on_sigint(
     log = output.decode()
     assert "declaring chat features: prompt_overflow_refused" in log
     assert "final summary" in log
+
+
+async def test_the_worker_command_takes_its_key_from_the_environment_and_a_refused_one_is_one_line(
+    isolated: dict[str, str], tmp_path: Path
+) -> None:
+    async with open_horde() as horde:
+        command = [sys.executable, "-m", "hordelite", "worker", "--horde", horde.url]
+        command += ["--name", "cli-worker", "--backend", "fake"]
+        env = {**isolated, "HORDELITE_WORKER_KEY": "not-a-key-of-this-horde"}
+        with anyio.fail_after(60):
+            done = await anyio.run_process(command, cwd=tmp_path, env=env, check=False)
+    err = done.stderr.decode()
+    # The key was read (no "worker.key is required"), sent, and refused.
+    assert done.returncode == 1, err
+    last = err.rstrip("\n").splitlines()[-1]
+    assert last.startswith("hordelite worker: the horde at"), err
+    assert "401 InvalidAPIKey" in last
+    assert "HORDELITE_WORKER_KEY" in last
+    assert "serving 'fake-model'" not in err
+    assert "Traceback" not in err
+
+
+def test_the_worker_help_says_to_prefer_the_environment_for_the_key(
+    isolated: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["worker", "--help"]) == 0
+    assert "prefer the environment variable HORDELITE_WORKER_KEY" in " ".join(
+        capsys.readouterr().out.split()
+    )
 
 
 def test_the_worker_package_exports_its_public_surface() -> None:

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from hordelite import __version__
 from hordelite.cli import main
 from hordelite.cli._main import banner
 from hordelite.config import Config
@@ -27,6 +28,7 @@ from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version
 from hordelite.storage.schema import users
 from hordelite.testing import FakeTextWorker, open_horde
+from hordelite.worker._horde import horde_base_url
 
 
 @pytest.fixture(autouse=True)
@@ -710,9 +712,105 @@ def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str)
     assert "serving at" not in done.stdout
 
 
+def test_the_banner_names_the_blob_folder_and_its_secret(tmp_path: Path) -> None:
+    url = "http://127.0.0.1:7001"
+    beside = Config().replace(storage={"database": "/srv/horde/h.db"})
+    assert "  blobs and their signing secret: /srv/horde/hordelite-blobs" in banner(
+        beside, url, "0.1.0"
+    )
+    # With PostgreSQL the folder is in the current directory (tmp_path, see
+    # _isolated): named in full.
+    postgres = Config().replace(storage={"database": "postgresql://u@h/db"})
+    assert f"  blobs and their signing secret: {tmp_path / 'hordelite-blobs'}" in banner(
+        postgres, url, "0.1.0"
+    )
+    s3 = Config().replace(blobs={"s3_endpoint": "http://127.0.0.1:9000"})
+    assert "  blobs: bucket hordelite at http://127.0.0.1:9000" in banner(s3, url, "0.1.0")
+
+
 def test_the_banner_prints_the_dashboard_url_second_and_not_when_it_is_off() -> None:
     url = "http://127.0.0.1:7001"
     lines = banner(Config(), url, "0.1.0")
     assert lines[1] == f"  dashboard and chat playground: {url}/"
     off = banner(Config().replace(dashboard={"enabled": False}), url, "0.1.0")
     assert not any("dashboard" in line for line in off)
+
+
+# A database path that cannot be ----------------------------------------------
+
+
+def bad_database_paths(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
+    """Database paths that name no possible SQLite file, each with the words
+    its refusal must hold: a missing folder, a path under a file, a folder."""
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    return {
+        "missing folder": (
+            tmp_path / "no" / "such" / "x.db",
+            [str(tmp_path / "no" / "such"), "no folder"],
+        ),
+        "under a file": (tmp_path / "a-file" / "x.db", [str(tmp_path / "a-file"), "a file"]),
+        "a folder": (tmp_path, [str(tmp_path), "a folder"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing folder", "under a file", "a folder"])
+def test_db_upgrade_on_an_impossible_sqlite_path_is_one_line_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    path, words = bad_database_paths(tmp_path)[case]
+    before = sorted(tmp_path.rglob("*"))
+    code, out, err = cli(capsys, "db", "upgrade", "--database", str(path))
+    assert code == 1
+    assert_one_line_refusal(code, err, *words)
+    assert "schema version" not in out
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("case", ["missing folder", "under a file"])
+def test_serve_on_an_impossible_sqlite_path_is_one_line_and_creates_nothing(
+    tmp_path: Path, case: str
+) -> None:
+    path, words = bad_database_paths(tmp_path)[case]
+    before = sorted(tmp_path.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+    # A process of its own: a serve that started anyway would serve until
+    # the timeout, which fails the test instead of hanging it.
+    done = subprocess.run(
+        [sys.executable, "-m", "hordelite", "serve", "--port", "0", "--database", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=START_DEADLINE,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert_one_line_refusal(done.returncode, done.stderr, *words)
+    assert done.stderr.startswith("hordelite: ")
+    assert "serving at" not in done.stdout
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_version_prints_hordelite_and_its_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "--version")
+    assert (code, out, err) == (0, f"hordelite {__version__}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("given", "base", "suffix"),
+    [
+        ("http://h:7001", "http://h:7001", None),
+        ("http://h:7001/", "http://h:7001/", None),
+        ("http://h:7001/api/v2", "http://h:7001", "/api/v2"),
+        ("http://h:7001/api/v2/", "http://h:7001", "/api/v2"),
+        ("https://h/api/", "https://h", "/api"),
+        ("https://h/v1", "https://h", "/v1"),
+        ("https://h/horde/api/v2", "https://h/horde", "/api/v2"),  # behind a proxy's path
+        ("https://h/myapi", "https://h/myapi", None),
+        ("http://api", "http://api", None),  # a host, not a route
+    ],
+)
+def test_the_worker_takes_an_api_route_off_the_hordes_url(
+    given: str, base: str, suffix: str | None
+) -> None:
+    assert horde_base_url(given) == (base, suffix)

@@ -411,3 +411,26 @@ def test_a_metrics_port_that_is_the_server_port_is_refused_naming_both() -> None
     with pytest.raises(ConfigError, match=r"metrics\.port: 7001 is server\.port"):
         Config().replace(metrics={"port": 7001})
     assert Config().replace(metrics={"port": 9100}).metrics.port == 9100
+
+
+@pytest.mark.parametrize(
+    "value", ["https://a.example/", "https://a.example/path", "a.example", "*, https://a.example"]
+)
+def test_cors_origins_other_than_star_or_a_list_of_origins_are_refused(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"^server\.cors_origins: must be \* or"):
+        Config().replace(server={"cors_origins": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "allowed"),
+    [
+        ("*", None),
+        (" * ", None),
+        ("", frozenset()),
+        ("https://A.example, http://127.0.0.1:8080", {"https://a.example", "http://127.0.0.1:8080"}),
+    ],
+)
+def test_cors_origins_are_star_or_a_list_compared_ignoring_case(
+    value: str, allowed: frozenset[str] | None
+) -> None:
+    assert Config().replace(server={"cors_origins": value}).server.allowed_origins == allowed

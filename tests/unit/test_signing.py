@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import anyio
 import pytest
 
 from hordelite.blobs import DirectoryStore, blob_directory
 from hordelite.config import Config
 from hordelite.contract import signing
+from hordelite.errors import ConfigError
 
 SECRET = bytes(range(32))
 KEY = "image-0f3a_1"
@@ -162,8 +165,11 @@ async def test_the_directory_store_keeps_bytes_and_content_type_and_deletes(
     )
     await store.delete(["a", "never-stored"])
     assert await store.get("a") is None
-    # No temporary file left behind: the secret alone remains.
-    assert [p.name for p in (tmp_path / "blobs").iterdir()] == ["signing.secret"]
+    # No temporary file left behind: the secret (and the .gitignore) alone remain.
+    assert sorted(p.name for p in (tmp_path / "blobs").iterdir()) == [
+        ".gitignore",
+        "signing.secret",
+    ]
 
 
 @pytest.mark.anyio
@@ -180,6 +186,38 @@ async def test_the_secret_is_made_once_with_mode_0600_and_kept_across_opens(
     assert second.refusal(key, expires, sig, NOW) is None
     other = await DirectoryStore.open(tmp_path / "other")
     assert other.refusal(key, expires, sig, NOW) is not None
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+async def test_the_blob_directory_and_its_secret_stay_out_of_the_git_tree_it_is_made_in(
+    tmp_path: Path,
+) -> None:
+    # The default folder is made in the current directory (with PostgreSQL),
+    # which may be the operator's own git working tree.
+    await anyio.run_process(["git", "init", "-q", str(tmp_path)])
+    await DirectoryStore.open(tmp_path / "hordelite-blobs")
+    await (await DirectoryStore.open(tmp_path / "hordelite-blobs")).put("a", b"x", "image/jpeg")
+    assert (tmp_path / "hordelite-blobs" / "signing.secret").is_file()
+    status = await anyio.run_process(
+        ["git", "-C", str(tmp_path), "status", "--porcelain", "--untracked-files=all"]
+    )
+    assert status.stdout == b""
+
+
+@pytest.mark.anyio
+async def test_a_blob_directory_that_cannot_be_made_is_a_config_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^blobs\.directory: ") as info:
+        await DirectoryStore.open(tmp_path / "a-file" / "blobs")
+    assert str(tmp_path / "a-file" / "blobs") in str(info.value)
+
+
+def test_the_repository_ignores_databases_and_blob_folders() -> None:
+    ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text(encoding="utf-8")
+    assert {"*.db", "hordelite-blobs/"} <= set(ignored.splitlines())
 
 
 @pytest.mark.parametrize(
