@@ -13,6 +13,7 @@ from typing import Any, cast
 import anyio.to_thread
 from quart import current_app, request
 
+from hordelite.contract import forwarded
 from hordelite.contract.json_body import decode_json_body
 from hordelite.errors import RC
 from hordelite.horde.service import Horde
@@ -43,6 +44,40 @@ def client_agent() -> str:
         or request.headers.get("client_agent")
         or "unknown:0:unknown"
     )
+
+
+def public_base_url() -> str:
+    """Where this request's client reached the horde, which every signed URL
+    handed to it starts with: ``server.public_url`` when set, else the
+    request's scheme and Host, or what a trusted proxy forwarded
+    (contract.forwarded)."""
+    server = horde().config.server
+    if server.public_url:
+        return server.public_url.rstrip("/")
+    peer = request.scope.get("client")
+    listening = request.scope.get("server")
+    headers = request.headers
+    return forwarded.request_base_url(
+        scheme=request.scheme,
+        host=headers.get("Host", ""),
+        server=_address(listening) if listening else "localhost",
+        peer=peer[0] if peer else None,
+        trusted=forwarded.parse_trusted_proxies(server.trusted_proxies),
+        forwarded=_joined(headers.getlist("Forwarded")),
+        forwarded_proto=_joined(headers.getlist("X-Forwarded-Proto")),
+        forwarded_host=_joined(headers.getlist("X-Forwarded-Host")),
+    )
+
+
+def _joined(values: list[str]) -> str | None:
+    # Repeated header lines are one comma-separated list (RFC 9110 5.3).
+    return ", ".join(values) if values else None
+
+
+def _address(listening: tuple[str, int | None]) -> str:
+    host, port = listening
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}" if port else host
 
 
 def count_refusal(rc: RC) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast, get_type_hints
 
+from hordelite.contract import forwarded
 from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.contract.limits import (
     DEFAULT_JOB_TTL,
@@ -171,6 +172,14 @@ def _cors_origins(value: str) -> str | None:
     return None
 
 
+def _trusted_proxies(value: str) -> str | None:
+    try:
+        forwarded.parse_trusted_proxies(value)
+    except ValueError as exc:
+        return f"must be addresses or CIDR networks separated by commas: {exc}"
+    return None
+
+
 def _not_empty(value: str) -> str | None:
     return "must not be empty" if not value.strip() else None
 
@@ -226,6 +235,14 @@ class ServerConfig:
     # Horde's way: browser clients on other sites work), or a comma-separated
     # list of origins, each answered by name (empty: none).
     cors_origins: str = bounded("*", rule=_cors_origins)
+    # The URL workers reach this horde at, starting every signed image and
+    # messages URL (https://horde.example.org); empty: the request's own
+    # scheme and Host, or what a trusted proxy forwarded.
+    public_url: str = bounded("", rule=forwarded.public_url_problem)
+    # Peers whose X-Forwarded-Proto/-Host and Forwarded headers are believed
+    # (addresses or CIDR networks, comma-separated); empty: nobody's, since
+    # any client can send them. 127.0.0.1 behind a proxy on this machine.
+    trusted_proxies: str = bounded("", rule=_trusted_proxies)
 
     @property
     def allowed_origins(self) -> frozenset[str] | None:

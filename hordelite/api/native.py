@@ -16,7 +16,7 @@ from quart import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
 from hordelite._http import ARRIVED
-from hordelite._request import client_agent, horde, json_body
+from hordelite._request import client_agent, horde, json_body, public_base_url
 from hordelite.api import _render
 from hordelite.contract.limits import (
     MAX_API_KEY_CHARS,
@@ -106,7 +106,8 @@ async def text_cancel(request_id: str) -> Response:
 async def text_pop() -> Response:
     body = await json_body()
     arrived = cast(float | None, request.scope.get(ARRIVED))
-    base_url = request.host_url.rstrip("/")  # the signed image URLs start with it
+    # The signed image and messages URLs start with it.
+    base_url = public_base_url()
     answer = await horde().jobs.pop(api_key(), body, arrived=arrived, base_url=base_url)
     return json_response(_render.pop(answer))
 
