@@ -1,6 +1,7 @@
 """A horde behind the nginx block of docs/how-to/expose_to_the_internet.md:
 a vision worker that reaches the horde only through nginx pops a job whose
-image URL names nginx, and fetches the image through it.
+image URL names nginx, and fetches the image through it; a streamed OpenAI
+call through nginx gets each event as it is sent.
 
 The block is read from the document (its ``listen`` and ``ssl_`` lines
 replaced by a plain listener on a free port), so the documented
@@ -27,6 +28,8 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import FakeChatWorker, open_horde
+from tests.integration.test_front import CHAT, open_front
+from tests.integration.test_front_streaming import body, data_events
 from tests.integration.test_images import (
     MODEL,
     VISION,
@@ -134,3 +137,36 @@ async def test_a_remote_vision_worker_fetches_its_image_through_nginx() -> None:
             assert fetched.status_code == 200, fetched.text
             assert fetched.headers["content-type"] == "image/jpeg"
             assert_jpeg(fetched.content, (64, 48))
+
+
+async def test_a_stream_through_nginx_passes_each_event_as_it_comes() -> None:
+    # The worker serves only once a keep-alive comment came through nginx: a
+    # proxy holding the stream back would make the test fail at its deadline
+    # instead of hanging. (nginx 1.22 with a fast local client passes these
+    # events even with proxy_buffering on; the guide turns it off so that a
+    # slow client or gzip never holds them.)
+    async with (
+        open_front({"keepalive_interval": 0.1}) as front,
+        running_nginx(front.url.removeprefix("http://")) as proxied,
+    ):
+        worker = await front.worker("w1")
+        started: list[bool] = []
+        lines: list[str] = []
+        headers = {"Authorization": f"Bearer {front.env.requester}"}
+        with anyio.fail_after(10):
+            async with (
+                anyio.create_task_group() as tg,
+                httpx.AsyncClient(base_url=proxied, timeout=30) as client,
+                client.stream("POST", CHAT, headers=headers, json=body()) as response,
+            ):
+                async for line in response.aiter_lines():
+                    if line.startswith(":") and not started:
+                        started.append(True)
+                        tg.start_soon(worker.serve_one)
+                    if line:
+                        lines.append(line)
+        assert response.status_code == 200
+        assert started
+        assert lines[-1] == "data: [DONE]"
+        content = "".join(e["choices"][0]["delta"].get("content") or "" for e in data_events(lines))
+        assert content == "reply to: Name one colour."
