@@ -143,8 +143,8 @@ async def test_a_stream_through_nginx_passes_each_event_as_it_comes() -> None:
     # The worker serves only once a keep-alive comment came through nginx: a
     # proxy holding the stream back would make the test fail at its deadline
     # instead of hanging. (nginx 1.22 with a fast local client passes these
-    # events even with proxy_buffering on; the guide turns it off so that a
-    # slow client or gzip never holds them.)
+    # events even with proxy_buffering on, so this does not show that the
+    # guide's proxy_buffering off is needed, only that the block streams.)
     async with (
         open_front({"keepalive_interval": 0.1}) as front,
         running_nginx(front.url.removeprefix("http://")) as proxied,
