@@ -323,6 +323,7 @@ def test_the_server_unit_runs_hordelite_serve_in_var_lib_hordelite() -> None:
     assert Path(argv[0]).name == "hordelite"
     assert argv[1] == "serve"
     assert Path(argv[0]).is_absolute()
+    assert not any(arg.startswith("--key") for arg in argv)
     service = unit("hordelite.service")["Service"]
     assert service["User"] == "hordelite"
     assert service["WorkingDirectory"] == "/var/lib/hordelite"
@@ -345,6 +346,7 @@ def test_the_worker_unit_runs_hordelite_worker_with_its_key_from_a_file() -> Non
     argv = exec_start("hordelite-worker.service")
     assert Path(argv[0]).name == "hordelite"
     assert argv[1] == "worker"
+    assert Path(argv[0]).is_absolute()
     assert not any(arg.startswith("--key") for arg in argv), "ps shows the command line"
     service = unit("hordelite-worker.service")["Service"]
     assert "HORDELITE_WORKER_KEY" not in service.get("Environment", "")
