@@ -208,6 +208,18 @@ def test_the_containerfile_builds_from_python_311_slim_and_copies_files_that_exi
     assert any(w == "RUN" and re.search(r"\bpip install /src\b", r) for w, r in steps)
 
 
+def test_the_build_context_holds_what_the_containerfile_copies() -> None:
+    # .dockerignore excludes everything else (a .venv, databases, .git).
+    ignore = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    patterns = [line.strip() for line in ignore if line.strip() and not line.startswith("#")]
+    assert patterns[0] == "*"
+    kept = {p.removeprefix("!").rstrip("/") for p in patterns if p.startswith("!")}
+    for word, rest in containerfile():
+        if word == "COPY":
+            *sources, _ = shlex.split(rest)
+            assert set(sources) <= kept, f"COPY {sources}: excluded by .dockerignore"
+
+
 def test_the_container_serves_as_a_user_that_is_not_root() -> None:
     steps = containerfile()
     users = [i for i, (word, _) in enumerate(steps) if word == "USER"]
