@@ -1,7 +1,8 @@
 """The Containerfile, compose.yaml and the systemd units in deploy/systemd
 parse, run the documented commands, and set only variables hordelite reads.
 
-No container engine runs these files here; see docs/how-to/deploy.md.
+No container engine runs them here (tests/integration/test_packaging_steps.py
+runs the image's command outside one); see docs/how-to/deploy.md.
 """
 
 from __future__ import annotations
@@ -48,9 +49,8 @@ def instructions(text: str) -> list[tuple[str, str]]:
     found = []
     logical = ""
     for line in text.splitlines():
-        if not logical and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.lstrip().startswith("#"):  # a comment inside a continued instruction
+        # Comment lines go, also inside a continued instruction, as Docker drops them.
+        if line.lstrip().startswith("#") or (not logical and not line.strip()):
             continue
         logical += line.rstrip()
         if logical.endswith("\\"):
