@@ -50,3 +50,30 @@ def test_the_readme_gives_host_port_the_python_version_and_the_horde_sdk_base_ur
     for command in ("keys list", "keys create", "keys rotate", "keys revoke", "kudos grant"):
         assert f"hordelite {command}" in README
     assert "hordelite workers list" in README
+
+
+# A relative link, without its #anchor: [text](path) not starting with a
+# scheme, an anchor alone or a mail address.
+LINK = re.compile(r"\]\((?![a-z]+:|#)([^)\s#]+)(?:#[^)\s]*)?\)")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_every_relative_link_names_a_file_of_the_repository(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    broken = [
+        target
+        for target in LINK.findall(text)
+        if not (path.parent / target).resolve().exists()
+        or not (path.parent / target).resolve().is_relative_to(ROOT)
+    ]
+    assert not broken, broken
+
+
+def test_the_deploy_how_to_is_linked_from_the_readme_and_the_internet_how_to() -> None:
+    assert "](docs/how-to/deploy.md)" in README
+    exposed = (ROOT / "docs" / "how-to" / "expose_to_the_internet.md").read_text(encoding="utf-8")
+    assert "](deploy.md)" in exposed
