@@ -26,27 +26,37 @@ closed.
 HTTP/2 in cleartext is Hypercorn's whenever an HTTP/1.1 request says
 ``Upgrade: h2c`` or a client opens with the HTTP/2 preface. It is served
 only with ``server.h2c``: otherwise an upgrade is ignored (the request is
-answered in HTTP/1.1) and the preface is refused with 400.
+answered in HTTP/1.1) and the preface is refused with 400. When it is
+served, ``ClosingH2Protocol`` mends how Hypercorn's HTTP/2 ends a connection
+(see there), without which a client leaving mid-answer held the server.
 
 Every such refusal, and h11's own, is answered in the horde's error envelope
 (``{"message", "rc"}``) with ``Connection: close``.
 
 Hypercorn builds its HTTP/1.1 protocol (``H11Protocol``, which holds the
-``h11.Connection``) in one place, ``hypercorn.protocol.ProtocolWrapper``, on
-trio and asyncio alike: ``install`` puts ``StrictH11Protocol`` there. It
-differs from Hypercorn's only for a server configured with ``WireConfig``;
+``h11.Connection``) and its HTTP/2 one in one place,
+``hypercorn.protocol.ProtocolWrapper``, on trio and asyncio alike:
+``install`` puts ``StrictH11Protocol`` and ``ClosingH2Protocol`` there. They
+differ from Hypercorn's only for a server configured with ``WireConfig``;
 any other keeps Hypercorn's behaviour.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from http import HTTPStatus
 from typing import Any
 
+import anyio
+import h2.exceptions
 import h11
 import hypercorn.protocol
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
 
 # The longest message an error answer carries: h11's own messages quote the
@@ -180,6 +190,49 @@ class StrictH11Protocol(H11Protocol):
         await self._send_h11_event(h11.EndOfMessage())
 
 
+class ClosingH2Protocol(H2Protocol):
+    """Hypercorn's HTTP/2 protocol, whose sends end when its sending ends.
+
+    Hypercorn (0.18) sends each stream's answer from a buffer, which one
+    sending task empties. When the connection closes, or the server's grace
+    period cancels it, that task ends, but the buffers stay open: a send
+    waiting for its buffer to drain (the end of every answer) or to fall
+    below its high water waits for a task that is gone. Quart would cancel
+    it; the sends are shielded (hordelite._http, decision 0027), so the
+    handler, and a stopping server after it, waited for ever whenever an
+    HTTP/2 client left, or sat on a full window, before its answer was sent.
+    Closing the buffers once the task ends ends those sends (Hypercorn drops
+    what they held: it would never be sent).
+
+    And once the server is stopping, a stream's end no longer restarts the
+    connection's idle timer: on asyncio that made a task in the connection's
+    task group while the grace period's end was cancelling it, and the
+    RuntimeError came out of the server. The connection is closed instead
+    once no stream is left, as Hypercorn's HTTP/1.1 protocol does.
+    """
+
+    async def send_task(self) -> None:
+        try:
+            await super().send_task()
+        finally:
+            if isinstance(self.config, WireConfig):
+                with anyio.CancelScope(shield=True):
+                    for buffer in list(self.stream_buffers.values()):
+                        await buffer.close()
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        stopping = self.context.terminated.is_set() and isinstance(self.config, WireConfig)
+        if not (stopping and isinstance(event, StreamClosed)):
+            await super().stream_send(event)
+            return
+        await self._close_stream(event.stream_id)
+        if not self.streams:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.connection.close_connection()  # GOAWAY
+                await self._flush()
+            await self.send(Closed())
+
+
 def error_body(status: int, message: str) -> bytes:
     """The horde's error envelope for an answer the app never saw: the rc is
     the status's name, as for any HTTP error without an rc of its own."""
@@ -189,5 +242,7 @@ def error_body(status: int, message: str) -> bytes:
 
 def install() -> None:
     """Have Hypercorn build ``StrictH11Protocol`` for each HTTP/1.1
-    connection (in hypercorn.protocol.ProtocolWrapper, 0.18)."""
+    connection and ``ClosingH2Protocol`` for each HTTP/2 one (both are
+    made in hypercorn.protocol.ProtocolWrapper, 0.18)."""
     hypercorn.protocol.H11Protocol = StrictH11Protocol  # type: ignore[attr-defined]
+    hypercorn.protocol.H2Protocol = ClosingH2Protocol  # type: ignore[attr-defined]
