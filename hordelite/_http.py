@@ -9,7 +9,8 @@ It also bounds what one connection can hold (see decision 0027):
   ``keep_alive_timeout`` (Hypercorn's idle timer runs from the connection's
   start, or the end of its last response, until a request head is complete,
   so it is both the keep-alive timeout and the head's read deadline);
-- a head larger than ``max_header_bytes`` gets 431 and the connection closes;
+- a head larger than ``max_header_bytes`` gets 431 and the connection closes,
+  and a head a proxy could frame otherwise gets 400 (hordelite._wire);
 - a body gets ``body_timeout`` to arrive (Quart answers 408 past it);
 - an answer sent before its request body was read (413, 404, any early
   error) drains what is left of the body, bounded, so the connection serves
@@ -46,9 +47,14 @@ from hypercorn.config import Sockets
 from hypercorn.utils import wrap_app
 from quart import Quart
 
+from hordelite import _wire
 from hordelite.config import ServerConfig
 
 log = logging.getLogger("hordelite.http")
+
+# Each HTTP/1.1 connection of a server configured by hypercorn_config is on
+# the strict wire (see hordelite._wire).
+_wire.install()
 
 T = TypeVar("T")
 
@@ -226,7 +232,8 @@ def raise_open_files_limit() -> None:
 
 
 def hypercorn_config(server: ServerConfig) -> HypercornConfig:
-    config = HypercornConfig()
+    config = _wire.WireConfig()
+    config.h2c = server.h2c
     config.bind = [f"{server.host}:{server.port}"]
     config.graceful_timeout = server.grace_period
     config.accesslog = None
@@ -234,6 +241,8 @@ def hypercorn_config(server: ServerConfig) -> HypercornConfig:
     config.backlog = server.backlog
     config.keep_alive_timeout = server.keep_alive_timeout
     config.h11_max_incomplete_size = server.max_header_bytes
+    # The same bound, advertised to an HTTP/2 client (server.h2c).
+    config.h2_max_header_list_size = server.max_header_bytes
     # Hypercorn's read_timeout bounds every read, also the silence while a
     # long-poll or an OpenAI call waits for its answer, so it stays unset:
     # the head's deadline is the idle timer, the body's is Quart's.

@@ -223,8 +223,9 @@ class ServerConfig:
     # Seconds a connection may go without a complete request head: an idle
     # kept-alive connection, or one still sending its headers, is closed then.
     keep_alive_timeout: float = bounded(5.0, gt=0, le=3600)
-    # Most bytes of a request head (request line and headers) held while it
-    # is incomplete; past it the request gets 431 and the connection closes.
+    # Most bytes of a request head (request line, headers, the blank line),
+    # however it arrives; past it the request gets 431 and the connection
+    # closes (hordelite._wire).
     max_header_bytes: int = bounded(16 * 1024, ge=1024, le=1024 * 1024)
     # Connections the kernel queues for accept (capped by net.core.somaxconn).
     backlog: int = bounded(4096, ge=1, le=65535)
@@ -243,6 +244,9 @@ class ServerConfig:
     # (addresses or CIDR networks, comma-separated); empty: nobody's, since
     # any client can send them. 127.0.0.1 behind a proxy on this machine.
     trusted_proxies: str = bounded("", rule=_trusted_proxies)
+    # Serve HTTP/2 in cleartext (Upgrade: h2c, or the HTTP/2 preface). Off:
+    # an upgrade is ignored and the preface refused (decision 0050).
+    h2c: bool = False
 
     @property
     def allowed_origins(self) -> frozenset[str] | None:

@@ -265,6 +265,7 @@ def test_the_reference_documents_every_key_with_its_default_and_its_declared_bou
 # Keys any value of their type fits: a new key must be bounded or named here.
 UNBOUNDED = {
     "server.host",
+    "server.h2c",
     "horde.allow_anonymous",
     "front.pace_progress",
     "images.fetch_private",

@@ -71,7 +71,8 @@ def test_every_module_imports_first() -> None:
 #   hordelite it uses errors only) and the package root (__version__).
 # - config reads the configuration, by the contract's limits.
 # - _http is Hypercorn and Quart on whichever loop runs (config's server
-#   settings only).
+#   settings only); _wire, below it, the strict HTTP/1.1 that Hypercorn's
+#   connections run on (nothing of hordelite).
 # - The adapters to the outside, siblings that never import each other:
 #   storage (the database), signals (wake-ups across processes), blobs (image
 #   bytes; their AWS signing inside) and guarded_fetch (client image URLs).
@@ -92,7 +93,8 @@ LAYERS: dict[str, set[str]] = {
     "clock": set(),
     "contract": {"errors"},
     "config": {"contract", "errors"},
-    "_http": {"config"},
+    "_wire": set(),
+    "_http": {"config", "_wire"},
     "storage": PURE | {"config"},
     "signals": PURE | {"config"},
     "blobs": PURE | {"config"},
@@ -195,4 +197,13 @@ def test_the_worker_loads_nothing_of_the_server() -> None:
     )
     assert out.returncode == 0, out.stderr
     loaded = set(ast.literal_eval(out.stdout.strip().splitlines()[-1]))
-    assert loaded <= {"worker", "fake_backend", "_http", "config", "contract", "errors", "clock"}
+    assert loaded <= {
+        "worker",
+        "fake_backend",
+        "_http",
+        "_wire",
+        "config",
+        "contract",
+        "errors",
+        "clock",
+    }
