@@ -24,7 +24,9 @@ from hordelite.app import create_app
 from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
 from hordelite.clock import Clock
 from hordelite.config import Config
+from hordelite.contract.limits import READER_RENEW_SECONDS
 from hordelite.errors import StorageUnavailable
+from hordelite.horde.readers import reader_name
 from hordelite.horde.service import Horde
 from hordelite.signals import Signals, open_signals
 from hordelite.storage.database import Database
@@ -80,6 +82,27 @@ async def serve_timers(
             await stop.wait()
 
 
+async def serve_readers(
+    horde: Horde,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Renew this process's reader lease every READER_RENEW_SECONDS until
+    ``stop`` (decision 0051): while it does, no other process takes its
+    OpenAI calls for gone."""
+    task_status.started()
+    while True:
+        with anyio.move_on_after(READER_RENEW_SECONDS):
+            await stop.wait()
+        if stop.is_set():
+            return
+        try:
+            await horde.readers.renew()
+        except StorageUnavailable as exc:
+            log.warning("reader lease not renewed, storage unavailable: %s", exc)
+
+
 async def _serve_http_until(
     app: object,
     config: Config,
@@ -120,6 +143,7 @@ async def open_server(
     signals: Signals | None = None,
     sock: socket.socket | None = None,
     migrate: bool = True,
+    slot: int = 0,
 ) -> AsyncIterator[RunningHorde]:
     """The horde running until the block exits (see the module).
 
@@ -127,12 +151,13 @@ async def open_server(
     names, open for the block. ``sock``: serve this listening socket instead
     of binding ``server.host:server.port``. ``migrate=False``: the database
     was brought up to date already (by the parent of several serving
-    processes).
+    processes). ``slot``: this process's among those serving the port (the
+    host, the port and the slot name its OpenAI calls' reader).
     """
     async with contextlib.AsyncExitStack() as stack:
         if signals is None:
             signals = await stack.enter_async_context(open_signals(config.signals.url))
-        async with _open_horde(config, clock, signals, sock, migrate) as running:
+        async with _open_horde(config, clock, signals, sock, migrate, slot) as running:
             yield running
 
 
@@ -143,6 +168,7 @@ async def _open_horde(
     signals: Signals,
     sock: socket.socket | None,
     migrate: bool,
+    slot: int,
 ) -> AsyncIterator[RunningHorde]:
     db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
     s3: S3Store | None = None
@@ -161,6 +187,12 @@ async def _open_horde(
         horde = Horde(config, db, clock=clock, signals=signals, blobs=blobs)
         if migrate:
             await anyio.to_thread.run_sync(horde.migrate)
+        if sock is None:
+            # Bound before anything is served: its port names the reader.
+            sock = listen(config.server)
+        # What a predecessor in this place left unread goes before a worker
+        # could hand in a reply to it (decision 0051).
+        await horde.readers.take_over(reader_name(sock.getsockname()[1], slot))
         # The /blobs route serves the directory store only: an object store
         # serves its presigned URLs itself.
         directory = blobs if isinstance(blobs, DirectoryStore) else None
@@ -179,6 +211,7 @@ async def _open_horde(
             else:
                 metrics_stopped.set()
             await tg.start(serve_timers, horde, shutdown)
+            await tg.start(serve_readers, horde, shutdown)
             try:
                 yield RunningHorde(url, horde, blobs, metrics_url)
             except Exception as exc:

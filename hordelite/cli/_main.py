@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     # listening socket and its control socket to the parent (cli/_processes.py).
     serve.add_argument("--socket-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
 
     keys = commands.add_parser("keys", help="manage users and their API keys")
     key_commands = keys.add_subparsers(
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         if args.command == "serve" and args.socket_fd is not None and args.control_fd is not None:
-            return _serve_child(args.socket_fd, args.control_fd)
+            return _serve_child(args.socket_fd, args.control_fd, args.slot)
         config = _config(args)
         if args.command == "serve":
             return _serve(config)
@@ -280,9 +281,9 @@ def _migrate(config: Config) -> None:
         db.dispose()
 
 
-def _serve_child(socket_fd: int, control_fd: int) -> int:
+def _serve_child(socket_fd: int, control_fd: int, slot: int) -> int:
     _log_setup()
-    return serve_child(socket_fd, control_fd)
+    return serve_child(socket_fd, control_fd, slot)
 
 
 @contextlib.contextmanager

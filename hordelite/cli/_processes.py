@@ -131,6 +131,7 @@ class Supervisor:
                 [
                     *(sys.executable, "-m", "hordelite", "serve"),
                     *("--socket-fd", str(fds[0]), "--control-fd", str(fds[1])),
+                    *("--slot", str(slot)),
                 ],
                 pass_fds=fds,
                 stdin=subprocess.DEVNULL,
@@ -286,7 +287,7 @@ def _code(code: int) -> str:
 # A child ------------------------------------------------------------------------
 
 
-def serve_child(socket_fd: int, control_fd: int) -> int:
+def serve_child(socket_fd: int, control_fd: int, slot: int = 0) -> int:
     """Serve the inherited listening socket as one whole horde until SIGINT,
     SIGTERM or the parent's end; no banner, no migration (the parent did both)."""
     control = socket.socket(fileno=control_fd)
@@ -300,7 +301,7 @@ def serve_child(socket_fd: int, control_fd: int) -> int:
         target=_stop_when_parent_ends, args=(control.dup(),), name="parent-watch", daemon=True
     )
     watcher.start()
-    anyio.run(_run_child, config, sock, control, backend=config.server.backend)
+    anyio.run(_run_child, config, sock, control, slot, backend=config.server.backend)
     return 0
 
 
@@ -326,9 +327,11 @@ def _stop_when_parent_ends(control: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def _run_child(config: Config, sock: socket.socket, control: socket.socket) -> None:
+async def _run_child(
+    config: Config, sock: socket.socket, control: socket.socket, slot: int
+) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_server(config, sock=sock, migrate=False):
+        async with open_server(config, sock=sock, migrate=False, slot=slot):
             control.sendall(READY)
             async for _ in signals:
                 break

@@ -70,6 +70,14 @@ def settle(
     return Settlement(tokens, reward, job_cost(reward), max(now - started, MIN_CREDITED_SECONDS))
 
 
+def unread(paid: Settlement, own_worker: bool) -> Settlement:
+    """A job settling for a request nobody can read (its OpenAI call is
+    gone, decision 0051): the requester is charged nothing; the worker's
+    owner is paid for the work turned in, as for any job, unless it is the
+    requester, who would otherwise mint kudos by leaving its own calls."""
+    return dataclasses.replace(paid, cost=0.0, reward=0.0 if own_worker else paid.reward)
+
+
 @dataclasses.dataclass(frozen=True)
 class KudosMove:
     """One user's change in a settlement: balance, earned total, paid total."""

@@ -261,3 +261,16 @@ DASHBOARD_POOL_SECONDS: Final = 2.0
 # workers and threads online come from the pool snapshot, as before.
 METRICS_MODELS: Final = 50
 METRICS_READ_SECONDS: Final = 1.0
+# An OpenAI call is its request's only reader (decision 0051). Each serving
+# process holds a reader lease for its open calls, renewed every
+# READER_RENEW_SECONDS to READER_LEASE_SECONDS ahead: a process that died
+# without restarting stops renewing, and the sweep then cancels the requests
+# of its calls, uncharged. Three renewals fit in one lease, so one slow
+# write does not lose live calls.
+READER_LEASE_SECONDS: Final = 30.0
+READER_RENEW_SECONDS: Final = 10.0
+# The longest reader name: host name, port and process slot.
+MAX_READER_CHARS: Final = 300
+# A draining process answers the calls it could not finish this long before
+# its grace period ends, so the answer leaves before the server cancels it.
+DRAIN_ANSWER_MARGIN: Final = 1.0

@@ -101,8 +101,12 @@ class Call:
                 f"No online worker could take this request for {int(self.config.no_worker_grace)} s; "
                 "it was cancelled.",
             )
-        if self.horde.stopping:
-            raise HordeError(RC.ShuttingDown, "The horde is stopping; this request was cancelled.")
+        if self.horde.stopping and not self._finishing(status, now):
+            raise HordeError(
+                RC.ShuttingDown,
+                "The horde is stopping; this request was cancelled and nothing was charged "
+                "for a reply not delivered.",
+            )
         if now >= self.deadline:
             raise HordeError(
                 RC.RequestTimeout,
@@ -110,18 +114,28 @@ class Call:
             )
         return None
 
+    def _finishing(self, status: RequestStatus, now: float) -> bool:
+        """While the horde drains: whether this call still waits for its
+        reply. It does while a worker has its job, another process can take
+        that worker's submit, and the drain's deadline has not come; else
+        the request is handed back (cancelled, uncharged) at once, for no
+        reply can reach this process any more."""
+        core = self.horde.core
+        return bool(status.processing) and core.shared and now < core.drain_deadline
+
     def next_recheck(self) -> float:
         """When to re-read the status without a signal: a random point of the
         interval, so many open calls do not re-check together. A request no
         online worker can take is re-read when its grace period ends: until
         a worker takes it (which signals), nothing else can change."""
         now = anyio.current_time()
+        deadline = min(self.deadline, self.horde.core.drain_deadline)
         if self.horde.signals.degraded:  # signals may be lost: re-read soon
-            return look_again_by(self.horde.signals, self.deadline)
+            return look_again_by(self.horde.signals, deadline)
         if self._impossible_since is not None:
             grace_end = self._impossible_since + self.config.no_worker_grace
-            return min(self.deadline, max(grace_end, now) + random.uniform(0.0, 1.0))
-        return min(self.deadline, now + self.config.recheck_interval * random.uniform(0.5, 1.0))
+            return min(deadline, max(grace_end, now) + random.uniform(0.0, 1.0))
+        return min(deadline, now + self.config.recheck_interval * random.uniform(0.5, 1.0))
 
     async def wait(self, keepalive: float | None = None) -> AsyncIterator[Any]:
         """Yields TICK every ``keepalive`` seconds while waiting, then the
@@ -155,5 +169,7 @@ class Call:
         await run_to_completion(self._cancel_request)
 
     async def _cancel_request(self) -> None:
+        # The call was the request's only reader: nobody can read its reply
+        # now, so nothing more is charged for it (decision 0051).
         with anyio.move_on_after(_CANCEL_BUDGET):
-            await self.horde.requests.cancel("chat", self.request_id)
+            await self.horde.requests.abandon(self.request_id)

@@ -92,8 +92,8 @@ async def relay(
     reconciled end. Raises HordeError as ``Call.poll`` does, and
     ChatStreamDiverged when the final reply contradicts the relayed text."""
     req, signals, rid = call.req, call.horde.signals, call.request_id
-    include_reasoning = req.horde.include_reasoning
     content, reasoning = Pacer(paced), Pacer(paced)
+    relayed = reasoning if req.horde.include_reasoning else None  # the reasoning relayed
     position, gen, model = 0, None, req.models[0]
     base = _shape.chunk_base(rid, model)
     tail = {"usage": None} if req.include_usage else {}
@@ -115,13 +115,21 @@ async def relay(
                 now = anyio.current_time()
                 entries = await signals.read_progress(rid, position)
                 position += len(entries)
-                gen, model = _add_posts(
-                    entries, gen, model, content, reasoning if include_reasoning else None, now
-                )
+                gen, model = _add_posts(entries, gen, model, content, relayed, now)
                 if finished.is_set() or now >= recheck:
                     held.close()
                     finished = held.enter_context(signals.request_waiter(rid))
-                    status = await call.poll()
+                    try:
+                        status = await call.poll()
+                    except HordeError:
+                        # The request ends without its reply, and a cancel
+                        # settles a streamed job on all its worker posted:
+                        # the client gets all of that first.
+                        entries = await signals.read_progress(rid, position)
+                        _add_posts(entries, gen, model, content, relayed, now)
+                        for delta in _flushed(content, relayed):
+                            yield chunk(delta)
+                        raise
                     recheck = call.next_recheck()
                     if status is not None:
                         break
@@ -134,7 +142,7 @@ async def relay(
                 until = now + content.tick if busy else min(recheck, next_keepalive)
                 with anyio.move_on_after(max(until - anyio.current_time(), 0)):
                     await posted.wait()
-    for delta in _rests(status, content, reasoning if include_reasoning else None):
+    for delta in _rests(status, content, relayed):
         yield chunk(delta)
     for piece in _shape.finish_chunks(rid, status, prompt_chars, req.include_usage):
         yield piece
@@ -171,6 +179,15 @@ def _slices(content: Pacer, reasoning: Pacer, now: float) -> Iterator[dict[str, 
     text = "" if reasoning.pending else content.take(now)
     if text:
         yield {"content": text}
+
+
+def _flushed(content: Pacer, reasoning: Pacer | None) -> Iterator[dict[str, Any]]:
+    """The deltas of all text still paced: the reasoning's (when relayed),
+    then the content's."""
+    for pacer, field in ((reasoning, "reasoning_content"), (content, "content")):
+        if pacer is not None and pacer.pending:
+            pacer.paced = False
+            yield {field: pacer.take(anyio.current_time())}
 
 
 def _rests(

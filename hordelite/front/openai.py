@@ -129,7 +129,11 @@ async def chat_completions() -> Response:
         # is cancelled then): the request it queued is cancelled below. No
         # operation key: the service is called in-process, so no answer can
         # be lost on the way back, and there is nothing to recover.
-        answer = await run_to_completion(lambda: horde().requests.queue_chat(key, req, agent, None))
+        # The call is the request's only reader, held by this process
+        # (decision 0051): if the process dies, the request is cancelled.
+        answer = await run_to_completion(
+            lambda: horde().requests.queue_chat(key, req, agent, None, reader=horde().readers.name)
+        )
         call = Call(horde(), current_app.config["HORDE"].config.front, answer.id, req, started)
         prompt_chars = len(flatten_messages(req.messages, req.tools))
         try:

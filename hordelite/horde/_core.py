@@ -45,6 +45,15 @@ class HordeCore:
     statuses: StatusCache
     skipped: SkippedSample
     stopping: bool = False
+    # When the drain's answers are due (anyio's clock), once stopping: the
+    # server cancels what is still open at its grace period's end.
+    drain_deadline: float = float("inf")
+
+    @property
+    def shared(self) -> bool:
+        """Other processes serve this horde (Redis signals): a worker's
+        submit may still reach one of them while this one drains."""
+        return bool(self.config.signals.url)
 
     async def queue_changed(self, request: RequestView | None = None) -> None:
         """Wake the pops that may take ``request`` (any pop: None), and let

@@ -108,6 +108,7 @@ class ChatAdmission:
         operation_key: str | None,
         fingerprint: str | None,
         request_id: str,
+        reader: str | None = None,
     ) -> Submitted | FirstRequest:
         """The request queued under ``request_id`` (its images already stored
         under it), or the first request of this operation key; raises the
@@ -134,6 +135,7 @@ class ChatAdmission:
                 now=core.clock.now(),
                 upfront_max_length=UPFRONT_MAX_LENGTH,
                 client_agent=client_agent,
+                reader=reader,
             )
             if not isinstance(outcome, Capacity):
                 return outcome

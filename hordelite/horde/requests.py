@@ -98,9 +98,16 @@ class Requests:
         return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
 
     async def queue_chat(
-        self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
+        self,
+        api_key: str,
+        req: ChatRequest,
+        client_agent: str,
+        operation_key: str | None = None,
+        *,
+        reader: str | None = None,
     ) -> Queued:
-        """Queue a validated chat request; answers the 202 body.
+        """Queue a validated chat request; answers the 202 body. ``reader``:
+        the process holding the OpenAI call that is its only reader.
 
         A resubmit with the same operation key answers the first request
         before anything else is checked (the workers may have changed
@@ -129,6 +136,7 @@ class Requests:
                 operation_key=operation_key,
                 fingerprint=fingerprint,
                 request_id=request_id,
+                reader=reader,
             )
         except BaseException:
             await self._drop_images(taken, request_id)  # not queued: its images go
@@ -274,8 +282,16 @@ class Requests:
         progress answer says cancelled. Kudos move in the cancel's own
         transaction.
         """
+        return await self._cancel(kind, _canonical(kind, request_id), unread=False)
+
+    async def abandon(self, request_id: str) -> RequestStatus:
+        """Cancel a chat request whose only reader, an OpenAI call, is gone
+        without its answer (decision 0051): as ``cancel``, and a job still
+        out that settles later charges the requester nothing."""
+        return await self._cancel("chat", _canonical("chat", request_id), unread=True)
+
+    async def _cancel(self, kind: str, canonical: str, *, unread: bool) -> RequestStatus:
         core = self._core
-        canonical = _canonical(kind, request_id)
         now = core.clock.now()
         leases = await core.signals.request_leases(canonical)
         for lease in leases:
@@ -283,7 +299,7 @@ class Requests:
             await core.signals.save_lease(lease)
         posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
         parts = await core.store.cancel_request(
-            request_id=canonical, kind=kind, now=now, posted=posted
+            request_id=canonical, kind=kind, now=now, posted=posted, unread=unread
         )
         if parts.request.image_bytes and core.blobs is not None:
             # Its images go now, not at the retention's purge: whatever a

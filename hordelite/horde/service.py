@@ -6,6 +6,8 @@ Each room serves one audience and is what the routes call:
   cancels requests;
 - ``jobs`` (hordelite.horde.jobs): a worker pops, posts progress, submits;
 - ``directory`` (hordelite.horde.directory): users, workers and models;
+- ``readers`` (hordelite.horde.readers): the OpenAI calls as their
+  requests' only readers, and the requests of calls a gone process held;
 - ``upkeep`` (hordelite.horde.upkeep): the sweep, readiness, shutdown;
 - ``operator`` (hordelite.horde.operator): the schema and new users.
 
@@ -35,6 +37,7 @@ from hordelite.horde.jobs import Jobs
 from hordelite.horde.keys import hash_key, new_api_key
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.horde.operator import Operator
+from hordelite.horde.readers import Readers
 from hordelite.horde.requests import Requests
 from hordelite.horde.results import (
     PopAnswer,
@@ -125,6 +128,7 @@ class Horde:
             skipped=SkippedSample(store),
         )
         self.requests = Requests(self.core)
+        self.readers = Readers(self.core, self.requests)
         self.jobs = Jobs(self.core)
         self.directory = Directory(self.core)
         self.upkeep = Upkeep(self.core)
@@ -154,7 +158,9 @@ class Horde:
         return await self.operator.create_user(username, kudos=kudos, admin=admin, trusted=trusted)
 
     async def sweep(self, *, wait: bool = False) -> SweepResult:
-        return await self.upkeep.sweep(wait=wait)
+        result = await self.upkeep.sweep(wait=wait)
+        await self.readers.sweep()  # the requests of calls a gone process held
+        return result
 
     def begin_shutdown(self) -> None:
         self.upkeep.begin_shutdown()

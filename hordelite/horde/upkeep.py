@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 
 from hordelite import __version__
-from hordelite.contract.limits import READY_CHECK_SECONDS
+from hordelite.contract.limits import DRAIN_ANSWER_MARGIN, READY_CHECK_SECONDS
 from hordelite.errors import StorageUnavailable
 from hordelite.horde._core import HordeCore
 from hordelite.storage.timers import SweepResult
@@ -52,7 +52,11 @@ class Upkeep:
 
     def begin_shutdown(self) -> None:
         """Stop holding waits: each waiting pop answers now (a last try, then
-        empty), each waiting OpenAI call gets its final answer."""
+        empty), each waiting OpenAI call gets its final answer: at once, or
+        by the drain's deadline when a worker has its job and another
+        process can take its submit (``front._call``)."""
+        grace = self._core.config.server.grace_period
+        self._core.drain_deadline = anyio.current_time() + max(grace - DRAIN_ANSWER_MARGIN, 0.0)
         self._core.stopping = True
         self._core.skipped.stale()
         self._core.signals.notify_all_requests()  # this process's pops, calls, streams and reads

@@ -39,6 +39,7 @@ JOB_WITH_REQUEST = (
         requests.c.finished,
         requests.c.max_length.label("request_max_length"),
         requests.c.created.label("request_created"),
+        requests.c.unread.label("request_unread"),
     )
     .join(requests, requests.c.id == jobs.c.request_id)
     .where(jobs.c.id == bindparam("job_id"))
@@ -98,10 +99,15 @@ class SubmitResult:
 def settlement(
     job: RowMapping, chars: int, now: float, billions: Callable[[str], float]
 ) -> kudos_rules.Settlement:
-    """What the job of this row moves for ``chars`` characters of output."""
-    return kudos_rules.settle(
+    """What the job of this row (JOB_WITH_REQUEST) moves for ``chars``
+    characters of output; for a request nobody can read, no charge
+    (``kudos.unread``)."""
+    paid = kudos_rules.settle(
         chars, job["request_max_length"], billions(job["model"]), job["started"], now
     )
+    if job["request_unread"]:
+        return kudos_rules.unread(paid, own_worker=job["owner_id"] == job["requester_id"])
+    return paid
 
 
 def settle(

@@ -144,11 +144,21 @@ def _v7(conn: Connection) -> None:
         _recreate_index(conn, name)
 
 
+def _v8(conn: Connection) -> None:
+    # OpenAI calls as their requests' only readers (decision 0051): the
+    # reader columns, the readers' leases, and the index of a reader's
+    # waiting requests. A request stored before has no reader, as a native
+    # one: it is charged as before.
+    _add_missing_columns(conn)
+    schema.readers.create(conn, checkfirst=True)
+    _recreate_index(conn, "ix_requests_reader")
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
 LATEST = len(MIGRATIONS)
 
 

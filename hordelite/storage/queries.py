@@ -13,7 +13,8 @@ nothing charged. Each returns frozen dataclasses, never rows.
 The SQL lives in the modules beside this one, by what it stores:
 ``accounts`` (users), ``pool`` (workers), ``requests`` (submit, status,
 cancel), ``queueing`` (queue rows), ``pop``, ``jobs`` (a worker's submit),
-``ledger`` (settlement, faults, kudos) and ``timers`` (the sweep).
+``ledger`` (settlement, faults, kudos), ``timers`` (the sweep) and
+``readers`` (the OpenAI calls' reader leases).
 
 Row locks on PostgreSQL are always taken in the same order (job, request,
 users by id, worker) and the pop skips locked requests, so concurrent pops
@@ -56,6 +57,11 @@ from hordelite.storage.pop import (
     PopResult,
     pop_job,
     skipped_sample,
+)
+from hordelite.storage.readers import (
+    hold_reader,
+    lapsed_requests,
+    take_over,
 )
 from hordelite.storage.requests import (
     FirstRequest,
@@ -104,6 +110,8 @@ __all__ = [
     "create_user",
     "ensure_anonymous",
     "first_request",
+    "hold_reader",
+    "lapsed_requests",
     "list_workers",
     "model_queue_stats",
     "online_pool",
@@ -118,6 +126,7 @@ __all__ = [
     "submit_job",
     "submit_request",
     "sweep",
+    "take_over",
     "update_worker",
     "user_by_id",
     "user_by_key",

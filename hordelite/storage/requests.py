@@ -14,6 +14,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    update,
 )
 from sqlalchemy.sql import ColumnElement
 
@@ -161,6 +162,7 @@ def submit_chat_request(
     rules: Rules,
     upfront_max_length: int,
     client_agent: str,
+    reader: str | None = None,
 ) -> Submitted | FirstRequest | Capacity:
     """A chat submission in one transaction: authenticate, answer a resubmit
     of an operation key with its first request, else admit by ``plan``
@@ -179,7 +181,9 @@ def submit_chat_request(
     new = plan.under(online)
     if isinstance(new, Capacity):
         return new
-    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online)
+    return _store(
+        conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online, reader
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +246,7 @@ def _store(
     upfront_max_length: int,
     client_agent: str,
     online: list[WorkerView] | None,
+    reader: str | None = None,
 ) -> Submitted:
     """Check what storing needs (worker ids, kudos up front, concurrency) and
     queue the request; ``online`` saves reading the online workers again."""
@@ -255,6 +260,7 @@ def _store(
     _check_budgets(conn, user, new, now, rules)
     view = new.eligibility
     row = _request_row(new, user, request_id, now, rules, client_agent)
+    row["reader"] = reader
     conn.execute(_INSERT_REQUEST, row)
     if listed:
         conn.execute(
@@ -531,13 +537,16 @@ def cancel_request(
     rules: Rules,
     posted: dict[str, int] | None = None,
     billions: Callable[[str], float] | None = None,
+    unread: bool = False,
 ) -> StatusSnapshot:
     """End a waiting request; returns its status parts as they were before.
 
     ``posted`` maps the request's streamed jobs to the characters of content
     and reasoning their workers posted: each is settled on them (the worker
     rewarded, the requester charged, no dropped job). A job that does not
-    stream is not settled.
+    stream is not settled. ``unread``: nobody can read the reply (its
+    OpenAI call is gone): a job still out that settles later charges the
+    requester nothing (decision 0051).
     """
     status = request_status(conn, request_id, kind, now, rules)
     req = status.request
@@ -558,6 +567,8 @@ def cancel_request(
             charged += settled.cost
             settled_ids.add(job_id)
         end_request(conn, req.id, "cancelled", now, abort_jobs=False)
+        if unread:
+            conn.execute(update(requests).where(requests.c.id == req.id).values(unread=True))
         if not any(j.state == "processing" and j.id not in settled_ids for j in status.jobs):
             # No job still out needs its content: released at once (a job
             # still out is judged against it; the sweep releases it later).

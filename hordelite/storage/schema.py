@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     text,
     true,
 )
@@ -33,6 +34,7 @@ from hordelite.contract.limits import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_NAME,
     MAX_NAME_KEY,
+    MAX_READER_CHARS,
     MAX_WEBHOOK_CHARS,
 )
 
@@ -162,6 +164,13 @@ requests = Table(
     # its stored images.
     Column("held_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     Column("image_bytes", BigInteger, nullable=False, default=0, server_default="0"),
+    # An OpenAI call's request: the serving process holding the call, its
+    # only reader (a row of ``readers``); null for the native API, whose
+    # status anyone with the id may read (decision 0051).
+    Column("reader", String(MAX_READER_CHARS), nullable=True),
+    # Its reader is gone (the call ended without its answer, or the process
+    # holding it died): a reply that settles from here on charges nothing.
+    Column("unread", Boolean, nullable=False, default=False, server_default=false()),
     Index("ix_requests_state_expires", "state", "expires"),
     Index("ix_requests_order", "state", "anonymous", text("prio_key DESC")),
     Index("ix_requests_user_state", "user_id", "state"),
@@ -188,6 +197,26 @@ requests = Table(
     ),
     # NULL keys are distinct, so only requests with a key are constrained.
     Index("ix_requests_operation", "user_id", "operation_key", unique=True),
+    # The waiting requests of an OpenAI call's reader: what is cancelled when
+    # the process holding the calls is gone. Partial: native requests, and
+    # ended ones, are not in it.
+    Index(
+        "ix_requests_reader",
+        "reader",
+        sqlite_where=text("reader IS NOT NULL AND state = 'waiting'"),
+        postgresql_where=text("reader IS NOT NULL AND state = 'waiting'"),
+    ),
+)
+
+# The serving processes holding OpenAI calls, each with the end of its
+# reader lease (contract.limits.READER_LEASE_SECONDS). A reader is named by
+# host, port and process slot, so a process restarted in its place knows
+# the requests of the calls its predecessor held.
+readers = Table(
+    "readers",
+    metadata,
+    Column("id", String(MAX_READER_CHARS), primary_key=True),
+    Column("expires", Float, nullable=False),
 )
 
 queue = Table(

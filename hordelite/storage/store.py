@@ -114,11 +114,13 @@ class Store:
         now: float,
         upfront_max_length: int,
         client_agent: str,
+        reader: str | None = None,
     ) -> q.Submitted | q.FirstRequest | Capacity:
         """The chat request admitted by ``plan`` against the online workers
         (its refusals raised) and queued, or the first request of its
         operation key; a Capacity, nothing written, when the pool is not the
-        one the plan was worked out for."""
+        one the plan was worked out for. ``reader``: the process holding the
+        OpenAI call that is the request's only reader."""
         return await self.db.write(
             q.submit_chat_request,
             key_hash,
@@ -128,16 +130,38 @@ class Store:
             self.rules,
             upfront_max_length,
             client_agent,
+            reader,
         )
 
     async def cancel_request(
-        self, *, request_id: str, kind: str, now: float, posted: dict[str, int]
+        self,
+        *,
+        request_id: str,
+        kind: str,
+        now: float,
+        posted: dict[str, int],
+        unread: bool = False,
     ) -> q.StatusSnapshot:
         """The request's status parts before its cancel, with what settling its
-        streamed jobs on ``posted`` moved; raises RequestNotFound."""
+        streamed jobs on ``posted`` moved; raises RequestNotFound. ``unread``:
+        nobody can read its reply, so a job settling later charges nothing."""
         return await self.db.write(
-            q.cancel_request, request_id, kind, now, self.rules, posted, self.billions
+            q.cancel_request, request_id, kind, now, self.rules, posted, self.billions, unread
         )
+
+    async def hold_reader(self, *, reader: str, expires: float) -> None:
+        """Renew the reader lease of this process's OpenAI calls."""
+        await self.db.write(q.hold_reader, reader, expires)
+
+    async def take_over_reader(self, *, reader: str, expires: float) -> list[str]:
+        """Hold ``reader``'s lease at a process's start; the waiting requests
+        of the calls its predecessor under that name left."""
+        return await self.db.write(q.take_over, reader, expires)
+
+    async def lapsed_reader_requests(self, *, now: float, alive: str) -> list[str]:
+        """The waiting requests of the readers whose lease lapsed, but for
+        ``alive`` (the process asking, which serves its calls)."""
+        return await self.db.write(q.lapsed_requests, now, alive)
 
     async def request_status(
         self,
