@@ -50,6 +50,7 @@ async def open_horde(
     config: Config | None = None,
     clock: Clock | None = None,
     database: str | None = None,
+    grace_period: float = 2,
     **horde: Any,
 ) -> AsyncIterator[TestHorde]:
     """Run a horde until the block exits.
@@ -59,6 +60,7 @@ async def open_horde(
     ``open_horde(job_ttl=5, allow_anonymous=False)``. Pass a ``ManualClock``
     as ``clock`` to move time instead of sleeping; the periodic sweep then
     still runs, but only ``TestHorde.sweep()`` right after a move is certain.
+    ``grace_period``: the server's, for its drain at the block's end.
     """
     with tempfile.TemporaryDirectory(prefix="hordelite-") as tmp:
         db = database or str(Path(tmp) / "horde.db")
@@ -68,7 +70,7 @@ async def open_horde(
             signals={"url": os.environ.get("HORDELITE_SIGNALS_URL", "")}
         )
         cfg = base.replace(
-            server={"host": "127.0.0.1", "port": 0, "grace_period": 2},
+            server={"host": "127.0.0.1", "port": 0, "grace_period": grace_period},
             storage={"database": db},
             horde=horde,
         )
