@@ -122,9 +122,8 @@ async def relay(
                     try:
                         status = await call.poll()
                     except HordeError:
-                        # The request ends without its reply, and a cancel
-                        # settles a streamed job on all its worker posted:
-                        # the client gets all of that first.
+                        # No reply will come, and the cancel settles on all
+                        # the worker posted: the client gets all of it first.
                         entries = await signals.read_progress(rid, position)
                         _add_posts(entries, gen, model, content, relayed, now)
                         for delta in _flushed(content, relayed):

@@ -121,8 +121,12 @@ def settle(
     """Store a finished job: reward its worker's owner, charge the requester,
     with the amounts of ``paid``.
 
-    A job settled at a cancel ends ``cancelled``: paid, not a generation.
+    A job settled at a cancel ends ``cancelled``: paid, not a generation;
+    so does one of a request nobody can read (decision 0051), whose reply is
+    not kept: nobody could read it, so nobody gets to.
     """
+    if job["request_unread"]:
+        state, values = "cancelled", {"charge_basis": values.get("charge_basis")}
     tokens, reward, cost = paid.tokens, paid.reward, paid.cost
     conn.execute(
         FINISH_JOB,
@@ -137,15 +141,8 @@ def settle(
         },
     )
     move_kudos(conn, payer=job["requester_id"], cost=cost, earner=job["owner_id"], reward=reward)
-    conn.execute(
-        _CREDIT_WORKER,
-        {
-            "wid": job["worker_id"],
-            "reward": reward,
-            "tokens": tokens,
-            "seconds": paid.seconds,
-        },
-    )
+    credit = {"reward": reward, "tokens": tokens, "seconds": paid.seconds}
+    conn.execute(_CREDIT_WORKER, {"wid": job["worker_id"], **credit})
     if state != "done":
         conn.execute(
             update(requests)

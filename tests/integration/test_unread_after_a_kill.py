@@ -21,6 +21,7 @@ from hordelite.storage.database import Database
 from hordelite.storage.schema import requests, users
 from hordelite.testing import FakeChatWorker
 from tests.integration._chat_helpers import TLS
+from tests.integration._helpers import eventually
 from tests.integration.test_crash_recovery import MODEL, create_accounts, serve
 
 pytestmark = pytest.mark.anyio
@@ -124,8 +125,7 @@ async def test_calls_cut_by_a_kill_end_cancelled_and_uncharged_after_the_restart
                         await heard.wait()  # the client is reading the reply
                 for i in range(QUEUED):
                     tg.start_soon(call, client, f"Name fruit {i}.", False, anyio.Event())
-                while len(stored(database)[1]) < WAITING + STREAMING + QUEUED:
-                    await anyio.sleep(0.02)
+                await eventually(lambda: len(stored(database)[1]) == WAITING + STREAMING + QUEUED)
             served.process.kill()
             assert await served.process.wait() == -signal.SIGKILL
 

@@ -31,7 +31,8 @@ from tests.integration._chat_helpers import MODEL, STRICT, TLS, open_chat_horde,
 from tests.integration._helpers import eventually
 from tests.integration.test_front import CHAT, Front, text_reply, user
 
-pytestmark = pytest.mark.anyio
+# On SQLite and PostgreSQL (the chat helpers' hordes use the fixture's database).
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
 BLUE = text_reply("Blue.")
 
@@ -46,9 +47,7 @@ async def request_row(front: Front, request_id: str) -> dict[str, Any]:
     """What storage holds of a request: its state, its charge, its reader."""
 
     def read(conn: Any) -> dict[str, Any]:
-        row = conn.execute(
-            requests.select().where(requests.c.id == request_id)
-        ).mappings().one()
+        row = conn.execute(requests.select().where(requests.c.id == request_id)).mappings().one()
         return {k: row[k] for k in ("state", "kudos", "reader", "unread")}
 
     return await front.env.horde.horde.db.read(read)
@@ -115,6 +114,9 @@ async def test_a_call_left_while_a_worker_generates_charges_nothing_and_pays_the
         assert await front.env.kudos(front.env.owner) == pytest.approx(earned + reward)
         row = await request_row(front, request_id)
         assert (row["state"], row["kudos"]) == ("cancelled", 0.0)
+        # Nor can anyone read it later by the request's id: it is not kept.
+        status = await front.env.status(request_id)
+        assert (status["done"], status["generations"]) == (True, []), status
 
 
 async def test_a_requesters_own_worker_earns_nothing_for_a_call_the_requester_left() -> None:

@@ -207,3 +207,32 @@ def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_
         True,
     )
     assert db.run_sync(activity_rows, False) == [(60, 1, 2, 3.0)]
+
+
+def _as_version_7(conn: Connection) -> None:
+    """Put the database back in version 7's shape: no readers, no reader columns."""
+    conn.exec_driver_sql("DROP INDEX ix_requests_reader")
+    conn.exec_driver_sql("DROP TABLE readers")
+    conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN reader")
+    conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN unread")
+    conn.execute(update(schema.schema_version).values(version=7))
+
+
+def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
+    empty_database: Database,
+) -> None:
+    db = empty_database
+    db.run_sync(upgrade, True)
+    db.run_sync(_as_version_7, True)
+    assert "readers" not in db.run_sync(_tables, False)
+
+    before, after = db.run_sync(upgrade, True)
+
+    assert (before, after) == (7, LATEST)
+    columns = db.run_sync(
+        lambda conn: {c["name"] for c in inspect(conn).get_columns("requests")}, False
+    )
+    assert {"reader", "unread"} <= columns
+    # A process takes its reader over, and nothing stored before is its.
+    assert db.run_sync(queries.take_over, True, "host:7001/0", NOW + 30) == []
+    assert db.run_sync(queries.lapsed_requests, True, NOW + 60, "other:1/0") == []

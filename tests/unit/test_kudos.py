@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from hordelite.contract.kudos import (
+    Settlement,
     billed_tokens,
     job_cost,
     job_reward,
     priority_key,
     request_quote,
+    unread,
 )
 from hordelite.contract.models import DEFAULT_REFERENCE, ModelReference
 from hordelite.errors import ConfigError
@@ -229,3 +231,9 @@ def test_the_shipped_reference_loads_and_prices_every_model_it_lists() -> None:
     assert shipped
     for name, entry in shipped.items():
         assert loaded.billions(name) == pytest.approx(entry["parameters"] / 1e9), name
+
+
+def test_a_reply_nobody_can_read_charges_nothing_and_pays_a_worker_not_the_requesters() -> None:
+    paid = Settlement(tokens=40, reward=2.5, cost=3.5, seconds=1.0)
+    assert unread(paid, own_worker=False) == Settlement(40, 2.5, 0.0, 1.0)
+    assert unread(paid, own_worker=True) == Settlement(40, 0.0, 0.0, 1.0)
