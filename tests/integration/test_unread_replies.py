@@ -72,6 +72,18 @@ async def popped(worker: FakeChatWorker) -> dict[str, Any]:
     return job
 
 
+async def answer_into(
+    answered: dict[str, httpx.Response], front: Front, name: str, content: str
+) -> None:
+    """A plain call asking ``content``; its response is kept under ``name``."""
+    answered[name] = await front.http.post(
+        CHAT,
+        headers={"Authorization": f"Bearer {front.env.requester}"},
+        json={"model": MODEL, "messages": [user(content)]},
+        timeout=30,
+    )
+
+
 async def leave_after_pop(front: Front, worker: FakeChatWorker, body: dict[str, Any]) -> Any:
     """A call whose client leaves once ``worker`` holds its job; the job."""
     async with httpx.AsyncClient(base_url=front.url, verify=TLS) as leaving:
@@ -176,20 +188,9 @@ async def test_the_requests_of_a_reader_whose_lease_lapsed_are_cancelled_uncharg
 
         # A call of this process waits meanwhile; its lease is as old, but
         # this process serves it: the sweep leaves it be.
+        answered: dict[str, httpx.Response] = {}
         async with anyio.create_task_group() as tg:
-            answered: list[httpx.Response] = []
-
-            async def live_call() -> None:
-                answered.append(
-                    await front.http.post(
-                        CHAT,
-                        headers={"Authorization": f"Bearer {front.env.requester}"},
-                        json={"model": MODEL, "messages": [user("Name a fruit.")]},
-                        timeout=30,
-                    )
-                )
-
-            tg.start_soon(live_call)
+            tg.start_soon(answer_into, answered, front, "live", "Name a fruit.")
             live_job = await popped(worker)
             clock.advance(READER_LEASE_SECONDS + 1)
             await front.env.horde.sweep()
@@ -201,8 +202,8 @@ async def test_the_requests_of_a_reader_whose_lease_lapsed_are_cancelled_uncharg
 
             answer = await worker.submit_reply(live_job, text_reply("Apple."))
             assert answer.status_code == 200, answer.text
-        assert answered[0].status_code == 200, answered[0].text
-        assert answered[0].json()["choices"][0]["message"]["content"] == "Apple."
+        assert answered["live"].status_code == 200, answered["live"].text
+        assert answered["live"].json()["choices"][0]["message"]["content"] == "Apple."
         assert await front.env.kudos() < kudos  # the live call's reply was read: charged
 
 
@@ -216,24 +217,13 @@ async def test_a_draining_process_hands_back_a_call_no_reply_can_reach_uncharged
     async with open_front(config) as front:
         worker = await front.worker("w1")
         kudos = await front.env.kudos()
+        answered: dict[str, httpx.Response] = {}
         async with anyio.create_task_group() as tg:
-            answered: list[httpx.Response] = []
-
-            async def call() -> None:
-                answered.append(
-                    await front.http.post(
-                        CHAT,
-                        headers={"Authorization": f"Bearer {front.env.requester}"},
-                        json={"model": MODEL, "messages": [user("Name one colour.")]},
-                        timeout=30,
-                    )
-                )
-
-            tg.start_soon(call)
+            tg.start_soon(answer_into, answered, front, "out", "Name one colour.")
             job = await popped(worker)
             front.env.horde.horde.begin_shutdown()
-        assert answered[0].status_code == 503, answered[0].text
-        assert answered[0].json()["error"]["code"] == "ShuttingDown"
+        assert answered["out"].status_code == 503, answered["out"].text
+        assert answered["out"].json()["error"]["code"] == "ShuttingDown"
         answer = await worker.submit_reply(job, BLUE)  # as after a restart
         assert answer.status_code == 200, answer.text
         assert await front.env.kudos() == kudos
@@ -253,19 +243,10 @@ async def test_a_draining_process_of_several_finishes_a_call_whose_worker_has_th
         worker = await front.worker("w1")
         kudos = await front.env.kudos()
         answered: dict[str, httpx.Response] = {}
-
-        async def call(name: str, content: str) -> None:
-            answered[name] = await front.http.post(
-                CHAT,
-                headers={"Authorization": f"Bearer {front.env.requester}"},
-                json={"model": MODEL, "messages": [user(content)]},
-                timeout=30,
-            )
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call, "out", "Name one colour.")
+            tg.start_soon(answer_into, answered, front, "out", "Name one colour.")
             job = await popped(worker)
-            tg.start_soon(call, "queued", "Name a fruit.")
+            tg.start_soon(answer_into, answered, front, "queued", "Name a fruit.")
 
             async def two_queued() -> bool:
                 return len(await _ids(front)) == 2
