@@ -124,6 +124,7 @@ class Horde:
             statuses=StatusCache(),
             skipped=SkippedSample(store),
         )
+        self.core.metrics.watch_signals(signals)
         self.requests = Requests(self.core)
         self.jobs = Jobs(self.core)
         self.directory = Directory(self.core)
