@@ -377,7 +377,9 @@ def served_zeros(online: list[WorkerView], depth: QueueDepth) -> dict[tuple[str,
 
 def build_info() -> GaugeMetricFamily:
     family = GaugeMetricFamily(
-        "hordelite_build_info", "1, labelled with the hordelite version running.", labels=["version"]
+        "hordelite_build_info",
+        "1, labelled with the hordelite version running.",
+        labels=["version"],
     )
     family.add_metric([__version__], 1)
     return family

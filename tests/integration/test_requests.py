@@ -609,7 +609,9 @@ async def test_a_text_resubmit_with_the_same_idempotency_key_returns_the_first_r
             assert reused.json()["rc"] == "OperationKeyReused"
 
 
-async def test_a_downgraded_text_request_resubmitted_with_its_idempotency_key_is_the_first() -> None:
+async def test_a_downgraded_text_request_resubmitted_with_its_idempotency_key_is_the_first() -> (
+    None
+):
     # Queued at its allow_downgrade max_length (no kudos up front), it is
     # still the request the client sent: the resubmit gets its id, not 409.
     async with open_horde() as horde:

@@ -428,7 +428,10 @@ def test_cors_origins_other_than_star_or_a_list_of_origins_are_refused(value: st
         ("*", None),
         (" * ", None),
         ("", frozenset()),
-        ("https://A.example, http://127.0.0.1:8080", {"https://a.example", "http://127.0.0.1:8080"}),
+        (
+            "https://A.example, http://127.0.0.1:8080",
+            {"https://a.example", "http://127.0.0.1:8080"},
+        ),
     ],
 )
 def test_cors_origins_are_star_or_a_list_compared_ignoring_case(

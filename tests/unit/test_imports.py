@@ -106,8 +106,7 @@ LAYERS: dict[str, set[str]] = {
     # when to look again (signals.look_again_by).
     "front": PURE | {"config", "_http", "_request", "horde", "signals"},
     "app": PURE | {"config", "_http", "_request", "horde", "blobs", "api", "front"},
-    "server": PURE
-    | {"config", "_http", "storage", "signals", "blobs", "horde", "app", "api"},
+    "server": PURE | {"config", "_http", "storage", "signals", "blobs", "horde", "app", "api"},
     "fake_backend": PURE | {"config", "_http"},
     "worker": PURE | {"config", "fake_backend"},
     "cli": PURE | {"config", "_http", "storage", "horde", "server", "worker"},
