@@ -274,6 +274,11 @@ class SignalsConfig:
     # this process. redis://host:port/db: they go through Redis, so several
     # processes or machines on one PostgreSQL database act as one horde.
     url: str = bounded("", rule=_signals_url)
+    # While Redis is down the horde serves degraded (waits poll, progress
+    # posts answer 503): /readyz stays 200 and says so in its body, so that a
+    # load balancer does not drop every replica at once when the one Redis
+    # they share blips. false: /readyz answers 503 "signals" instead.
+    ready_when_degraded: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

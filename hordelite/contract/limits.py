@@ -170,6 +170,15 @@ REQUEST_VERSIONS: Final = 65536
 DEGRADED_POLL_SECONDS: Final = 1.0
 # A Redis command that takes longer than this counts as Redis being down.
 REDIS_TIMEOUT_SECONDS: Final = 2.0
+# Once a command found Redis down, the process's Redis calls fail fast (the
+# circuit is open: each returns its fallback at once, no round trip), so a
+# hung Redis (SIGSTOPped, a partition: connections open, no answers) costs a
+# submit microseconds rather than REDIS_TIMEOUT_SECONDS each. A probe pings
+# Redis every DEGRADED_POLL_SECONDS while the circuit is open, and closes it
+# when a ping answers within this bound: short, since a ping answers in well
+# under a millisecond when Redis is up, and a probe that waits longer only
+# delays the next one (decision 0051).
+REDIS_PROBE_TIMEOUT_SECONDS: Final = 0.5
 # A request's version lives this long in Redis after its last change
 # (longer than any request stays readable).
 VERSION_TTL_SECONDS: Final = 7 * 24 * 3600.0

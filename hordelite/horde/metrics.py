@@ -98,6 +98,7 @@ class HordeMetrics:
         # as well would add this process's share twice.
         self._own = CollectorRegistry(auto_describe=True)
         registry = None if multiprocess_dir else self._own
+        self._registry = registry
         # This process's own in either mode (never in the multiprocess
         # files): its CPU, memory, open files and start time, read from /proc
         # at each scrape, and the version it runs.
@@ -171,6 +172,22 @@ class HordeMetrics:
             registry=registry,
         )
         self.reads = ScrapeReads()
+
+    def watch_signals(self, signals: object) -> None:
+        """With Redis signals (only they have ``watch``): the gauge
+        ``hordelite_signals_degraded``, set as the signals' state flips."""
+        watch = getattr(signals, "watch", None)
+        if not callable(watch):
+            return
+        degraded = Gauge(
+            "hordelite_signals_degraded",
+            "1 while the Redis signals are down and the horde serves degraded, else 0.",
+            registry=self._registry,
+            # 1 when any process alive is degraded: each process has its own
+            # circuit, and a scrape reaches one of them.
+            multiprocess_mode="livemax",
+        )
+        watch(lambda down: degraded.set(1 if down else 0))
 
     def front_call(self) -> FrontCallTimer:
         """A timer for one OpenAI call, from now (its arrival)."""
@@ -280,7 +297,8 @@ async def scrape(horde: Horde) -> bytes:
     """The ``/metrics`` answer: the counted metrics, and what the horde holds
     now: the queue depth (at most METRICS_READ_SECONDS old), the pool
     snapshot, a ping each of the database and Redis, each bounded by
-    READY_CHECK_SECONDS. A figure that cannot be read is left out, counted
+    READY_CHECK_SECONDS (Redis's not pinged while its circuit is open: it
+    answers down at once, RedisSignals.ping). A figure that cannot be read is left out, counted
     and logged (``ScrapeReads.failed``), never dropped silently."""
     db_rtt = await round_trip(horde.store.ping)
     scraped = reachability("database", "the database", db_rtt)

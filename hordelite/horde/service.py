@@ -127,6 +127,7 @@ class Horde:
             statuses=StatusCache(),
             skipped=SkippedSample(store),
         )
+        self.core.metrics.watch_signals(signals)
         self.requests = Requests(self.core)
         self.readers = Readers(self.core, self.requests)
         self.jobs = Jobs(self.core)

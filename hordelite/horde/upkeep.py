@@ -64,7 +64,8 @@ class Upkeep:
     async def unready(self) -> str | None:
         """Why this horde should get no new traffic now (``/readyz``), or
         None: it is stopping, its database does not answer within
-        READY_CHECK_SECONDS, or its Redis signals are down."""
+        READY_CHECK_SECONDS, or (with ``[signals] ready_when_degraded =
+        false``) its Redis signals are down."""
         if self._core.stopping:
             return "stopping"
         try:
@@ -72,9 +73,14 @@ class Upkeep:
                 await self._core.store.ping()
         except (StorageUnavailable, TimeoutError):
             return "database"
-        if self._core.signals.degraded:
+        if self.signals_degraded() and not self._core.config.signals.ready_when_degraded:
             return "signals"
         return None
+
+    def signals_degraded(self) -> bool:
+        """Whether signals may be lost now (Redis is down): by default the
+        horde still serves, degraded, and stays ready (decision 0051)."""
+        return self._core.signals.degraded
 
     def signals_ping(self) -> Callable[[], Awaitable[None]] | None:
         """A round trip to Redis when the signals go through it, else None.

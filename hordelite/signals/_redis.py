@@ -45,11 +45,13 @@ import anyio.abc
 import coredis
 import coredis.exceptions
 from coredis.response.types import ScoredMember
+from coredis.retry import NoRetryPolicy
 
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.limits import (
     DEGRADED_POLL_SECONDS,
     ENDED_MARKER_SECONDS,
+    REDIS_PROBE_TIMEOUT_SECONDS,
     REDIS_TIMEOUT_SECONDS,
     STREAM_RETENTION_SECONDS,
     VERSION_TTL_SECONDS,
@@ -74,6 +76,9 @@ def _reason(exc: BaseException) -> str:
     """The first leaf of ``exc``: what a log line should say."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError) and not str(exc):
+        # anyio's fail_after raises a TimeoutError with no message.
+        return f"TimeoutError: no answer within {REDIS_TIMEOUT_SECONDS:g} s"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -122,7 +127,12 @@ class RedisSignals:
         self._redis = client
         self._local = LocalSignals()
         self._bump = client.register_script(_BUMP)
-        self._down = False  # the last command found Redis down
+        # The circuit: open (True) from the first command that found Redis
+        # down until the probe's ping or the listener's subscription sees it
+        # back; while open, commands return their fallbacks at once.
+        self._down = False
+        self._opened = anyio.Event()  # set while the circuit is open (the probe waits on it)
+        self._watchers: list[Callable[[bool], None]] = []
         self._listening = False  # the pub/sub connection is subscribed
         self._reported = False  # an outage was logged (the start is not one)
         # Versions answered while Redis is down: negative and never repeated,
@@ -147,12 +157,18 @@ class RedisSignals:
         """Record what was seen; log and wake every waiter when the state
         flips, once per outage and once per recovery."""
         before = self.degraded
-        if down is not None:
+        if down is not None and down != self._down:
             self._down = down
+            if down:
+                self._opened.set()
+            else:
+                self._opened = anyio.Event()
         if listening is not None:
             self._listening = listening
         if self.degraded == before:
             return
+        for watcher in self._watchers:
+            watcher(self.degraded)
         if self.degraded:
             self._reported = True
             log.warning(
@@ -174,8 +190,19 @@ class RedisSignals:
     def _succeeded(self) -> None:
         self._health(down=False)
 
+    def watch(self, watcher: Callable[[bool], None]) -> None:
+        """Call ``watcher(degraded)`` now and whenever ``degraded`` flips
+        (the metrics' gauge)."""
+        self._watchers.append(watcher)
+        watcher(self.degraded)
+
     async def _safely(self, operation: Callable[[], Awaitable[T]], fallback: T) -> T:
-        """``operation``'s result; ``fallback`` while Redis is down."""
+        """``operation``'s result; ``fallback`` while Redis is down: at once
+        while the circuit is open (a hung Redis would cost every call
+        REDIS_TIMEOUT_SECONDS), else when the operation fails or times out,
+        which opens it."""
+        if self._down:
+            return fallback
         try:
             with anyio.fail_after(REDIS_TIMEOUT_SECONDS):
                 result = await operation()
@@ -186,6 +213,34 @@ class RedisSignals:
             return fallback
         self._succeeded()
         return result
+
+    # The probe -------------------------------------------------------------
+
+    async def probe(self) -> None:
+        """While the circuit is open, ping Redis every DEGRADED_POLL_SECONDS
+        and close it when a ping answers; runs until cancelled.
+
+        The listener alone cannot close it: a Redis that hangs (SIGSTOP, a
+        partition) keeps the pub/sub connection open and silent, so the
+        listener never fails and never resubscribes; and with the circuit
+        open no command runs to find Redis back."""
+        while True:
+            await self._opened.wait()
+            while self._down:
+                await anyio.sleep(DEGRADED_POLL_SECONDS)
+                if await self._answers():
+                    self._health(down=False)
+
+    async def _answers(self) -> bool:
+        """Whether Redis answers a ping within REDIS_PROBE_TIMEOUT_SECONDS."""
+        try:
+            with anyio.fail_after(REDIS_PROBE_TIMEOUT_SECONDS):
+                await self._redis.ping()
+        except Exception as exc:  # cancellation is no Exception: it propagates
+            if not _is_down(exc):
+                raise
+            return False
+        return True
 
     # Listening -----------------------------------------------------------
 
@@ -430,12 +485,26 @@ class RedisSignals:
 
     async def ping(self) -> None:
         """One round trip to Redis (the metrics scrape times it); raises when
-        Redis does not answer."""
+        Redis does not answer, and at once while the circuit is open (the
+        probe is pinging already: a scrape need not wait on a hung Redis)."""
+        if self._down:
+            raise coredis.exceptions.ConnectionError("Redis signals are degraded (circuit open)")
         await self._redis.ping()
 
     def statistics(self) -> dict[str, int]:
         """This process's waiters (what Redis holds is bounded by its TTLs)."""
         return self._local.statistics()
+
+
+def _quieten_coredis() -> None:
+    """Keep coredis's INFO lines out of the log, unless the operator set a
+    level on its logger: they say, once per lost connection and with a
+    traceback, what logger "hordelite.signals" says once per outage
+    ("Connection closed unexpectedly!"), or trivia of a handshake. Its
+    warnings and errors still pass."""
+    coredis_log = logging.getLogger("coredis")
+    if coredis_log.level == logging.NOTSET:
+        coredis_log.setLevel(logging.WARNING)
 
 
 def _lease_json(lease: Lease) -> str:
@@ -446,17 +515,25 @@ def _lease_json(lease: Lease) -> str:
 
 @contextlib.asynccontextmanager
 async def open_redis_signals(url: str) -> AsyncIterator[RedisSignals]:
-    """Redis signals for the block, listening in a task the block owns."""
+    """Redis signals for the block, listening and probing in tasks the
+    block owns."""
+    _quieten_coredis()
     client: coredis.Redis[str] = coredis.Redis.from_url(
         url,
         decode_responses=True,
         stream_timeout=REDIS_TIMEOUT_SECONDS,
         connect_timeout=REDIS_TIMEOUT_SECONDS,
+        # No retries: a command that finds Redis down returns its fallback
+        # and opens the circuit (RedisSignals._safely), so retrying only
+        # triples what the first failure costs, and logs an INFO line on
+        # logger "coredis" per attempt (5,482 in 15 s of a killed Redis).
+        retry_policy=NoRetryPolicy(),
     )
     async with client:
         signals = RedisSignals(client)
         async with anyio.create_task_group() as tg:
             await tg.start(signals.listen)
+            tg.start_soon(signals.probe)
             try:
                 yield signals
             finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -98,7 +100,9 @@ def statements(horde: TestHorde) -> Iterator[list[str]]:
 
 
 class RedisServer:
-    """A redis-server of the test's own, on a free port, that the test can kill."""
+    """A redis-server of the test's own, on a free port, that the test can
+    kill, or stop (SIGSTOP: its connections stay open and nothing answers,
+    as with a hung Redis or a partition) and continue."""
 
     def __init__(self) -> None:
         with socket.socket() as probe:
@@ -128,8 +132,18 @@ class RedisServer:
                     raise
                 time.sleep(0.02)
 
+    def stop(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def cont(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
     def kill(self) -> None:
+        """Gone, stopped or not (a test's teardown calls it whatever it did)."""
         if self.process is not None:
+            self.cont()  # a stopped process dies of SIGKILL too; continued, it exits at once
             self.process.kill()
             self.process.wait()
             self.process = None

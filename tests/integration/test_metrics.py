@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hordelite import __version__
 from hordelite.config import Config
+from hordelite.contract.limits import READY_CHECK_SECONDS
 from hordelite.server import open_server
 from hordelite.testing import FakeTextWorker, ManualClock, open_horde
 from tests.integration._chat_helpers import (
@@ -388,6 +390,46 @@ async def test_a_scrape_while_redis_is_down_answers_with_redis_up_0(anyio_backen
     assert value(samples, "hordelite_redis_up") == 0
     assert ("hordelite_redis_round_trip_seconds", ()) not in samples
     assert value(samples, "hordelite_database_up") == 1  # the rest still scraped
+
+
+async def test_signals_degraded_is_1_while_redis_hangs_and_the_scrape_does_not_wait_on_it(
+    anyio_backend: str,
+) -> None:
+    """A SIGSTOPped Redis answers nothing: once the horde knows (its circuit
+    is open), a scrape answers at once, with hordelite_signals_degraded 1
+    and hordelite_redis_up 0; 0 again once Redis continues."""
+    redis = RedisServer()
+    redis.start()
+    try:
+        config = Config().replace(signals={"url": redis.url})
+        async with open_horde(config=config) as horde:
+            async with httpx.AsyncClient(base_url=horde.url, timeout=30) as client:
+                samples = await scrape(client)
+                assert ("hordelite_signals_degraded", ()) in samples
+                assert value(samples, "hordelite_signals_degraded") == 0
+                redis.stop()
+                await horde.horde.signals.request_version("r")  # finds Redis hung
+                assert horde.horde.signals.degraded
+                start = time.monotonic()
+                samples = await scrape(client)
+                took = time.monotonic() - start
+                assert took < READY_CHECK_SECONDS / 4, took
+                assert value(samples, "hordelite_signals_degraded") == 1
+                assert value(samples, "hordelite_redis_up") == 0
+                redis.cont()
+
+                async def recovered() -> bool:
+                    samples = await scrape(client)
+                    return value(samples, "hordelite_signals_degraded") == 0
+
+                await eventually(recovered, within=15)
+                assert value(await scrape(client), "hordelite_redis_up") == 1
+    finally:
+        redis.kill()
+    local = Config().replace(signals={"url": ""})
+    async with open_horde(config=local) as horde:
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            assert ("hordelite_signals_degraded", ()) not in await scrape(client)
 
 
 @pytest.mark.postgres

@@ -10,7 +10,10 @@ not cross replicas fails the test rather than slowing it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import statistics
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,9 +23,10 @@ import openai
 import pytest
 
 from hordelite.config import Config
+from hordelite.contract.limits import REDIS_TIMEOUT_SECONDS
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
 from tests.integration._chat_helpers import TLS
-from tests.integration._helpers import RedisServer, eventually, submit_text
+from tests.integration._helpers import RedisServer, eventually, submit_text, text_status
 
 pytestmark = [
     pytest.mark.anyio,
@@ -306,3 +310,107 @@ async def test_losing_redis_degrades_every_path_and_service_recovers_when_it_ret
                 assert not a.horde.signals.degraded
     finally:
         redis.kill()
+
+
+async def test_a_hung_redis_costs_submits_and_statuses_milliseconds_once_degraded(
+    postgres_schema_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGSTOP: Redis keeps its connections open and answers nothing, so the
+    pub/sub listener never fails; the first command on each replica finds
+    it out. From then on submits and status reads skip Redis (its circuit
+    is open) until the probe sees it answer; one log line says the outage
+    began and one that it ended; then signals cross replicas again."""
+    caplog.set_level(logging.INFO, logger="hordelite.signals")
+    redis = RedisServer()
+    redis.start()
+    try:
+        async with replicas(postgres_schema_url, redis.url, count=2) as (a, b):
+            key = await a.create_key("alice", kudos=1000)
+            owner = await a.create_key("bob")
+            async with (
+                FakeTextWorker(a.url, owner, models=[MODEL]) as worker,
+                client(a) as on_a,
+                client(b) as on_b,
+            ):
+                assert (await worker.pop())["id"] is None
+                first = await submit_text(on_a, key, "Once upon a time", models=[MODEL])
+                redis.stop()
+                # The first Redis command on each replica costs up to the timeout.
+                with anyio.fail_after(REDIS_TIMEOUT_SECONDS * 3):
+                    async with anyio.create_task_group() as tg:
+                        for c in (on_a, on_b):
+                            tg.start_soon(text_status, c, first)
+                await eventually(
+                    lambda: a.horde.signals.degraded and b.horde.signals.degraded,
+                    within=REDIS_TIMEOUT_SECONDS * 3,
+                )
+
+                took: list[float] = []
+                for i in range(20):
+                    c = (on_a, on_b)[i % 2]
+                    start = time.monotonic()
+                    request_id = await submit_text(c, key, f"Prompt {i}", models=[MODEL])
+                    took.append(time.monotonic() - start)
+                    start = time.monotonic()
+                    await text_status(c, request_id)
+                    took.append(time.monotonic() - start)
+                median = statistics.median(took)
+                print(
+                    f"\nwhile Redis hangs: {len(took)} submits and status reads, "
+                    f"median {median * 1e3:.1f} ms, max {max(took) * 1e3:.1f} ms"
+                )
+                assert median < 0.1, took
+                assert max(took) < REDIS_TIMEOUT_SECONDS / 2, took
+
+                redis.cont()
+                await eventually(
+                    lambda: not a.horde.signals.degraded and not b.horde.signals.degraded,
+                    within=15,
+                )
+                # The pub/sub connections resumed: a pop on A is woken by a
+                # submit on B (the queue holds the 21 submits above: drained first).
+                while (await worker.pop())["id"] is not None:
+                    pass
+                await assert_a_waiting_pop_is_woken(worker, a, b, key)
+    finally:
+        redis.kill()
+    lines = [r.getMessage() for r in caplog.records if r.name == "hordelite.signals"]
+    outages = [m for m in lines if m.startswith("Redis signals unavailable")]
+    backs = [m for m in lines if m == "Redis signals are back"]
+    # One of each per replica (each process logs its own outage).
+    assert (len(outages), len(backs)) == (2, 2), lines
+
+
+async def test_a_killed_redis_does_not_flood_the_log_with_the_client_s_retries(
+    postgres_schema_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With Redis killed, a few seconds of submits and status reads log no
+    line of the Redis client (coredis's loggers) at INFO or above, and one
+    outage line per replica."""
+    caplog.set_level(logging.INFO)  # the root: as a horde logging at INFO would
+    redis = RedisServer()
+    redis.start()
+    try:
+        async with replicas(postgres_schema_url, redis.url, count=2) as (a, b):
+            key = await a.create_key("alice", kudos=1000)
+            async with client(a) as on_a, client(b) as on_b:
+                redis.kill()
+                await eventually(
+                    lambda: a.horde.signals.degraded and b.horde.signals.degraded,
+                    within=PROMPT_ANSWER,
+                )
+                ids = [await submit_text(c, key, "Hi", models=[MODEL]) for c in (on_a, on_b) * 5]
+                calls = len(ids)
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline:  # status reads: each reads a version
+                    for c in (on_a, on_b):
+                        await text_status(c, ids[calls % len(ids)])
+                        calls += 1
+    finally:
+        redis.kill()
+    library = [r for r in caplog.records if r.name.split(".")[0] == "coredis"]
+    outages = [r for r in caplog.records if r.getMessage().startswith("Redis signals unavailable")]
+    print(f"\n{calls} calls with Redis killed: {len(library)} coredis log lines")
+    assert calls > 20
+    assert not library, [r.getMessage() for r in library[:5]]
+    assert len(outages) == 2

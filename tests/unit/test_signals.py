@@ -164,3 +164,66 @@ async def test_redis_versions_move_with_each_change_and_are_never_repeated_while
     assert all(v < 0 for v in unknown), unknown
     assert len(set(unknown)) == 3, unknown
     assert down.degraded
+
+
+async def test_a_hung_redis_costs_one_call_the_timeout_then_calls_fail_fast_until_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SIGSTOP: Redis keeps its connections open and answers nothing. The
+    first call finds it out (REDIS_TIMEOUT_SECONDS); the next ones return
+    their fallbacks at once; once it continues, the probe closes the circuit
+    and the commands answer what they should (the timed-out connection is
+    not left answering the wrong request)."""
+    import logging
+    import time
+    import uuid
+
+    import anyio
+
+    from hordelite.contract.limits import REDIS_TIMEOUT_SECONDS
+    from tests.integration._helpers import RedisServer, eventually
+
+    caplog.set_level(logging.INFO, logger="hordelite.signals")
+    redis = RedisServer()
+    redis.start()
+    request_id = str(uuid.uuid4())
+    try:
+        async with open_signals(redis.url) as signals:
+            await signals.touch_request(request_id)
+            before = await signals.request_version(request_id)
+            assert before > 0 and not signals.degraded
+            redis.stop()
+            with anyio.fail_after(REDIS_TIMEOUT_SECONDS * 2):
+                assert await signals.request_version(request_id) < 0  # it finds out
+            assert signals.degraded
+            took = []
+            for _ in range(50):
+                start = time.monotonic()
+                await signals.touch_request(request_id)
+                assert await signals.request_version(request_id) < 0
+                assert await signals.lease("j1") is None
+                took.append(time.monotonic() - start)
+            print(
+                f"calls while hung: median {sorted(took)[25] * 1e3:.3f} ms, max {max(took) * 1e3:.3f} ms"
+            )
+            assert max(took) < 0.05, took
+            ping = getattr(signals, "ping")  # noqa: B009 (RedisSignals only)
+            with anyio.fail_after(0.05), pytest.raises(Exception, match="circuit open"):
+                await ping()
+            redis.cont()
+            await eventually(lambda: not signals.degraded, within=15)
+            # Every command answers its own request again.
+            await signals.touch_request(request_id)
+            after = await signals.request_version(request_id)
+            assert after > before
+            assert await signals.request_version(request_id) == after
+            await signals.put_lease(lease("j1", request_id))
+            stored = await signals.lease("j1")
+            assert stored is not None and stored.request_id == request_id
+            assert not await signals.ended("j1")
+    finally:
+        redis.kill()
+    lines = [r.getMessage() for r in caplog.records if r.name == "hordelite.signals"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("Redis signals unavailable (TimeoutError: no answer within 2 s)")
+    assert lines[1] == "Redis signals are back"
