@@ -5,7 +5,7 @@
 or its database does not answer. While its Redis signals are down it serves
 degraded and stays ready, saying so (``"signals": "degraded"``), unless
 ``[signals] ready_when_degraded = false`` makes that 503 ``signals``
-(decision 0051).
+(decision 0054).
 """
 
 from __future__ import annotations

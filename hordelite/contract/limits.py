@@ -177,7 +177,7 @@ REDIS_TIMEOUT_SECONDS: Final = 2.0
 # Redis every DEGRADED_POLL_SECONDS while the circuit is open, and closes it
 # when a ping answers within this bound: short, since a ping answers in well
 # under a millisecond when Redis is up, and a probe that waits longer only
-# delays the next one (decision 0051).
+# delays the next one (decision 0054).
 REDIS_PROBE_TIMEOUT_SECONDS: Final = 0.5
 # A request's version lives this long in Redis after its last change
 # (longer than any request stays readable).

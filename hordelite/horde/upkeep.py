@@ -79,7 +79,7 @@ class Upkeep:
 
     def signals_degraded(self) -> bool:
         """Whether signals may be lost now (Redis is down): by default the
-        horde still serves, degraded, and stays ready (decision 0051)."""
+        horde still serves, degraded, and stays ready (decision 0054)."""
         return self._core.signals.degraded
 
     def signals_ping(self) -> Callable[[], Awaitable[None]] | None:
