@@ -140,7 +140,12 @@ class Supervisor:
                 # parent alone, which stops the children in order.
                 process_group=0,
             )
-        parent_end.sendall(self._config_line)
+        try:
+            parent_end.sendall(self._config_line)
+        except OSError:
+            # It died before it read a byte (a kill that lands at its start):
+            # its exit comes with SIGCHLD and is restarted as any other.
+            pass
         parent_end.setblocking(False)
         child = _Child(slot, process, parent_end)
         self._children[slot] = child

@@ -129,7 +129,10 @@ def write_config(
 def children(pid: int) -> set[int]:
     """The live (not zombie) child processes of ``pid``, read from /proc."""
     found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.exists():  # the process is gone: no child of its
+        return found
+    for task in tasks.iterdir():
         try:
             found.update(int(c) for c in (task / "children").read_text().split())
         except FileNotFoundError:  # the thread ended meanwhile
@@ -621,6 +624,34 @@ def test_a_child_that_keeps_dying_at_start_is_restarted_after_a_growing_delay(
         (victim,) = served.children() - kids
     # Each served well under STABLE_SECONDS: 1 s, then twice that.
     assert delays == [RESTART_DELAY, 2 * RESTART_DELAY]
+
+
+def test_a_child_killed_before_it_read_its_configuration_is_restarted(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+) -> None:
+    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    kids = served.children()
+    first = min(kids)
+    os.kill(first, signal.SIGKILL)
+    # Read /proc without a pause, so that the kill lands while the new child
+    # starts, before the parent has sent it its configuration line.
+    end = time.monotonic() + REPLACE_DEADLINE
+    new: set[int] = set()
+    while not new and time.monotonic() < end:
+        new = served.children() - kids
+    assert new, served.log.read_text()
+    (second,) = new
+    os.kill(second, signal.SIGKILL)
+    until(
+        functools.partial(replaced, served, first, second),
+        REPLACE_DEADLINE,
+        f"a third child in place of {first} and {second}",
+    )
+    log = served.log.read_text()
+    assert f"process {second} exited with code -9 (SIGKILL); restarting it in" in log, log
+    assert "Traceback" not in log, log
+    assert served.process.poll() is None
+    heartbeat(served.url)
 
 
 def test_SIGTERM_stops_every_child_and_the_parent_exits_0_within_the_grace_period(
