@@ -39,8 +39,10 @@ from hordelite.contract.limits import (
     MAX_MAX_LENGTH,
     MAX_MODELS,
     MAX_NAME,
+    MAX_SEED,
     MAX_STOP_SEQUENCE_CHARS,
     MAX_WORKER_IDS,
+    MIN_SEED,
 )
 from hordelite.errors import RC, HordeError
 
@@ -384,7 +386,7 @@ def _parse_seed(value: Any) -> int | None:
             "seed",
             f"Invalid type for 'seed': expected an integer, but got {kind_name(value)} instead.",
         )
-    if not -(2**63) <= value < 2**63:
+    if not MIN_SEED <= value <= MAX_SEED:
         raise invalid("seed", "Invalid 'seed': outside the 64-bit integer range.")
     return value
 

@@ -38,6 +38,10 @@ MAX_PRIORITY_USERNAMES: Final = 100
 # A text generation submitted, and its gen_metadata entries.
 MAX_GENERATION_CHARS: Final = 10_000_000
 MAX_GEN_METADATA: Final = 32
+# A seed, as the AI Horde takes it: any signed 64-bit integer (its own worker
+# bridge submits -1 with a faulted generation; the column is a BIGINT).
+MIN_SEED: Final = -(2**63)
+MAX_SEED: Final = 2**63 - 1
 MAX_GEN_METADATA_CHARS: Final = 64
 MAX_GEN_METADATA_REF_CHARS: Final = 255
 # A submit's state is read up to this length, then checked against its names.

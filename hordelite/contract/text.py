@@ -31,6 +31,7 @@ from hordelite.contract.limits import (
     MAX_POP_THREADS,
     MAX_PRIORITY_USERNAMES,
     MAX_REQUEST_N,
+    MAX_SEED,
     MAX_STATE_CHARS,
     MAX_STATUS_WAIT,
     MAX_STOP_SEQUENCE_CHARS,
@@ -40,6 +41,7 @@ from hordelite.contract.limits import (
     MIN_CONTEXT_LENGTH,
     MIN_MAX_LENGTH,
     MIN_SAMPLER_ORDER,
+    MIN_SEED,
 )
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, bad_request
@@ -320,8 +322,8 @@ def parse_job_submit(body: Any) -> JobSubmit:
         except (TypeError, ValueError, OverflowError):
             # OverflowError: an infinite float (1e400 reads as one) has no integer.
             raise bad_request("seed", "expected an integer") from None
-    if seed is not None and not 0 <= seed < 2**63:
-        raise bad_request("seed", "must be 0 to 2**63 - 1")
+    if seed is not None and not MIN_SEED <= seed <= MAX_SEED:
+        raise bad_request("seed", "must be a 64-bit integer (-2**63 to 2**63 - 1)")
     return JobSubmit(
         id=job_id,
         generation=generation,

@@ -271,7 +271,7 @@ SUBMIT_FIELDS = [
     case("generation-number", {"generation": 5}, "generation"),
     case("state-unknown", {"state": "great"}, "state"),
     case("seed-word", {"seed": "abc"}, "seed"),
-    case("seed-negative", {"seed": -1}, "seed"),
+    case("seed-past-64-bits", {"seed": 2**63}, "seed"),
     case("gen_metadata-string", {"gen_metadata": "x"}, "gen_metadata"),
     case("gen_metadata-type", {"gen_metadata": [{"type": 1, "value": "v"}]}, "gen_metadata.0.type"),
 ]

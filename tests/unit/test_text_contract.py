@@ -469,3 +469,15 @@ def test_a_seed_with_no_integer_in_range_is_refused_naming_seed(seed: float) -> 
 def test_gen_metadata_entries_are_validated_by_path() -> None:
     body = {"id": JOB_ID, "generation": "x", "gen_metadata": [{"type": "censorship", "value": 3}]}
     assert_bad_request(refusal(parse_job_submit, body), "gen_metadata.0.value")
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1, "-1"])
+def test_a_submit_seed_is_any_signed_64_bit_integer_as_the_ai_horde_takes_it(seed: object) -> None:
+    assert parse_job_submit({"id": JOB_ID, "generation": "x", "seed": seed}).seed == int(seed)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("seed", [-(2**63) - 1, 2**63])
+def test_a_seed_outside_64_bits_is_refused_naming_seed(seed: int) -> None:
+    assert_bad_request(
+        refusal(parse_job_submit, {"id": JOB_ID, "generation": "x", "seed": seed}), "seed"
+    )
