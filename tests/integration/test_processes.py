@@ -129,10 +129,11 @@ def write_config(
 def children(pid: int) -> set[int]:
     """The live (not zombie) child processes of ``pid``, read from /proc."""
     found: set[int] = set()
-    tasks = Path(f"/proc/{pid}/task")
-    if not tasks.exists():  # the process is gone: no child of its
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:  # the process is gone: no child of its
         return found
-    for task in tasks.iterdir():
+    for task in tasks:
         try:
             found.update(int(c) for c in (task / "children").read_text().split())
         except FileNotFoundError:  # the thread ended meanwhile

@@ -472,8 +472,10 @@ def test_gen_metadata_entries_are_validated_by_path() -> None:
 
 
 @pytest.mark.parametrize("seed", [-1, -(2**63), 2**63 - 1, "-1"])
-def test_a_submit_seed_is_any_signed_64_bit_integer_as_the_ai_horde_takes_it(seed: object) -> None:
-    assert parse_job_submit({"id": JOB_ID, "generation": "x", "seed": seed}).seed == int(seed)  # type: ignore[call-overload]
+def test_a_submit_seed_is_any_signed_64_bit_integer_as_the_ai_horde_takes_it(
+    seed: int | str,
+) -> None:
+    assert parse_job_submit({"id": JOB_ID, "generation": "x", "seed": seed}).seed == int(seed)
 
 
 @pytest.mark.parametrize("seed", [-(2**63) - 1, 2**63])
