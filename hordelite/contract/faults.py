@@ -71,13 +71,12 @@ class JobFault:
     """What a job given back does.
 
     ``end_request``: its request ends faulted at once, whatever its fault
-    count. ``counted``: the request's fault count grows (a worker's fault, not
-    an expired lease). ``charge``: the worker counter it adds to.
+    count (else the count grows by one). ``charge``: the worker counter it
+    adds to.
     """
 
     fault: Fault
     end_request: bool
-    counted: bool
     charge: Charge
 
 
@@ -96,17 +95,16 @@ def job_fault(
     nonconformant reply counts as nonconformant, not as an abort.
     """
     if holds_unsendable:
-        return JobFault(UNSENDABLE, end_request=True, counted=True, charge="none")
+        return JobFault(UNSENDABLE, end_request=True, charge="none")
     charge: Charge = "nonconformant" if counts_as_nonconformant(refusal_rc) else "abort"
-    return JobFault(
-        worker_fault(reason, refusal_message), end_request=False, counted=True, charge=charge
-    )
+    return JobFault(worker_fault(reason, refusal_message), end_request=False, charge=charge)
 
 
-# A lease that ran out: the job goes back without a fault counted against its
-# request (the worker may have crashed, the request is not to blame), and
-# counts as the worker's abort.
-LEASE_EXPIRY = JobFault(LEASE_EXPIRED, end_request=False, counted=False, charge="abort")
+# A lease that ran out: the job goes back, counted against its request like a
+# fault (a request that no worker can finish, say one that crashes its
+# backend, ends faulted after max_faults lapses instead of looping every
+# lease), and counts as the worker's abort. Decision 0022.
+LEASE_EXPIRY = JobFault(LEASE_EXPIRED, end_request=False, charge="abort")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +121,10 @@ class GiveBack:
     enqueue: bool
 
 
-def give_back(faults: int, remaining: int, counted: bool, max_faults: int) -> GiveBack:
-    """A waiting request gets a job's slot back: past ``max_faults`` faults it
-    ends faulted, else the job is requeued."""
-    count = faults + (1 if counted else 0)
+def give_back(faults: int, remaining: int, max_faults: int) -> GiveBack:
+    """A waiting request gets a job's slot back with one more fault: past
+    ``max_faults`` faults it ends faulted, else the job is requeued."""
+    count = faults + 1
     if count > max_faults:
         return GiveBack(count, requeue=False, enqueue=False)
     return GiveBack(count, requeue=True, enqueue=remaining == 0)

@@ -241,7 +241,7 @@ def give_back(
     """
     if req["state"] != "waiting":
         return False, False
-    back = faults.give_back(req["faults"], req["remaining"], given.counted, rules.max_faults)
+    back = faults.give_back(req["faults"], req["remaining"], rules.max_faults)
     last = {"fault_rc": given.fault.rc, "fault_message": given.fault.message}
     if not back.requeue:
         conn.execute(

@@ -56,6 +56,30 @@ async def test_a_job_past_its_ttl_is_requeued_and_its_late_submit_is_AbortedGen(
             assert [g["worker_name"] for g in status["generations"]] == ["fast"]
 
 
+async def test_a_request_whose_every_lease_lapses_ends_faulted_after_max_faults() -> None:
+    """A request that crashes every worker's backend must not loop one lease
+    after another: each lapse counts, and the one past the limit ends it."""
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
+        ):
+            request_id = await submit_text(client, requester, "Crash me", models=["m1"])
+            for lap in range(MAX_FAULTS + 1):
+                status = await text_status(client, request_id)
+                assert status["faulted"] is False, (lap, status)
+                assert (await worker.pop())["id"] is not None, lap
+                clock.advance(JOB_TTL + 1)
+                await horde.sweep()
+            status = await text_status(client, request_id)
+            assert status["faulted"] is True, status
+            assert status["fault"]["message"].endswith("before its job's lease ran out."), status
+            assert (await worker.pop())["id"] is None  # nothing left to loop on
+
+
 async def test_a_request_nobody_pops_expires_request_expiry_after_creation() -> None:
     clock = ManualClock()
     async with open_horde(clock=clock) as horde:
@@ -125,8 +149,8 @@ async def test_over_20_aborts_in_an_hour_mean_maintenance_until_the_owner_clears
             httpx.AsyncClient(base_url=horde.url) as client,
             FakeTextWorker(horde.url, owner, name="flaky", models=["m1"]) as worker,
         ):
-            # Enough requests to absorb every faulted job without all ending.
-            for i in range(faulted_submits // (MAX_FAULTS + 1) + 1):
+            # Enough requests to absorb every fault and lapsed lease without all ending.
+            for i in range((faulted_submits + lease_expiries) // (MAX_FAULTS + 1) + 1):
                 await submit_text(client, requester, f"request {i}", models=["m1"])
             start = clock.now()
             # Every pop up to the 21st abort is served: 20 aborts are tolerated.

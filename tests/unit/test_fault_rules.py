@@ -15,9 +15,7 @@ from hordelite.errors import RC
 
 def test_a_request_holding_unsendable_text_ends_at_once_and_charges_no_worker() -> None:
     decision = faults.job_fault("backend_error", None, None, holds_unsendable=True)
-    assert decision == faults.JobFault(
-        faults.UNSENDABLE, end_request=True, counted=True, charge="none"
-    )
+    assert decision == faults.JobFault(faults.UNSENDABLE, end_request=True, charge="none")
 
 
 def test_unsendable_text_wins_over_a_nonconformant_reply() -> None:
@@ -32,21 +30,18 @@ def test_a_fault_after_a_nonconformant_reply_counts_as_nonconformant() -> None:
     assert decision == faults.JobFault(
         faults.Fault(RC.ChatWorkerFault.name, "It was bad."),
         end_request=False,
-        counted=True,
         charge="nonconformant",
     )
 
 
 def test_a_plain_fault_counts_as_the_workers_abort_with_the_generic_words() -> None:
     decision = faults.job_fault(None, None, None, holds_unsendable=False)
-    assert decision == faults.JobFault(
-        faults.GENERIC, end_request=False, counted=True, charge="abort"
-    )
+    assert decision == faults.JobFault(faults.GENERIC, end_request=False, charge="abort")
 
 
-def test_an_expired_lease_is_an_abort_not_counted_against_the_request() -> None:
+def test_an_expired_lease_is_the_workers_abort_and_does_not_end_the_request_at_once() -> None:
     assert faults.LEASE_EXPIRY.fault == faults.LEASE_EXPIRED
-    assert (faults.LEASE_EXPIRY.counted, faults.LEASE_EXPIRY.charge) == (False, "abort")
+    assert faults.LEASE_EXPIRY.charge == "abort"
     assert not faults.LEASE_EXPIRY.end_request
 
 
@@ -54,29 +49,29 @@ def test_an_expired_lease_is_an_abort_not_counted_against_the_request() -> None:
 
 
 def test_a_fault_within_the_limit_requeues() -> None:
-    assert faults.give_back(faults=1, remaining=2, counted=True, max_faults=3) == (
+    assert faults.give_back(faults=1, remaining=2, max_faults=3) == (
         faults.GiveBack(2, requeue=True, enqueue=False)
     )
 
 
 def test_a_request_with_no_job_left_to_hand_out_goes_back_in_the_queue() -> None:
-    assert faults.give_back(0, 0, True, 3).enqueue
+    assert faults.give_back(0, 0, 3).enqueue
 
 
 def test_the_fault_past_the_limit_ends_the_request() -> None:
-    assert faults.give_back(3, 0, True, 3) == faults.GiveBack(4, requeue=False, enqueue=False)
+    assert faults.give_back(3, 0, 3) == faults.GiveBack(4, requeue=False, enqueue=False)
 
 
-def test_an_uncounted_give_back_at_the_limit_still_requeues() -> None:
-    assert faults.give_back(3, 1, False, 3) == faults.GiveBack(3, requeue=True, enqueue=False)
+def test_the_last_fault_within_the_limit_still_requeues() -> None:
+    assert faults.give_back(2, 1, 3) == faults.GiveBack(3, requeue=True, enqueue=False)
 
 
-@given(st.integers(0, 50), st.integers(0, 20), st.booleans(), st.integers(0, 50))
+@given(st.integers(0, 50), st.integers(0, 20), st.integers(0, 50))
 def test_give_back_requeues_exactly_while_the_count_is_within_the_limit(
-    count: int, remaining: int, counted: bool, max_faults: int
+    count: int, remaining: int, max_faults: int
 ) -> None:
-    back = faults.give_back(count, remaining, counted, max_faults)
-    assert back.faults == count + counted
+    back = faults.give_back(count, remaining, max_faults)
+    assert back.faults == count + 1
     assert back.requeue == (back.faults <= max_faults)
     assert back.enqueue == (back.requeue and remaining == 0)
 
