@@ -20,6 +20,7 @@ from hordelite.api.dashboard import dashboard
 from hordelite.api.health import health
 from hordelite.api.metrics import count_request, metrics
 from hordelite.api.native import http_error_response, json_response, native
+from hordelite.api.native_about import about
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.json_body import check_text
 from hordelite.errors import RC, HordeError, StorageUnavailable
@@ -64,6 +65,7 @@ def create_app(
     # path; every answer here is JSON, so such a path is simply not found.
     app.url_map.merge_slashes = False
     app.register_blueprint(native)
+    app.register_blueprint(about)
     app.register_blueprint(health)
     app.register_blueprint(front)
     if horde.config.dashboard.enabled:

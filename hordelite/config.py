@@ -13,6 +13,7 @@ The only hand-written checks left are those relating two keys.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import re
 import tomllib
@@ -30,7 +31,9 @@ from hordelite.contract.limits import (
     MAX_MAX_LENGTH,
     MAX_MODELS,
     MAX_NAME,
+    MAX_NOTICE_CHARS,
     MAX_POP_THREADS,
+    NEWS_IMPORTANCE,
 )
 from hordelite.errors import ConfigError
 
@@ -411,6 +414,31 @@ class DashboardConfig:
     enabled: bool = True
 
 
+def _date_or_empty(value: str) -> str | None:
+    if value == "":
+        return None
+    try:
+        datetime.date.fromisoformat(value)
+    except ValueError:
+        return "expected a date as YYYY-MM-DD, or empty"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoticesConfig:
+    """What the horde tells its users: its terms and privacy policy
+    (``/documents/terms``, ``/documents/privacy``, in Markdown) and one
+    piece of news (``/status/news``); empty: none."""
+
+    terms: str = bounded("", max_chars=MAX_NOTICE_CHARS)
+    privacy: str = bounded("", max_chars=MAX_NOTICE_CHARS)
+    news: str = bounded("", max_chars=MAX_NOTICE_CHARS)
+    news_title: str = bounded("", max_chars=MAX_NAME)
+    # The AI Horde's levels: Information, Workers, Minor, Major, Crisis.
+    news_importance: str = bounded("Information", one_of=NEWS_IMPORTANCE)
+    news_published: str = bounded("", rule=_date_or_empty)
+
+
 @dataclasses.dataclass(frozen=True)
 class MetricsConfig:
     # Serve GET /metrics, the Prometheus text format (decision 0043).
@@ -486,6 +514,7 @@ class Config:
     images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
     dashboard: DashboardConfig = dataclasses.field(default_factory=DashboardConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    notices: NoticesConfig = dataclasses.field(default_factory=NoticesConfig)
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
@@ -509,6 +538,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "images": ImagesConfig,
     "dashboard": DashboardConfig,
     "metrics": MetricsConfig,
+    "notices": NoticesConfig,
     "worker": WorkerConfig,
 }
 

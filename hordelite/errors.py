@@ -95,6 +95,7 @@ class RC(enum.Enum):
     InvalidJobID = (404, "No job with this id.")
     WorkerNotFound = (404, "No worker with this id.")
     UserNotFound = (404, "No user with this id.")
+    TeamNotFound = (404, "No team with this id.")
     BlobNotFound = (404, "No blob with this key.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")

@@ -5,8 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from hordelite.horde.results import (
+    Document,
     Generation,
     ModelStats,
+    Modes,
+    NewsPiece,
+    Performance,
     PopAnswer,
     ProgressAnswer,
     Queued,
@@ -194,3 +198,43 @@ def progress(answer: ProgressAnswer) -> dict[str, Any]:
 
 def submitted(answer: SubmitAnswer) -> dict[str, Any]:
     return {"reward": answer.reward}
+
+
+def performance(p: Performance) -> dict[str, Any]:
+    """/status/performance: the AI Horde's fields, its image and
+    interrogation ones 0 (hordelite serves text only)."""
+    return {
+        "queued_requests": 0,
+        "queued_text_requests": p.queued_requests,
+        "worker_count": 0,
+        "text_worker_count": p.workers,
+        "thread_count": 0,
+        "text_thread_count": p.threads,
+        "queued_megapixelsteps": 0,
+        "past_minute_megapixelsteps": 0,
+        "queued_forms": 0,
+        "interrogator_count": 0,
+        "interrogator_thread_count": 0,
+        "queued_tokens": p.queued_tokens,
+        "past_minute_tokens": p.past_minute_tokens,
+    }
+
+
+def modes(m: Modes) -> dict[str, Any]:
+    # raid_mode is the AI Horde's moderators' only: not shown.
+    return {"maintenance_mode": m.maintenance, "invite_only_mode": m.invite_only}
+
+
+def news_piece(n: NewsPiece) -> dict[str, Any]:
+    return {
+        "date_published": n.published or None,
+        "newspiece": n.text,
+        "importance": n.importance,
+        "tags": [],
+        "title": n.title or None,
+        "more_info_urls": [],
+    }
+
+
+def document(d: Document) -> dict[str, Any]:
+    return {d.format: d.text}

@@ -24,7 +24,7 @@ from hordelite.contract.limits import (
     MODELS_PAGE,
     WORKERS_PAGE,
 )
-from hordelite.contract.text import parse_page, parse_status_wait
+from hordelite.contract.text import parse_count_bound, parse_page, parse_status_wait
 from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde.results import Queued
 
@@ -131,14 +131,29 @@ async def heartbeat() -> Response:
 
 @native.get("/status/models")
 async def status_models() -> Response:
-    # The AI Horde defaults type to image; hordelite serves text only.
-    if request.args.get("type", "text") != "text":
-        return json_response([])
     with_chat = request.args.get("chat", "false").lower() in ("true", "1", "yes")
     page = parse_page(request.args.get("page"))
+    least = parse_count_bound("min_count", request.args.get("min_count"))
+    most = parse_count_bound("max_count", request.args.get("max_count"))
+    # The type defaults to image, as on the AI Horde: a text-only horde
+    # serves no image model, so a client asking for those gets none.
+    if request.args.get("type", "image") != "text":
+        return json_response([])
     found = await horde().directory.model_page(page, with_chat)
-    body = [_render.model(m) for m in found.models]
+    body = [
+        _render.model(m)
+        for m in found.models
+        if (least is None or m.count >= least) and (most is None or m.count <= most)
+    ]
     return paged(body, page, MODELS_PAGE, found.total)
+
+
+@native.get("/status/models/<path:name>")
+async def status_model(name: str) -> Response:
+    # A list, as on the AI Horde: the model's entry, or none when no online
+    # worker serves it.
+    found = await horde().directory.model(name)
+    return json_response([] if found is None else [_render.model(found)])
 
 
 @native.get("/workers")

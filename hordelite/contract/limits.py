@@ -257,6 +257,17 @@ DASHBOARD_CACHE_SECONDS: Final = 5.0
 WORKERS_PAGE: Final = 50
 MODELS_PAGE: Final = 500
 MAX_PAGE: Final = 100_000
+# GET /api/v2/users answers pages of this many users, as the AI Horde does.
+USERS_PAGE: Final = 25
+
+# The operator's notices ([notices] in hordelite.toml): terms, privacy policy
+# and news, each at most this many characters (they are answered whole).
+MAX_NOTICE_CHARS: Final = 64 * 1024
+# The AI Horde's levels of a piece of news.
+NEWS_IMPORTANCE: Final = ("Information", "Workers", "Minor", "Major", "Crisis")
+# GET /api/v2/status/performance sums the whole queue and pool: read at most
+# this often, in seconds, however many clients ask.
+PERFORMANCE_TTL: Final = 5.0
 # The dashboard (GET / and GET /dashboard/pool) shows the models with most
 # threads, the workers with most jobs done and, for each worker, its first
 # models, each with how many more there are; the playground offers the chat

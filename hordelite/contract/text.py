@@ -380,3 +380,14 @@ def parse_page(value: str | None) -> int:
     if not digits or not 1 <= int(value) <= MAX_PAGE:
         raise bad_request("page", f"expected a page number, 1 to {MAX_PAGE}")
     return int(value)
+
+
+def parse_count_bound(name: str, value: str | None) -> int | None:
+    """``min_count`` or ``max_count`` of /status/models (threads serving a
+    model): None when absent, else 0 to MAX_PAGE in decimal digits."""
+    if value is None or value == "":
+        return None
+    digits = value.isascii() and value.isdigit() and len(value) <= len(str(MAX_PAGE))
+    if not digits or int(value) > MAX_PAGE:
+        raise bad_request(name, f"expected a number of threads, 0 to {MAX_PAGE}")
+    return int(value)

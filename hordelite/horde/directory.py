@@ -166,6 +166,12 @@ class Directory:
             )
         return ModelPage(entries, total)
 
+    async def model(self, name: str) -> ModelStats | None:
+        """The model ``name`` with its queue, None when no online worker out
+        of maintenance serves it."""
+        found = await self._core.store.served_model(now=self._core.clock.now(), name=name)
+        return None if found is None else _model_stats(found)
+
     async def _models(self, page: int, size: int) -> tuple[tuple[ModelStats, ...], int]:
         now = self._core.clock.now()
         key = (page, size)

@@ -194,6 +194,46 @@ class PoolOverview:
 
 
 @dataclasses.dataclass(frozen=True)
+class Performance:
+    """The horde's load (/status/performance): text requests waiting for a
+    worker and the tokens they ask for, the online text workers and their
+    threads, and the tokens generated in the last minute."""
+
+    queued_requests: int
+    queued_tokens: int
+    workers: int
+    threads: int
+    past_minute_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Modes:
+    """The horde's modes (/status/modes): ``maintenance`` while it drains
+    for shutdown; hordelite has no invite-only mode."""
+
+    maintenance: bool
+    invite_only: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class NewsPiece:
+    """One piece of the operator's news ([notices])."""
+
+    title: str
+    text: str
+    importance: str
+    published: str  # YYYY-MM-DD, or "" when the operator gave no date
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One of the operator's documents, in the format asked for."""
+
+    format: str  # html or markdown
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RequestWarning:
     """Something a queued request should know (``code``: the AI Horde's
     warning codes, and hordelite's own)."""

@@ -6,6 +6,8 @@ Each room serves one audience and is what the routes call:
   cancels requests;
 - ``jobs`` (hordelite.horde.jobs): a worker pops, posts progress, submits;
 - ``directory`` (hordelite.horde.directory): users, workers and models;
+- ``about`` (hordelite.horde.about): the horde's load and modes, the
+  operator's news and documents;
 - ``readers`` (hordelite.horde.readers): the OpenAI calls as their
   requests' only readers, and the requests of calls a gone process held;
 - ``upkeep`` (hordelite.horde.upkeep): the sweep, readiness, shutdown;
@@ -30,6 +32,7 @@ from hordelite.contract.budgets import Budget, Budgets
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.models import ModelReference
 from hordelite.horde._core import HordeCore
+from hordelite.horde.about import About
 from hordelite.horde.admission import new_text_request
 from hordelite.horde.caches import PoolSnapshot, SkippedSample, StatusCache
 from hordelite.horde.directory import Directory
@@ -132,6 +135,7 @@ class Horde:
         self.readers = Readers(self.core, self.requests)
         self.jobs = Jobs(self.core)
         self.directory = Directory(self.core)
+        self.about = About(self.core)
         self.upkeep = Upkeep(self.core)
         self.operator = Operator(self.core)
         # What the routes and tests read of the horde's state.

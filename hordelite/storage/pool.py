@@ -458,10 +458,12 @@ class ServedModels:
     total: int
 
 
-def served_models(conn: Connection, now: float, limit: int, offset: int) -> ServedModels:
-    """The models online workers out of maintenance serve, most threads first
-    (then by name), from ``offset``, at most ``limit`` of them, with their
-    queues; in two statements. The database sums the pool: only the page's
+def served_models(
+    conn: Connection, now: float, limit: int, offset: int, name: str | None = None
+) -> ServedModels:
+    """The models online workers out of maintenance serve (only ``name``,
+    when given), most threads first (then by name), from ``offset``, at most
+    ``limit`` of them, with their queues; in two statements. The database sums the pool: only the page's
     rows come back, whatever the pool holds. A worker's speed is the one
     ``WorkerView.speed`` gives (the assumed speed before its first job)."""
     listed = json_elements(conn, workers.c.models)
@@ -472,7 +474,7 @@ def served_models(conn: Connection, now: float, limit: int, offset: int) -> Serv
         ),
         else_=literal(ASSUMED_TOKENS_PER_SECOND),
     )
-    pool = (
+    serving = (
         select(
             listed.c.value.label("name"),
             func.sum(workers.c.threads).label("threads"),
@@ -481,9 +483,10 @@ def served_models(conn: Connection, now: float, limit: int, offset: int) -> Serv
         )
         .select_from(workers.join(listed, true()))
         .where(workers.c.online_until > now, workers.c.maintenance == false())
-        .group_by(listed.c.value)
-        .subquery()
     )
+    if name is not None:
+        serving = serving.where(listed.c.value == name)
+    pool = serving.group_by(listed.c.value).subquery()
     rows = conn.execute(
         select(pool, func.count().over().label("total"))
         .order_by(pool.c.threads.desc(), by_codepoint(conn, pool.c.name))

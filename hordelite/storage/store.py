@@ -29,6 +29,7 @@ from hordelite.storage.activity import Bucket, done_jobs_per_bucket
 from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.migrations import upgrade
+from hordelite.storage.stats import HordeLoad, horde_load
 
 
 class Store:
@@ -237,6 +238,17 @@ class Store:
         queues, and how many are served. The database sums the whole pool:
         read off the event loop (``Database.read_aside``)."""
         return await self.db.read_aside(q.served_models, now, limit, offset)
+
+    async def served_model(self, *, now: float, name: str) -> q.ServedModel | None:
+        """The model ``name`` as ``served_models`` counts it, None when no
+        online worker out of maintenance serves it (read off the event loop)."""
+        found = await self.db.read_aside(q.served_models, now, 1, 0, name)
+        return found.models[0] if found.models else None
+
+    async def horde_load(self, *, now: float, since: float) -> HordeLoad:
+        """The queue and the pool summed, and the tokens done since ``since``
+        (an aggregate of the whole queue: read off the event loop)."""
+        return await self.db.read_aside(horde_load, now, since)
 
     async def queue_depth(self, *, now: float, top: int) -> q.QueueDepth:
         """Jobs waiting: for the ``top`` served models with most, the other

@@ -225,10 +225,10 @@ async def test_the_native_listings_answer_pages_horde_sdk_reads_with_the_total_a
     assert [m["name"] for m in models] == sorted(m["name"] for m in models)
     assert all(m["count"] == 1 for m in models)
     last_page = math.ceil(WORKERS * MAX_MODELS / MODELS_PAGE)
-    last = await client.get(f"/api/v2/status/models?page={last_page}")
+    last = await client.get(f"/api/v2/status/models?type=text&page={last_page}")
     assert len(last.json()) == WORKERS * MAX_MODELS - (last_page - 1) * MODELS_PAGE
     assert "link" not in last.headers
-    assert (await client.get(f"/api/v2/status/models?page={last_page + 1}")).json() == []
+    assert (await client.get(f"/api/v2/status/models?type=text&page={last_page + 1}")).json() == []
 
 
 @pytest.mark.parametrize(
@@ -395,7 +395,7 @@ async def test_on_postgresql_70000_served_models_still_report_the_queue_depth(
         await _queue(horde, requester, [f"pg-699-{j:02d}" for j in range(3)])
         with parameter_counts(horde.horde.db) as counts:
             scraped = await client.get("/metrics")
-            models = await client.get("/api/v2/status/models")
+            models = await client.get("/api/v2/status/models?type=text")
             pool = await client.get("/dashboard/pool")
     assert (scraped.status_code, models.status_code, pool.status_code) == (200, 200, 200)
     # Before, the queue depth and the workers online vanished: the statement

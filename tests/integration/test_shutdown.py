@@ -65,7 +65,7 @@ async def test_an_open_openai_call_gets_a_final_503_and_its_request_is_cancelled
                 # counts it, within its 2 s cache).
                 with anyio.fail_after(10):
                     while True:
-                        if (await client.get("/api/v2/status/models")).json()[0]["jobs"]:
+                        if (await client.get("/api/v2/status/models?type=text")).json()[0]["jobs"]:
                             break
                         await anyio.sleep(0.05)
     (answer,) = answers

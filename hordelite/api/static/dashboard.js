@@ -62,7 +62,7 @@
     });
     if (!rows.length) rows.push(emptyRow(8, "No model is served now: start a worker."));
     if (pool.more_models) {
-      rows.push(moreRow(8, pool.more_models, "models (fewer threads): see /api/v2/status/models"));
+      rows.push(moreRow(8, pool.more_models, "models (fewer threads): see /api/v2/status/models?type=text"));
     }
     $("models").tBodies[0].replaceChildren(...rows);
   }

@@ -1,0 +1,74 @@
+"""What the horde says of itself: its load, its modes, the operator's news
+and documents (the AI Horde's /status and /documents routes)."""
+
+from __future__ import annotations
+
+import html
+from typing import Literal
+
+import anyio
+
+from hordelite.contract.limits import PERFORMANCE_TTL
+from hordelite.errors import bad_request
+from hordelite.horde._core import HordeCore
+from hordelite.horde.results import Document, Modes, NewsPiece, Performance
+
+# The documents the operator writes in [notices], by their route's name.
+DocumentName = Literal["terms", "privacy"]
+DOCUMENT_FORMATS = ("html", "markdown")
+# "The last minute" of past_minute_tokens.
+_MINUTE = 60.0
+
+
+class About:
+    """The horde's own status, as every client may read it."""
+
+    def __init__(self, core: HordeCore) -> None:
+        self._core = core
+        self._lock = anyio.Lock()
+        self._performance: tuple[float, Performance] | None = None
+
+    async def performance(self) -> Performance:
+        """The load, summed over the queue and the pool at most once per
+        PERFORMANCE_TTL however many clients ask."""
+        async with self._lock:
+            now = self._core.clock.now()
+            cached = self._performance
+            if cached is None or not 0 <= now - cached[0] < PERFORMANCE_TTL:
+                load = await self._core.store.horde_load(now=now, since=now - _MINUTE)
+                cached = (
+                    now,
+                    Performance(
+                        queued_requests=load.queued_requests,
+                        queued_tokens=load.queued_tokens,
+                        workers=load.workers,
+                        threads=load.threads,
+                        past_minute_tokens=load.recent_tokens,
+                    ),
+                )
+                self._performance = cached
+            return cached[1]
+
+    def modes(self) -> Modes:
+        # A process draining for shutdown takes no new connections: the
+        # nearest thing to the AI Horde's maintenance, which takes no new work.
+        return Modes(maintenance=self._core.stopping, invite_only=False)
+
+    def news(self) -> tuple[NewsPiece, ...]:
+        n = self._core.config.notices
+        if not n.news:
+            return ()
+        return (NewsPiece(n.news_title, n.news, n.news_importance, n.news_published),)
+
+    def document(self, name: DocumentName, fmt: str | None) -> Document:
+        """The operator's ``terms`` or ``privacy``, as written (Markdown) or as
+        HTML (the AI Horde's default format): escaped, one paragraph for each
+        block between blank lines."""
+        fmt = "html" if fmt is None else fmt
+        if fmt not in DOCUMENT_FORMATS:
+            raise bad_request("format", "must be html or markdown")
+        text: str = getattr(self._core.config.notices, name)
+        if fmt == "markdown":
+            return Document(fmt, text)
+        blocks = [b.strip() for b in text.replace("\r\n", "\n").split("\n\n")]
+        return Document(fmt, "".join(f"<p>{html.escape(b)}</p>" for b in blocks if b))
