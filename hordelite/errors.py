@@ -57,6 +57,8 @@ class RC(enum.Enum):
     TooManyStopSequences = (400, "Too many stop sequences were given.")
     ExcessiveStopSequence = (400, "A stop sequence is too long.")
     DuplicateGen = (400, "This generation has already been submitted.")
+    NoWorkerModSelected = (400, "No worker modification selected.")
+    NameAlreadyExists = (400, "Another worker already has this name.")
     UnsupportedChatParameter = (400, "This request uses a parameter this horde does not support.")
     ChatRequestInvalid = (400, "This chat request is not valid.")
     ChatDeclarationInvalid = (400, "The chat declaration of this pop is not valid.")
@@ -86,6 +88,7 @@ class RC(enum.Enum):
     )
     WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
+    NotModerator = (403, "Only an admin of this horde may do this.")
     KudosUpfront = (403, "This request needs kudos up front.")
     # A pop that would register one worker more than budgets.workers_per_user.
     TooManyWorkers = (403, "This account has as many workers as it may register.")

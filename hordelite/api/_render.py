@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hordelite.horde.results import (
+    DeletedWorkerAnswer,
     Document,
     Generation,
     ModelStats,
@@ -143,7 +144,8 @@ def worker(w: WorkerAnswer) -> dict[str, Any]:
         "models": list(w.models),
         "max_length": w.max_length,
         "max_context_length": w.max_context_length,
-        "info": None,
+        "info": w.info,
+        "paused": w.paused,
         "owner": w.owner,
         "accepts_chat_jobs": w.chat is not None,
         "accepts_prompt_jobs": w.prompt_jobs,
@@ -161,7 +163,14 @@ def worker_update(u: WorkerUpdate) -> dict[str, Any]:
         answer["aborts_in_window"] = u.aborts_in_window
     if u.online is not None:
         answer["online"] = u.online
+    for key in ("info", "name", "paused", "team"):
+        if getattr(u, key) is not None:
+            answer[key] = getattr(u, key)
     return answer
+
+
+def deleted_worker(d: DeletedWorkerAnswer) -> dict[str, Any]:
+    return {"deleted_id": d.id, "deleted_name": d.name}
 
 
 def model(m: ModelStats) -> dict[str, Any]:

@@ -159,9 +159,15 @@ async def status_model(name: str) -> Response:
 @native.get("/workers")
 async def workers() -> Response:
     # An empty type means every type (horde_sdk's default listing sends ``type=``).
+    page = parse_page(request.args.get("page"))
     if request.args.get("type", "text") not in ("text", ""):
         return json_response([])
-    page = parse_page(request.args.get("page"))
+    name = request.args.get("name")
+    if name:
+        # The worker of this exact name, case-insensitively (horde_sdk's
+        # worker_name), online or not: a list of it, or none.
+        found_one = await horde().directory.named_worker(name)
+        return json_response([] if found_one is None else [_render.worker(found_one)])
     found = await horde().directory.worker_page(page)
     body = [_render.worker(w) for w in found.workers]
     return paged(body, page, WORKERS_PAGE, found.total)
@@ -195,6 +201,13 @@ async def worker_update(worker_id: str) -> Response:
     body = await json_body()
     return json_response(
         _render.worker_update(await horde().directory.update_worker(api_key(), worker_id, body))
+    )
+
+
+@native.delete("/workers/<worker_id>")
+async def worker_delete(worker_id: str) -> Response:
+    return json_response(
+        _render.deleted_worker(await horde().directory.delete_worker(api_key(), worker_id))
     )
 
 

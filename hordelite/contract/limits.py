@@ -257,6 +257,8 @@ DASHBOARD_CACHE_SECONDS: Final = 5.0
 WORKERS_PAGE: Final = 50
 MODELS_PAGE: Final = 500
 MAX_PAGE: Final = 100_000
+# A worker's description (PUT /workers/{id} info), as the AI Horde bounds it.
+MAX_WORKER_INFO: Final = 1000
 # GET /api/v2/users answers pages of this many users, as the AI Horde does.
 USERS_PAGE: Final = 25
 

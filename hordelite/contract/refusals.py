@@ -90,6 +90,14 @@ def unknown_worker(worker_id: str) -> HordeError:
     return HordeError(RC.WorkerNotFound, f"No worker with id {worker_id}.")
 
 
+def worker_name_exists(name: str) -> HordeError:
+    return HordeError(
+        RC.NameAlreadyExists,
+        f"name: another worker is already named {name[:64]!r} (or a look-alike of it).",
+        errors={"name": "another worker has this name"},
+    )
+
+
 def not_the_workers_owner() -> HordeError:
     return HordeError(RC.WrongCredentials, "Only the worker's owner can change it.")
 

@@ -25,11 +25,13 @@ from hordelite.contract.limits import (
 )
 from hordelite.contract.presence import is_online
 from hordelite.contract.unicode_rules import worker_name_key
-from hordelite.errors import RC, HordeError, bad_request
+from hordelite.contract.worker_edit import parse_worker_edit
+from hordelite.errors import RC, HordeError
 from hordelite.horde import chat
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key
 from hordelite.horde.results import (
+    DeletedWorkerAnswer,
     ModelPage,
     ModelStats,
     PoolOverview,
@@ -114,14 +116,19 @@ class Directory:
     async def worker_by_name(self, name: str) -> WorkerAnswer:
         """The worker whose name has the same key (``worker_name_key``): any
         case or look-alike spelling of its name finds it."""
+        found = await self.named_worker(name)
+        if found is None:
+            raise HordeError(RC.WorkerNotFound, f"No worker named {name[:64]!r}.")
+        return found
+
+    async def named_worker(self, name: str) -> WorkerAnswer | None:
+        """``worker_by_name``, None when there is none."""
         try:
             key = worker_name_key(name)
         except HordeError:
-            key = None  # no worker can be named so (a control character, say)
-        found = None if key is None else await self._core.store.worker_details(name_key=key)
-        if found is None:
-            raise HordeError(RC.WorkerNotFound, f"No worker named {name[:64]!r}.")
-        return _worker_answer(found, self._core.clock.now())
+            return None  # no worker can be named so (a control character, say)
+        found = await self._core.store.worker_details(name_key=key)
+        return None if found is None else _worker_answer(found, self._core.clock.now())
 
     async def worker_page(self, page: int = 1) -> WorkerListing:
         """The online workers of page ``page`` (from 1), WORKERS_PAGE a page by name."""
@@ -132,20 +139,47 @@ class Directory:
         return WorkerListing(tuple(_worker_answer(w, now) for w in found.workers), found.total)
 
     async def update_worker(self, api_key: str, worker_id: str, body: Any) -> WorkerUpdate:
-        """An owner's change to its worker: ``maintenance``, or ``online: false``."""
-        canonical = parse_uuid(worker_id)
-        if canonical is None:
-            raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
-        maintenance, online = _worker_changes(body)
+        """An owner's change to its worker (``contract.worker_edit``):
+        ``maintenance``, ``info``, ``name``, ``team`` ``""``, ``online:
+        false``; an admin's ``paused``."""
+        canonical = _worker_id(worker_id)
+        edit = parse_worker_edit(body)
         core = self._core
         changes = await core.store.update_worker(
-            key_hash=hash_key(api_key),
-            worker_id=canonical,
-            maintenance=maintenance,
-            offline_at=None if online is None else core.clock.now(),
+            key_hash=hash_key(api_key), worker_id=canonical, edit=edit, now=core.clock.now()
         )
-        await core.signals.notify_pool()  # in or out of maintenance, or gone
-        return WorkerUpdate(changes.maintenance, changes.aborts_in_window, changes.online)
+        await core.signals.notify_pool()  # in or out of maintenance, paused, or gone
+        return WorkerUpdate(
+            changes.maintenance,
+            changes.aborts_in_window,
+            changes.online,
+            info=changes.info,
+            name=changes.name,
+            paused=changes.paused,
+            team=changes.team,
+        )
+
+    async def delete_worker(self, api_key: str, worker_id: str) -> DeletedWorkerAnswer:
+        """The owner deletes its worker (an admin, any): the jobs it held go
+        back to the queue at once, as when their lease runs out."""
+        canonical = _worker_id(worker_id)
+        core = self._core
+        now = core.clock.now()
+        gone = await core.store.delete_worker(
+            key_hash=hash_key(api_key), worker_id=canonical, now=now
+        )
+        if gone.job_ids:
+            core.metrics.faults.labels("lease_expired").inc(len(gone.job_ids))
+        for job_id in gone.job_ids:
+            await core.signals.end_lease(job_id, now)
+        await core.signals.notify_pool()
+        if gone.requeued:
+            await core.queue_changed()
+        for request_id in gone.ended:
+            await core.signals.notify_request(request_id)
+        for request_id in gone.requeued:
+            await core.signals.touch_request(request_id)
+        return DeletedWorkerAnswer(gone.id, gone.name)
 
     # Models ------------------------------------------------------------
 
@@ -241,25 +275,12 @@ def _model_stats(m: ServedModel) -> ModelStats:
     )
 
 
-def _worker_changes(body: Any) -> tuple[bool | None, bool | None]:
-    """``maintenance`` and ``online`` of a worker update's body, checked."""
-    if not isinstance(body, dict):
-        raise HordeError(
-            RC.BadRequest, "body: expected a JSON object", errors={"body": "expected a JSON object"}
-        )
-    maintenance = body.get("maintenance")
-    if maintenance is not None and not isinstance(maintenance, bool):
-        raise HordeError(
-            RC.BadRequest,
-            "maintenance: expected true or false",
-            errors={"maintenance": "expected true or false"},
-        )
-    # hordelite extension: a worker that stops says so (``online: false``)
-    # and leaves the pool at once; only its next pop brings it back.
-    online = body.get("online")
-    if online is not None and online is not False:
-        raise bad_request("online", "only false is accepted: a pop brings a worker online")
-    return maintenance, online
+def _worker_id(worker_id: str) -> str:
+    """The worker id of a path, canonical; 404 WorkerNotFound for one that is not a UUID."""
+    canonical = parse_uuid(worker_id)
+    if canonical is None:
+        raise HordeError(RC.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
+    return canonical
 
 
 def _worker_answer(w: WorkerRecord, now: float) -> WorkerAnswer:
@@ -284,4 +305,6 @@ def _worker_answer(w: WorkerRecord, now: float) -> WorkerAnswer:
         prompt_jobs=w.prompt_jobs,
         nonconformant_replies=w.nonconformant_replies,
         chat=w.chat,
+        info=w.info,
+        paused=w.paused,
     )

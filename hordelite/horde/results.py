@@ -130,6 +130,16 @@ class WorkerAnswer:
     prompt_jobs: bool
     nonconformant_replies: int
     chat: dict[str, Any] | None
+    info: str | None = None
+    paused: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DeletedWorkerAnswer:
+    """The id and name a deleted worker had."""
+
+    id: str
+    name: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +149,10 @@ class WorkerUpdate:
     maintenance: bool | None
     aborts_in_window: int | None
     online: bool | None
+    info: str | None = None
+    name: str | None = None
+    paused: bool | None = None
+    team: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ from sqlalchemy import (
     Connection,
     RowMapping,
     bindparam,
+    false,
     insert,
     select,
 )
@@ -110,7 +111,9 @@ def user_by_id(conn: Connection, user_id: int) -> UserRecord:
 
 
 def _user_details(conn: Connection, row: RowMapping) -> UserRecord:
-    worker_ids = conn.execute(select(workers.c.id).where(workers.c.user_id == row["id"])).scalars()
+    worker_ids = conn.execute(
+        select(workers.c.id).where(workers.c.user_id == row["id"], workers.c.deleted == false())
+    ).scalars()
     return user_record(row, worker_ids)
 
 

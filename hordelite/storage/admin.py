@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, false, select, update
 
 from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
 from hordelite.storage.accounts import create_user as _create_user
@@ -22,7 +22,9 @@ def list_users(conn: Connection) -> list[UserRecord]:
     """Every user, by id (two reads, however many users)."""
     owned: defaultdict[int, list[str]] = defaultdict(list)
     for worker_id, user_id in conn.execute(
-        select(workers.c.id, workers.c.user_id).order_by(workers.c.id)
+        select(workers.c.id, workers.c.user_id)
+        .where(workers.c.deleted == false())
+        .order_by(workers.c.id)
     ):
         owned[user_id].append(worker_id)
     rows = conn.execute(select(users).order_by(users.c.id)).mappings()

@@ -154,11 +154,17 @@ def _v8(conn: Connection) -> None:
     _recreate_index(conn, "ix_requests_reader")
 
 
+def _v9(conn: Connection) -> None:
+    # A worker's info, an admin's pause, and deletion by its owner. Every
+    # worker stored before has no info, is not paused and not deleted.
+    _add_missing_columns(conn)
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 LATEST = len(MIGRATIONS)
 
 

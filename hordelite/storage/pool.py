@@ -21,9 +21,10 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Select, Update
 
-from hordelite.contract import budgets, refusals
+from hordelite.contract import budgets, faults, refusals
 from hordelite.contract.budgets import WorkerCap
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import (
@@ -34,10 +35,14 @@ from hordelite.contract.eligibility import (
 )
 from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND
 from hordelite.contract.text import PopRequest
+from hordelite.contract.worker_edit import WorkerEdit
+from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.arrays import by_codepoint, json_elements, one_of
+from hordelite.storage.ledger import give_back
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
+    jobs,
     queue,
     requests,
     users,
@@ -46,8 +51,14 @@ from hordelite.storage.schema import (
 
 WORKER_BY_KEY = select(workers).where(workers.c.name_key == bindparam("name_key"))
 
+# The prefix of a deleted worker's name and key: no pop can reach them (names
+# refuse control characters), so the name it had is free again.
+RETIRED_NAME = "\x1f"
+
 _WORKERS_OF = (
-    select(func.count()).select_from(workers).where(workers.c.user_id == bindparam("user_id"))
+    select(func.count())
+    .select_from(workers)
+    .where(workers.c.user_id == bindparam("user_id"), workers.c.deleted == false())
 )
 
 _LOCK_USER = (
@@ -113,7 +124,8 @@ def worker_view(row: RowMapping | dict[str, Any]) -> WorkerView:
         trusted=bool(row["trusted"]),
         threads=row["threads"],
         extra_slow=row["extra_slow"],
-        maintenance=row["maintenance"],
+        # A paused worker gets no job: for routing it is in maintenance.
+        maintenance=bool(row["maintenance"]) or bool(row.get("paused")),
         tokens_generated=row["tokens_generated"],
         seconds_generating=row["seconds_generating"],
         prompt_jobs=bool(row["prompt_jobs"]),
@@ -285,21 +297,76 @@ class WorkerChanges:
     maintenance: bool | None = None
     aborts_in_window: int | None = None  # reset when maintenance is cleared
     online: bool | None = None  # False: the worker said it stops
+    info: str | None = None  # "" once cleared
+    name: str | None = None
+    paused: bool | None = None
+    team: str | None = None
 
 
 def update_worker(
-    conn: Connection,
-    key_hash: str,
-    worker_id: str,
-    maintenance: bool | None,
-    rules: Rules,
-    offline_at: float | None = None,
+    conn: Connection, key_hash: str, worker_id: str, edit: WorkerEdit, rules: Rules, now: float
 ) -> WorkerChanges:
-    """``offline_at``: the worker says it stops; it is offline from then
-    until its next pop (hordelite.contract.presence)."""
+    """Apply ``edit`` for the worker's owner or an admin (``paused``: an
+    admin only). ``edit.offline``: the worker says it stops; it is offline
+    from ``now`` until its next pop (hordelite.contract.presence)."""
     user = authenticate(conn, key_hash, rules)
+    row = _worker_to_change(conn, user, worker_id)
+    if edit.admin_only and not user["admin"]:
+        raise HordeError(RC.NotModerator, "paused: only an admin may pause a worker.")
+    values = _edited_values(conn, row, edit, now)
+    if values:
+        try:
+            # A savepoint: a rename racing another to the same name (two
+            # transactions on PostgreSQL) is refused, not a failed transaction.
+            with conn.begin_nested():
+                conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
+        except IntegrityError:
+            raise refusals.worker_name_exists(edit.name or "") from None
+    # The answer lists what changed: clearing maintenance also reset the count.
+    return WorkerChanges(
+        maintenance=edit.maintenance,
+        aborts_in_window=values.get("aborts_in_window"),
+        online=False if edit.offline else None,
+        info=edit.info,
+        name=edit.name,
+        paused=edit.paused,
+        team=edit.team,
+    )
+
+
+def _edited_values(
+    conn: Connection, row: RowMapping, edit: WorkerEdit, now: float
+) -> dict[str, Any]:
+    """The worker row's columns ``edit`` sets; a new name must be no other
+    worker's (compared by key)."""
+    values: dict[str, Any] = {}
+    if edit.maintenance is not None:
+        values["maintenance"] = edit.maintenance
+        if not edit.maintenance:
+            values["aborts_in_window"] = 0
+    if edit.offline:
+        values["online_until"] = min(row["online_until"], now)
+    if edit.info is not None:
+        values["info"] = edit.info or None
+    if edit.paused is not None:
+        values["paused"] = edit.paused
+    if edit.name is not None:
+        if edit.name_key != row["name_key"]:
+            if conn.execute(WORKER_BY_KEY, {"name_key": edit.name_key}).first() is not None:
+                raise refusals.worker_name_exists(edit.name)
+            values["name_key"] = edit.name_key
+        values["name"] = edit.name  # or the same name, spelt anew
+    return values
+
+
+def _worker_to_change(conn: Connection, user: RowMapping, worker_id: str) -> RowMapping:
+    """The (not deleted) worker ``user`` may change, locked."""
     row = (
-        conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update())
+        conn.execute(
+            select(workers)
+            .where(workers.c.id == worker_id, workers.c.deleted == false())
+            .with_for_update()
+        )
         .mappings()
         .first()
     )
@@ -307,21 +374,68 @@ def update_worker(
         raise refusals.unknown_worker(worker_id)
     if row["user_id"] != user["id"] and not user["admin"]:
         raise refusals.not_the_workers_owner()
-    values: dict[str, Any] = {}
-    if maintenance is not None:
-        values["maintenance"] = maintenance
-        if not maintenance:
-            values["aborts_in_window"] = 0
-    if offline_at is not None:
-        values["online_until"] = min(row["online_until"], offline_at)
-    if values:
-        conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
-    # The answer lists what changed: clearing maintenance also reset the count.
-    return WorkerChanges(
-        maintenance=maintenance,
-        aborts_in_window=values.get("aborts_in_window"),
-        online=False if offline_at is not None else None,
+    return row
+
+
+@dataclasses.dataclass(frozen=True)
+class DeletedWorker:
+    """A deleted worker's id and name, and what became of the jobs it held:
+    the ids of those jobs, of the requests that got their job back in the
+    queue, and of those that ended faulted with it."""
+
+    id: str
+    name: str
+    job_ids: list[str]
+    requeued: list[str]
+    ended: list[str]
+
+
+def delete_worker(
+    conn: Connection, key_hash: str, worker_id: str, rules: Rules, now: float
+) -> DeletedWorker:
+    """Delete the worker for its owner or an admin. Its jobs in hand go back
+    to their requests as when a lease runs out (it can no longer submit
+    them); its row stays for the jobs that name it, out of every listing,
+    its name and key retired so that anyone may pop with the name again."""
+    user = authenticate(conn, key_hash, rules)
+    found = conn.execute(
+        select(workers.c.user_id).where(workers.c.id == worker_id, workers.c.deleted == false())
+    ).first()
+    if found is None:
+        raise refusals.unknown_worker(worker_id)
+    if found.user_id != user["id"] and not user["admin"]:
+        raise refusals.not_the_workers_owner()
+    # Locks in the order submits take them: jobs, requests, then the worker.
+    held = (
+        conn.execute(
+            select(jobs)
+            .where(jobs.c.worker_id == worker_id, jobs.c.state == "processing")
+            .with_for_update()
+        )
+        .mappings()
+        .all()
     )
+    requeued: list[str] = []
+    ended: list[str] = []
+    for job in held:
+        conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
+        req = (
+            conn.execute(
+                select(requests).where(requests.c.id == job["request_id"]).with_for_update()
+            )
+            .mappings()
+            .one()
+        )
+        was_requeued, was_ended = give_back(conn, req, now, rules, faults.LEASE_EXPIRY)
+        (requeued if was_requeued else ended if was_ended else []).append(req["id"])
+    row = _worker_to_change(conn, user, worker_id)
+    retired = f"{RETIRED_NAME}{worker_id}"
+    conn.execute(
+        update(workers)
+        .where(workers.c.id == worker_id)
+        .values(deleted=True, name=retired, name_key=retired, online_until=0.0)
+    )
+    return DeletedWorker(worker_id, row["name"], [j["id"] for j in held], requeued, ended)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,11 +467,16 @@ class WorkerRecord:
     chat_model: str | None  # its model, None for a worker without one
     prompt_jobs: bool
     nonconformant_replies: int
+    info: str | None = None  # the owner's description
+    paused: bool = False
 
 
 # A worker with its owner's trust and name (worker details, the worker list).
-_WORKER_DETAILS = select(workers, users.c.trusted, users.c.username).join(
-    users, users.c.id == workers.c.user_id
+# Deleted workers are no one's: only the jobs that name them still read them.
+_WORKER_DETAILS = (
+    select(workers, users.c.trusted, users.c.username)
+    .join(users, users.c.id == workers.c.user_id)
+    .where(workers.c.deleted == false())
 )
 
 
@@ -388,6 +507,8 @@ def _worker_record(row: RowMapping) -> WorkerRecord:
         chat_model=row["chat_model"],
         prompt_jobs=bool(row["prompt_jobs"]),
         nonconformant_replies=row["nonconformant_replies"],
+        info=row["info"],
+        paused=bool(row["paused"]),
     )
 
 
@@ -482,7 +603,11 @@ def served_models(
             func.sum(speed * workers.c.threads).label("speed"),
         )
         .select_from(workers.join(listed, true()))
-        .where(workers.c.online_until > now, workers.c.maintenance == false())
+        .where(
+            workers.c.online_until > now,
+            workers.c.maintenance == false(),
+            workers.c.paused == false(),
+        )
     )
     if name is not None:
         serving = serving.where(listed.c.value == name)

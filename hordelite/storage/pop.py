@@ -166,7 +166,8 @@ def pop_job(
         row = register_worker(conn, user, pop, declared, now, rules)
     pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
     worker = worker_view({**row, **declared, "trusted": user["trusted"]})
-    job = _claim(conn, worker, user["id"], now, rules, skip_locked)
+    # A paused worker checks in and is handed nothing (the AI Horde's pause).
+    job = None if row["paused"] else _claim(conn, worker, user["id"], now, rules, skip_locked)
     if fresh:
         # A worker already registered is never refused by the cap, even one
         # lowered since: only the pop that registers one counts.

@@ -38,12 +38,14 @@ from hordelite.storage.jobs import (
     submit_job,
 )
 from hordelite.storage.pool import (
+    DeletedWorker,
     OnlineWorker,
     ServedModel,
     ServedModels,
     WorkerChanges,
     WorkerPage,
     WorkerRecord,
+    delete_worker,
     list_workers,
     online_pool,
     online_workers,
@@ -87,6 +89,7 @@ from hordelite.storage.timers import (
 )
 
 __all__ = [
+    "DeletedWorker",
     "FirstRequest",
     "NewRequest",
     "OnlineWorker",
@@ -108,6 +111,7 @@ __all__ = [
     "cancel_request",
     "chat_job_to_judge",
     "create_user",
+    "delete_worker",
     "ensure_anonymous",
     "first_request",
     "hold_reader",

@@ -36,6 +36,7 @@ from hordelite.contract.limits import (
     MAX_NAME_KEY,
     MAX_READER_CHARS,
     MAX_WEBHOOK_CHARS,
+    MAX_WORKER_INFO,
 )
 
 metadata = MetaData()
@@ -105,6 +106,13 @@ workers = Table(
     # Until when the worker counts as online (hordelite.contract.presence):
     # set by every pop, lowered to the moment it says it stops.
     Column("online_until", Float, nullable=False, default=0.0, server_default="0", index=True),
+    # The owner's description (PUT info), shown in the worker's details.
+    Column("info", String(MAX_WORKER_INFO), nullable=True),
+    # An admin's pause: the worker keeps checking in and gets no job.
+    Column("paused", Boolean, nullable=False, default=False, server_default=false()),
+    # Deleted by its owner (DELETE /workers/{id}): kept for the jobs that
+    # name it, its name and key retired so that the name can be popped anew.
+    Column("deleted", Boolean, nullable=False, default=False, server_default=false()),
     Index("ux_workers_name_key", "name_key", unique=True),
 )
 

@@ -22,6 +22,7 @@ from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.text import JobSubmit, PopRequest
+from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.errors import RC, HordeError
 from hordelite.storage import admin
 from hordelite.storage import queries as q
@@ -274,13 +275,17 @@ class Store:
         return await self.db.read(q.worker_page, now, limit, offset, busiest)
 
     async def update_worker(
-        self, *, key_hash: str, worker_id: str, maintenance: bool | None, offline_at: float | None
+        self, *, key_hash: str, worker_id: str, edit: WorkerEdit, now: float
     ) -> q.WorkerChanges:
         """What the owner's (or an admin's) update changed; raises InvalidAPIKey,
-        WorkerNotFound, and NotOwner for another user's worker."""
-        return await self.db.write(
-            q.update_worker, key_hash, worker_id, maintenance, self.rules, offline_at
-        )
+        WorkerNotFound, WrongCredentials for another user's worker,
+        NotModerator for a pause by a non-admin, NameAlreadyExists."""
+        return await self.db.write(q.update_worker, key_hash, worker_id, edit, self.rules, now)
+
+    async def delete_worker(self, *, key_hash: str, worker_id: str, now: float) -> q.DeletedWorker:
+        """Delete the owner's (or, for an admin, any) worker, its jobs in hand
+        given back; raises InvalidAPIKey, WorkerNotFound, WrongCredentials."""
+        return await self.db.write(q.delete_worker, key_hash, worker_id, self.rules, now)
 
     # The operator's (synchronous) ----------------------------------------
 

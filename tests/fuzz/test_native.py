@@ -128,7 +128,9 @@ def pop() -> dict[str, Any]:
 
 
 def worker_body() -> dict[str, Any]:
-    return {"maintenance": False}
+    # Two changes: a mutation that drops one still asks for the other (an
+    # empty edit is 400 NoWorkerModSelected, naming no field).
+    return {"maintenance": False, "info": "fuzzed"}
 
 
 # A job id in a valid shape that no job has: the bodies' mutation paths.

@@ -230,5 +230,5 @@ async def test_put_worker_answers_what_it_changed_and_clearing_maintenance_reset
                 200,
                 {"maintenance": False, "aborts_in_window": 0},
             )
-            put = await client.put(path, json={"info": "ignored"})
-            assert (put.status_code, put.json()) == (200, {})
+            put = await client.put(path, json={"info": "kept"})
+            assert (put.status_code, put.json()) == (200, {"info": "kept"})

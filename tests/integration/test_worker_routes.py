@@ -1,0 +1,174 @@
+"""A worker's owner at the AI Horde's worker routes, as KoboldAI Lite's
+worker page, horde_sdk and zeldafan's client call them: PUT with info,
+name, paused and team (each applied or refused by name), DELETE, and
+GET /workers?name=. Answers validated by horde_sdk's own models; each test
+on SQLite and PostgreSQL (``chat_database``), whose row locks a delete takes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from horde_sdk.ai_horde_api.apimodels import (
+    AllWorkersDetailsResponse,
+    DeleteWorkerResponse,
+    ModifyWorkerResponse,
+)
+
+from hordelite.testing import FakeTextWorker, open_horde
+from tests.integration._helpers import assert_refused, submit_text, text_status, worker_id
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_put_applies_info_and_name_and_refuses_what_it_cannot_apply_by_name(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        owner = await horde.create_key("bob")
+        other = await horde.create_key("eve")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, name="first", models=["m1"]) as worker,
+            FakeTextWorker(horde.url, other, name="taken", models=["m1"]) as others,
+        ):
+            await worker.pop()
+            await others.pop()
+            wid = await worker_id(client, "first")
+            url = f"/api/v2/workers/{wid}"
+            own = {"apikey": owner}
+
+            put = await client.put(url, headers=own, json={"info": "A 7B on a 3060."})
+            assert put.status_code == 200, put.text
+            ModifyWorkerResponse.model_validate(put.json())
+            assert put.json() == {"info": "A 7B on a 3060."}
+            assert (await client.get(url)).json()["info"] == "A 7B on a 3060."
+
+            put = await client.put(url, headers=own, json={"name": "Second"})
+            assert put.json() == {"name": "Second"}
+            assert (await client.get("/api/v2/workers/name/second")).json()["id"] == wid
+            assert (await client.get("/api/v2/workers/name/first")).status_code == 404
+
+            clash = await client.put(url, headers=own, json={"name": "TAKEN"})
+            assert_refused(clash, 400, "NameAlreadyExists")
+            assert "name" in clash.json()["errors"]
+            refused = {
+                ("team", "red"): (404, "TeamNotFound"),
+                ("info", "x" * 1001): (400, "BadRequest"),
+                ("name", "bad\u0007name"): (400, "BadRequest"),
+                ("maintenance_msg", "back soon"): (400, "BadRequest"),
+                ("paused", "yes"): (400, "BadRequest"),
+            }
+            for (key, value), (status, rc) in refused.items():
+                answer = await client.put(url, headers=own, json={key: value})
+                assert_refused(answer, status, rc)
+                assert key in answer.json()["errors"], (key, answer.text)
+            assert (await client.put(url, headers=own, json={"team": ""})).json() == {"team": ""}
+            assert_refused(await client.put(url, headers=own, json={}), 400, "NoWorkerModSelected")
+            # Nothing refused was applied.
+            details = (await client.get(url)).json()
+            assert (details["name"], details["info"]) == ("Second", "A 7B on a 3060.")
+
+            put = await client.put(url, headers=own, json={"info": ""})
+            assert (await client.get(url)).json()["info"] is None
+
+
+async def test_paused_is_an_admins_and_a_paused_worker_checks_in_and_gets_no_job(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        admin = await horde.create_key("root", admin=True)
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, name="w", models=["m1"]) as worker,
+        ):
+            await worker.pop()
+            url = f"/api/v2/workers/{await worker_id(client, 'w')}"
+            refused = await client.put(url, headers={"apikey": owner}, json={"paused": True})
+            assert_refused(refused, 403, "NotModerator")
+
+            put = await client.put(url, headers={"apikey": admin}, json={"paused": True})
+            assert put.json() == {"paused": True}
+            request_id = await submit_text(client, requester, "wait for me", models=["m1"])
+            assert (await worker.pop())["id"] is None
+            details = (await client.get(url)).json()
+            assert (details["paused"], details["online"]) == (True, True)
+            # Not counted as serving the model while paused.
+            models = await client.get("/api/v2/status/models", params={"type": "text"})
+            assert models.json() == []
+
+            await client.put(url, headers={"apikey": admin}, json={"paused": False})
+            job = await worker.pop()
+            assert job["id"] is not None
+            await worker.submit(job["id"], "done")
+            assert (await text_status(client, request_id))["done"] is True
+
+
+async def test_delete_gives_back_the_workers_job_and_frees_its_name(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        other = await horde.create_key("eve")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, name="doomed", models=["m1"]) as doomed,
+            FakeTextWorker(horde.url, other, name="helper", models=["m1"]) as helper,
+        ):
+            request_id = await submit_text(client, requester, "Finish me", models=["m1"])
+            job = await doomed.pop()
+            assert job["id"] is not None
+            wid = await worker_id(client, "doomed")
+            url = f"/api/v2/workers/{wid}"
+
+            assert_refused(
+                await client.delete(url, headers={"apikey": other}), 403, "WrongCredentials"
+            )
+            gone = await client.delete(url, headers={"apikey": owner})
+            assert gone.status_code == 200, gone.text
+            DeleteWorkerResponse.model_validate(gone.json())
+            assert gone.json() == {"deleted_id": wid, "deleted_name": "doomed"}
+
+            assert_refused(await client.get(url), 404, "WorkerNotFound")
+            assert_refused(
+                await client.delete(url, headers={"apikey": owner}), 404, "WorkerNotFound"
+            )
+            user = (await client.get("/api/v2/find_user", headers={"apikey": owner})).json()
+            assert user["worker_ids"] == []
+            # Its job went back to the queue at once, for another worker.
+            status = await text_status(client, request_id)
+            assert (status["waiting"], status["processing"], status["restarted"]) == (1, 0, 1)
+            late = await doomed.client.post(
+                "/generate/text/submit", json={"id": job["id"], "generation": "late"}
+            )
+            assert_refused(late, 400, "AbortedGen")
+            second = await helper.pop()
+            assert second["payload"]["prompt"] == "Finish me"
+            await helper.submit(second["id"], "finished")
+            assert (await text_status(client, request_id))["done"] is True
+
+            # The name is free again: the next pop with it is a new worker.
+            await doomed.pop()
+            assert await worker_id(client, "doomed") != wid
+
+
+async def test_workers_by_name_is_the_exact_name_case_insensitively_as_a_list(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, name="Alpha", models=["m1"]) as alpha,
+            FakeTextWorker(horde.url, owner, name="Alphabet", models=["m1"]) as alphabet,
+        ):
+            await alpha.pop()
+            await alphabet.pop()
+            found = (await client.get("/api/v2/workers", params={"name": "alpha"})).json()
+            AllWorkersDetailsResponse.model_validate(found)
+            assert [w["name"] for w in found] == ["Alpha"]
+            assert (await client.get("/api/v2/workers", params={"name": "Alp"})).json() == []
+            every = (await client.get("/api/v2/workers")).json()
+            assert sorted(w["name"] for w in every) == ["Alpha", "Alphabet"]
