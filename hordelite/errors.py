@@ -58,6 +58,13 @@ class RC(enum.Enum):
     ExcessiveStopSequence = (400, "A stop sequence is too long.")
     DuplicateGen = (400, "This generation has already been submitted.")
     NoWorkerModSelected = (400, "No worker modification selected.")
+    # Kudos transfers, with the AI Horde's codes.
+    InvalidTargetUsername = (400, "No user has this username.")
+    KudosTransferToAnon = (400, "Kudos cannot be sent to the anonymous user.")
+    KudosTransferToSelf = (400, "Kudos cannot be sent to yourself.")
+    KudosTransferNotEnough = (400, "Not enough kudos for this transfer.")
+    NegativeKudosTransfer = (400, "A transfer must move more than 0 kudos.")
+    KudosTransferFromAnon = (400, "The anonymous user cannot send kudos.")
     NameAlreadyExists = (400, "Another worker already has this name.")
     UnsupportedChatParameter = (400, "This request uses a parameter this horde does not support.")
     ChatRequestInvalid = (400, "This chat request is not valid.")

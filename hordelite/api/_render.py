@@ -98,28 +98,32 @@ def pop(answer: PopAnswer) -> dict[str, Any]:
     }
 
 
-def user(u: UserAnswer) -> dict[str, Any]:
-    """A user (find_user, users/<id>): what hordelite counts of the AI
-    Horde's fields; the kinds of kudos it has no use for are 0."""
-    return {
+def user(u: UserAnswer, *, private: bool = True) -> dict[str, Any]:
+    """A user (find_user, users/<id>, the user list): what hordelite counts
+    of the AI Horde's fields; the kinds of kudos it has no use for are 0.
+    Not ``private`` (anyone's view of another user): without its workers'
+    ids, as the AI Horde hides them from all but the owner and moderators."""
+    body: dict[str, Any] = {
         "username": f"{u.username}#{u.id}",
         "id": u.id,
         "kudos": u.kudos,
         "concurrency": u.concurrency,
         "worker_count": len(u.worker_ids),
-        "worker_ids": list(u.worker_ids),
         "trusted": u.trusted,
         "moderator": u.moderator,
         "kudos_details": {
             "accumulated": u.kudos_earned,
-            "gifted": 0,
+            "gifted": u.kudos_gifted,
             "admin": 0,
-            "received": 0,
+            "received": u.kudos_received,
             "recurring": 0,
         },
         "usage": {},
         "contributions": {},
     }
+    if private:
+        body["worker_ids"] = list(u.worker_ids)
+    return body
 
 
 def worker(w: WorkerAnswer) -> dict[str, Any]:

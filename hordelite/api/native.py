@@ -22,6 +22,7 @@ from hordelite.contract.limits import (
     MAX_API_KEY_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MODELS_PAGE,
+    USERS_PAGE,
     WORKERS_PAGE,
 )
 from hordelite.contract.text import parse_count_bound, parse_page, parse_status_wait
@@ -223,4 +224,23 @@ async def find_user() -> Response:
 
 @native.get("/users/<user_id>")
 async def user(user_id: str) -> Response:
-    return json_response(_render.user(await horde().directory.user(user_id)))
+    directory = horde().directory
+    found = await directory.user(user_id)
+    private = await directory.sees_privately(request.headers.get("apikey"), found.id)
+    return json_response(_render.user(found, private=private))
+
+
+@native.get("/users")
+async def users() -> Response:
+    # Anyone's view of every user, a page at a time (KoboldAI Lite's ranking).
+    page = parse_page(request.args.get("page"))
+    found = await horde().directory.user_page(page, request.args.get("sort"))
+    body = [_render.user(u, private=False) for u in found.users]
+    return paged(body, page, USERS_PAGE, found.total)
+
+
+@native.post("/kudos/transfer")
+async def kudos_transfer() -> Response:
+    body = await json_body()
+    moved = await horde().directory.transfer_kudos(api_key(), body)
+    return json_response({"transferred": moved})

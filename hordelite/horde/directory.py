@@ -21,12 +21,14 @@ from hordelite.contract.limits import (
     MAX_USER_ID_DIGITS,
     MODEL_STATS_TTL,
     MODELS_PAGE,
+    USERS_PAGE,
     WORKERS_PAGE,
 )
 from hordelite.contract.presence import is_online
+from hordelite.contract.transfers import parse_transfer
 from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.contract.worker_edit import parse_worker_edit
-from hordelite.errors import RC, HordeError
+from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde import chat
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key
@@ -36,12 +38,16 @@ from hordelite.horde.results import (
     ModelStats,
     PoolOverview,
     UserAnswer,
+    UserListing,
     WorkerAnswer,
     WorkerListing,
     WorkerUpdate,
 )
 from hordelite.storage.accounts import UserRecord
 from hordelite.storage.pool import ServedModel, WorkerRecord
+
+# How GET /users may sort (the AI Horde's).
+USER_SORTS = ("kudos", "age")
 
 # Pages of the model list kept (the most recently read): a client may ask
 # for any page, so the cache must not grow with the pages asked for.
@@ -81,6 +87,14 @@ class Directory:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
         return self._user_answer(await self._core.store.user_by_id(user_id=int(user_id)))
 
+    async def sees_privately(self, api_key: str | None, user_id: int) -> bool:
+        """Whether the key's user sees ``user_id``'s private fields: it is
+        that user, or an admin. A key that matches no user is 401."""
+        if not api_key:
+            return False
+        viewer = await self._core.store.user_by_key(key_hash=hash_key(api_key))
+        return viewer.id == user_id or viewer.admin
+
     def _user_answer(self, user: UserRecord) -> UserAnswer:
         concurrency = user.concurrency
         if concurrency is None:
@@ -95,7 +109,25 @@ class Directory:
             worker_ids=user.worker_ids,
             trusted=user.trusted,
             moderator=user.admin,
+            kudos_gifted=round(user.kudos_gifted, 2),
+            kudos_received=round(user.kudos_received, 2),
         )
+
+    async def user_page(self, page: int, sort: str | None) -> UserListing:
+        """The users of page ``page`` (from 1), USERS_PAGE a page, sorted by
+        ``sort``: ``kudos`` (the default, most first) or ``age`` (oldest first)."""
+        sort = "kudos" if sort is None else sort
+        if sort not in USER_SORTS:
+            raise bad_request("sort", "must be kudos or age")
+        found, total = await self._core.store.user_page(
+            by_kudos=sort == "kudos", limit=USERS_PAGE, offset=(page - 1) * USERS_PAGE
+        )
+        return UserListing(tuple(self._user_answer(u) for u in found), total)
+
+    async def transfer_kudos(self, api_key: str, body: Any) -> float:
+        """Kudos from the key's user to another (``contract.transfers``); the amount moved."""
+        transfer = parse_transfer(body)
+        return await self._core.store.transfer_kudos(key_hash=hash_key(api_key), transfer=transfer)
 
     # Workers -----------------------------------------------------------
 

@@ -101,6 +101,16 @@ class UserAnswer:
     worker_ids: tuple[str, ...]
     trusted: bool
     moderator: bool
+    kudos_gifted: float = 0.0
+    kudos_received: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class UserListing:
+    """One page of the users, and how many there are in all."""
+
+    users: tuple[UserAnswer, ...]
+    total: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,11 +10,14 @@ from sqlalchemy import (
     RowMapping,
     bindparam,
     false,
+    func,
     insert,
     select,
+    update,
 )
 
 from hordelite.contract import refusals
+from hordelite.contract.transfers import Transfer
 from hordelite.errors import RC, HordeError
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
@@ -89,6 +92,8 @@ class UserRecord:
     kudos: float
     kudos_earned: float
     kudos_spent: float
+    kudos_gifted: float
+    kudos_received: float
     concurrency: int | None  # None: the horde's default for its kind of user
     worker_ids: tuple[str, ...]
     active: bool  # its key authenticates (not revoked)
@@ -128,7 +133,80 @@ def user_record(row: RowMapping, worker_ids: Iterable[str]) -> UserRecord:
         kudos=row["kudos"],
         kudos_earned=row["kudos_earned"],
         kudos_spent=row["kudos_spent"],
+        kudos_gifted=row["kudos_gifted"],
+        kudos_received=row["kudos_received"],
         concurrency=row["concurrency"],
         worker_ids=tuple(worker_ids),
         active=not row["key_hash"].startswith(REVOKED_PREFIX),
     )
+
+
+def user_page(
+    conn: Connection, by_kudos: bool, limit: int, offset: int
+) -> tuple[list[UserRecord], int]:
+    """A page of every user, most kudos first (``by_kudos``, then by id) or
+    oldest first (by id), and how many users there are; in three reads."""
+    order = (users.c.kudos.desc(), users.c.id) if by_kudos else (users.c.id,)
+    rows = conn.execute(select(users).order_by(*order).limit(limit).offset(offset)).mappings().all()
+    owned: dict[int, list[str]] = {r["id"]: [] for r in rows}
+    if owned:
+        for worker_id, user_id in conn.execute(
+            select(workers.c.id, workers.c.user_id)
+            .where(workers.c.user_id.in_(list(owned)), workers.c.deleted == false())
+            .order_by(workers.c.id)
+        ):
+            owned[user_id].append(worker_id)
+    total = int(conn.execute(select(func.count()).select_from(users)).scalar_one())
+    return [user_record(r, owned[r["id"]]) for r in rows], total
+
+
+def transfer_kudos(conn: Connection, key_hash: str, transfer: Transfer, rules: Rules) -> float:
+    """Move ``transfer.amount`` from the key's user to ``name#id``, with the
+    AI Horde's refusals; the amount moved. Both balances are locked in id
+    order (two transfers crossing each other cannot deadlock) and the
+    source's balance is checked under its lock: concurrent transfers never
+    take a balance below 0, and the sum of all balances never changes."""
+    source = authenticate(conn, key_hash, rules)
+    if source["anonymous"]:
+        raise HordeError(RC.KudosTransferFromAnon)
+    dest = conn.execute(select(users).where(users.c.id == transfer.user_id)).mappings().first()
+    if dest is None or dest["username"].casefold() != transfer.name.casefold():
+        raise HordeError(
+            RC.InvalidTargetUsername,
+            f"username: no user {transfer.name[:64]}#{transfer.user_id}.",
+            errors={"username": "no such user"},
+        )
+    if dest["anonymous"]:
+        raise HordeError(RC.KudosTransferToAnon)
+    if dest["id"] == source["id"]:
+        raise HordeError(RC.KudosTransferToSelf)
+    balances = dict(
+        conn.execute(
+            select(users.c.id, users.c.kudos)
+            .where(users.c.id.in_([source["id"], dest["id"]]))
+            .order_by(users.c.id)
+            .with_for_update()
+        ).all()
+    )
+    if transfer.amount > balances[source["id"]]:
+        raise HordeError(
+            RC.KudosTransferNotEnough,
+            f"amount: {transfer.amount:g} is more than your {balances[source['id']]:.2f} kudos.",
+        )
+    conn.execute(
+        update(users)
+        .where(users.c.id == source["id"])
+        .values(
+            kudos=users.c.kudos - transfer.amount,
+            kudos_gifted=users.c.kudos_gifted + transfer.amount,
+        )
+    )
+    conn.execute(
+        update(users)
+        .where(users.c.id == dest["id"])
+        .values(
+            kudos=users.c.kudos + transfer.amount,
+            kudos_received=users.c.kudos_received + transfer.amount,
+        )
+    )
+    return transfer.amount

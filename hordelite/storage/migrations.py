@@ -155,8 +155,9 @@ def _v8(conn: Connection) -> None:
 
 
 def _v9(conn: Connection) -> None:
-    # A worker's info, an admin's pause, and deletion by its owner. Every
-    # worker stored before has no info, is not paused and not deleted.
+    # A worker's info, an admin's pause, and deletion by its owner; the
+    # kudos users sent each other. Every worker stored before has no info,
+    # is not paused and not deleted; every user has sent and received 0.
     _add_missing_columns(conn)
 
 

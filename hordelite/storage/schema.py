@@ -61,6 +61,9 @@ users = Table(
     Column("kudos", Float, nullable=False, default=0.0),
     Column("kudos_earned", Float, nullable=False, default=0.0),
     Column("kudos_spent", Float, nullable=False, default=0.0),
+    # Kudos sent to and received from other users (POST /kudos/transfer).
+    Column("kudos_gifted", Float, nullable=False, default=0.0, server_default="0"),
+    Column("kudos_received", Float, nullable=False, default=0.0, server_default="0"),
     # null: the horde's default concurrency
     Column("concurrency", Integer, nullable=True),
     Column("created", Float, nullable=False),

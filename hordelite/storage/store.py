@@ -22,10 +22,12 @@ from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.text import JobSubmit, PopRequest
+from hordelite.contract.transfers import Transfer
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.errors import RC, HordeError
 from hordelite.storage import admin
 from hordelite.storage import queries as q
+from hordelite.storage.accounts import transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
 from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
@@ -70,6 +72,18 @@ class Store:
     async def user_by_id(self, *, user_id: int) -> q.UserRecord:
         """The user with this id; raises UserNotFound."""
         return await self.db.read(q.user_by_id, user_id)
+
+    async def user_page(
+        self, *, by_kudos: bool, limit: int, offset: int
+    ) -> tuple[list[q.UserRecord], int]:
+        """A page of every user (most kudos first, or oldest first) and how
+        many there are."""
+        return await self.db.read(user_page, by_kudos, limit, offset)
+
+    async def transfer_kudos(self, *, key_hash: str, transfer: Transfer) -> float:
+        """The kudos moved from the key's user to another; raises the AI
+        Horde's transfer refusals (KudosTransferNotEnough, ...)."""
+        return await self.db.write(transfer_kudos, key_hash, transfer, self.rules)
 
     # Requests ------------------------------------------------------------
 

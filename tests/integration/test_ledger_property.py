@@ -143,11 +143,12 @@ class Example:
                 if job.req is req and job.state == "processing":
                     job.state = "aborted"
 
-    def give_back(self, req: Req, faulted: bool) -> None:
-        """A job's slot returns to its waiting request, or the request faults."""
+    def give_back(self, req: Req) -> None:
+        """A job's slot returns to its waiting request with one more fault (a
+        faulted submit and a lapsed lease alike), or the request faults."""
         if req.state != "waiting":
             return
-        req.faults += faulted
+        req.faults += 1
         if req.faults > MAX_FAULTS:
             self.end_request(req, "faulted")
         else:
@@ -312,7 +313,7 @@ async def fault(ex: Example, job: Job) -> None:
     assert answer is not None
     assert answer.reward == 0
     job.state = "faulted"
-    ex.give_back(job.req, faulted=True)
+    ex.give_back(job.req)
     event(f"a fault leaves its request {job.req.state}")
 
 
@@ -360,7 +361,7 @@ async def expire(ex: Example) -> None:
     for job in ex.jobs:
         if job.state == "processing":
             job.state = "expired"
-            ex.give_back(job.req, faulted=False)
+            ex.give_back(job.req)
             event("a lease ends")
 
 

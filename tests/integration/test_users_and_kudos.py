@@ -1,0 +1,161 @@
+"""Users as the AI Horde lists them and kudos moved between them: GET
+/users (KoboldAI Lite's kudos ranking, horde_sdk's ListUsersDetailsRequest),
+what /users/{id} hides from everyone but the user and admins, and POST
+/kudos/transfer with the AI Horde's refusals, exact under concurrency on
+SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import httpx
+import pytest
+from horde_sdk.ai_horde_api.apimodels import KudosTransferResponse, ListUsersDetailsResponse
+
+from hordelite.testing import FakeTextWorker, open_horde
+from tests.integration._helpers import assert_refused, kudos_of
+
+pytestmark = pytest.mark.anyio
+
+USERS_PAGE = 25  # the AI Horde's page of users
+
+
+async def handle(client: httpx.AsyncClient, api_key: str) -> str:
+    found = await client.get("/api/v2/find_user", headers={"apikey": api_key})
+    return str(found.json()["username"])
+
+
+async def test_users_are_listed_25_a_page_by_kudos_or_age_without_their_workers() -> None:
+    async with open_horde() as horde:
+        keys = [await horde.create_key(f"user{i:02d}", kudos=(i * 7) % 31) for i in range(30)]
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, keys[0], models=["m1"]) as worker,
+        ):
+            await worker.pop()
+            first = await client.get("/api/v2/users", params={"page": 1})
+            ListUsersDetailsResponse.model_validate(first.json())
+            assert len(first.json()) == USERS_PAGE
+            assert first.headers["x-total-count"] == "31"  # and the anonymous user
+            second = (await client.get("/api/v2/users", params={"page": 2})).json()
+            listed = first.json() + second
+            kudos = [u["kudos"] for u in listed]
+            assert kudos == sorted(kudos, reverse=True)
+            assert len({u["id"] for u in listed}) == 31
+            assert all("worker_ids" not in u for u in listed)
+            assert any(u["worker_count"] == 1 for u in listed)
+
+            by_age = (await client.get("/api/v2/users", params={"sort": "age"})).json()
+            assert [u["id"] for u in by_age] == list(range(USERS_PAGE))
+            bad = await client.get("/api/v2/users", params={"sort": "name"})
+            assert_refused(bad, 400, "BadRequest")
+            assert "sort" in bad.json()["errors"]
+
+
+async def test_a_users_workers_are_shown_to_that_user_and_to_admins_only() -> None:
+    async with open_horde() as horde:
+        owner = await horde.create_key("bob")
+        other = await horde.create_key("eve")
+        admin = await horde.create_key("root", admin=True)
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
+        ):
+            await worker.pop()
+            me = (await client.get("/api/v2/find_user", headers={"apikey": owner})).json()
+            path = f"/api/v2/users/{me['id']}"
+            assert "worker_ids" not in (await client.get(path)).json()
+            assert "worker_ids" not in (await client.get(path, headers={"apikey": other})).json()
+            for key in (owner, admin):
+                seen = (await client.get(path, headers={"apikey": key})).json()
+                assert seen["worker_ids"] == me["worker_ids"] != []
+            wrong = await client.get(path, headers={"apikey": "not-a-key"})
+            assert_refused(wrong, 401, "InvalidAPIKey")
+
+
+async def test_kudos_move_between_users_and_each_refusal_is_the_ai_hordes() -> None:
+    async with open_horde() as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob", kudos=5)
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            to_bob = await handle(client, bob)
+
+            async def send(key: str, body: object) -> httpx.Response:
+                return await client.post(
+                    "/api/v2/kudos/transfer", headers={"apikey": key}, json=body
+                )
+
+            sent = await send(alice, {"username": to_bob, "amount": 12.5})
+            assert sent.status_code == 200, sent.text
+            KudosTransferResponse.model_validate(sent.json())
+            assert sent.json() == {"transferred": 12.5}
+            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (87.5, 17.5)
+            details = (await client.get("/api/v2/find_user", headers={"apikey": bob})).json()
+            assert details["kudos_details"]["received"] == 12.5
+            gifted = (await client.get("/api/v2/find_user", headers={"apikey": alice})).json()
+            assert gifted["kudos_details"]["gifted"] == 12.5
+
+            refusals = [
+                (
+                    alice,
+                    {"username": await handle(client, alice), "amount": 1},
+                    400,
+                    "KudosTransferToSelf",
+                ),
+                (alice, {"username": "Anonymous#0", "amount": 1}, 400, "KudosTransferToAnon"),
+                ("0000000000", {"username": to_bob, "amount": 1}, 400, "KudosTransferFromAnon"),
+                (alice, {"username": to_bob, "amount": -5}, 400, "NegativeKudosTransfer"),
+                (alice, {"username": to_bob, "amount": 0}, 400, "NegativeKudosTransfer"),
+                (alice, {"username": to_bob, "amount": 87.51}, 400, "KudosTransferNotEnough"),
+                (alice, {"username": to_bob, "amount": 0.001}, 400, "BadRequest"),
+                (alice, {"username": to_bob, "amount": "5"}, 400, "BadRequest"),
+                (alice, {"username": to_bob, "amount": 1e300}, 400, "BadRequest"),
+                (alice, {"username": "bob", "amount": 1}, 400, "InvalidTargetUsername"),
+                (
+                    alice,
+                    {"username": "carol" + to_bob[3:], "amount": 1},
+                    400,
+                    "InvalidTargetUsername",
+                ),
+                (alice, {"username": "bob#999", "amount": 1}, 400, "InvalidTargetUsername"),
+                (alice, {"amount": 1}, 400, "BadRequest"),
+                ("nobody", {"username": to_bob, "amount": 1}, 401, "InvalidAPIKey"),
+            ]
+            for key, body, status, rc in refusals:
+                assert_refused(await send(key, body), status, rc)
+            # Nothing moved.
+            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (87.5, 17.5)
+            # The whole balance may go, not a hundredth more.
+            assert (await send(alice, {"username": to_bob, "amount": 87.5})).status_code == 200
+            assert await kudos_of(client, alice) == 0
+
+
+async def test_concurrent_transfers_never_overdraw_and_keep_the_sum(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob", kudos=10)
+        async with httpx.AsyncClient(base_url=horde.url, timeout=30) as client:
+            names = {alice: await handle(client, bob), bob: await handle(client, alice)}
+            answers: list[int] = []
+
+            async def send(key: str) -> None:
+                r = await client.post(
+                    "/api/v2/kudos/transfer",
+                    headers={"apikey": key},
+                    json={"username": names[key], "amount": 7},
+                )
+                assert r.status_code in (200, 400), r.text
+                if r.status_code == 400:
+                    assert r.json()["rc"] == "KudosTransferNotEnough", r.text
+                answers.append(r.status_code)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(send, alice if i % 4 else bob)
+            a, b = await kudos_of(client, alice), await kudos_of(client, bob)
+            assert a >= 0 and b >= 0
+            assert math.isclose(a + b, 110)
+            assert answers.count(200) >= 14  # alice alone could send 14 times
