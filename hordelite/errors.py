@@ -106,6 +106,7 @@ class RC(enum.Enum):
     WorkerNotFound = (404, "No worker with this id.")
     UserNotFound = (404, "No user with this id.")
     TeamNotFound = (404, "No team with this id.")
+    MessageNotFound = (404, "No message to a worker with this id.")
     BlobNotFound = (404, "No blob with this key.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")

@@ -20,6 +20,7 @@ from hordelite.horde.results import (
     SubmitAnswer,
     UserAnswer,
     WorkerAnswer,
+    WorkerMessage,
     WorkerUpdate,
 )
 
@@ -80,8 +81,16 @@ def generation(g: Generation) -> dict[str, Any]:
 
 
 def pop(answer: PopAnswer) -> dict[str, Any]:
+    messages = [worker_message(m) for m in answer.messages]
     if answer.job is None:
-        return {"id": None, "ids": [], "payload": {}, "skipped": answer.skipped, "softprompt": None}
+        return {
+            "id": None,
+            "ids": [],
+            "payload": {},
+            "skipped": answer.skipped,
+            "softprompt": None,
+            "messages": messages,
+        }
     job = answer.job
     return {
         "payload": job.payload,
@@ -91,7 +100,7 @@ def pop(answer: PopAnswer) -> dict[str, Any]:
         "ttl": int(job.ttl),
         "skipped": {},
         "softprompt": job.softprompt,
-        "messages": [],
+        "messages": messages,
         "extra_source_images": None,
         # Only chat jobs carry the key: a text job's answer is unchanged.
         **({"chat": True} if job.chat else {}),
@@ -251,3 +260,13 @@ def news_piece(n: NewsPiece) -> dict[str, Any]:
 
 def document(d: Document) -> dict[str, Any]:
     return {d.format: d.text}
+
+
+def worker_message(m: WorkerMessage) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "worker_id": m.worker_id,
+        "message": m.message,
+        "origin": m.origin,
+        "expiry": m.expiry,
+    }

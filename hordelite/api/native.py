@@ -192,6 +192,36 @@ def paged(body: list[dict[str, Any]], page: int, size: int, total: int) -> Respo
     return response
 
 
+@native.get("/workers/messages")
+async def worker_messages() -> Response:
+    page = parse_page(request.args.get("page"))
+    found = await horde().messages.listing(
+        api_key(), request.args.get("worker_id"), request.args.get("validity"), page
+    )
+    return json_response([_render.worker_message(m) for m in found])
+
+
+@native.post("/workers/messages")
+async def worker_message_send() -> Response:
+    body = await json_body()
+    return json_response(_render.worker_message(await horde().messages.send(api_key(), body)))
+
+
+@native.get("/workers/messages/<message_id>")
+async def worker_message(message_id: str) -> Response:
+    found = await horde().messages.one(message_id)
+    if found is None:
+        raise HordeError(RC.MessageNotFound, f"No message with id {message_id[:64]!r}.")
+    return json_response(_render.worker_message(found))
+
+
+@native.delete("/workers/messages/<message_id>")
+async def worker_message_delete(message_id: str) -> Response:
+    if not await horde().messages.delete(api_key(), message_id):
+        raise HordeError(RC.MessageNotFound, f"No message with id {message_id[:64]!r}.")
+    return json_response({"message": "OK"})
+
+
 @native.get("/workers/<worker_id>")
 async def worker(worker_id: str) -> Response:
     return json_response(_render.worker(await horde().directory.worker(worker_id)))

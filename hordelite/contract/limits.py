@@ -259,6 +259,16 @@ MODELS_PAGE: Final = 500
 MAX_PAGE: Final = 100_000
 # A worker's description (PUT /workers/{id} info), as the AI Horde bounds it.
 MAX_WORKER_INFO: Final = 1000
+# Messages to workers (POST /workers/messages): at most this many characters,
+# lasting 1 hour to a year; listed this many a page; a pop carries the
+# newest few of its worker's, from a snapshot of every active message read
+# at most every MESSAGES_SECONDS (and again once one is sent or deleted).
+MAX_WORKER_MESSAGE: Final = 2000
+MAX_MESSAGE_HOURS: Final = 24 * 365
+MESSAGES_PAGE: Final = 50
+MESSAGES_PER_POP: Final = 10
+MAX_ACTIVE_MESSAGES: Final = 10_000
+MESSAGES_SECONDS: Final = 30.0
 # GET /api/v2/users answers pages of this many users, as the AI Horde does.
 USERS_PAGE: Final = 25
 

@@ -17,7 +17,7 @@ from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.contract.eligibility import RequestView
 from hordelite.contract.models import ModelReference
-from hordelite.horde.caches import PoolSnapshot, SkippedSample, StatusCache
+from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.signals import Signals
 from hordelite.storage.store import Store
@@ -44,6 +44,7 @@ class HordeCore:
     pool: PoolSnapshot
     statuses: StatusCache
     skipped: SkippedSample
+    messages: MessageSnapshot
     stopping: bool = False
     # When the drain's answers are due (anyio's clock), once stopping: the
     # server cancels what is still open at its grace period's end.

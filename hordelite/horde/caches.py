@@ -1,7 +1,7 @@
 """What the horde keeps in memory between requests, each entry invalidated
 by the change that makes it wrong (decision 0038): the online pool, the
-statuses by request version, and the sample an empty pop counts
-``skipped`` over."""
+statuses by request version, the sample an empty pop counts ``skipped``
+over, and the active messages to workers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import anyio
 
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.limits import (
+    MAX_ACTIVE_MESSAGES,
+    MESSAGES_PER_POP,
+    MESSAGES_SECONDS,
     POOL_SNAPSHOT_SECONDS,
     SKIPPED_SAMPLE_SECONDS,
     STATUS_CACHE_ENTRIES,
@@ -19,6 +22,7 @@ from hordelite.contract.limits import (
 )
 from hordelite.horde.results import RequestStatus
 from hordelite.signals import Signals
+from hordelite.storage.messages import MessageRecord
 from hordelite.storage.pool import OnlineWorker
 from hordelite.storage.store import Store
 
@@ -110,3 +114,39 @@ class SkippedSample:
                 self._sample = await self._store.skipped_sample()
                 self._read_at = anyio.current_time()
             return self._sample
+
+
+class MessageSnapshot:
+    """The active messages to workers, by worker, read at most
+    MESSAGES_SECONDS ago and under the current pool version: sending or
+    deleting a message bumps the version (in every process sharing the
+    signals), so a pop carries a new message from its next read. Only an
+    expiry can be that old, and an expired message is never handed out."""
+
+    def __init__(self, store: Store, signals: Signals) -> None:
+        self._store = store
+        self._signals = signals
+        self._lock = anyio.Lock()
+        self._by_worker: dict[str, list[MessageRecord]] = {}
+        self._read_at = -math.inf
+        self._version = -1
+
+    def _current(self) -> bool:
+        fresh = anyio.current_time() - self._read_at < MESSAGES_SECONDS
+        return fresh and self._version == self._signals.pool_version()
+
+    async def of(self, worker_id: str, now: float) -> list[MessageRecord]:
+        """The worker's active messages, newest first, at most MESSAGES_PER_POP."""
+        if not self._current():
+            async with self._lock:
+                if not self._current():
+                    version = self._signals.pool_version()
+                    found = await self._store.active_messages(now=now, limit=MAX_ACTIVE_MESSAGES)
+                    by_worker: dict[str, list[MessageRecord]] = {}
+                    for m in found:
+                        by_worker.setdefault(m.worker_id, []).append(m)
+                    self._by_worker = by_worker
+                    self._read_at = anyio.current_time()
+                    self._version = version
+        mine = self._by_worker.get(worker_id, ())
+        return [m for m in mine if m.expires > now][:MESSAGES_PER_POP]

@@ -26,6 +26,7 @@ from hordelite.errors import RC, HordeError
 from hordelite.horde import request_images
 from hordelite.horde._core import HordeCore, run_pure
 from hordelite.horde.keys import hash_key
+from hordelite.horde.messages import for_pop
 from hordelite.horde.results import PopAnswer, PoppedJob, ProgressAnswer, SubmitAnswer
 from hordelite.signals import ProgressEntry, look_again_by
 from hordelite.storage.jobs import Unjudged
@@ -129,7 +130,8 @@ class Jobs:
         """An empty pop's answer: what the worker skipped among the best
         waiting requests (read at most SKIPPED_SAMPLE_SECONDS ago)."""
         self._core.metrics.pops.labels("empty").inc()
-        return PopAnswer(None, skipped_counts(worker, await self._core.skipped.get()))
+        skipped = skipped_counts(worker, await self._core.skipped.get())
+        return PopAnswer(None, skipped, await for_pop(self._core, worker.id))
 
     async def _hand_out(
         self, result: PopResult, key_hash: str, pop: PopRequest, base_url: str
@@ -151,7 +153,7 @@ class Jobs:
                 await core.signals.put_lease(self._lease(job, result.worker, key_hash, pop.name))
             payload = await self._chat_payload(job, request, result.worker, stream, base_url)
         popped = PoppedJob(job.id, job.model, payload, job.softprompt, job.ttl, job.chat)
-        return PopAnswer(popped, {})
+        return PopAnswer(popped, {}, await for_pop(core, result.worker.id))
 
     def _lease(self, job: ClaimedJob, worker: WorkerView, key_hash: str, name: str) -> Lease:
         return Lease.at_pop(

@@ -80,11 +80,24 @@ class PoppedJob:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkerMessage:
+    """A message to a worker; ``expiry``: hours until it expires, rounded up."""
+
+    id: str
+    worker_id: str
+    message: str
+    origin: str | None
+    expiry: int
+
+
+@dataclasses.dataclass(frozen=True)
 class PopAnswer:
-    """A pop's answer: the job, or none with the skipped counts."""
+    """A pop's answer: the job, or none with the skipped counts, and the
+    worker's active messages."""
 
     job: PoppedJob | None
     skipped: dict[str, int]
+    messages: tuple[WorkerMessage, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ Each room serves one audience and is what the routes call:
 - ``directory`` (hordelite.horde.directory): users, workers and models;
 - ``about`` (hordelite.horde.about): the horde's load and modes, the
   operator's news and documents;
+- ``messages`` (hordelite.horde.messages): an admin's messages to workers;
 - ``readers`` (hordelite.horde.readers): the OpenAI calls as their
   requests' only readers, and the requests of calls a gone process held;
 - ``upkeep`` (hordelite.horde.upkeep): the sweep, readiness, shutdown;
@@ -34,10 +35,11 @@ from hordelite.contract.models import ModelReference
 from hordelite.horde._core import HordeCore
 from hordelite.horde.about import About
 from hordelite.horde.admission import new_text_request
-from hordelite.horde.caches import PoolSnapshot, SkippedSample, StatusCache
+from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
 from hordelite.horde.directory import Directory
 from hordelite.horde.jobs import Jobs
 from hordelite.horde.keys import hash_key, new_api_key
+from hordelite.horde.messages import Messages
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.horde.operator import Operator
 from hordelite.horde.readers import Readers
@@ -129,6 +131,7 @@ class Horde:
             pool=PoolSnapshot(store, signals),
             statuses=StatusCache(),
             skipped=SkippedSample(store),
+            messages=MessageSnapshot(store, signals),
         )
         self.core.metrics.watch_signals(signals)
         self.requests = Requests(self.core)
@@ -136,6 +139,7 @@ class Horde:
         self.jobs = Jobs(self.core)
         self.directory = Directory(self.core)
         self.about = About(self.core)
+        self.messages = Messages(self.core)
         self.upkeep = Upkeep(self.core)
         self.operator = Operator(self.core)
         # What the routes and tests read of the horde's state.

@@ -325,6 +325,20 @@ jobs = Table(
     Index("ix_jobs_state_lease", "state", "lease_expires"),
 )
 
+# Messages to workers (POST /workers/messages, an admin's), shown to the
+# worker's owner and carried by its pops until they expire; the sweep
+# deletes them a retention after that.
+worker_messages = Table(
+    "worker_messages",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("worker_id", String(36), ForeignKey("workers.id"), nullable=False, index=True),
+    Column("message", Text, nullable=False),
+    Column("origin", String(MAX_NAME), nullable=True),
+    Column("created", Float, nullable=False),
+    Column("expires", Float, nullable=False, index=True),
+)
+
 # The dashboard's activity of jobs no longer stored (decision 0044): when the
 # sweep purges ended requests it first adds their done jobs here, one row per
 # minute they were done in, in the same transaction, so a done job is counted

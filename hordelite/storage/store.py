@@ -24,13 +24,15 @@ from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.transfers import Transfer
 from hordelite.contract.worker_edit import WorkerEdit
+from hordelite.contract.worker_messages import NewMessage, Validity
 from hordelite.errors import RC, HordeError
-from hordelite.storage import admin
+from hordelite.storage import admin, messages
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
 from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
+from hordelite.storage.messages import MessageRecord
 from hordelite.storage.migrations import upgrade
 from hordelite.storage.stats import HordeLoad, horde_load
 
@@ -300,6 +302,38 @@ class Store:
         """Delete the owner's (or, for an admin, any) worker, its jobs in hand
         given back; raises InvalidAPIKey, WorkerNotFound, WrongCredentials."""
         return await self.db.write(q.delete_worker, key_hash, worker_id, self.rules, now)
+
+    async def send_message(self, *, key_hash: str, new: NewMessage, now: float) -> MessageRecord:
+        """An admin's message to a worker; raises NotModerator, WorkerNotFound."""
+        return await self.db.write(messages.send_message, key_hash, new, self.rules, now)
+
+    async def list_messages(
+        self,
+        *,
+        key_hash: str,
+        worker_id: str | None,
+        validity: Validity,
+        now: float,
+        limit: int,
+        offset: int,
+    ) -> list[MessageRecord]:
+        """The messages the key's user may read, newest first; raises
+        InvalidAPIKey, WorkerNotFound, WrongCredentials."""
+        return await self.db.read(
+            messages.list_messages, key_hash, self.rules, worker_id, validity, now, limit, offset
+        )
+
+    async def message(self, *, message_id: str) -> MessageRecord | None:
+        """The message with this id, None when there is none."""
+        return await self.db.read(messages.message_by_id, message_id)
+
+    async def delete_message(self, *, key_hash: str, message_id: str) -> bool:
+        """Whether an admin's delete found the message; raises NotModerator."""
+        return await self.db.write(messages.delete_message, key_hash, message_id, self.rules)
+
+    async def active_messages(self, *, now: float, limit: int) -> list[MessageRecord]:
+        """The messages not yet expired at ``now``, newest first, at most ``limit``."""
+        return await self.db.read(messages.active_messages, now, limit)
 
     # The operator's (synchronous) ----------------------------------------
 

@@ -24,6 +24,7 @@ from hordelite.contract import faults
 from hordelite.storage.activity import roll_up
 from hordelite.storage.arrays import by_codepoint
 from hordelite.storage.ledger import charge_worker, give_back
+from hordelite.storage.messages import purge_messages
 from hordelite.storage.pool import served_model_names
 from hordelite.storage.queueing import HELD, end_request, release
 from hordelite.storage.rules import Rules
@@ -85,6 +86,7 @@ def sweep(
     expired, requeued, ended = _expire_leases(conn, now, rules, extended or {})
     ended += _expire_requests(conn, now)
     purged = _purge(conn, now - rules.retention, now)
+    purge_messages(conn, now - rules.retention)
     released, with_images = _release_ended(conn)
     _drop_idle_classes(conn, now)
     # Every request of an expired job changed (requeued or ended), and a

@@ -111,6 +111,7 @@ async def test_an_empty_pop_answers_the_empty_shape_and_counts_skipped_requests(
                 "payload": {},
                 "skipped": {"models": 2, "max_length": 1},
                 "softprompt": None,
+                "messages": [],
             }
 
 
@@ -431,6 +432,7 @@ async def test_a_long_polling_pop_with_nothing_to_do_answers_empty_after_its_wai
                 "payload": {},
                 "skipped": {},
                 "softprompt": None,
+                "messages": [],
             }
             assert elapsed >= wait - 0.01
 

@@ -39,7 +39,9 @@ async def test_a_long_polling_pop_gets_its_empty_answer_when_the_horde_stops() -
         # Leaving open_horde stopped it: the 30 s pop was answered at once,
         # well inside the 2 s grace after which it would be cut off unanswered.
         assert anyio.current_time() - started < 2
-    assert answers == [{"id": None, "ids": [], "payload": {}, "skipped": {}, "softprompt": None}]
+    assert answers == [
+        {"id": None, "ids": [], "payload": {}, "skipped": {}, "softprompt": None, "messages": []}
+    ]
 
 
 async def test_an_open_openai_call_gets_a_final_503_and_its_request_is_cancelled_at_shutdown() -> (
