@@ -39,6 +39,12 @@ def status(s: RequestStatus) -> dict[str, Any]:
         "queue_position": s.queue_position,
         "kudos": s.kudos,
         "is_possible": s.is_possible,
+        # horde_sdk 0.33 reads these (its defaults are 0 and false):
+        # the online workers that can serve the request while it is queued,
+        # and whether it might wait for ever (none can).
+        "eligible_workers": s.eligible_workers,
+        "eligible_worker_threads": s.eligible_threads,
+        "might_stall": not s.is_possible,
         "generations": [generation(g) for g in s.generations],
     }
     if s.impossible is not None:

@@ -47,6 +47,9 @@ class RequestStatus:
     ``generations`` are the finished jobs. ``free_threads``: the threads of the eligible online workers not
     busy with a job, counted only when asked for (the front's fail_fast
     check) and while the request waits for a worker; None otherwise.
+    ``eligible_workers`` and ``eligible_threads``: the online workers that
+    can serve it and their threads, counted while it waits in the queue
+    (0 once every job is handed out).
     """
 
     kind: str
@@ -65,6 +68,8 @@ class RequestStatus:
     context_adjustments: list[dict[str, Any]] | None = None
     fault: Fault | None = None
     free_threads: int | None = None
+    eligible_workers: int = 0
+    eligible_threads: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,6 +51,7 @@ def _queue_fields(parts: StatusSnapshot, processing: int) -> dict[str, Any]:
     req = parts.request
     if not req.queued:
         return {"wait_time": 0, "is_possible": True, "impossible": None, "free_threads": None}
+    # (eligible_workers and eligible_threads keep their 0 then.)
     eligible = [w for w in parts.online if can_serve(w, req.view)]
     impossible = None
     if req.kind == "chat" and not eligible:
@@ -64,6 +65,8 @@ def _queue_fields(parts: StatusSnapshot, processing: int) -> dict[str, Any]:
         "is_possible": bool(eligible),
         "impossible": impossible,
         "free_threads": free_threads,
+        "eligible_workers": len(eligible),
+        "eligible_threads": sum(w.threads for w in eligible),
     }
 
 

@@ -137,3 +137,24 @@ async def test_teams_and_text_styles_are_empty_and_a_team_is_not_found() -> None
         assert (await client.get("/api/v2/teams")).json() == []
         assert (await client.get("/api/v2/styles/text")).json() == []
         assert_refused(await client.get("/api/v2/teams/abc"), 404, "TeamNotFound")
+
+
+async def test_a_queued_requests_status_counts_its_eligible_workers_and_threads() -> None:
+    async with open_horde() as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with (
+            httpx.AsyncClient(base_url=horde.url) as client,
+            FakeTextWorker(horde.url, owner, name="a", models=["m1"], threads=2) as a,
+            FakeTextWorker(horde.url, owner, name="b", models=["m1"], threads=3) as b,
+            FakeTextWorker(horde.url, owner, name="c", models=["m2"]) as c,
+        ):
+            for worker in (a, b, c):
+                await worker.pop()
+            served = await submit_text(client, requester, "served", models=["m1"])
+            status = (await client.get(f"/api/v2/generate/text/status/{served}")).json()
+            assert (status["eligible_workers"], status["eligible_worker_threads"]) == (2, 5)
+            assert status["might_stall"] is False
+            stuck = await submit_text(client, requester, "stuck", models=["nobody"])
+            status = (await client.get(f"/api/v2/generate/text/status/{stuck}")).json()
+            assert (status["eligible_workers"], status["might_stall"]) == (0, True)
