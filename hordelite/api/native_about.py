@@ -1,5 +1,5 @@
 """The native routes of what the horde says of itself and of what hordelite
-does not keep: /status/performance, /status/modes, /status/news,
+does not keep: /status/performance, /stats/text/*, /status/modes, /status/news,
 /documents/*, and the AI Horde's teams and text styles (empty here,
 decision 0055). Every answer is the AI Horde's JSON."""
 
@@ -18,6 +18,19 @@ about = Blueprint("about", __name__, url_prefix="/api/v2")
 @about.get("/status/performance")
 async def performance() -> Response:
     return json_response(_render.performance(await horde().about.performance()))
+
+
+@about.get("/stats/text/totals")
+async def text_totals() -> Response:
+    stats = await horde().about.stats()
+    return json_response(
+        {period: {"requests": n, "tokens": t} for period, (n, t) in stats.totals.items()}
+    )
+
+
+@about.get("/stats/text/models")
+async def text_models() -> Response:
+    return json_response((await horde().about.stats()).models)
 
 
 @about.get("/status/modes")

@@ -280,6 +280,8 @@ NEWS_IMPORTANCE: Final = ("Information", "Workers", "Minor", "Major", "Crisis")
 # GET /api/v2/status/performance sums the whole queue and pool: read at most
 # this often, in seconds, however many clients ask.
 PERFORMANCE_TTL: Final = 5.0
+# GET /api/v2/stats/text/*: summed over every stored job, at most this often.
+STATS_TTL: Final = 60.0
 # The dashboard (GET / and GET /dashboard/pool) shows the models with most
 # threads, the workers with most jobs done and, for each worker, its first
 # models, each with how many more there are; the playground offers the chat

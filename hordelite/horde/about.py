@@ -8,10 +8,11 @@ from typing import Literal
 
 import anyio
 
-from hordelite.contract.limits import PERFORMANCE_TTL
+from hordelite.contract.limits import PERFORMANCE_TTL, STATS_TTL
 from hordelite.errors import bad_request
 from hordelite.horde._core import HordeCore
 from hordelite.horde.results import Document, Modes, NewsPiece, Performance
+from hordelite.storage.stats import TextStats
 
 # The documents the operator writes in [notices], by their route's name.
 DocumentName = Literal["terms", "privacy"]
@@ -27,6 +28,8 @@ class About:
         self._core = core
         self._lock = anyio.Lock()
         self._performance: tuple[float, Performance] | None = None
+        self._stats_lock = anyio.Lock()
+        self._stats: tuple[float, TextStats] | None = None
 
     async def performance(self) -> Performance:
         """The load, summed over the queue and the pool at most once per
@@ -47,6 +50,16 @@ class About:
                     ),
                 )
                 self._performance = cached
+            return cached[1]
+
+    async def stats(self) -> TextStats:
+        """Jobs done per period and model, summed at most once per STATS_TTL."""
+        async with self._stats_lock:
+            now = self._core.clock.now()
+            cached = self._stats
+            if cached is None or not 0 <= now - cached[0] < STATS_TTL:
+                cached = (now, await self._core.store.text_stats(now=now))
+                self._stats = cached
             return cached[1]
 
     def modes(self) -> Modes:

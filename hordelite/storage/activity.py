@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, Integer, Row, cast, delete, func, literal, select, union_all
+from sqlalchemy import Connection, Integer, cast, delete, func, literal, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 
 from hordelite.contract.limits import DASHBOARD_BUCKET_SECONDS, DASHBOARD_WINDOW_SECONDS
@@ -75,7 +75,7 @@ def done_jobs_per_bucket(
 
 def roll_up(
     conn: Connection,
-    purged: Sequence[Row[str, str, float | None, int | None]],
+    purged: Sequence[tuple[str, str, float | None, int | None]],
     created: dict[str, float],
     now: float,
 ) -> None:

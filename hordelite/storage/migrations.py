@@ -158,9 +158,11 @@ def _v9(conn: Connection) -> None:
     # A worker's info, an admin's pause, and deletion by its owner; the
     # kudos users sent each other. Every worker stored before has no info,
     # is not paused and not deleted; every user has sent and received 0.
-    # Messages to workers start empty.
+    # Messages to workers start empty; so do the daily statistics (the jobs
+    # purged before were not counted).
     _add_missing_columns(conn)
     schema.worker_messages.create(conn, checkfirst=True)
+    schema.stats_days.create(conn, checkfirst=True)
 
 
 # The prefix of a name key no pop can reach (names refuse control characters).

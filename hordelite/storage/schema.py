@@ -325,6 +325,19 @@ jobs = Table(
     Index("ix_jobs_state_lease", "state", "lease_expires"),
 )
 
+# /stats/text: the jobs done per UTC day and model, of the jobs no longer
+# stored (the purge adds its done jobs here in its transaction, as it does
+# for activity_minutes), kept for ever: a row per model served each day.
+stats_days = Table(
+    "stats_days",
+    metadata,
+    # The day's start, seconds since the epoch (a multiple of 86400).
+    Column("day", BigInteger, primary_key=True, autoincrement=False),
+    Column("model", String(MAX_NAME), primary_key=True),
+    Column("jobs", Integer, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+)
+
 # Messages to workers (POST /workers/messages, an admin's), shown to the
 # worker's owner and carried by its pops until they expire; the sweep
 # deletes them a retention after that.

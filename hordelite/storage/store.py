@@ -34,7 +34,7 @@ from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.messages import MessageRecord
 from hordelite.storage.migrations import upgrade
-from hordelite.storage.stats import HordeLoad, horde_load
+from hordelite.storage.stats import HordeLoad, TextStats, horde_load, text_stats
 
 
 class Store:
@@ -266,6 +266,11 @@ class Store:
         """The queue and the pool summed, and the tokens done since ``since``
         (an aggregate of the whole queue: read off the event loop)."""
         return await self.db.read_aside(horde_load, now, since)
+
+    async def text_stats(self, *, now: float) -> TextStats:
+        """Jobs done per period and model (an aggregate of every stored job:
+        read off the event loop)."""
+        return await self.db.read_aside(text_stats, now)
 
     async def queue_depth(self, *, now: float, top: int) -> q.QueueDepth:
         """Jobs waiting: for the ``top`` served models with most, the other

@@ -35,6 +35,7 @@ from hordelite.storage.schema import (
     request_workers,
     requests,
 )
+from hordelite.storage.stats import roll_up_days
 
 CLASS_IDLE_SECONDS = 3600.0
 
@@ -195,7 +196,7 @@ def _purge(conn: Connection, before: float, now: float) -> list[str]:
     purged_jobs = conn.execute(
         delete(jobs)
         .where(jobs.c.request_id.in_(old))
-        .returning(jobs.c.request_id, jobs.c.state, jobs.c.submitted, jobs.c.tokens)
+        .returning(jobs.c.request_id, jobs.c.state, jobs.c.submitted, jobs.c.tokens, jobs.c.model)
     ).all()
     conn.execute(delete(request_workers).where(request_workers.c.request_id.in_(old)))
     purged = conn.execute(
@@ -203,7 +204,9 @@ def _purge(conn: Connection, before: float, now: float) -> list[str]:
         .where(requests.c.ended < before)
         .returning(requests.c.id, requests.c.created)
     ).all()
-    roll_up(conn, purged_jobs, {r.id: r.created for r in purged}, now)
+    roll_up(conn, [r[:4] for r in purged_jobs], {r.id: r.created for r in purged}, now)
+    # And to the daily figures of /stats/text, kept for ever.
+    roll_up_days(conn, [(r.state, r.submitted, r.tokens, r.model) for r in purged_jobs])
     return [r.id for r in purged]
 
 
