@@ -23,6 +23,7 @@ from hordelite.horde.results import (
     WorkerMessage,
     WorkerUpdate,
 )
+from hordelite.storage.requests import SubmittedText
 
 
 def status(s: RequestStatus) -> dict[str, Any]:
@@ -275,4 +276,20 @@ def worker_message(m: WorkerMessage) -> dict[str, Any]:
         "message": m.message,
         "origin": m.origin,
         "expiry": m.expiry,
+    }
+
+
+def submitted_text(r: SubmittedText) -> dict[str, Any]:
+    """A text request as queued, in the AI Horde's request body shape."""
+    return {
+        "prompt": r.prompt,
+        "params": r.params,
+        "softprompt": r.softprompt,
+        "trusted_workers": r.trusted_workers,
+        "slow_workers": r.slow_workers,
+        "workers": r.worker_ids,
+        "worker_blacklist": r.worker_blacklist,
+        "models": r.models,
+        "proxied_account": r.proxied_account,
+        "webhook": r.webhook,
     }

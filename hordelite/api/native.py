@@ -98,6 +98,13 @@ async def text_status(request_id: str) -> Response:
     )
 
 
+@native.get("/generate/text/request/<request_id>")
+async def text_request(request_id: str) -> Response:
+    # The request as queued: its prompt is the requester's, so the key is.
+    found = await horde().requests.submitted_text(api_key(), request_id)
+    return json_response(_render.submitted_text(found))
+
+
 @native.delete("/generate/text/status/<request_id>")
 async def text_cancel(request_id: str) -> Response:
     return json_response(_render.status(await horde().requests.cancel("text", request_id)))

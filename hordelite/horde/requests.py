@@ -26,7 +26,7 @@ from hordelite.horde.keys import hash_key, scoped_operation_key
 from hordelite.horde.results import Queued, Quote, RequestStatus, RequestWarning
 from hordelite.horde.status import status_of
 from hordelite.signals import look_again_by
-from hordelite.storage.requests import FirstRequest, Submitted
+from hordelite.storage.requests import FirstRequest, Submitted, SubmittedText
 
 
 class Requests:
@@ -191,6 +191,16 @@ class Requests:
                 await self._core.blobs.delete(request_images.image_keys(request_id, req))
 
     # Status ------------------------------------------------------------
+
+    async def submitted_text(self, api_key: str, request_id: str) -> SubmittedText:
+        """A text request as it was queued (GET /generate/text/request/{id}),
+        for the user who queued it or an admin."""
+        canonical = parse_uuid(request_id)
+        if canonical is None:
+            raise HordeError(RC.RequestNotFound, f"No request with id {request_id[:64]!r}.")
+        return await self._core.store.submitted_text(
+            key_hash=hash_key(api_key), request_id=canonical
+        )
 
     async def status(
         self,

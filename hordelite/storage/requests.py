@@ -31,11 +31,12 @@ from hordelite.contract.eligibility import (
 from hordelite.contract.limits import (
     MAX_AGENT_CHARS,
 )
+from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.arrays import one_of
 from hordelite.storage.ledger import JOB_WITH_REQUEST, settle, settlement
 from hordelite.storage.pool import online_now
-from hordelite.storage.queueing import HELD, end_request, enqueue, release
+from hordelite.storage.queueing import HELD, end_request, enqueue, get_request, release
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     jobs,
@@ -574,3 +575,41 @@ def cancel_request(
             # still out is judged against it; the sweep releases it later).
             release(conn, [req.id])
     return dataclasses.replace(status, settled=(rewarded, charged))
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmittedText:
+    """A text request as it was queued (its prompt ``""`` once released
+    after it ended), for its requester."""
+
+    prompt: str
+    params: dict[str, Any]
+    models: list[str]
+    worker_ids: list[str]
+    worker_blacklist: bool
+    trusted_workers: bool
+    slow_workers: bool
+    softprompt: str | None
+    proxied_account: str | None
+    webhook: str | None
+
+
+def submitted_text(conn: Connection, key_hash: str, request_id: str, rules: Rules) -> SubmittedText:
+    """The text request ``request_id`` as queued, for the user who queued it
+    (or an admin): its prompt is the requester's, not every reader's."""
+    user = authenticate(conn, key_hash, rules)
+    row = get_request(conn, request_id, "text")
+    if row["user_id"] != user["id"] and not user["admin"]:
+        raise HordeError(RC.WrongCredentials, "Only the user who queued this request can read it.")
+    return SubmittedText(
+        prompt=row["prompt"],
+        params=row["params"],
+        models=list(row["models"]),
+        worker_ids=list(row["worker_ids"]),
+        worker_blacklist=bool(row["worker_blacklist"]),
+        trusted_workers=bool(row["trusted_workers"]),
+        slow_workers=bool(row["slow_workers"]),
+        softprompt=row["softprompt"],
+        proxied_account=row["proxied_account"],
+        webhook=row["webhook"],
+    )

@@ -34,6 +34,7 @@ from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.messages import MessageRecord
 from hordelite.storage.migrations import upgrade
+from hordelite.storage.requests import SubmittedText, submitted_text
 from hordelite.storage.stats import HordeLoad, TextStats, horde_load, text_stats
 
 
@@ -166,6 +167,11 @@ class Store:
         return await self.db.write(
             q.cancel_request, request_id, kind, now, self.rules, posted, self.billions, unread
         )
+
+    async def submitted_text(self, *, key_hash: str, request_id: str) -> SubmittedText:
+        """The text request as queued, for its requester (or an admin);
+        raises InvalidAPIKey, RequestNotFound, WrongCredentials."""
+        return await self.db.read(submitted_text, key_hash, request_id, self.rules)
 
     async def hold_reader(self, *, reader: str, expires: float) -> None:
         """Renew the reader lease of this process's OpenAI calls."""

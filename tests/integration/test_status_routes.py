@@ -158,3 +158,32 @@ async def test_a_queued_requests_status_counts_its_eligible_workers_and_threads(
             stuck = await submit_text(client, requester, "stuck", models=["nobody"])
             status = (await client.get(f"/api/v2/generate/text/status/{stuck}")).json()
             assert (status["eligible_workers"], status["might_stall"]) == (0, True)
+
+
+async def test_a_text_request_as_queued_is_read_back_by_its_requester_only() -> None:
+    async with open_horde() as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        other = await horde.create_key("eve")
+        admin = await horde.create_key("root", admin=True)
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            request_id = await submit_text(
+                client, requester, "Once upon a time", models=["m1"], max_length=60
+            )
+            path = f"/api/v2/generate/text/request/{request_id}"
+            for key in (requester, admin):
+                found = await client.get(path, headers={"apikey": key})
+                assert found.status_code == 200, found.text
+                body = found.json()
+                assert (body["prompt"], body["models"]) == ("Once upon a time", ["m1"])
+                assert body["params"]["max_length"] == 60
+                # horde_sdk 0.33's GenerationSubmittedKobold (0.18 has none).
+                assert {"softprompt", "trusted_workers", "slow_workers", "workers"} <= set(body)
+                assert (body["worker_blacklist"], body["webhook"]) == (False, None)
+            assert_refused(
+                await client.get(path, headers={"apikey": other}), 403, "WrongCredentials"
+            )
+            assert_refused(await client.get(path), 401, "InvalidAPIKey")
+            unknown = "/api/v2/generate/text/request/not-an-id"
+            assert_refused(
+                await client.get(unknown, headers={"apikey": requester}), 404, "RequestNotFound"
+            )
