@@ -230,6 +230,20 @@ def fault_request(conn: Connection, req: RowMapping, now: float, fault: faults.F
     end_request(conn, req["id"], "faulted", now)
 
 
+def lapse_job(conn: Connection, job: RowMapping, now: float, rules: Rules) -> tuple[bool, bool]:
+    """End a job in hand as a lease that ran out (its worker cannot submit
+    it: the lease lapsed, or the worker was deleted) and give its slot back
+    to its request, locked after the job, as submits lock them; returns
+    (requeued, ended) as ``give_back``."""
+    conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
+    req = (
+        conn.execute(select(requests).where(requests.c.id == job["request_id"]).with_for_update())
+        .mappings()
+        .one()
+    )
+    return give_back(conn, req, now, rules, faults.LEASE_EXPIRY)
+
+
 def give_back(
     conn: Connection, req: RowMapping, now: float, rules: Rules, given: faults.JobFault
 ) -> tuple[bool, bool]:

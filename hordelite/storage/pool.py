@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import Select, Update
 
-from hordelite.contract import budgets, faults, refusals
+from hordelite.contract import budgets, refusals
 from hordelite.contract.budgets import WorkerCap
 from hordelite.contract.chat_declaration import ChatDeclaration
 from hordelite.contract.chat_features import (
@@ -39,7 +39,7 @@ from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.arrays import by_codepoint, json_elements, one_of
-from hordelite.storage.ledger import give_back
+from hordelite.storage.ledger import lapse_job
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     jobs,
@@ -418,16 +418,8 @@ def delete_worker(
     requeued: list[str] = []
     ended: list[str] = []
     for job in held:
-        conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
-        req = (
-            conn.execute(
-                select(requests).where(requests.c.id == job["request_id"]).with_for_update()
-            )
-            .mappings()
-            .one()
-        )
-        was_requeued, was_ended = give_back(conn, req, now, rules, faults.LEASE_EXPIRY)
-        (requeued if was_requeued else ended if was_ended else []).append(req["id"])
+        was_requeued, was_ended = lapse_job(conn, job, now, rules)
+        (requeued if was_requeued else ended if was_ended else []).append(job["request_id"])
     row = _worker_to_change(conn, user, worker_id)
     retired = f"{RETIRED_NAME}{worker_id}"
     conn.execute(

@@ -23,7 +23,7 @@ from sqlalchemy.sql import Select
 from hordelite.contract import faults
 from hordelite.storage.activity import roll_up
 from hordelite.storage.arrays import by_codepoint
-from hordelite.storage.ledger import charge_worker, give_back
+from hordelite.storage.ledger import charge_worker, lapse_job
 from hordelite.storage.messages import purge_messages
 from hordelite.storage.pool import served_model_names
 from hordelite.storage.queueing import HELD, end_request, release
@@ -130,19 +130,11 @@ def _expire_leases(
     ended: list[str] = []
     for job in expired:
         # Locks in the order submits take them: job, request, worker.
-        conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state="expired"))
-        req = (
-            conn.execute(
-                select(requests).where(requests.c.id == job["request_id"]).with_for_update()
-            )
-            .mappings()
-            .one()
-        )
-        was_requeued, was_ended = give_back(conn, req, now, rules, faults.LEASE_EXPIRY)
+        was_requeued, was_ended = lapse_job(conn, job, now, rules)
         charge_worker(conn, job["worker_id"], faults.LEASE_EXPIRY.charge, now, rules)
         requeued += was_requeued
         if was_ended:
-            ended.append(req["id"])
+            ended.append(job["request_id"])
     return list(expired), requeued, ended
 
 
