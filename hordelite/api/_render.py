@@ -18,12 +18,12 @@ from hordelite.horde.results import (
     Quote,
     RequestStatus,
     SubmitAnswer,
+    SubmittedRequest,
     UserAnswer,
     WorkerAnswer,
     WorkerMessage,
     WorkerUpdate,
 )
-from hordelite.storage.requests import SubmittedText
 
 
 def status(s: RequestStatus) -> dict[str, Any]:
@@ -279,7 +279,7 @@ def worker_message(m: WorkerMessage) -> dict[str, Any]:
     }
 
 
-def submitted_text(r: SubmittedText) -> dict[str, Any]:
+def submitted_text(r: SubmittedRequest) -> dict[str, Any]:
     """A text request as queued, in the AI Horde's request body shape."""
     return {
         "prompt": r.prompt,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -23,10 +24,16 @@ from hordelite.horde import chat, request_images
 from hordelite.horde._core import HordeCore
 from hordelite.horde.admission import ChatAdmission, new_text_request, text_quote
 from hordelite.horde.keys import hash_key, scoped_operation_key
-from hordelite.horde.results import Queued, Quote, RequestStatus, RequestWarning
+from hordelite.horde.results import (
+    Queued,
+    Quote,
+    RequestStatus,
+    RequestWarning,
+    SubmittedRequest,
+)
 from hordelite.horde.status import status_of
 from hordelite.signals import look_again_by
-from hordelite.storage.requests import FirstRequest, Submitted, SubmittedText
+from hordelite.storage.requests import FirstRequest, Submitted
 
 
 class Requests:
@@ -192,15 +199,16 @@ class Requests:
 
     # Status ------------------------------------------------------------
 
-    async def submitted_text(self, api_key: str, request_id: str) -> SubmittedText:
+    async def submitted_text(self, api_key: str, request_id: str) -> SubmittedRequest:
         """A text request as it was queued (GET /generate/text/request/{id}),
         for the user who queued it or an admin."""
         canonical = parse_uuid(request_id)
         if canonical is None:
             raise HordeError(RC.RequestNotFound, f"No request with id {request_id[:64]!r}.")
-        return await self._core.store.submitted_text(
+        found = await self._core.store.submitted_text(
             key_hash=hash_key(api_key), request_id=canonical
         )
+        return SubmittedRequest(**dataclasses.asdict(found))
 
     async def status(
         self,

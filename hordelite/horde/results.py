@@ -318,3 +318,19 @@ class SubmitAnswer:
     """A worker's submit accepted: the kudos it earned."""
 
     reward: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmittedRequest:
+    """A text request as it was queued (its prompt "" once released)."""
+
+    prompt: str
+    params: dict[str, Any]
+    models: list[str]
+    worker_ids: list[str]
+    worker_blacklist: bool
+    trusted_workers: bool
+    slow_workers: bool
+    softprompt: str | None
+    proxied_account: str | None
+    webhook: str | None
