@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from typing import Any
 
@@ -205,10 +204,9 @@ class Requests:
         canonical = parse_uuid(request_id)
         if canonical is None:
             raise HordeError(RC.RequestNotFound, f"No request with id {request_id[:64]!r}.")
-        found = await self._core.store.submitted_text(
+        return await self._core.store.submitted_text(
             key_hash=hash_key(api_key), request_id=canonical
         )
-        return SubmittedRequest(**dataclasses.asdict(found))
 
     async def status(
         self,

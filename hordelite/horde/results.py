@@ -13,6 +13,10 @@ from typing import Any
 from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.faults import Fault
 from hordelite.errors import RC
+from hordelite.storage.requests import SubmittedText
+
+# A text request as queued: storage's record is already the answer's shape.
+SubmittedRequest = SubmittedText
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,19 +322,3 @@ class SubmitAnswer:
     """A worker's submit accepted: the kudos it earned."""
 
     reward: float
-
-
-@dataclasses.dataclass(frozen=True)
-class SubmittedRequest:
-    """A text request as it was queued (its prompt "" once released)."""
-
-    prompt: str
-    params: dict[str, Any]
-    models: list[str]
-    worker_ids: list[str]
-    worker_blacklist: bool
-    trusted_workers: bool
-    slow_workers: bool
-    softprompt: str | None
-    proxied_account: str | None
-    webhook: str | None
