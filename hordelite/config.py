@@ -408,6 +408,16 @@ class ImagesConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WebhooksConfig:
+    # Call webhooks at private, loopback and link-local addresses, and plain
+    # http:// ones (a horde whose clients are its own services, on its own
+    # network); false refuses them at submit (http://) and at the call (an
+    # address that is not public), so a client cannot make the horde post
+    # into the operator's network.
+    call_private: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class DashboardConfig:
     # The web dashboard and chat playground at / (read-only; its chat goes
     # through /v1 like any client's); false answers / with 404.
@@ -512,6 +522,7 @@ class Config:
     budgets: BudgetsConfig = dataclasses.field(default_factory=BudgetsConfig)
     front: FrontConfig = dataclasses.field(default_factory=FrontConfig)
     images: ImagesConfig = dataclasses.field(default_factory=ImagesConfig)
+    webhooks: WebhooksConfig = dataclasses.field(default_factory=WebhooksConfig)
     dashboard: DashboardConfig = dataclasses.field(default_factory=DashboardConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     notices: NoticesConfig = dataclasses.field(default_factory=NoticesConfig)
@@ -536,6 +547,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "budgets": BudgetsConfig,
     "front": FrontConfig,
     "images": ImagesConfig,
+    "webhooks": WebhooksConfig,
     "dashboard": DashboardConfig,
     "metrics": MetricsConfig,
     "notices": NoticesConfig,

@@ -1,5 +1,6 @@
-"""Fetching an image a client names by ``http(s)`` URL, without letting the
-fetch reach into the operator's network.
+"""Fetching an image a client names by ``http(s)`` URL, and calling the
+webhook a client names, without letting either reach into the operator's
+network.
 
 The horde fetches a chat request's image URLs at submit. A client chooses
 the URL, so a fetch made naively is a request the horde sends on the
@@ -10,6 +11,9 @@ fetch (the first URL and each redirect target) is therefore checked from
 scratch: the scheme, then every address its host resolves to must be a
 public one, unless the operator allows private addresses
 (``[images] fetch_private``, for a horde whose clients are its own).
+
+A webhook call (``post_json``) is checked the same way and follows no
+redirect: it is one POST to the address checked.
 
 The check covers the address actually connected to: the fetch connects to
 the checked address itself, so a name that resolves to a public address
@@ -285,3 +289,79 @@ async def _exchange(
         return bytes(body)
     finally:
         await response.aclose()
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOutcome:
+    """How one webhook call went: ``answered`` with a 2xx, else why not
+    (``reason``, one of Reason's, for the log) and whether trying again could
+    help (``final``: the address policy refused it, or its URL is unusable)."""
+
+    answered: bool
+    reason: str = ""
+    final: bool = False
+    status: int = 0
+
+
+async def post_json(
+    url: str, body: bytes, *, allow_private: bool, time_limit: float, user_agent: str
+) -> CallOutcome:
+    """POST ``body`` (JSON) to ``url`` under the address policy above, within
+    ``time_limit`` seconds in all; the answer's body is not read. Runs on
+    trio and on asyncio."""
+    try:
+        shown = parse_target(url).host
+    except ImageFetchRefused:
+        return CallOutcome(False, "scheme", final=True)
+    try:
+        with anyio.fail_after(time_limit):
+            target, addresses = await resolve_target(
+                url, allow_private=allow_private, reported_host=shown
+            )
+            async with httpx.AsyncClient(
+                trust_env=False, follow_redirects=False, timeout=None
+            ) as client:
+                return await _post(client, target, addresses, body, user_agent)
+    except ImageFetchRefused as refused:
+        return CallOutcome(False, refused.reason, final=refused.reason in ("scheme", "address"))
+    except TimeoutError:
+        return CallOutcome(False, "timeout")
+
+
+async def _post(
+    client: httpx.AsyncClient,
+    target: Target,
+    addresses: list[IPAddress],
+    body: bytes,
+    user_agent: str,
+) -> CallOutcome:
+    """One POST: the first checked address that accepts a connection takes it
+    (connected to as ``_exchange`` explains)."""
+    for address in addresses:
+        extensions = {} if str(address) == target.host else {"sni_hostname": target.host}
+        request = client.build_request(
+            "POST",
+            target.url.copy_with(host=str(address)),
+            headers={
+                "Host": target.url.netloc.decode("ascii"),
+                "Content-Type": "application/json",
+                "User-Agent": user_agent,
+            },
+            content=body,
+            extensions=extensions,
+        )
+        try:
+            # Streamed and closed unread: the receiver's answer body is not
+            # the horde's to hold.
+            response = await client.send(request, stream=True)
+            await response.aclose()
+        except httpx.ConnectError:
+            continue
+        except httpx.TimeoutException:
+            return CallOutcome(False, "timeout")
+        except httpx.HTTPError:
+            return CallOutcome(False, "unreachable")
+        if 200 <= response.status_code < 300:
+            return CallOutcome(True, status=response.status_code)
+        return CallOutcome(False, "status", status=response.status_code)
+    return CallOutcome(False, "unreachable")

@@ -19,12 +19,13 @@ import anyio
 import anyio.to_thread
 
 from hordelite._http import current_backend, listen, serve_http
+from hordelite.api import _render
 from hordelite.api.metrics import create_metrics_app
 from hordelite.app import create_app
 from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
 from hordelite.clock import Clock
 from hordelite.config import Config
-from hordelite.contract.limits import READER_RENEW_SECONDS
+from hordelite.contract.limits import READER_RENEW_SECONDS, WEBHOOK_POLL_SECONDS
 from hordelite.errors import StorageUnavailable
 from hordelite.horde.readers import reader_name
 from hordelite.horde.service import Horde
@@ -101,6 +102,32 @@ async def serve_readers(
             await horde.readers.renew()
         except StorageUnavailable as exc:
             log.warning("reader lease not renewed, storage unavailable: %s", exc)
+
+
+async def serve_webhooks(
+    horde: Horde,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Make the webhook calls owed (decision 0056) until ``stop``: at once
+    when a request ends in this process, else every WEBHOOK_POLL_SECONDS
+    (another process's ends, retries), so ``stop`` is seen within that. A
+    call cut off by the shutdown stays owed in storage, and is made once its
+    claim lapses."""
+    task_status.started()
+    while not stop.is_set():
+        ended = horde.webhooks.arm()
+        try:
+            if await horde.webhooks.call_due(_render.webhook):
+                continue  # more may be due: look again at once
+        except StorageUnavailable as exc:
+            log.warning("webhooks not called, storage unavailable: %s", exc)
+        except Exception:
+            # As a failing sweep: the horde goes on, the next round tries again.
+            log.exception("webhook round failed")
+        with anyio.move_on_after(WEBHOOK_POLL_SECONDS):
+            await ended.wait()
 
 
 async def _serve_http_until(
@@ -212,6 +239,7 @@ async def _open_horde(
                 metrics_stopped.set()
             await tg.start(serve_timers, horde, shutdown)
             await tg.start(serve_readers, horde, shutdown)
+            await tg.start(serve_webhooks, horde, shutdown)
             try:
                 yield RunningHorde(url, horde, blobs, metrics_url)
             except Exception as exc:

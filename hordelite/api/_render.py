@@ -87,6 +87,34 @@ def generation(g: Generation) -> dict[str, Any]:
     }
 
 
+# A request's end as its webhook's body says it: an expired request reads as
+# faulted, as its status does (decision 0007).
+_ENDED_AS = {"done": "done", "faulted": "faulted", "expired": "faulted", "cancelled": "cancelled"}
+
+
+def webhook(request_id: str, state: str, s: RequestStatus) -> dict[str, Any]:
+    """The body of a text request's webhook call (decision 0056): the AI
+    Horde's body for a generation (``text``, ``seed``, ``worker_id``,
+    ``worker_name``, ``model``, ``id``, ``request``, ``kudos``), of the
+    request's first generation when it has one, with how the request ended
+    (``state``), its status flags and every generation as its status lists
+    them."""
+    body: dict[str, Any] = {}
+    if s.generations:
+        first = s.generations[0]
+        body.update(generation(first), id=first.id)
+    body.update(
+        request=request_id,
+        state=_ENDED_AS.get(state, state),
+        kudos=s.kudos,
+        done=s.done,
+        faulted=s.faulted,
+        finished=s.finished,
+        generations=[generation(g) for g in s.generations],
+    )
+    return body
+
+
 def pop(answer: PopAnswer) -> dict[str, Any]:
     messages = [worker_message(m) for m in answer.messages]
     if answer.job is None:

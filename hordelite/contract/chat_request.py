@@ -258,14 +258,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", "Invalid type for 'stream': expected a boolean.")
-    include_usage = _parse_stream_options(body.get("stream_options"), bool(stream))
+    include_usage = parse_stream_options(body.get("stream_options"), bool(stream))
     horde = _parse_horde(body.get("horde"))
     req = ChatRequest(
-        models=_parse_models(body),
+        models=parse_models(body),
         messages=messages,
         sampling=_parse_sampling(body),
         max_length=_parse_max_length(body),
-        stop=_parse_stop(body.get("stop")),
+        stop=parse_stop(body.get("stop")),
         seed=_parse_seed(body.get("seed")),
         reasoning_effort=_parse_enum(body, "reasoning_effort", REASONING_EFFORTS),
         tools=tools,
@@ -287,7 +287,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return req
 
 
-def _parse_models(body: Mapping[str, Any]) -> tuple[str, ...]:
+def parse_models(body: Mapping[str, Any]) -> tuple[str, ...]:
     model, models = body.get("model"), body.get("models")
     if model is not None and models is not None:
         raise unsupported("models", "Send either 'model' or 'models', not both.")
@@ -307,7 +307,7 @@ def _parse_models(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(models))
 
 
-def _number(
+def openai_number(
     body: Mapping[str, Any], key: str, lo: float, hi: float, name: str | None = None
 ) -> float | None:
     """``body[key]`` as a number within bounds; errors name it ``name`` (default ``key``)."""
@@ -338,7 +338,7 @@ def _parse_sampling(body: Mapping[str, Any]) -> dict[str, float]:
     }
     sampling = dict(OPENAI_SAMPLING_DEFAULTS)
     for key, (lo, hi) in bounds.items():
-        value = _number(body, key, lo, hi)
+        value = openai_number(body, key, lo, hi)
         if value is not None:
             sampling[key] = value
     return sampling
@@ -362,7 +362,7 @@ def _parse_max_length(body: Mapping[str, Any]) -> int | None:
     return min(found) if found else None
 
 
-def _parse_stop(value: Any) -> list[str] | None:
+def parse_stop(value: Any) -> list[str] | None:
     if value is None:
         return None
     stops = [value] if isinstance(value, str) else value
@@ -782,7 +782,7 @@ def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, 
             _check_strict_schema(sub, param, prefix, (*path, key))
 
 
-def _parse_stream_options(value: Any, stream: bool) -> bool:
+def parse_stream_options(value: Any, stream: bool) -> bool:
     if value is None:
         return False
     if not stream:
@@ -853,7 +853,7 @@ def _parse_horde(value: Any) -> HordeOptions:
             )
         return str(v)
 
-    max_kudos = _number(value, "max_kudos", 0, 1e12, "horde.max_kudos")
+    max_kudos = openai_number(value, "max_kudos", 0, 1e12, "horde.max_kudos")
     workers = value.get("workers") or []
     if not isinstance(workers, list) or len(workers) > MAX_WORKER_IDS:
         raise invalid(

@@ -312,3 +312,23 @@ MAX_READER_CHARS: Final = 300
 # A draining process answers the calls it could not finish this long before
 # its grace period ends, so the answer leaves before the server cancels it.
 DRAIN_ANSWER_MARGIN: Final = 1.0
+# Webhooks (decision 0056): a text request's ``webhook`` is called once when
+# the request ends, by a background task of the serving processes, never on
+# a request's path. Each call must be answered within WEBHOOK_TIMEOUT (the
+# AI Horde gives 3 s; a receiver on a slow host gets more here); a call that
+# fails is tried again after each of WEBHOOK_BACKOFF's delays in turn, then
+# given up (WEBHOOK_TRIES calls in all). A call refused by the address
+# policy is given up at once: trying again would knock again.
+WEBHOOK_TIMEOUT: Final = 10.0
+WEBHOOK_BACKOFF: Final = (2.0, 10.0, 60.0)
+WEBHOOK_TRIES: Final = len(WEBHOOK_BACKOFF) + 1
+# A claimed call not settled within this many seconds (its process died
+# while calling) is due again: a process restarting, or another one, makes
+# it. The claim outlasts one call's whole time limit.
+WEBHOOK_CLAIM_SECONDS: Final = WEBHOOK_TIMEOUT + 20.0
+# Calls one process makes at once (each holds a socket while it waits); the
+# due calls past them wait for the next round.
+WEBHOOK_CALLS_AT_ONCE: Final = 16
+# How often each process looks for calls due that no ending in this process
+# announced: another process's ends, retries, claims of a process gone.
+WEBHOOK_POLL_SECONDS: Final = 1.0

@@ -47,7 +47,7 @@ from hordelite.contract.unicode_rules import worker_name_key
 from hordelite.errors import RC, HordeError, bad_request
 
 # Sampling parameters with their bounds, as the AI Horde's ModelPayloadKobold.
-_NUMBER_PARAMS: dict[str, tuple[float, float]] = {
+SAMPLING_NUMBERS: dict[str, tuple[float, float]] = {
     "temperature": (0, 5),
     "top_p": (0.001, 1),
     "top_a": (0, 1),
@@ -60,11 +60,11 @@ _NUMBER_PARAMS: dict[str, tuple[float, float]] = {
     "dynatemp_range": (0, 5),
     "dynatemp_exponent": (0, 5),
 }
-_INT_PARAMS: dict[str, tuple[int, int]] = {
+SAMPLING_INTS: dict[str, tuple[int, int]] = {
     "top_k": (0, 200),
     "rep_pen_range": (0, 4096),
 }
-_BOOL_PARAMS = (
+SAMPLING_BOOLS = (
     "use_default_badwordsids",
     "singleline",
     "frmtadsnsp",
@@ -96,7 +96,10 @@ class TextRequest:
     webhook: str | None
 
 
-def parse_text_request(body: Any) -> TextRequest:
+def parse_text_request(body: Any, *, http_webhooks: bool = False) -> TextRequest:
+    """A native text request, validated. ``http_webhooks``: a plain http://
+    webhook is accepted too (``[webhooks] call_private``); otherwise only an
+    https:// one is, as the AI Horde accepts."""
     body = f.expect_object(body, "body")
     prompt = body.get("prompt")
     if prompt is None or prompt == "":
@@ -112,8 +115,8 @@ def parse_text_request(body: Any) -> TextRequest:
             raise bad_request(f"workers.{i}", "is not a worker id (a UUID)")
         canonical.append(worker_id)
     webhook = f.get_str(body, "webhook", "webhook", MAX_WEBHOOK_CHARS, None)
-    if webhook is not None and not webhook.startswith("https://"):
-        raise bad_request("webhook", "must be an https:// URL")
+    if webhook is not None:
+        webhook = _webhook(webhook, http_webhooks)
     return TextRequest(
         prompt=prompt,
         params=params,
@@ -132,6 +135,18 @@ def parse_text_request(body: Any) -> TextRequest:
         proxied_account=f.get_str(body, "proxied_account", "proxied_account", MAX_NAME, None),
         webhook=webhook,
     )
+
+
+def _webhook(url: str, http_allowed: bool) -> str:
+    """The webhook as given, when it is an absolute URL the horde may call
+    (its host is checked again at each call: what it resolves to then)."""
+    schemes = ("https://", "http://") if http_allowed else ("https://",)
+    if not url.lower().startswith(schemes):
+        raise bad_request("webhook", "must be an " + " or ".join(schemes) + " URL")
+    rest = url.split("://", 1)[1]
+    if not rest or rest[0] in "/?#" or any(c.isspace() for c in url):
+        raise bad_request("webhook", "must be a URL with a host and no spaces")
+    return url
 
 
 def _parse_params(raw: Any) -> dict[str, Any]:
@@ -161,13 +176,13 @@ def _parse_params(raw: Any) -> dict[str, Any]:
             f"params.max_context_length ({out['max_context_length']}) must be at least "
             f"params.max_length ({out['max_length']}).",
         )
-    for key, (lo, hi) in _NUMBER_PARAMS.items():
+    for key, (lo, hi) in SAMPLING_NUMBERS.items():
         if params.get(key) is not None:
             out[key] = f.get_number(params, key, f"params.{key}", lo, hi)
-    for key, (ilo, ihi) in _INT_PARAMS.items():
+    for key, (ilo, ihi) in SAMPLING_INTS.items():
         if params.get(key) is not None:
             out[key] = f.get_int(params, key, f"params.{key}", ilo, ihi)
-    for key in _BOOL_PARAMS:
+    for key in SAMPLING_BOOLS:
         if params.get(key) is not None:
             out[key] = f.get_bool(params, key, f"params.{key}", False)
     if params.get("sampler_order") is not None:

@@ -26,6 +26,23 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+class Nudge:
+    """A wake-up for one task that also looks on its own from time to time:
+    ``arm`` before it looks, then wait on the event armed; a ``set`` since
+    the arming wakes it, and one before it is not lost (it looked after)."""
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None
+
+    def arm(self) -> anyio.Event:
+        self._event = anyio.Event()
+        return self._event
+
+    def set(self) -> None:
+        if self._event is not None:
+            self._event.set()
+
+
 @dataclasses.dataclass
 class HordeCore:
     """The state of one horde, shared by its rooms (hordelite.horde.service
@@ -46,6 +63,8 @@ class HordeCore:
     skipped: SkippedSample
     messages: MessageSnapshot
     stopping: bool = False
+    # A request ended in this process: its webhook may be owed now.
+    webhooks_due: Nudge = dataclasses.field(default_factory=Nudge)
     # When the drain's answers are due (anyio's clock), once stopping: the
     # server cancels what is still open at its grace period's end.
     drain_deadline: float = float("inf")

@@ -209,6 +209,8 @@ class Directory:
             await core.queue_changed()
         for request_id in gone.ended:
             await core.signals.notify_request(request_id)
+        if gone.ended:
+            core.webhooks_due.set()
         for request_id in gone.requeued:
             await core.signals.touch_request(request_id)
         return DeletedWorkerAnswer(gone.id, gone.name)

@@ -260,6 +260,7 @@ class Jobs:
         await core.signals.notify_request(result.request_id)
         if result.request_ended:
             await core.signals.end_stream(result.request_id, now)
+            core.webhooks_due.set()
         return SubmitAnswer(result.reward)
 
     async def _parse_submit(self, api_key: str, body: Any) -> JobSubmit | ChatSubmit:

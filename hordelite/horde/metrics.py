@@ -143,6 +143,12 @@ class HordeMetrics:
             ["reason"],
             registry=registry,
         )
+        self.webhook_calls = Counter(
+            "hordelite_webhook_calls",
+            "Webhook calls made, by outcome (answered, retry, given_up).",
+            ["outcome"],
+            registry=registry,
+        )
         self.progress_posts = Counter(
             "hordelite_progress_posts",
             "Progress posts of streamed jobs accepted.",

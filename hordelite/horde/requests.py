@@ -57,7 +57,7 @@ class Requests:
     ) -> Queued | Quote:
         """Queue a text request; answers the 202 body (or the dry-run quote)."""
         core = self._core
-        req = parse_text_request(body)
+        req = parse_text_request(body, http_webhooks=core.config.webhooks.call_private)
         if req.dry_run:
             await core.store.user_by_key(key_hash=hash_key(api_key))
             return Quote(self.quote(req))
@@ -326,6 +326,7 @@ class Requests:
         core.metrics.kudos_charged.inc(parts.settled[1])
         await core.signals.notify_request(canonical)
         await core.signals.end_stream(canonical, now)
+        core.webhooks_due.set()
         return status_of(parts, core.config.horde.request_expiry)
 
 

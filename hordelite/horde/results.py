@@ -36,6 +36,7 @@ class Generation:
     worker_name: str
     model: str
     state: str | None  # the worker's gen_state: "ok" or "censored"
+    id: str = ""  # the job's
     text: str | None = None
     seed: int = 0
     gen_metadata: tuple[dict[str, Any], ...] = ()

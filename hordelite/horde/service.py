@@ -12,6 +12,7 @@ Each room serves one audience and is what the routes call:
 - ``readers`` (hordelite.horde.readers): the OpenAI calls as their
   requests' only readers, and the requests of calls a gone process held;
 - ``upkeep`` (hordelite.horde.upkeep): the sweep, readiness, shutdown;
+- ``webhooks`` (hordelite.horde.webhooks): the calls ended requests owe;
 - ``operator`` (hordelite.horde.operator): the schema and new users.
 
 They share one HordeCore (hordelite.horde._core): configuration, the Store,
@@ -54,6 +55,7 @@ from hordelite.horde.results import (
     UserAnswer,
 )
 from hordelite.horde.upkeep import Upkeep
+from hordelite.horde.webhooks import Webhooks
 from hordelite.signals import LocalSignals, Signals
 from hordelite.storage.database import Database
 from hordelite.storage.rules import Rules
@@ -141,6 +143,9 @@ class Horde:
         self.about = About(self.core)
         self.messages = Messages(self.core)
         self.upkeep = Upkeep(self.core)
+        self.webhooks = Webhooks(
+            self.core, lambda kind, rid: self.requests.status(kind, rid, with_position=False)
+        )
         self.operator = Operator(self.core)
         # What the routes and tests read of the horde's state.
         self.config = config

@@ -83,6 +83,7 @@ def _fault_of(req: StoredRequest, request_expiry: float) -> Fault:
 def generation(job: StoredJob) -> Generation:
     """A finished job as a status shows it."""
     return Generation(
+        id=job.id,
         worker_id=job.worker_id,
         worker_name=job.worker_name,
         model=job.model,

@@ -40,6 +40,8 @@ class Upkeep:
             await core.queue_changed()
         for request_id in result.ended_requests:
             await signals.notify_request(request_id)
+        if result.ended_requests:
+            core.webhooks_due.set()
         for request_id in result.changed_requests:
             await signals.touch_request(request_id)
         if core.blobs is not None:

@@ -21,7 +21,7 @@ from hordelite.contract.eligibility import (
 )
 from hordelite.contract.unicode_rules import unsendable
 from hordelite.errors import HordeError
-from hordelite.storage.queueing import end_request, enqueue, get_request
+from hordelite.storage.queueing import end_request, enqueue, get_request, hook_due_at
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     jobs,
@@ -75,7 +75,9 @@ _FINISH_REQUEST = (
 )
 
 # The request's last job: the request ends done in the same statement.
-_FINISH_LAST = _FINISH_REQUEST.values(state="done", ended=bindparam("now"), remaining=0)
+_FINISH_LAST = _FINISH_REQUEST.values(
+    state="done", ended=bindparam("now"), remaining=0, hook_due=hook_due_at(bindparam("now"))
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -165,11 +165,19 @@ def _v9(conn: Connection) -> None:
     schema.stats_days.create(conn, checkfirst=True)
 
 
+def _v10(conn: Connection) -> None:
+    # Webhooks called (decision 0056): when each is owed, and its tries. A
+    # request that ended before owes nothing (its webhook was not to be
+    # called then); one still waiting is called when it ends.
+    _add_missing_columns(conn)
+    _recreate_index(conn, "ix_requests_hook_due")
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
 LATEST = len(MIGRATIONS)
 
 

@@ -8,6 +8,7 @@ from sqlalchemy import (
     Connection,
     RowMapping,
     bindparam,
+    case,
     delete,
     insert,
     literal_column,
@@ -134,6 +135,12 @@ def release(conn: Connection, request_ids: list[str]) -> None:
         conn.execute(_RELEASE, {"ids": request_ids})
 
 
+def hook_due_at(now: Any) -> Any:
+    """``hook_due`` as a request ending at ``now`` sets it: its webhook's call
+    is owed from its end when it has one (decision 0056)."""
+    return case((requests.c.webhook.is_not(None), now), else_=null())
+
+
 def end_request(
     conn: Connection, request_id: str, state: str, now: float, abort_jobs: bool = True
 ) -> None:
@@ -146,7 +153,7 @@ def end_request(
     conn.execute(
         update(requests)
         .where(requests.c.id == request_id)
-        .values(state=state, ended=now, remaining=0)
+        .values(state=state, ended=now, remaining=0, hook_due=hook_due_at(now))
     )
     if abort_jobs:
         conn.execute(

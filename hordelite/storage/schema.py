@@ -154,6 +154,11 @@ requests = Table(
     Column("client_agent", String(MAX_AGENT_CHARS), nullable=False, default=""),
     Column("proxied_account", String(MAX_NAME), nullable=True),
     Column("webhook", String(MAX_WEBHOOK_CHARS), nullable=True),
+    # Its webhook's call is owed from here on (decision 0056): set to the end
+    # when a request with a webhook ends, moved on by each claim and
+    # failure's back-off, null once called or given up (or with no webhook).
+    Column("hook_due", Float, nullable=True),
+    Column("hook_tries", Integer, nullable=False, default=0, server_default="0"),
     # Chat requests: the validated request (its kept messages included), the
     # full flattened submission (``prompt`` holds the kept conversation
     # flattened), what a worker must declare, and the sizes routing reads.
@@ -205,6 +210,13 @@ requests = Table(
         "ended",
         sqlite_where=text("held_bytes > 0"),
         postgresql_where=text("held_bytes > 0"),
+    ),
+    # The webhook calls owed: partial, so as small as the calls not yet made.
+    Index(
+        "ix_requests_hook_due",
+        "hook_due",
+        sqlite_where=text("hook_due IS NOT NULL"),
+        postgresql_where=text("hook_due IS NOT NULL"),
     ),
     # NULL keys are distinct, so only requests with a key are constrained.
     Index("ix_requests_operation", "user_id", "operation_key", unique=True),

@@ -26,7 +26,7 @@ from hordelite.contract.transfers import Transfer
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import NewMessage, Validity
 from hordelite.errors import RC, HordeError
-from hordelite.storage import admin, messages
+from hordelite.storage import admin, messages, webhooks
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -36,6 +36,7 @@ from hordelite.storage.messages import MessageRecord
 from hordelite.storage.migrations import upgrade
 from hordelite.storage.requests import SubmittedText, submitted_text
 from hordelite.storage.stats import HordeLoad, TextStats, horde_load, text_stats
+from hordelite.storage.webhooks import OwedCall
 
 
 class Store:
@@ -345,6 +346,19 @@ class Store:
     async def active_messages(self, *, now: float, limit: int) -> list[MessageRecord]:
         """The messages not yet expired at ``now``, newest first, at most ``limit``."""
         return await self.db.read(messages.active_messages, now, limit)
+
+    async def webhooks_due(self, *, now: float) -> bool:
+        """Whether a webhook call is owed and due at ``now`` (a read)."""
+        return await self.db.read(webhooks.any_due, now)
+
+    async def claim_webhooks(self, *, now: float, limit: int) -> list[OwedCall]:
+        """Claim at most ``limit`` of the webhook calls due at ``now``
+        (another process's claims are skipped, not waited for)."""
+        return await self.db.write(webhooks.claim_calls, now, limit)
+
+    async def settle_webhook(self, *, call: OwedCall, done: bool, now: float) -> float | None:
+        """Record a claimed call's outcome; when it is due again, or None."""
+        return await self.db.write(webhooks.settle_call, call, done=done, now=now)
 
     # The operator's (synchronous) ----------------------------------------
 

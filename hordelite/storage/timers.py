@@ -184,7 +184,10 @@ def _purge(conn: Connection, before: float, now: float) -> list[str]:
     Their done jobs go to the dashboard's per-minute rollup first, in this
     transaction: the figures of the deleted rows as the deletes return them,
     so a job is rolled up exactly when it is deleted."""
-    old = select(requests.c.id).where(requests.c.ended < before)
+    # A request whose webhook call is still owed stays until it is made or
+    # given up (a horde down past the retention still calls it).
+    ended_before = (requests.c.ended < before) & requests.c.hook_due.is_(None)
+    old = select(requests.c.id).where(ended_before)
     purged_jobs = conn.execute(
         delete(jobs)
         .where(jobs.c.request_id.in_(old))
@@ -192,9 +195,7 @@ def _purge(conn: Connection, before: float, now: float) -> list[str]:
     ).all()
     conn.execute(delete(request_workers).where(request_workers.c.request_id.in_(old)))
     purged = conn.execute(
-        delete(requests)
-        .where(requests.c.ended < before)
-        .returning(requests.c.id, requests.c.created)
+        delete(requests).where(ended_before).returning(requests.c.id, requests.c.created)
     ).all()
     roll_up(conn, [r[:4] for r in purged_jobs], {r.id: r.created for r in purged}, now)
     # And to the daily figures of /stats/text, kept for ever.

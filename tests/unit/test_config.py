@@ -270,6 +270,7 @@ UNBOUNDED = {
     "front.pace_progress",
     "signals.ready_when_degraded",
     "images.fetch_private",
+    "webhooks.call_private",
     "dashboard.enabled",
     "metrics.enabled",
     "worker.tools_max_temperature",  # negative means "no clamp"; NaN is no number

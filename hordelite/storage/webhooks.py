@@ -1,0 +1,86 @@
+"""The webhook calls owed (decision 0056): a request with a webhook owes one
+call from its end (``hook_due``, set where requests end: ``end_request``
+and a last submit), until the call is made or given up.
+
+Any serving process may make a call: each claims the calls due, which moves
+them on by WEBHOOK_CLAIM_SECONDS, so that a process that dies while calling
+leaves them due again and another (or its successor) makes them. On
+PostgreSQL claims skip the rows other transactions hold locked, so replicas
+never claim the same call at once; SQLite's writes run one at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlalchemy import Connection, select, update
+
+from hordelite.contract.limits import WEBHOOK_BACKOFF, WEBHOOK_CLAIM_SECONDS, WEBHOOK_TRIES
+from hordelite.storage.schema import requests
+
+_DUE = select(requests.c.id).where(requests.c.hook_due.is_not(None))
+
+
+@dataclasses.dataclass(frozen=True)
+class OwedCall:
+    """A webhook call claimed: the request, how it ended, where to call, and
+    the how-manieth try this one is (1 for the first)."""
+
+    request_id: str
+    kind: str
+    state: str
+    url: str
+    attempt: int
+
+
+def any_due(conn: Connection, now: float) -> bool:
+    """Whether some call is due at ``now`` (a read along ix_requests_hook_due,
+    so that a poll finding none takes no write)."""
+    return conn.execute(_DUE.where(requests.c.hook_due <= now).limit(1)).first() is not None
+
+
+def claim_calls(conn: Connection, now: float, limit: int) -> list[OwedCall]:
+    """Claim at most ``limit`` of the calls due at ``now``, the longest due
+    first: each is counted as tried and owed again only after
+    WEBHOOK_CLAIM_SECONDS (when its caller settles it first, it is not)."""
+    rows = conn.execute(
+        select(
+            requests.c.id,
+            requests.c.kind,
+            requests.c.state,
+            requests.c.webhook,
+            requests.c.hook_tries,
+        )
+        .where(requests.c.hook_due.is_not(None), requests.c.hook_due <= now)
+        .order_by(requests.c.hook_due)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+    claimed: list[OwedCall] = []
+    for row in rows:
+        if row.webhook is None:  # cannot be set so; settled rather than kept owed
+            conn.execute(update(requests).where(requests.c.id == row.id).values(hook_due=None))
+            continue
+        conn.execute(
+            update(requests)
+            .where(requests.c.id == row.id)
+            .values(hook_due=now + WEBHOOK_CLAIM_SECONDS, hook_tries=row.hook_tries + 1)
+        )
+        claimed.append(OwedCall(row.id, row.kind, row.state, row.webhook, row.hook_tries + 1))
+    return claimed
+
+
+def settle_call(conn: Connection, call: OwedCall, *, done: bool, now: float) -> float | None:
+    """Record a claimed call's outcome: ``done`` (answered, or not to be
+    tried again) settles it; a failure makes it due again after its back-off,
+    or gives it up after WEBHOOK_TRIES. Returns when it is due again, or
+    None when it is settled."""
+    again = (
+        None if done or call.attempt >= WEBHOOK_TRIES else now + WEBHOOK_BACKOFF[call.attempt - 1]
+    )
+    conn.execute(
+        update(requests)
+        .where(requests.c.id == call.request_id, requests.c.hook_tries == call.attempt)
+        .values(hook_due=again)
+    )
+    return again

@@ -1,0 +1,249 @@
+"""Webhooks (decision 0056): a text request's ``webhook`` is called once when
+the request ends (done, faulted or cancelled) with the AI Horde's body,
+tried again after a failure, owed in storage across a restart and between
+replicas, and never sent to a private address unless the operator allows it.
+
+The receiver is a fake of what lies outside the horde: a plain HTTP/1.1
+server on loopback that records each call and answers the status it is told.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+
+from hordelite.api import _render
+from hordelite.clock import ManualClock
+from hordelite.config import Config
+from hordelite.contract.limits import WEBHOOK_BACKOFF, WEBHOOK_TRIES
+from hordelite.testing import FakeTextWorker, TestHorde, open_horde
+from tests.integration._helpers import assert_refused, eventually
+
+pytestmark = pytest.mark.anyio
+
+CALL_PRIVATE = Config().replace(webhooks={"call_private": True})
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1: ``calls`` holds each call's body;
+    ``statuses`` the statuses to answer, in turn (200 once they run out)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.statuses: list[int] = []
+        self.url = ""
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = await stream.receive()
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            headers = {
+                k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])
+            }
+            length = int(headers.get("content-length", "0"))
+            while len(body) < length:
+                body += await stream.receive()
+            self.headers.append(headers)
+            self.calls.append(json.loads(body))
+            status = self.statuses.pop(0) if self.statuses else 200
+            await stream.send(
+                f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
+            )
+
+
+@contextlib.asynccontextmanager
+async def receiver(port: int = 0) -> AsyncIterator[Receiver]:
+    r = Receiver()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+    r.url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/hook"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, r._handle)
+        try:
+            yield r
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def owed(horde: TestHorde, at: float) -> bool:
+    """Whether a webhook call is owed and due at ``at`` (on the horde's clock)."""
+    return await horde.horde.store.webhooks_due(now=at)
+
+
+async def failed_once(horde: TestHorde, clock: ManualClock) -> bool:
+    """A call was tried and failed: owed again after its first back-off, not now."""
+    now = clock.now()
+    return not await owed(horde, now) and await owed(horde, now + WEBHOOK_BACKOFF[0])
+
+
+async def not_(check: Any) -> bool:
+    return not await check
+
+
+async def submit(horde: TestHorde, key: str, webhook: str, **params: Any) -> str:
+    async with httpx.AsyncClient(base_url=horde.url) as client:
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": key},
+            json={"prompt": "Hello", "params": params, "models": ["m1"], "webhook": webhook},
+        )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+async def test_a_done_requests_webhook_is_called_once_with_the_ai_hordes_body(
+    chat_database: str | None,
+) -> None:
+    async with (
+        receiver() as hook,
+        open_horde(config=CALL_PRIVATE, database=chat_database) as horde,
+    ):
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, name="w1", models=["m1"]) as worker:
+            request_id = await submit(horde, key, hook.url)
+            job = await worker.serve_one()
+            assert job is not None
+            await eventually(lambda: hook.calls)
+            call = hook.calls[0]
+            assert call["request"] == request_id
+            assert call["state"] == "done" and call["done"] is True
+            assert call["id"] == job["id"]
+            assert call["text"] == worker.generate(job["payload"]["prompt"])
+            assert (call["seed"], call["model"], call["worker_name"]) == (1, "m1", "w1")
+            assert call["kudos"] > 0
+            assert [g["text"] for g in call["generations"]] == [call["text"]]
+            assert hook.headers[0]["content-type"] == "application/json"
+            # Nothing more is owed: further rounds and sweeps call nothing.
+            for _ in range(3):
+                await horde.sweep()
+                assert await horde.horde.webhooks.call_due(lambda *a: {}) == 0
+            assert len(hook.calls) == 1
+
+
+async def test_a_cancelled_and_a_faulted_request_each_call_their_webhook_once() -> None:
+    async with receiver() as hook, open_horde(config=CALL_PRIVATE, max_faults=0) as horde:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
+            cancelled = await submit(horde, key, hook.url)
+            async with httpx.AsyncClient(base_url=horde.url) as client:
+                r = await client.delete(f"/api/v2/generate/text/status/{cancelled}")
+                assert r.status_code == 200, r.text
+            await eventually(lambda: len(hook.calls) == 1)
+            faulted = await submit(horde, key, hook.url)
+            job = await worker.pop()
+            await worker.submit(job["id"], "faulted", state="faulted", seed=-1)
+            await eventually(lambda: len(hook.calls) == 2)
+        ends = {c["request"]: (c["state"], c["faulted"], c["generations"]) for c in hook.calls}
+        assert ends == {cancelled: ("cancelled", False, []), faulted: ("faulted", True, [])}
+
+
+async def test_a_failed_call_is_tried_again_after_its_back_off_then_given_up() -> None:
+    clock = ManualClock()
+    async with receiver() as hook, open_horde(config=CALL_PRIVATE, clock=clock) as horde:
+        hook.statuses = [500] * WEBHOOK_TRIES
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
+            await submit(horde, key, hook.url)
+            await worker.serve_one()
+            await eventually(lambda: len(hook.calls) == 1)
+            for tries, delay in enumerate(WEBHOOK_BACKOFF, start=1):
+                # Not before its back-off: a round now calls nothing.
+                clock.advance(delay - 0.5)
+                horde.horde.core.webhooks_due.set()
+                assert await horde.horde.webhooks.call_due(lambda *a: {}) == 0
+                assert len(hook.calls) == tries
+                clock.advance(0.5)
+                await eventually(lambda tries=tries: len(hook.calls) == tries + 1)  # type: ignore[misc]
+            # Given up after WEBHOOK_TRIES: no later round calls it again.
+            clock.advance(3600)
+            assert await horde.horde.webhooks.call_due(lambda *a: {}) == 0
+            assert len(hook.calls) == WEBHOOK_TRIES
+
+
+async def test_an_owed_call_survives_a_restart_and_is_made_by_the_next_process() -> None:
+    clock = ManualClock()
+    with tempfile.TemporaryDirectory() as tmp:
+        database = str(Path(tmp) / "horde.db")
+        # The receiver is down for the first process: its call fails.
+        async with receiver() as probe:
+            port = int(probe.url.split(":")[2].split("/")[0])
+        url = f"http://127.0.0.1:{port}/hook"
+        async with open_horde(config=CALL_PRIVATE, clock=clock, database=database) as horde:
+            key = await horde.create_key("alice", kudos=100)
+            owner = await horde.create_key("bob")
+            async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
+                request_id = await submit(horde, key, url)
+                await worker.serve_one()
+            await eventually(lambda: failed_once(horde, clock))
+        clock.advance(WEBHOOK_BACKOFF[0])
+        async with (
+            receiver(port) as hook,
+            open_horde(config=CALL_PRIVATE, clock=clock, database=database),
+        ):
+            await eventually(lambda: hook.calls)
+        assert [c["request"] for c in hook.calls] == [request_id]
+
+
+async def test_a_webhook_at_a_private_address_is_never_called_unless_allowed() -> None:
+    async with receiver() as hook, open_horde() as horde:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        https_loopback = hook.url.replace("http://", "https://")
+        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
+            await submit(horde, key, https_loopback)
+            await worker.serve_one()
+            assert await owed(horde, horde.horde.clock.now() + 3600)
+            # Settled at once, as refused: owed no more, never retried.
+            await eventually(lambda: not_(owed(horde, horde.horde.clock.now() + 3600)))
+        assert hook.calls == []
+
+
+async def test_a_plain_http_webhook_is_refused_at_submit_unless_private_calls_are_allowed() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        key = await horde.create_key("alice", kudos=100)
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": key},
+            json={"prompt": "Hi", "webhook": "http://example.org/hook"},
+        )
+        assert_refused(r, 400, "BadRequest")
+        assert "webhook" in r.json()["message"]
+
+
+async def test_replicas_on_one_database_call_each_webhook_exactly_once(
+    postgres_schema_url: str,
+) -> None:
+    async with (
+        receiver() as hook,
+        open_horde(config=CALL_PRIVATE, database=postgres_schema_url) as one,
+        open_horde(config=CALL_PRIVATE, database=postgres_schema_url) as two,
+    ):
+        key = await one.create_key("alice", kudos=1000)
+        owner = await one.create_key("bob")
+        ids = [await submit(one, key, hook.url) for _ in range(10)]
+        async with FakeTextWorker(one.url, owner, models=["m1"]) as worker:
+            for _ in range(10):
+                await worker.serve_one()
+            # Both replicas' rounds claim at once, beside their own loops.
+            async with anyio.create_task_group() as tg:
+                for replica in (one, two, one, two):
+                    tg.start_soon(replica.horde.webhooks.call_due, _render.webhook)
+        later = one.horde.clock.now() + 3600
+        await eventually(lambda: not_(owed(one, later)))
+        assert sorted(c["request"] for c in hook.calls) == sorted(ids)
