@@ -29,13 +29,26 @@ _CANCEL_BUDGET = 5.0
 
 
 class Call:
+    """One call's horde request: a chat request (``req``, the chat front's
+    call) or a text one (``req`` None: a legacy completion); ``fail_fast``:
+    the horde object's availability_mode."""
+
     def __init__(
-        self, horde: Horde, config: FrontConfig, request_id: str, req: ChatRequest, started: float
+        self,
+        horde: Horde,
+        config: FrontConfig,
+        request_id: str,
+        started: float,
+        *,
+        req: ChatRequest | None = None,
+        fail_fast: bool = False,
     ) -> None:
         self.horde = horde
         self.config = config
         self.request_id = request_id
         self.req = req
+        self.kind = "text" if req is None else "chat"
+        self.fail_fast = fail_fast
         self.deadline = started + config.timeout
         self.settled = False  # answered or faulted: nothing to cancel
         self._impossible_since: float | None = None
@@ -49,9 +62,9 @@ class Call:
         wait_time over the budget left is 503 queue_unavailable with
         Retry-After.
         """
-        fail_fast = self.req.horde.availability_mode == "fail_fast"
+        fail_fast = self.fail_fast
         status = await self.horde.requests.status(
-            "chat", self.request_id, with_free_threads=fail_fast
+            self.kind, self.request_id, with_free_threads=fail_fast
         )
         reason = status.impossible
         if reason and reason.rc in (RC.no_worker_supports_features, RC.no_worker_supports_limit):
@@ -76,7 +89,7 @@ class Call:
         the deadline (408), no eligible worker past the grace period (503)
         or a stopping horde (503)."""
         # The re-checks do not need the queue position, the costly part.
-        status = await self.horde.requests.status("chat", self.request_id, with_position=False)
+        status = await self.horde.requests.status(self.kind, self.request_id, with_position=False)
         now = anyio.current_time()
         if status.faulted:
             self.settled = True
@@ -172,4 +185,4 @@ class Call:
         # The call was the request's only reader: nobody can read its reply
         # now, so nothing more is charged for it (decision 0051).
         with anyio.move_on_after(_CANCEL_BUDGET):
-            await self.horde.requests.abandon(self.request_id)
+            await self.horde.requests.abandon(self.request_id, self.kind)

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from hordelite.contract.chat_request import ChatRequest
 from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import Call
@@ -86,12 +87,12 @@ class Pacer:
 
 
 async def relay(
-    call: Call, prompt_chars: int, paced: bool, keepalive: float
+    call: Call, req: ChatRequest, prompt_chars: int, paced: bool, keepalive: float
 ) -> AsyncIterator[bytes]:
     """The SSE bytes of a plain streamed request: deltas as posted, then the
     reconciled end. Raises HordeError as ``Call.poll`` does, and
     ChatStreamDiverged when the final reply contradicts the relayed text."""
-    req, signals, rid = call.req, call.horde.signals, call.request_id
+    signals, rid = call.horde.signals, call.request_id
     content, reasoning = Pacer(paced), Pacer(paced)
     relayed = reasoning if req.horde.include_reasoning else None  # the reasoning relayed
     position, gen, model = 0, None, req.models[0]

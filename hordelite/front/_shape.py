@@ -1,5 +1,6 @@
-"""OpenAI response shapes built from a chat status: the completion, and the
-chunks of a stream served from a finished reply."""
+"""OpenAI response shapes built from a request's status: a chat completion
+and a legacy text completion, and the chunks of a stream served from a
+finished reply."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hordelite.contract.chat_reply import ChatReply
+from hordelite.contract.completion_request import CompletionRequest, Context
 from hordelite.contract.limits import CHARS_PER_TOKEN_PRICING
 from hordelite.horde.results import Generation, RequestStatus
 
@@ -162,3 +164,85 @@ def finish_chunks(
             }
         )
     yield DONE
+
+
+class TextCompletion:
+    """OpenAI's legacy completion shapes (``text_completion``) of a done
+    text request: the text its worker generated (after the prompt, with
+    ``echo``), usage estimated from the text (the text path reports no
+    counts), and ``x_horde`` with the context it was routed with."""
+
+    def __init__(self, request_id: str, req: CompletionRequest, context: Context) -> None:
+        self.request_id = request_id
+        self.req = req
+        self.context = context
+
+    def _text(self, generation: Generation) -> str:
+        text = generation.text or ""
+        return self.req.text.prompt + text if self.req.echo else text
+
+    def finish_reason(self, generation: Generation) -> str:
+        """``content_filter`` for a censored generation; else ``length`` when
+        the text is estimated to fill ``max_tokens`` (the text path does not
+        say why its worker stopped), ``stop`` otherwise."""
+        if generation.state == "censored":
+            return "content_filter"
+        full = _estimate(len(generation.text or "")) >= self.req.text.max_length
+        return "length" if full else "stop"
+
+    def usage(self, generation: Generation) -> dict[str, Any]:
+        prompt = _estimate(len(self.req.text.prompt))
+        completion = _estimate(len(generation.text or ""))
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def x_horde(self, status: RequestStatus) -> dict[str, Any]:
+        return {
+            **x_horde(self.request_id, status, True),
+            "context_length": self.context.length,
+            "prompt_may_be_trimmed": self.context.may_trim,
+        }
+
+    def _base(self, model: str) -> dict[str, Any]:
+        return {
+            "id": f"cmpl-{self.request_id}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def completion(self, status: RequestStatus) -> dict[str, Any]:
+        """The non-streamed answer."""
+        generation = status.generations[0]
+        choice = {
+            "text": self._text(generation),
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": self.finish_reason(generation),
+        }
+        return {
+            **self._base(generation.model),
+            "choices": [choice],
+            "usage": self.usage(generation),
+            "x_horde": self.x_horde(status),
+        }
+
+    def chunks(self, status: RequestStatus) -> Iterator[bytes]:
+        """The answer as a stream: the text, the finish, the usage when
+        asked for, then [DONE]."""
+        generation = status.generations[0]
+        base = self._base(generation.model)
+        tail = {"usage": None} if self.req.include_usage else {}
+
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+        yield sse({**base, "choices": [choice(self._text(generation), None)], **tail})
+        yield sse({**base, "choices": [choice("", self.finish_reason(generation))], **tail})
+        if self.req.include_usage:
+            usage = {"usage": self.usage(generation), "x_horde": self.x_horde(status)}
+            yield sse({**base, "choices": [], **usage})
+        yield DONE

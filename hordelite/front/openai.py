@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes: /v1/chat/completions and /v1/models.
+"""The OpenAI-compatible routes: /v1/chat/completions, /v1/completions and /v1/models.
 
 A call moves through the states of the specification's front diagram:
 admitted (per-source and global caps), validated (the chat contract the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -24,6 +24,7 @@ from hordelite._http import on_exchange_end, run_to_completion
 from hordelite._request import client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import flatten_messages, parse_chat_request
+from hordelite.contract.completion_request import Context, parse_completion_request
 from hordelite.contract.limits import ANONYMOUS_API_KEY, MAX_API_KEY_CHARS
 from hordelite.contract.progress import streams_progress
 from hordelite.errors import RC, HordeError, StorageUnavailable
@@ -102,8 +103,107 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data), status=status, content_type="application/json")
 
 
+class _ChatPlan:
+    """``POST /v1/chat/completions``: a native chat request."""
+
+    def __init__(self, body: Any) -> None:
+        self.req = req = parse_chat_request(body)
+        _check_models(req.models)
+        self.stream = req.stream
+        self.fail_fast = req.horde.availability_mode == "fail_fast"
+        self.prompt_chars = len(flatten_messages(req.messages, req.tools))
+
+    async def queue(self, key: str, agent: str) -> str:
+        # The call is the request's only reader, held by this process
+        # (decision 0051): if the process dies, the request is cancelled.
+        answer = await horde().requests.queue_chat(
+            key, self.req, agent, None, reader=horde().readers.name
+        )
+        return answer.id
+
+    def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
+        return Call(horde(), config, request_id, started, req=self.req, fail_fast=self.fail_fast)
+
+    def answer(self, call: Call, status: RequestStatus) -> dict[str, Any]:
+        return _shape.completion(
+            call.request_id, status, self.prompt_chars, self.req.horde.include_reasoning
+        )
+
+    def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]:
+        req = self.req
+        if streams_progress(req):
+            return relay(
+                call, req, self.prompt_chars, config.pace_progress, config.keepalive_interval
+            )
+        return _finished(
+            call,
+            config.keepalive_interval,
+            lambda status: _shape.chunks(
+                call.request_id,
+                status,
+                self.prompt_chars,
+                req.horde.include_reasoning,
+                req.include_usage,
+            ),
+        )
+
+
+class _CompletionPlan:
+    """``POST /v1/completions``: OpenAI's legacy completion as a native text
+    request (decision 0057), answered when its text is done."""
+
+    def __init__(self, body: Any) -> None:
+        self.req = req = parse_completion_request(body)
+        _check_models(req.text.models)
+        self.stream = req.stream
+        self.fail_fast = req.fail_fast
+        self.context: Context | None = None
+
+    async def queue(self, key: str, agent: str) -> str:
+        answer, self.context = await horde().requests.queue_completion(
+            key, self.req, agent, reader=horde().readers.name
+        )
+        return answer.id
+
+    def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
+        return Call(horde(), config, request_id, started, fail_fast=self.fail_fast)
+
+    def _shape(self, call: Call) -> _shape.TextCompletion:
+        assert self.context is not None  # set when it was queued
+        return _shape.TextCompletion(call.request_id, self.req, self.context)
+
+    def answer(self, call: Call, status: RequestStatus) -> dict[str, Any]:
+        return self._shape(call).completion(status)
+
+    def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]:
+        return _finished(call, config.keepalive_interval, self._shape(call).chunks)
+
+
+def _check_models(models: Sequence[str]) -> None:
+    for model in models:
+        # The front reserves the colon (e.g. for provider suffixes).
+        if ":" in model:
+            raise HordeError(
+                RC.model_not_found,
+                f"The model {model!r} does not exist on this front.",
+                param="model",
+            )
+
+
 @front.post("/chat/completions")
 async def chat_completions() -> Response:
+    return await _serve(_ChatPlan)
+
+
+@front.post("/completions")
+async def completions() -> Response:
+    return await _serve(_CompletionPlan)
+
+
+async def _serve(plan_of: Callable[[Any], _ChatPlan | _CompletionPlan]) -> Response:
+    """One call through the front's states (see the module): admitted,
+    validated, queued, the first read, the wait, the answer; every exit but
+    an answer or a fault cancels the request."""
     admitted = _admission().admit(request.remote_addr or "unknown")
     timer = horde().metrics.front_call()
 
@@ -113,42 +213,26 @@ async def chat_completions() -> Response:
 
     handed_over = False
     try:
-        req = parse_chat_request(await json_body())
-        timer.stream = req.stream
-        for model in req.models:
-            # The front reserves the colon (e.g. for provider suffixes).
-            if ":" in model:
-                raise HordeError(
-                    RC.model_not_found,
-                    f"The model {model!r} does not exist on this front.",
-                    param="model",
-                )
+        plan = plan_of(await json_body())
+        timer.stream = plan.stream
         started = anyio.current_time()
         key, agent = bearer_key(), client_agent()
+        config: FrontConfig = current_app.config["HORDE"].config.front
         # Run to its end even when the client leaves meanwhile (the handler
         # is cancelled then): the request it queued is cancelled below. No
         # operation key: the service is called in-process, so no answer can
         # be lost on the way back, and there is nothing to recover.
-        # The call is the request's only reader, held by this process
-        # (decision 0051): if the process dies, the request is cancelled.
-        answer = await run_to_completion(
-            lambda: horde().requests.queue_chat(key, req, agent, None, reader=horde().readers.name)
-        )
-        call = Call(horde(), current_app.config["HORDE"].config.front, answer.id, req, started)
-        prompt_chars = len(flatten_messages(req.messages, req.tools))
+        request_id = await run_to_completion(lambda: plan.queue(key, agent))
+        call = plan.call(request_id, started, config)
         try:
             status = await call.first_read()
-            if req.stream:
+            if plan.stream:
                 handed_over = True
                 timer.streaming()
-                return _stream(call, status, prompt_chars, release)
+                return _stream(call, plan.events(call, config), release)
             async for final in call.wait():
                 status = final
-            return _json(
-                _shape.completion(
-                    call.request_id, status, prompt_chars, req.horde.include_reasoning
-                )
-            )
+            return _json(plan.answer(call, status))
         except Exception as exc:
             await call.cancel()
             return error_response(
@@ -164,34 +248,24 @@ async def chat_completions() -> Response:
             release()
 
 
-def _stream(
-    call: Call, status: RequestStatus, prompt_chars: int, release: Callable[[], None]
-) -> Response:
-    """The SSE answer; its headers go out now, so later errors are events."""
-    req = call.req
-    config = current_app.config["HORDE"].config.front
-    keepalive = config.keepalive_interval
+async def _finished(
+    call: Call, keepalive: float, chunks: Callable[[RequestStatus], Iterator[bytes]]
+) -> AsyncIterator[bytes]:
+    """A stream served from the finished reply: a comment every
+    ``keepalive`` seconds while it waits, then the reply's chunks."""
+    async for item in call.wait(keepalive):
+        if item is TICK:
+            yield b": waiting for a worker\n\n"
+        else:
+            for chunk in chunks(item):
+                yield chunk
 
-    async def finished_reply() -> AsyncIterator[bytes]:
-        async for item in call.wait(keepalive):
-            if item is TICK:
-                yield b": waiting for a worker\n\n"
-            else:
-                for chunk in _shape.chunks(
-                    call.request_id,
-                    item,
-                    prompt_chars,
-                    req.horde.include_reasoning,
-                    req.include_usage,
-                ):
-                    yield chunk
+
+def _stream(call: Call, source: AsyncIterator[bytes], release: Callable[[], None]) -> Response:
+    """The SSE answer; its headers go out now, so later errors are events."""
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            if streams_progress(req):
-                source = relay(call, prompt_chars, config.pace_progress, keepalive)
-            else:
-                source = finished_reply()
             async for piece in source:
                 yield piece
         except Exception as exc:

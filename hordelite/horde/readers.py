@@ -81,6 +81,6 @@ class Readers:
             )
         return len(lapsed)
 
-    async def _abandon(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            await self._requests.abandon(request_id)
+    async def _abandon(self, held: list[tuple[str, str]]) -> None:
+        for request_id, kind in held:
+            await self._requests.abandon(request_id, kind)

@@ -12,6 +12,13 @@ from hordelite.contract import budgets
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract._fields import parse_uuid
 from hordelite.contract.chat_request import ChatRequest, image_count, parse_chat_request
+from hordelite.contract.completion_request import (
+    CompletionRequest,
+    Context,
+    completion_context,
+    completion_offers,
+    with_context,
+)
 from hordelite.contract.limits import (
     IMAGE_FETCHES_PER_PROCESS,
     IMAGES_NORMALISED_AT_ONCE,
@@ -61,6 +68,20 @@ class Requests:
         if req.dry_run:
             await core.store.user_by_key(key_hash=hash_key(api_key))
             return Quote(self.quote(req))
+        return await self.queue_text(api_key, req, client_agent, operation_key)
+
+    async def queue_text(
+        self,
+        api_key: str,
+        req: TextRequest,
+        client_agent: str,
+        operation_key: str | None = None,
+        *,
+        reader: str | None = None,
+    ) -> Queued:
+        """Queue a validated text request; answers the 202 body. ``reader``:
+        the process holding the OpenAI call that is its only reader."""
+        core = self._core
         new = new_text_request(req, self.quote, scoped_operation_key(api_key, operation_key))
         submitted = await core.store.submit_request(
             key_hash=hash_key(api_key),
@@ -70,10 +91,25 @@ class Requests:
             upfront_max_length=UPFRONT_MAX_LENGTH,
             client_agent=client_agent,
             online=await core.pool.get(core.clock.now()),
+            reader=reader,
         )
         if not submitted.replayed:
             await core.queue_changed(submitted.view)
         return self._text_queued(req, submitted)
+
+    async def queue_completion(
+        self, api_key: str, req: CompletionRequest, client_agent: str, *, reader: str
+    ) -> tuple[Queued, Context]:
+        """Queue an OpenAI legacy completion as a text request, routed with
+        the context ``completion_context`` chooses from the workers online
+        now that could take it; answers the 202 body and that context."""
+        core = self._core
+        online = await core.pool.get(core.clock.now())
+        context = completion_context(req, completion_offers(req.text, online))
+        queued = await self.queue_text(
+            api_key, with_context(req, context), client_agent, reader=reader
+        )
+        return queued, context
 
     def _text_queued(self, req: TextRequest, submitted: Submitted) -> Queued:
         warnings = []
@@ -300,11 +336,11 @@ class Requests:
         """
         return await self._cancel(kind, _canonical(kind, request_id), unread=False)
 
-    async def abandon(self, request_id: str) -> RequestStatus:
-        """Cancel a chat request whose only reader, an OpenAI call, is gone
+    async def abandon(self, request_id: str, kind: str = "chat") -> RequestStatus:
+        """Cancel a request whose only reader, an OpenAI call, is gone
         without its answer (decision 0051): as ``cancel``, and a job still
         out that settles later charges the requester nothing."""
-        return await self._cancel("chat", _canonical("chat", request_id), unread=True)
+        return await self._cancel(kind, _canonical(kind, request_id), unread=True)
 
     async def _cancel(self, kind: str, canonical: str, *, unread: bool) -> RequestStatus:
         core = self._core

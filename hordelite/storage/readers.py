@@ -29,27 +29,30 @@ def hold_reader(conn: Connection, reader: str, expires: float) -> None:
         conn.execute(insert(readers).values(id=reader, expires=expires))
 
 
-def take_over(conn: Connection, reader: str, expires: float) -> list[str]:
+def take_over(conn: Connection, reader: str, expires: float) -> list[tuple[str, str]]:
     """Hold ``reader``'s lease for a process starting under that name; the
-    waiting requests its predecessor's calls left, which nobody can read."""
+    waiting requests (id, kind) its predecessor's calls left, which nobody
+    can read."""
     hold_reader(conn, reader, expires)
-    return list(
-        conn.execute(select(requests.c.id).where(_WAITING, requests.c.reader == reader)).scalars()
+    rows = conn.execute(
+        select(requests.c.id, requests.c.kind).where(_WAITING, requests.c.reader == reader)
     )
+    return [(r.id, r.kind) for r in rows]
 
 
-def lapsed_requests(conn: Connection, now: float, alive: str) -> list[str]:
-    """The waiting requests of readers whose lease lapsed before ``now``, but
+def lapsed_requests(conn: Connection, now: float, alive: str) -> list[tuple[str, str]]:
+    """The waiting requests (id, kind) of readers whose lease lapsed before ``now``, but
     for ``alive`` (the process asking: its calls are served, whatever its
     lease says); the lapsed readers that hold none are forgotten."""
     gone = (readers.c.expires < now) & (readers.c.id != alive)
-    found = list(
-        conn.execute(
-            select(requests.c.id)
+    found = [
+        (r.id, r.kind)
+        for r in conn.execute(
+            select(requests.c.id, requests.c.kind)
             .join(readers, readers.c.id == requests.c.reader)
             .where(_WAITING, gone)
-        ).scalars()
-    )
+        )
+    ]
     if not found:
         held = exists().where(_WAITING, requests.c.reader == readers.c.id)
         conn.execute(delete(readers).where(gone, ~held))

@@ -137,11 +137,13 @@ def submit_request(
     upfront_max_length: int,
     client_agent: str,
     online: Sequence[WorkerView] | None = None,
+    reader: str | None = None,
 ) -> Submitted:
     """Queue a request, or find the one an operation key already queued.
 
     ``online``: the online workers its ``possible`` is checked against, when
     the caller holds them (the service's pool snapshot); read here otherwise.
+    ``reader``: the process holding the OpenAI call that is its only reader.
     Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
     OperationKeyReused (the key was used for a different request).
     """
@@ -151,7 +153,9 @@ def submit_request(
         if first is not None:
             return Submitted(first.id, new, new.eligibility, True, True)
     held = None if online is None else list(online)
-    return _store(conn, user, new, request_id, now, rules, upfront_max_length, client_agent, held)
+    return _store(
+        conn, user, new, request_id, now, rules, upfront_max_length, client_agent, held, reader
+    )
 
 
 def submit_chat_request(

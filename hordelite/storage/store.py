@@ -101,9 +101,11 @@ class Store:
         upfront_max_length: int,
         client_agent: str,
         online: list[WorkerView] | None,
+        reader: str | None = None,
     ) -> q.Submitted:
         """The request queued, or the one its operation key queued first; raises
-        the submit refusals (InvalidAPIKey, KudosUpfront, OperationKeyReused...)."""
+        the submit refusals (InvalidAPIKey, KudosUpfront, OperationKeyReused...).
+        ``reader``: the process holding the OpenAI call that is its only reader."""
         return await self.db.write(
             q.submit_request,
             key_hash,
@@ -114,6 +116,7 @@ class Store:
             upfront_max_length,
             client_agent,
             online,
+            reader,
         )
 
     async def first_request(
@@ -178,13 +181,13 @@ class Store:
         """Renew the reader lease of this process's OpenAI calls."""
         await self.db.write(q.hold_reader, reader, expires)
 
-    async def take_over_reader(self, *, reader: str, expires: float) -> list[str]:
+    async def take_over_reader(self, *, reader: str, expires: float) -> list[tuple[str, str]]:
         """Hold ``reader``'s lease at a process's start; the waiting requests
-        of the calls its predecessor under that name left."""
+        (id, kind) of the calls its predecessor under that name left."""
         return await self.db.write(q.take_over, reader, expires)
 
-    async def lapsed_reader_requests(self, *, now: float, alive: str) -> list[str]:
-        """The waiting requests of the readers whose lease lapsed, but for
+    async def lapsed_reader_requests(self, *, now: float, alive: str) -> list[tuple[str, str]]:
+        """The waiting requests (id, kind) of the readers whose lease lapsed, but for
         ``alive`` (the process asking, which serves its calls)."""
         return await self.db.write(q.lapsed_requests, now, alive)
 
