@@ -21,6 +21,7 @@ from hordelite.api.health import health
 from hordelite.api.metrics import count_request, metrics
 from hordelite.api.native import http_error_response, json_response, native
 from hordelite.api.native_about import about
+from hordelite.api.native_keys import sharedkeys
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.json_body import check_text
 from hordelite.errors import RC, HordeError, StorageUnavailable
@@ -66,6 +67,7 @@ def create_app(
     app.url_map.merge_slashes = False
     app.register_blueprint(native)
     app.register_blueprint(about)
+    app.register_blueprint(sharedkeys)
     app.register_blueprint(health)
     app.register_blueprint(front)
     if horde.config.dashboard.enabled:

@@ -58,6 +58,7 @@ class RC(enum.Enum):
     ExcessiveStopSequence = (400, "A stop sequence is too long.")
     DuplicateGen = (400, "This generation has already been submitted.")
     NoWorkerModSelected = (400, "No worker modification selected.")
+    NoSharedKeyModSelected = (400, "No shared key modification selected.")
     # Kudos transfers, with the AI Horde's codes.
     InvalidTargetUsername = (400, "No user has this username.")
     KudosTransferToAnon = (400, "Kudos cannot be sent to the anonymous user.")
@@ -97,6 +98,12 @@ class RC(enum.Enum):
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
     NotModerator = (403, "Only an admin of this horde may do this.")
     KudosUpfront = (403, "This request needs kudos up front.")
+    # Shared keys, with the AI Horde's codes.
+    SharedKeyEmpty = (403, "This shared key has run out of kudos.")
+    SharedKeyExpired = (403, "This shared key has expired.")
+    SharedKeyInsufficientKudos = (403, "This shared key has too few kudos left for this request.")
+    AnonForbidden = (403, "The anonymous user cannot do this: register a key.")
+    Forbidden = (403, "This is not allowed.")
     # A pop that would register one worker more than budgets.workers_per_user.
     TooManyWorkers = (403, "This account has as many workers as it may register.")
     BlobURLInvalid = (403, "This blob URL is not valid: it was altered or has expired.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import math
 from typing import Any
 
 from hordelite.horde.results import (
@@ -17,6 +19,7 @@ from hordelite.horde.results import (
     Queued,
     Quote,
     RequestStatus,
+    SharedKeyAnswer,
     SubmitAnswer,
     SubmittedRequest,
     UserAnswer,
@@ -84,6 +87,26 @@ def generation(g: Generation) -> dict[str, Any]:
         "state": g.state,
         "kudos": g.kudos,
         "charge_basis": g.charge_basis,
+    }
+
+
+def shared_key(k: SharedKeyAnswer) -> dict[str, Any]:
+    """A shared key's details, as the AI Horde shows them: kudos and utilized
+    as whole kudos (the AI Horde keeps them as integers), the expiry as an
+    ISO 8601 time in UTC, or null for never."""
+    expiry = None
+    if k.expiry is not None:
+        expiry = datetime.datetime.fromtimestamp(k.expiry, datetime.UTC).isoformat()
+    return {
+        "id": k.id,
+        "username": k.owner,
+        "name": k.name,
+        "kudos": int(k.kudos) if k.kudos < 0 else math.floor(k.kudos),
+        "expiry": expiry,
+        "utilized": math.ceil(k.utilized),
+        "max_text_tokens": k.max_text_tokens,
+        "max_image_pixels": k.max_image_pixels,
+        "max_image_steps": k.max_image_steps,
     }
 
 

@@ -332,3 +332,12 @@ WEBHOOK_CALLS_AT_ONCE: Final = 16
 # How often each process looks for calls due that no ending in this process
 # announced: another process's ends, retries, claims of a process gone.
 WEBHOOK_POLL_SECONDS: Final = 1.0
+# Shared keys (decision 0058): a user lends a key whose requests it pays
+# for, within the key's kudos and limits. Each user holds at most
+# SHARED_KEYS_PER_USER; a new key's kudos default to the AI Horde's 5000;
+# -1 is unlimited (kudos, limits) or never (expiry, in days).
+SHARED_KEYS_PER_USER: Final = 10
+DEFAULT_SHARED_KEY_KUDOS: Final = 5000
+MAX_SHARED_KEY_KUDOS: Final = 10**12
+MAX_SHARED_KEY_DAYS: Final = 36500
+MAX_SHARED_KEY_LIMIT: Final = 2**31 - 1

@@ -323,3 +323,19 @@ class SubmitAnswer:
     """A worker's submit accepted: the kudos it earned."""
 
     reward: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedKeyAnswer:
+    """A shared key's details (``/sharedkeys``): kudos -1 is unlimited, an
+    expiry of None never, a limit of -1 none."""
+
+    id: str
+    owner: str  # name#id
+    name: str
+    kudos: float
+    utilized: float
+    expiry: float | None
+    max_text_tokens: int
+    max_image_pixels: int
+    max_image_steps: int

@@ -9,6 +9,7 @@ Each room serves one audience and is what the routes call:
 - ``about`` (hordelite.horde.about): the horde's load and modes, the
   operator's news and documents;
 - ``messages`` (hordelite.horde.messages): an admin's messages to workers;
+- ``shared_keys`` (hordelite.horde.shared_keys): the keys users lend;
 - ``readers`` (hordelite.horde.readers): the OpenAI calls as their
   requests' only readers, and the requests of calls a gone process held;
 - ``upkeep`` (hordelite.horde.upkeep): the sweep, readiness, shutdown;
@@ -54,6 +55,7 @@ from hordelite.horde.results import (
     SubmitAnswer,
     UserAnswer,
 )
+from hordelite.horde.shared_keys import SharedKeys
 from hordelite.horde.upkeep import Upkeep
 from hordelite.horde.webhooks import Webhooks
 from hordelite.signals import LocalSignals, Signals
@@ -142,6 +144,7 @@ class Horde:
         self.directory = Directory(self.core)
         self.about = About(self.core)
         self.messages = Messages(self.core)
+        self.shared_keys = SharedKeys(self.core)
         self.upkeep = Upkeep(self.core)
         self.webhooks = Webhooks(
             self.core, lambda kind, rid: self.requests.status(kind, rid, with_position=False)

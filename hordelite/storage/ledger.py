@@ -29,6 +29,7 @@ from hordelite.storage.schema import (
     users,
     workers,
 )
+from hordelite.storage.shared_keys import spend
 
 JOB_WITH_REQUEST = (
     select(
@@ -40,6 +41,7 @@ JOB_WITH_REQUEST = (
         requests.c.max_length.label("request_max_length"),
         requests.c.created.label("request_created"),
         requests.c.unread.label("request_unread"),
+        requests.c.shared_key.label("request_shared_key"),
     )
     .join(requests, requests.c.id == jobs.c.request_id)
     .where(jobs.c.id == bindparam("job_id"))
@@ -143,6 +145,8 @@ def settle(
         },
     )
     move_kudos(conn, payer=job["requester_id"], cost=cost, earner=job["owner_id"], reward=reward)
+    if job["request_shared_key"] is not None:
+        spend(conn, job["request_shared_key"], cost)  # what the lent key paid
     credit = {"reward": reward, "tokens": tokens, "seconds": paid.seconds}
     conn.execute(_CREDIT_WORKER, {"wid": job["worker_id"], **credit})
     if state != "done":

@@ -173,11 +173,31 @@ def _v10(conn: Connection) -> None:
     _recreate_index(conn, "ix_requests_hook_due")
 
 
+def _v11(conn: Connection) -> None:
+    # Shared keys (decision 0058): the keys, and the key a request was
+    # queued through. Every request stored before was queued by its user's
+    # own key.
+    _add_missing_columns(conn)
+    schema.shared_keys.create(conn, checkfirst=True)
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
+MIGRATIONS: list[Callable[[Connection], None]] = [
+    _v1,
+    _v2,
+    _v3,
+    _v4,
+    _v5,
+    _v6,
+    _v7,
+    _v8,
+    _v9,
+    _v10,
+    _v11,
+]
 LATEST = len(MIGRATIONS)
 
 

@@ -20,6 +20,7 @@ from sqlalchemy.sql import ColumnElement
 
 from hordelite.contract import admission, budgets, refusals
 from hordelite.contract import kudos as kudos_rules
+from hordelite.contract import shared_keys as key_rules
 from hordelite.contract.admission import NewRequest
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.eligibility import (
@@ -45,6 +46,7 @@ from hordelite.storage.schema import (
     requests,
     workers,
 )
+from hordelite.storage.shared_keys import requester
 
 _INSERT_REQUEST = insert(requests)
 
@@ -147,14 +149,24 @@ def submit_request(
     Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
     OperationKeyReused (the key was used for a different request).
     """
-    user = authenticate(conn, key_hash, rules)
+    user, shared = requester(conn, key_hash, rules, now)
     if new.operation_key is not None:
         first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
         if first is not None:
             return Submitted(first.id, new, new.eligibility, True, True)
     held = None if online is None else list(online)
     return _store(
-        conn, user, new, request_id, now, rules, upfront_max_length, client_agent, held, reader
+        conn,
+        user,
+        new,
+        request_id,
+        now,
+        rules,
+        upfront_max_length,
+        client_agent,
+        held,
+        reader,
+        shared,
     )
 
 
@@ -175,7 +187,7 @@ def submit_chat_request(
     A Capacity instead, with nothing written: the online workers are not the
     ones the plan was worked out for (``AdmissionPlan.under``).
     """
-    user = authenticate(conn, key_hash, rules)
+    user, shared = requester(conn, key_hash, rules, now)
     if plan.operation_key is not None:
         first = _first_request(conn, user, plan.operation_key, "chat", plan.fingerprint)
         if first is not None:
@@ -187,7 +199,17 @@ def submit_chat_request(
     if isinstance(new, Capacity):
         return new
     return _store(
-        conn, user, new, request_id, now, rules, upfront_max_length, client_agent, online, reader
+        conn,
+        user,
+        new,
+        request_id,
+        now,
+        rules,
+        upfront_max_length,
+        client_agent,
+        online,
+        reader,
+        shared,
     )
 
 
@@ -212,7 +234,7 @@ def first_request(
     """The request the key's user queued under ``operation_key``, None when
     there is none; raises InvalidAPIKey, and OperationKeyReused when that was
     a different request."""
-    user = authenticate(conn, key_hash, rules)
+    user, _ = requester(conn, key_hash, rules, None)
     return _first_request(conn, user, operation_key, kind, fingerprint)
 
 
@@ -252,9 +274,11 @@ def _store(
     client_agent: str,
     online: list[WorkerView] | None,
     reader: str | None = None,
+    shared: RowMapping | None = None,
 ) -> Submitted:
-    """Check what storing needs (worker ids, kudos up front, concurrency) and
-    queue the request; ``online`` saves reading the online workers again."""
+    """Check what storing needs (worker ids, kudos up front, concurrency, a
+    shared key's limits) and queue the request; ``online`` saves reading the
+    online workers again; ``shared``: the shared key it was sent with."""
     listed = new.eligibility.worker_ids
     if listed:
         found = set(conn.execute(select(workers.c.id).where(workers.c.id.in_(listed))).scalars())
@@ -262,10 +286,15 @@ def _store(
         if missing:
             raise refusals.unknown_listed_worker(missing[0])
     new = _check_upfront(new, user, upfront_max_length)
+    if shared is not None:
+        key_rules.check_request(
+            shared["kudos"], shared["max_text_tokens"], new.max_length, new.quote
+        )
     _check_budgets(conn, user, new, now, rules)
     view = new.eligibility
     row = _request_row(new, user, request_id, now, rules, client_agent)
     row["reader"] = reader
+    row["shared_key"] = None if shared is None else shared["key_hash"]
     conn.execute(_INSERT_REQUEST, row)
     if listed:
         conn.execute(

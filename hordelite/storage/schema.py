@@ -159,6 +159,8 @@ requests = Table(
     # failure's back-off, null once called or given up (or with no webhook).
     Column("hook_due", Float, nullable=True),
     Column("hook_tries", Integer, nullable=False, default=0, server_default="0"),
+    # Queued through a shared key (its hash): its jobs spend the key's kudos.
+    Column("shared_key", String(64), nullable=True),
     # Chat requests: the validated request (its kept messages included), the
     # full flattened submission (``prompt`` holds the kept conversation
     # flattened), what a worker must declare, and the sizes routing reads.
@@ -362,6 +364,25 @@ worker_messages = Table(
     Column("origin", String(MAX_NAME), nullable=True),
     Column("created", Float, nullable=False),
     Column("expires", Float, nullable=False, index=True),
+)
+
+# Shared keys (decision 0058): keys a user lends, stored by their hash as
+# users' keys are (decision 0009). kudos: what the key may still spend (-1
+# unlimited), utilized: what it spent; expiry null: never; the limits -1:
+# none.
+shared_keys = Table(
+    "shared_keys",
+    metadata,
+    Column("key_hash", String(64), primary_key=True),
+    Column("user_id", Integer, ForeignKey("users.id"), nullable=False, index=True),
+    Column("name", String(MAX_NAME), nullable=False, default=""),
+    Column("kudos", Float, nullable=False),
+    Column("utilized", Float, nullable=False, default=0.0),
+    Column("expiry", Float, nullable=True),
+    Column("max_text_tokens", BigInteger, nullable=False),
+    Column("max_image_pixels", BigInteger, nullable=False),
+    Column("max_image_steps", BigInteger, nullable=False),
+    Column("created", Float, nullable=False),
 )
 
 # The dashboard's activity of jobs no longer stored (decision 0044): when the

@@ -21,12 +21,13 @@ from typing import Any
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.transfers import Transfer
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import NewMessage, Validity
 from hordelite.errors import RC, HordeError
-from hordelite.storage import admin, messages, webhooks
+from hordelite.storage import admin, messages, shared_keys, webhooks
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -35,6 +36,7 @@ from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.messages import MessageRecord
 from hordelite.storage.migrations import upgrade
 from hordelite.storage.requests import SubmittedText, submitted_text
+from hordelite.storage.shared_keys import SharedKeyRecord
 from hordelite.storage.stats import HordeLoad, TextStats, horde_load, text_stats
 from hordelite.storage.webhooks import OwedCall
 
@@ -349,6 +351,31 @@ class Store:
     async def active_messages(self, *, now: float, limit: int) -> list[MessageRecord]:
         """The messages not yet expired at ``now``, newest first, at most ``limit``."""
         return await self.db.read(messages.active_messages, now, limit)
+
+    async def create_shared_key(
+        self, *, owner_hash: str, key_hash: str, terms: SharedKeyTerms, now: float
+    ) -> SharedKeyRecord:
+        """A new shared key of the owner's; raises InvalidAPIKey, AnonForbidden,
+        Forbidden (too many)."""
+        return await self.db.write(
+            shared_keys.create_shared_key, owner_hash, key_hash, terms, self.rules, now
+        )
+
+    async def shared_key(self, *, key_hash: str) -> SharedKeyRecord:
+        """A shared key's details; raises InvalidAPIKey when there is none."""
+        return await self.db.read(shared_keys.shared_key, key_hash)
+
+    async def edit_shared_key(
+        self, *, owner_hash: str, key_hash: str, edit: SharedKeyEdit, now: float
+    ) -> SharedKeyRecord:
+        """The key as its owner's edit left it; raises InvalidAPIKey, WrongCredentials."""
+        return await self.db.write(
+            shared_keys.edit_shared_key, owner_hash, key_hash, edit, self.rules, now
+        )
+
+    async def delete_shared_key(self, *, owner_hash: str, key_hash: str) -> None:
+        """Delete the owner's key; raises InvalidAPIKey, WrongCredentials."""
+        await self.db.write(shared_keys.delete_shared_key, owner_hash, key_hash, self.rules)
 
     async def webhooks_due(self, *, now: float) -> bool:
         """Whether a webhook call is owed and due at ``now`` (a read)."""

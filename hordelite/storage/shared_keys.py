@@ -1,0 +1,179 @@
+"""Shared keys in storage (decision 0058): created, read, changed and deleted
+by their owner, and resolved when a request is sent with one.
+
+A key is stored by its hash, as users' keys are: the id its owner hands out
+is the credential, and the database never holds it. A request sent with a
+shared key is the owner's (``requester``): the owner's concurrency, budgets
+and kudos apply, and each job settled for it also spends the key's kudos
+(``spend``), in the settlement's transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlalchemy import Connection, RowMapping, bindparam, delete, func, insert, select, update
+
+from hordelite.contract import shared_keys as rules_of_keys
+from hordelite.contract.limits import SHARED_KEYS_PER_USER
+from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
+from hordelite.errors import RC, HordeError
+from hordelite.storage.accounts import REVOKED_PREFIX, USER_BY_KEY, authenticate
+from hordelite.storage.rules import Rules
+from hordelite.storage.schema import shared_keys, users
+
+_KEY = select(shared_keys).where(shared_keys.c.key_hash == bindparam("key_hash"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedKeyRecord:
+    """A shared key as its details show it (its id is the caller's)."""
+
+    owner: str  # name#id
+    name: str
+    kudos: float
+    utilized: float
+    expiry: float | None
+    max_text_tokens: int
+    max_image_pixels: int
+    max_image_steps: int
+
+
+def _record(conn: Connection, row: RowMapping) -> SharedKeyRecord:
+    name = conn.execute(select(users.c.username).where(users.c.id == row["user_id"])).scalar_one()
+    return SharedKeyRecord(
+        owner=f"{name}#{row['user_id']}",
+        name=row["name"],
+        kudos=row["kudos"],
+        utilized=row["utilized"],
+        expiry=row["expiry"],
+        max_text_tokens=row["max_text_tokens"],
+        max_image_pixels=row["max_image_pixels"],
+        max_image_steps=row["max_image_steps"],
+    )
+
+
+def _unknown() -> HordeError:
+    # The AI Horde's answer to an unknown shared key.
+    return HordeError(RC.InvalidAPIKey, "No shared key with this id.")
+
+
+def create_shared_key(
+    conn: Connection,
+    owner_hash: str,
+    key_hash: str,
+    terms: SharedKeyTerms,
+    rules: Rules,
+    now: float,
+) -> SharedKeyRecord:
+    """A new key of the owner's; 403 AnonForbidden for the anonymous user,
+    403 Forbidden past SHARED_KEYS_PER_USER."""
+    user = authenticate(conn, owner_hash, rules)
+    if user["anonymous"]:
+        raise HordeError(RC.AnonForbidden, "The anonymous user cannot lend a shared key.")
+    held = conn.execute(
+        select(func.count()).where(shared_keys.c.user_id == user["id"])
+    ).scalar_one()
+    if held >= SHARED_KEYS_PER_USER:
+        raise HordeError(
+            RC.Forbidden, f"You cannot have more than {SHARED_KEYS_PER_USER} shared keys."
+        )
+    conn.execute(
+        insert(shared_keys).values(
+            key_hash=key_hash,
+            user_id=user["id"],
+            name=terms.name,
+            kudos=float(terms.kudos),
+            utilized=0.0,
+            expiry=terms.expires_at(now),
+            max_text_tokens=terms.max_text_tokens,
+            max_image_pixels=terms.max_image_pixels,
+            max_image_steps=terms.max_image_steps,
+            created=now,
+        )
+    )
+    return _record(conn, conn.execute(_KEY, {"key_hash": key_hash}).mappings().one())
+
+
+def shared_key(conn: Connection, key_hash: str) -> SharedKeyRecord:
+    """The key's details; 401 InvalidAPIKey when there is none."""
+    row = conn.execute(_KEY, {"key_hash": key_hash}).mappings().first()
+    if row is None:
+        raise _unknown()
+    return _record(conn, row)
+
+
+def _owned(conn: Connection, owner_hash: str, key_hash: str, rules: Rules) -> RowMapping:
+    """The key, locked, when the owner's key is its owner's; 401
+    InvalidAPIKey for an unknown key, 403 WrongCredentials for another's."""
+    row = conn.execute(_KEY.with_for_update(), {"key_hash": key_hash}).mappings().first()
+    if row is None:
+        raise _unknown()
+    user = authenticate(conn, owner_hash, rules)
+    if row["user_id"] != user["id"]:
+        raise HordeError(RC.WrongCredentials, "This shared key belongs to another user.")
+    return row
+
+
+def edit_shared_key(
+    conn: Connection,
+    owner_hash: str,
+    key_hash: str,
+    edit: SharedKeyEdit,
+    rules: Rules,
+    now: float,
+) -> SharedKeyRecord:
+    """The key as its owner's PATCH left it (an expiry counts from now)."""
+    _owned(conn, owner_hash, key_hash, rules)
+    values: dict[str, object] = {
+        key: getattr(edit, key)
+        for key in ("name", "max_text_tokens", "max_image_pixels", "max_image_steps")
+        if getattr(edit, key) is not None
+    }
+    if edit.kudos is not None:
+        values["kudos"] = float(edit.kudos)
+    if edit.expiry_days is not None:
+        values["expiry"] = rules_of_keys.expires_at(edit.expiry_days, now)
+    conn.execute(update(shared_keys).where(shared_keys.c.key_hash == key_hash).values(**values))
+    return _record(conn, conn.execute(_KEY, {"key_hash": key_hash}).mappings().one())
+
+
+def delete_shared_key(conn: Connection, owner_hash: str, key_hash: str, rules: Rules) -> None:
+    """Delete the owner's key: requests sent with it stop spending it."""
+    _owned(conn, owner_hash, key_hash, rules)
+    conn.execute(delete(shared_keys).where(shared_keys.c.key_hash == key_hash))
+
+
+def requester(
+    conn: Connection, key_hash: str, rules: Rules, now: float | None
+) -> tuple[RowMapping, RowMapping | None]:
+    """Who a request sent with this key is queued for: the key's user, or
+    for a shared key its owner, with the key (checked usable at ``now``: 403
+    SharedKeyEmpty, SharedKeyExpired; None: not checked, for a lookup).
+    Raises as ``authenticate`` otherwise."""
+    if conn.execute(USER_BY_KEY, {"key_hash": key_hash}).first() is not None:
+        return authenticate(conn, key_hash, rules), None
+    key = conn.execute(_KEY, {"key_hash": key_hash}).mappings().first()
+    if key is None:
+        raise HordeError(RC.InvalidAPIKey)
+    owner = conn.execute(select(users).where(users.c.id == key["user_id"])).mappings().one()
+    if owner["key_hash"].startswith(REVOKED_PREFIX):  # its owner's own key is revoked
+        raise HordeError(RC.InvalidAPIKey)
+    if now is not None:
+        rules_of_keys.check_usable(key["kudos"], key["expiry"], now)
+    return owner, key
+
+
+def spend(conn: Connection, key_hash: str, cost: float) -> None:
+    """The key paid ``cost`` for a settled job (gone keys spend nothing)."""
+    row = conn.execute(_KEY.with_for_update(), {"key_hash": key_hash}).mappings().first()
+    if row is None or cost <= 0:
+        return
+    conn.execute(
+        update(shared_keys)
+        .where(shared_keys.c.key_hash == key_hash)
+        .values(
+            kudos=rules_of_keys.spent(row["kudos"], cost),
+            utilized=round(row["utilized"] + cost, 2),
+        )
+    )

@@ -1,0 +1,166 @@
+"""Shared keys (``/sharedkeys``, decision 0058): a user lends a key; requests
+sent with it are the owner's, paid from the owner's kudos and the key's,
+within the key's limits, until it runs out or expires. Run on SQLite and
+PostgreSQL (``chat_database``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from hordelite.clock import ManualClock
+from hordelite.contract.limits import SHARED_KEYS_PER_USER
+from hordelite.testing import FakeTextWorker, open_horde
+from tests.integration._helpers import assert_refused, kudos_of, text_status
+
+pytestmark = pytest.mark.anyio
+
+ANON = "0000000000"
+
+
+async def lend(client: httpx.AsyncClient, owner: str, **terms: Any) -> dict[str, Any]:
+    r = await client.put("/api/v2/sharedkeys", headers={"apikey": owner}, json=terms)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def text_body(**params: Any) -> dict[str, Any]:
+    return {"prompt": "Hello", "params": params, "models": ["m1"]}
+
+
+async def test_a_request_sent_with_a_shared_key_is_paid_by_its_owner_and_spends_the_key(
+    chat_database: str | None,
+) -> None:
+    async with (
+        open_horde(database=chat_database) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=100)
+        worker_owner = await horde.create_key("bob")
+        key = await lend(client, owner, kudos=50, name="for friends", max_text_tokens=100)
+        assert (key["kudos"], key["utilized"], key["name"]) == (50, 0, "for friends")
+        assert key["username"].startswith("alice#")
+        assert key["expiry"] is None
+        r = await client.get(f"/api/v2/sharedkeys/{key['id']}")
+        assert r.json() == key
+        async with FakeTextWorker(horde.url, worker_owner, models=["m1"]) as worker:
+            r = await client.post(
+                "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=text_body()
+            )
+            assert r.status_code == 202, r.text
+            request_id = r.json()["id"]
+            assert await worker.serve_one() is not None
+        cost = (await text_status(client, request_id))["kudos"]
+        assert cost > 0
+        assert await kudos_of(client, owner) == pytest.approx(100 - cost)
+        after = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert after["kudos"] == int(50 - cost)  # whole kudos, as the AI Horde shows them
+        assert after["utilized"] >= cost
+
+
+async def test_a_shared_keys_limits_refuse_a_request_before_anything_is_queued() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=10_000)
+        capped = await lend(client, owner, max_text_tokens=64)
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": capped["id"]},
+            json=text_body(max_length=128),
+        )
+        assert_refused(r, 400, "BadRequest")
+        assert "params.max_length" in r.json()["errors"]
+        poor = await lend(client, owner, kudos=1)
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": poor["id"]},
+            json=text_body(max_length=512, max_context_length=4096),
+        )
+        assert_refused(r, 403, "SharedKeyInsufficientKudos")
+        r = await client.patch(
+            f"/api/v2/sharedkeys/{poor['id']}", headers={"apikey": owner}, json={"kudos": 0}
+        )
+        assert r.status_code == 200, r.text
+        r = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": poor["id"]}, json=text_body()
+        )
+        assert_refused(r, 403, "SharedKeyEmpty")
+        perf = (await client.get("/api/v2/status/performance")).json()
+        assert perf["queued_text_requests"] == 0
+
+
+async def test_a_shared_key_expires_and_a_deleted_one_no_longer_authenticates() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock) as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=100)
+        brief = await lend(client, owner, expiry=1)
+        assert brief["expiry"] is not None
+        clock.advance(2 * 86400)
+        r = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": brief["id"]}, json=text_body()
+        )
+        assert_refused(r, 403, "SharedKeyExpired")
+        r = await client.delete(f"/api/v2/sharedkeys/{brief['id']}", headers={"apikey": owner})
+        assert r.json() == {"message": "OK"}
+        r = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": brief["id"]}, json=text_body()
+        )
+        assert_refused(r, 401, "InvalidAPIKey")
+        assert_refused(await client.get(f"/api/v2/sharedkeys/{brief['id']}"), 401, "InvalidAPIKey")
+
+
+async def test_only_its_owner_changes_a_key_and_what_the_ai_horde_refuses_is_refused() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=100)
+        other = await horde.create_key("carol", kudos=100)
+        key = await lend(client, owner)
+        assert key["kudos"] == 5000  # the AI Horde's default
+        url = f"/api/v2/sharedkeys/{key['id']}"
+        assert_refused(
+            await client.patch(url, headers={"apikey": other}, json={"name": "mine"}),
+            403,
+            "WrongCredentials",
+        )
+        assert_refused(await client.delete(url, headers={"apikey": other}), 403, "WrongCredentials")
+        assert_refused(
+            await client.patch(url, headers={"apikey": owner}, json={}),
+            400,
+            "NoSharedKeyModSelected",
+        )
+        assert_refused(
+            await client.patch(url, headers={"apikey": owner}, json={"kudos": "lots"}),
+            400,
+            "BadRequest",
+        )
+        assert_refused(
+            await client.put("/api/v2/sharedkeys", headers={"apikey": ANON}, json={}),
+            403,
+            "AnonForbidden",
+        )
+        assert_refused(await client.get("/api/v2/sharedkeys/not-a-key"), 401, "InvalidAPIKey")
+        for _ in range(SHARED_KEYS_PER_USER - 1):
+            await lend(client, owner)
+        r = await client.put("/api/v2/sharedkeys", headers={"apikey": owner}, json={})
+        assert_refused(r, 403, "Forbidden")
+        # A shared key lends requests only: it runs no worker.
+        r = await client.post(
+            "/api/v2/generate/text/pop",
+            headers={"apikey": key["id"]},
+            json={"name": "w", "models": ["m1"]},
+        )
+        assert_refused(r, 401, "InvalidAPIKey")
+        assert (await client.get(url)).json()["name"] == ""
+
+
+async def test_a_shared_key_serves_as_a_bearer_key_on_the_openai_front() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url, timeout=30) as client:
+        owner = await horde.create_key("alice", kudos=100)
+        key = await lend(client, owner, max_text_tokens=10)
+        r = await client.post(
+            "/v1/completions",
+            headers={"Authorization": f"Bearer {key['id']}"},
+            json={"model": "m1", "prompt": "Hi", "max_tokens": 20},
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"].startswith("params.max_length")
