@@ -38,3 +38,33 @@ async def test_the_bridges_faulted_submit_with_seed_minus_1_is_recorded_and_ends
             assert status["faulted"] is True, status
             assert status["done"] is False
             assert (await worker.pop())["id"] is None  # nothing left to loop on
+
+
+async def test_a_job_still_held_when_its_request_ends_faulted_is_aborted_and_charges_nobody() -> (
+    None
+):
+    async with open_horde(max_faults=0) as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": requester},
+            json={"prompt": "Two", "params": {"n": 2}, "models": ["m1"]},
+        )
+        request_id = r.json()["id"]
+        async with (
+            FakeTextWorker(horde.url, owner, name="a", models=["m1"]) as a,
+            FakeTextWorker(horde.url, owner, name="b", models=["m1"]) as b,
+        ):
+            first, second = await a.pop(), await b.pop()
+            r = await a.client.post("/generate/text/submit", json=bridge_fault(first["id"]))
+            assert r.status_code == 200, r.text
+            r = await b.client.post(
+                "/generate/text/submit", json={"id": second["id"], "generation": "late"}
+            )
+            assert r.status_code == 400
+            assert r.json()["rc"] == "AbortedGen"
+        status = await text_status(client, request_id)
+        assert (status["faulted"], status["kudos"], status["generations"]) == (True, 0.0, [])
+        r = await client.get("/api/v2/find_user", headers={"apikey": requester})
+        assert r.json()["kudos"] == 100
