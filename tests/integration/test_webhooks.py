@@ -120,7 +120,8 @@ async def test_a_done_requests_webhook_is_called_once_with_the_ai_hordes_body(
             await eventually(lambda: hook.calls)
             call = hook.calls[0]
             assert call["request"] == request_id
-            assert call["state"] == "done" and call["done"] is True
+            assert call["state"] == "done"
+            assert call["done"] is True
             assert call["id"] == job["id"]
             assert call["text"] == worker.generate(job["payload"]["prompt"])
             assert (call["seed"], call["model"], call["worker_name"]) == (1, "m1", "w1")
