@@ -28,10 +28,14 @@ def horde() -> Horde:
     return current_app.config["HORDE"]  # type: ignore[no-any-return]
 
 
-async def json_body() -> Any:
+async def json_body(*, optional: bool = False) -> Any:
     """The decoded, checked body (contract.json_body): 400 naming the field
-    when it is not JSON or holds a value no route accepts; 413 past the cap."""
+    when it is not JSON or holds a value no route accepts; 413 past the cap.
+    ``optional``: no body at all reads as ``{}`` (a route whose every field
+    is optional, as the AI Horde's parsers read a missing body)."""
     raw = cast(bytes, await request.get_data(cache=False, as_text=False))
+    if optional and not raw:
+        return {}
     if len(raw) > _DECODE_OFF_LOOP_BYTES:
         return await anyio.to_thread.run_sync(decode_json_body, raw)
     return decode_json_body(raw)

@@ -436,12 +436,14 @@ def _date_or_empty(value: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class NoticesConfig:
-    """What the horde tells its users: its terms and privacy policy
-    (``/documents/terms``, ``/documents/privacy``, in Markdown) and one
-    piece of news (``/status/news``); empty: none."""
+    """What the horde tells its users: its terms, privacy policy and
+    sponsors (``/documents/terms``, ``/documents/privacy``,
+    ``/documents/sponsors``, in Markdown) and one piece of news
+    (``/status/news``); empty: none."""
 
     terms: str = bounded("", max_chars=MAX_NOTICE_CHARS)
     privacy: str = bounded("", max_chars=MAX_NOTICE_CHARS)
+    sponsors: str = bounded("", max_chars=MAX_NOTICE_CHARS)
     news: str = bounded("", max_chars=MAX_NOTICE_CHARS)
     news_title: str = bounded("", max_chars=MAX_NAME)
     # The AI Horde's levels: Information, Workers, Minor, Major, Crisis.

@@ -59,6 +59,7 @@ class RC(enum.Enum):
     DuplicateGen = (400, "This generation has already been submitted.")
     NoWorkerModSelected = (400, "No worker modification selected.")
     NoSharedKeyModSelected = (400, "No shared key modification selected.")
+    NoValidActions = (400, "No usermod operations selected!")
     # Kudos transfers, with the AI Horde's codes.
     InvalidTargetUsername = (400, "No user has this username.")
     KudosTransferToAnon = (400, "Kudos cannot be sent to the anonymous user.")
@@ -103,6 +104,7 @@ class RC(enum.Enum):
     SharedKeyExpired = (403, "This shared key has expired.")
     SharedKeyInsufficientKudos = (403, "This shared key has too few kudos left for this request.")
     AnonForbidden = (403, "The anonymous user cannot do this: register a key.")
+    AnonForbiddenUserMod = (403, "The anonymous user cannot be changed.")
     Forbidden = (403, "This is not allowed.")
     # A pop that would register one worker more than budgets.workers_per_user.
     TooManyWorkers = (403, "This account has as many workers as it may register.")

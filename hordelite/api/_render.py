@@ -23,6 +23,7 @@ from hordelite.horde.results import (
     SubmitAnswer,
     SubmittedRequest,
     UserAnswer,
+    UserModified,
     WorkerAnswer,
     WorkerMessage,
     WorkerUpdate,
@@ -191,6 +192,24 @@ def user(u: UserAnswer, *, private: bool = True) -> dict[str, Any]:
     if private:
         body["worker_ids"] = list(u.worker_ids)
     return body
+
+
+def user_modified(m: UserModified) -> dict[str, Any]:
+    """The AI Horde's answer to ``PUT /users/{id}``: each field changed, at
+    its new value (``new_kudos`` for kudos)."""
+    e, u = m.edit, m.user
+    answer: dict[str, Any] = {}
+    if e.username is not None:
+        answer["username"] = u.username
+    if e.kudos is not None:
+        answer["new_kudos"] = u.kudos
+    if e.concurrency is not None:
+        answer["concurrency"] = u.concurrency
+    if e.trusted is not None:
+        answer["trusted"] = u.trusted
+    if e.moderator is not None:
+        answer["moderator"] = u.moderator
+    return answer
 
 
 def worker(w: WorkerAnswer) -> dict[str, Any]:

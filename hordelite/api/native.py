@@ -267,6 +267,13 @@ async def user(user_id: str) -> Response:
     return json_response(_render.user(found, private=private))
 
 
+@native.put("/users/<user_id>")
+async def modify_user(user_id: str) -> Response:
+    body = await json_body(optional=True)
+    changed = await horde().directory.modify_user(api_key(), user_id, body)
+    return json_response(_render.user_modified(changed))
+
+
 @native.get("/users")
 async def users() -> Response:
     # Anyone's view of every user, a page at a time (KoboldAI Lite's ranking).

@@ -53,6 +53,11 @@ async def privacy() -> Response:
     return json_response(_render.document(horde().about.document("privacy", _format())))
 
 
+@about.get("/documents/sponsors")
+async def sponsors() -> Response:
+    return json_response(_render.document(horde().about.document("sponsors", _format())))
+
+
 def _format() -> str | None:
     return request.args.get("format")
 

@@ -15,7 +15,7 @@ sharedkeys = Blueprint("sharedkeys", __name__, url_prefix="/api/v2")
 
 @sharedkeys.put("/sharedkeys")
 async def create() -> Response:
-    body = await json_body()
+    body = await json_body(optional=True)
     made = await horde().shared_keys.create(api_key(), body)
     return json_response(_render.shared_key(made))
 

@@ -16,7 +16,6 @@ import math
 import os
 import re
 import time
-import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -26,6 +25,7 @@ from sqlalchemy.exc import ArgumentError
 
 from hordelite.config import Config, StorageConfig
 from hordelite.contract.presence import is_online
+from hordelite.contract.user_edit import username_problem
 from hordelite.errors import HordeliteError
 from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage.accounts import UserRecord
@@ -38,7 +38,6 @@ T = TypeVar("T")
 
 DEFAULT_DATABASE = StorageConfig().database
 # users.username holds at most this many characters.
-MAX_USERNAME = 100
 _HANDLE = re.compile(r"^(.+)#(\d+)$")
 
 
@@ -132,14 +131,9 @@ def run(config: Config, where: Target, fn: Callable[[Store], T]) -> T:
 
 def check_username(name: str) -> str:
     name = name.strip()
-    if not name:
-        raise Refused("a user name must not be empty")
-    if len(name) > MAX_USERNAME:
-        raise Refused(f"a user name is at most {MAX_USERNAME} characters")
-    if "#" in name:
-        raise Refused("a user name must not hold '#' (users are shown as NAME#ID)")
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
-        raise Refused("a user name must not hold control characters")
+    problem = username_problem(name)
+    if problem:
+        raise Refused(f"a user name {problem}")
     return name
 
 

@@ -341,3 +341,8 @@ DEFAULT_SHARED_KEY_KUDOS: Final = 5000
 MAX_SHARED_KEY_KUDOS: Final = 10**12
 MAX_SHARED_KEY_DAYS: Final = 36500
 MAX_SHARED_KEY_LIMIT: Final = 2**31 - 1
+# A user's name: at most this many characters, no '#' (users are shown as
+# name#id), no control characters.
+MAX_USERNAME: Final = 100
+# The most requests in flight an admin may grant one user.
+MAX_CONCURRENCY: Final = 100_000

@@ -15,7 +15,7 @@ from hordelite.horde.results import Document, Modes, NewsPiece, Performance
 from hordelite.storage.stats import TextStats
 
 # The documents the operator writes in [notices], by their route's name.
-DocumentName = Literal["terms", "privacy"]
+DocumentName = Literal["terms", "privacy", "sponsors"]
 DOCUMENT_FORMATS = ("html", "markdown")
 # "The last minute" of past_minute_tokens.
 _MINUTE = 60.0
@@ -74,7 +74,7 @@ class About:
         return (NewsPiece(n.news_title, n.news, n.news_importance, n.news_published),)
 
     def document(self, name: DocumentName, fmt: str | None) -> Document:
-        """The operator's ``terms`` or ``privacy``, as written (Markdown) or as
+        """The operator's ``terms``, ``privacy`` or ``sponsors``, as written (Markdown) or as
         HTML (the AI Horde's default format): escaped, one paragraph for each
         block between blank lines."""
         fmt = "html" if fmt is None else fmt

@@ -27,6 +27,7 @@ from hordelite.contract.limits import (
 from hordelite.contract.presence import is_online
 from hordelite.contract.transfers import parse_transfer
 from hordelite.contract.unicode_rules import worker_name_key
+from hordelite.contract.user_edit import parse_user_edit
 from hordelite.contract.worker_edit import parse_worker_edit
 from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde import chat
@@ -39,6 +40,7 @@ from hordelite.horde.results import (
     PoolOverview,
     UserAnswer,
     UserListing,
+    UserModified,
     WorkerAnswer,
     WorkerListing,
     WorkerUpdate,
@@ -86,6 +88,17 @@ class Directory:
         if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > MAX_USER_ID_DIGITS:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
         return self._user_answer(await self._core.store.user_by_id(user_id=int(user_id)))
+
+    async def modify_user(self, api_key: str, user_id: str, body: object) -> UserModified:
+        """``PUT /users/{id}``: an admin's change of a user, or a user's own
+        new name (hordelite.contract.user_edit)."""
+        edit = parse_user_edit(body)
+        if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > MAX_USER_ID_DIGITS:
+            raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
+        user = await self._core.store.modify_user(
+            key_hash=hash_key(api_key), user_id=int(user_id), edit=edit
+        )
+        return UserModified(edit, self._user_answer(user))
 
     async def sees_privately(self, api_key: str | None, user_id: int) -> bool:
         """Whether the key's user sees ``user_id``'s private fields: it is

@@ -12,6 +12,7 @@ from typing import Any
 
 from hordelite.contract.chat_reply import ChatReply
 from hordelite.contract.faults import Fault
+from hordelite.contract.user_edit import UserEdit
 from hordelite.errors import RC
 from hordelite.storage.requests import SubmittedText
 
@@ -126,6 +127,14 @@ class UserAnswer:
     moderator: bool
     kudos_gifted: float = 0.0
     kudos_received: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class UserModified:
+    """What ``PUT /users/{id}`` changed (``edit``), and the user after it."""
+
+    edit: UserEdit
+    user: UserAnswer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -18,6 +19,7 @@ from sqlalchemy import (
 
 from hordelite.contract import refusals
 from hordelite.contract.transfers import Transfer
+from hordelite.contract.user_edit import UserEdit
 from hordelite.errors import RC, HordeError
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
@@ -210,3 +212,36 @@ def transfer_kudos(conn: Connection, key_hash: str, transfer: Transfer, rules: R
         )
     )
     return transfer.amount
+
+
+def modify_user(
+    conn: Connection, key_hash: str, user_id: int, edit: UserEdit, rules: Rules
+) -> UserRecord:
+    """Apply ``PUT /users/{id}``: an admin changes anything kept; a user only
+    its own name. 403 NotModerator otherwise, 404 UserNotFound for no such
+    user, 403 AnonForbiddenUserMod for the anonymous user."""
+    editor = authenticate(conn, key_hash, rules)
+    target = (
+        conn.execute(select(users).where(users.c.id == user_id).with_for_update())
+        .mappings()
+        .first()
+    )
+    if target is None:
+        raise refusals.unknown_user(user_id)
+    if not editor["admin"] and (edit.needs_admin or editor["id"] != user_id):
+        raise HordeError(RC.NotModerator, "Only an admin of this horde may change this user so.")
+    if target["anonymous"]:
+        raise HordeError(RC.AnonForbiddenUserMod, "The anonymous user cannot be changed.")
+    values: dict[str, Any] = {}
+    if edit.username is not None:
+        values["username"] = edit.username
+    if edit.kudos is not None:
+        values["kudos"] = users.c.kudos + edit.kudos
+    if edit.concurrency is not None:
+        values["concurrency"] = edit.concurrency
+    if edit.trusted is not None:
+        values["trusted"] = edit.trusted
+    if edit.moderator is not None:
+        values["admin"] = edit.moderator
+    conn.execute(update(users).where(users.c.id == user_id).values(**values))
+    return user_by_id(conn, user_id)

@@ -24,12 +24,13 @@ from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.transfers import Transfer
+from hordelite.contract.user_edit import UserEdit
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import NewMessage, Validity
 from hordelite.errors import RC, HordeError
 from hordelite.storage import admin, messages, shared_keys, webhooks
 from hordelite.storage import queries as q
-from hordelite.storage.accounts import transfer_kudos, user_page
+from hordelite.storage.accounts import modify_user, transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
 from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
@@ -351,6 +352,11 @@ class Store:
     async def active_messages(self, *, now: float, limit: int) -> list[MessageRecord]:
         """The messages not yet expired at ``now``, newest first, at most ``limit``."""
         return await self.db.read(messages.active_messages, now, limit)
+
+    async def modify_user(self, *, key_hash: str, user_id: int, edit: UserEdit) -> q.UserRecord:
+        """The user as an admin's (or its own) change left it; raises
+        InvalidAPIKey, UserNotFound, NotModerator, AnonForbiddenUserMod."""
+        return await self.db.write(modify_user, key_hash, user_id, edit, self.rules)
 
     async def create_shared_key(
         self, *, owner_hash: str, key_hash: str, terms: SharedKeyTerms, now: float
