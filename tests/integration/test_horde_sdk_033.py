@@ -1,0 +1,90 @@
+"""horde_sdk 0.33.3 against a live horde, client and worker side.
+
+horde_sdk 0.33 needs Python 3.12, the project runs on 3.11: the SDK runs in
+a venv of its own (``HORDELITE_TEST_PYTHON312`` names the interpreter; .ci/run
+sets it when one is installed), made once under ~/.cache/hordelite and
+reused, and drives tests/compat/sdk033_probe.py against a horde served here.
+Without such an interpreter the test is skipped, saying so.
+
+Every one of the SDK's request classes is either run (and must succeed, or
+get the AI Horde's own refusal, each answer validated with the SDK's models)
+or listed by the probe as not served, with the reason; the test fails on a
+class in neither.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from hordelite.testing import open_horde
+
+pytestmark = pytest.mark.anyio
+
+SDK_VERSION = "0.33.3"
+PROBE = Path(__file__).parent.parent / "compat" / "sdk033_probe.py"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hordelite"
+
+
+def sdk_python() -> Path:
+    """The venv's interpreter with horde_sdk 0.33.3, made when missing."""
+    interpreter = os.environ.get("HORDELITE_TEST_PYTHON312", "")
+    if not interpreter or not Path(interpreter).exists():
+        pytest.skip(
+            "no Python 3.12 interpreter (HORDELITE_TEST_PYTHON312): horde_sdk 0.33 needs one"
+        )
+    venv = CACHE / f"horde-sdk-{SDK_VERSION}"
+    python = venv / "bin" / "python"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"horde-sdk-{SDK_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one maker at a time
+        ready = venv / ".ready"
+        if not ready.exists():
+            subprocess.run([interpreter, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-q", f"horde_sdk=={SDK_VERSION}"],
+                check=True,
+                timeout=600,
+            )
+            ready.touch()
+    return python
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # the SDK runs in its own process
+async def test_every_request_class_of_horde_sdk_0_33_succeeds_or_is_not_served_by_design() -> None:
+    python = await anyio.to_thread.run_sync(sdk_python)
+    async with open_horde() as horde:
+        alice = await horde.create_key("alice", kudos=1000)
+        bob = await horde.create_key("bob")
+        admin = await horde.create_key("root", admin=True)
+        bob_user = await horde.horde.directory.find_user(bob)
+        setup = {
+            "url": horde.url,
+            "alice": alice,
+            "bob": bob,
+            "admin": admin,
+            "bob_name": f"{bob_user.username}#{bob_user.id}",
+        }
+        done = await anyio.run_process(
+            [str(python), str(PROBE), json.dumps(setup)],
+            check=False,
+            env={
+                **os.environ,
+                "HORDE_SDK_DISABLE_CUSTOM_SINKS": "1",
+                "AI_HORDE_URL": horde.url + "/api/",
+            },
+        )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    results, not_served = report["results"], report["not_served"]
+    failed = {name: r for name, r in results.items() if not r["ok"]}
+    assert not failed, json.dumps(failed, indent=1)
+    unaccounted = set(report["classes"]) - set(results) - set(not_served) - {"(probe stopped)"}
+    assert not unaccounted, f"request classes neither run nor listed as not served: {unaccounted}"
+    assert not set(results) & set(not_served)
