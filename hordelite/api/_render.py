@@ -188,6 +188,13 @@ def user(u: UserAnswer, *, private: bool = True) -> dict[str, Any]:
         },
         "usage": {},
         "contributions": {},
+        "account_age": u.account_age,
+        # hordelite has no accounts awaiting verification (the AI Horde's
+        # pseudonymous ones), and keeps no suspicion, evaluation or invites.
+        "pseudonymous": False,
+        "suspicious": 0,
+        "evaluating_kudos": 0,
+        "worker_invited": 0,
     }
     if private:
         body["worker_ids"] = list(u.worker_ids)
@@ -226,6 +233,7 @@ def worker(w: WorkerAnswer) -> dict[str, Any]:
         "threads": w.threads,
         "uptime": int(w.uptime),
         "uncompleted_jobs": w.uncompleted_jobs,
+        "tokens_generated": w.tokens_generated,
         "maintenance_mode": w.maintenance,
         "nsfw": w.nsfw,
         "trusted": w.trusted,

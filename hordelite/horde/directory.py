@@ -124,6 +124,7 @@ class Directory:
             moderator=user.admin,
             kudos_gifted=round(user.kudos_gifted, 2),
             kudos_received=round(user.kudos_received, 2),
+            account_age=max(int(self._core.clock.now() - user.created), 0),
         )
 
     async def user_page(self, page: int, sort: str | None) -> UserListing:
@@ -354,4 +355,5 @@ def _worker_answer(w: WorkerRecord, now: float) -> WorkerAnswer:
         chat=w.chat,
         info=w.info,
         paused=w.paused,
+        tokens_generated=int(w.tokens_generated),
     )

@@ -127,6 +127,7 @@ class UserAnswer:
     moderator: bool
     kudos_gifted: float = 0.0
     kudos_received: float = 0.0
+    account_age: int = 0  # seconds since the user was created
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +175,7 @@ class WorkerAnswer:
     chat: dict[str, Any] | None
     info: str | None = None
     paused: bool = False
+    tokens_generated: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

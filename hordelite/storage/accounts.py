@@ -97,6 +97,7 @@ class UserRecord:
     kudos_gifted: float
     kudos_received: float
     concurrency: int | None  # None: the horde's default for its kind of user
+    created: float
     worker_ids: tuple[str, ...]
     active: bool  # its key authenticates (not revoked)
 
@@ -138,6 +139,7 @@ def user_record(row: RowMapping, worker_ids: Iterable[str]) -> UserRecord:
         kudos_gifted=row["kudos_gifted"],
         kudos_received=row["kudos_received"],
         concurrency=row["concurrency"],
+        created=row["created"],
         worker_ids=tuple(worker_ids),
         active=not row["key_hash"].startswith(REVOKED_PREFIX),
     )

@@ -73,6 +73,25 @@ def every_class() -> set[str]:
     }
 
 
+def missing_fields(model: Any, raw: Any) -> list[str]:
+    """The fields of the SDK's model the answer left out (the SDK then
+    fills in its default, 0 or false, as if the horde had said so); of a
+    list's first item for a list answer."""
+    fields = getattr(model, "model_fields", {})
+    if "root" in fields:  # a list (or mapping) answer
+        if not isinstance(raw, list) or not raw:
+            return []
+        inner = getattr(fields["root"].annotation, "__args__", [None])[0]
+        return missing_fields(inner, raw[0]) if inner is not None else []
+    if not isinstance(raw, dict):
+        return []
+    return sorted(
+        (info.alias or name)
+        for name, info in fields.items()
+        if (info.alias or name) not in raw and name not in raw
+    )
+
+
 class Probe:
     def __init__(self, setup: dict[str, Any]) -> None:
         self.url = setup["url"]
@@ -107,6 +126,7 @@ class Probe:
                 model = pairs[response.status_code]
                 parsed = model.model_validate(response.json())
                 outcome["ok"] = True
+                outcome["missing"] = missing_fields(model, response.json())
             else:
                 error = RequestErrorResponse.model_validate(response.json())
                 outcome["rc"] = error.rc
