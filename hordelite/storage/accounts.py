@@ -77,6 +77,12 @@ def authenticate(conn: Connection, key_hash: str, rules: Rules) -> RowMapping:
     row = conn.execute(USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
     if row is None:
         raise HordeError(RC.InvalidAPIKey)
+    return admitted(row, rules)
+
+
+def admitted(row: RowMapping, rules: Rules) -> RowMapping:
+    """The user of a key found, when it may use the horde now (the anonymous
+    user only while ``allow_anonymous``)."""
     if row["anonymous"] and not rules.allow_anonymous:
         raise HordeError(RC.AnonymousDisabled)
     return row

@@ -18,7 +18,7 @@ from hordelite.contract import shared_keys as rules_of_keys
 from hordelite.contract.limits import SHARED_KEYS_PER_USER
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.errors import RC, HordeError
-from hordelite.storage.accounts import REVOKED_PREFIX, USER_BY_KEY, authenticate
+from hordelite.storage.accounts import REVOKED_PREFIX, USER_BY_KEY, admitted, authenticate
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import shared_keys, users
 
@@ -151,8 +151,9 @@ def requester(
     for a shared key its owner, with the key (checked usable at ``now``: 403
     SharedKeyEmpty, SharedKeyExpired; None: not checked, for a lookup).
     Raises as ``authenticate`` otherwise."""
-    if conn.execute(USER_BY_KEY, {"key_hash": key_hash}).first() is not None:
-        return authenticate(conn, key_hash, rules), None
+    user = conn.execute(USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
+    if user is not None:  # the common case: one read, as authenticate's
+        return admitted(user, rules), None
     key = conn.execute(_KEY, {"key_hash": key_hash}).mappings().first()
     if key is None:
         raise HordeError(RC.InvalidAPIKey)
