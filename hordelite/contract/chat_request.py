@@ -226,20 +226,29 @@ def openai_refusal(param: str | None, message: str) -> HordeError:
 # Parsing ---------------------------------------------------------------------
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate a chat body; raises HordeError naming the offending key."""
+def check_top_level(
+    body: Any, known: frozenset[str], default_only: Mapping[str, tuple[Any, ...]]
+) -> None:
+    """An OpenAI body's top-level keys, as the front takes them: an object;
+    ``known`` keys and no-ops pass, ``default_only`` keys only at a default
+    (or null), any other key is refused naming it."""
     if not isinstance(body, Mapping):
         raise invalid("body", f"Expected a JSON object as the body, got {kind_name(body)}.")
     for key, value in body.items():
-        if key in DEFAULT_NO_OPS or key in _KNOWN_TOP:
+        if key in DEFAULT_NO_OPS or key in known:
             continue
-        if key in _DEFAULT_ONLY:
-            if value is None or value in _DEFAULT_ONLY[key]:
+        if key in default_only:
+            if value is None or value in default_only[key]:
                 continue
             raise unsupported(
                 key, f"Unsupported parameter: {key!r} is supported only at its default."
             )
         raise unsupported(key, f"Unrecognized request argument supplied: {key}")
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validate a chat body; raises HordeError naming the offending key."""
+    check_top_level(body, _KNOWN_TOP, _DEFAULT_ONLY)
     messages, has_images = _parse_messages(body.get("messages"))
     tools = _parse_tools(body.get("tools"))
     tool_choice = _parse_tool_choice(body.get("tool_choice"), tools)

@@ -28,8 +28,8 @@ from hordelite.contract._fields import kind_name, parse_uuid
 from hordelite.contract.admission import text_bytes
 from hordelite.contract.chat_request import (
     AVAILABILITY_MODES,
-    DEFAULT_NO_OPS,
     NEUTRAL_BACKEND_SAMPLERS,
+    check_top_level,
     invalid,
     openai_number,
     parse_models,
@@ -114,18 +114,7 @@ class CompletionRequest:
 
 def parse_completion_request(body: Any) -> CompletionRequest:
     """Validate a legacy completions body; raises HordeError naming the key."""
-    if not isinstance(body, Mapping):
-        raise invalid("body", f"Expected a JSON object as the body, got {kind_name(body)}.")
-    for key, value in body.items():
-        if key in DEFAULT_NO_OPS or key in _KNOWN_TOP:
-            continue
-        if key in _DEFAULT_ONLY:
-            if value is None or value in _DEFAULT_ONLY[key]:
-                continue
-            raise unsupported(
-                key, f"Unsupported parameter: {key!r} is supported only at its default."
-            )
-        raise unsupported(key, f"Unrecognized request argument supplied: {key}")
+    check_top_level(body, _KNOWN_TOP, _DEFAULT_ONLY)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", "Invalid type for 'stream': expected a boolean.")
