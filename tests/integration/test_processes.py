@@ -136,7 +136,7 @@ def children(pid: int) -> set[int]:
     for task in tasks:
         try:
             found.update(int(c) for c in (task / "children").read_text().split())
-        except FileNotFoundError:  # the thread ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
     return {child for child in found if alive(child)}
 
@@ -145,7 +145,7 @@ def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone (ESRCH: between open and read)
         return False
     # The state follows the command's closing parenthesis.
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
