@@ -832,6 +832,26 @@ _HORDE_KEYS = frozenset(
 )
 
 
+def parse_horde_workers(value: Any) -> tuple[str, ...]:
+    """``horde.workers``: at most MAX_WORKER_IDS worker ids (UUIDs), in
+    canonical form, each once; absent or null is none."""
+    workers = value or []
+    if not isinstance(workers, list) or len(workers) > MAX_WORKER_IDS:
+        raise invalid(
+            "horde.workers",
+            f"'horde.workers' must be an array of at most {MAX_WORKER_IDS} worker ids.",
+        )
+    ids = []
+    for i, w in enumerate(workers):
+        wid = parse_uuid(w)
+        if wid is None:
+            raise invalid(
+                f"horde.workers[{i}]", f"'horde.workers[{i}]' is not a worker id (a UUID)."
+            )
+        ids.append(wid)
+    return tuple(dict.fromkeys(ids))
+
+
 def _parse_horde(value: Any) -> HordeOptions:
     if value is None:
         return HordeOptions()
@@ -863,20 +883,6 @@ def _parse_horde(value: Any) -> HordeOptions:
         return str(v)
 
     max_kudos = openai_number(value, "max_kudos", 0, 1e12, "horde.max_kudos")
-    workers = value.get("workers") or []
-    if not isinstance(workers, list) or len(workers) > MAX_WORKER_IDS:
-        raise invalid(
-            "horde.workers",
-            f"'horde.workers' must be an array of at most {MAX_WORKER_IDS} worker ids.",
-        )
-    ids = []
-    for i, w in enumerate(workers):
-        wid = parse_uuid(w)
-        if wid is None:
-            raise invalid(
-                f"horde.workers[{i}]", f"'horde.workers[{i}]' is not a worker id (a UUID)."
-            )
-        ids.append(wid)
     return HordeOptions(
         conformance=choice("conformance", CONFORMANCE_MODES),
         availability_mode=choice("availability_mode", AVAILABILITY_MODES),
@@ -884,7 +890,7 @@ def _parse_horde(value: Any) -> HordeOptions:
         max_kudos=max_kudos,
         context_fit=choice("context_fit", CONTEXT_FITS),
         openai_guards=flag("openai_guards", False),
-        workers=tuple(dict.fromkeys(ids)),
+        workers=parse_horde_workers(value.get("workers")),
         worker_blacklist=flag("worker_blacklist", False),
         trusted_workers=flag("trusted_workers", False),
         slow_workers=flag("slow_workers", True),

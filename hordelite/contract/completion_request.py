@@ -24,7 +24,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hordelite.contract._fields import kind_name, parse_uuid
+from hordelite.contract._fields import kind_name
 from hordelite.contract.admission import text_bytes
 from hordelite.contract.chat_request import (
     AVAILABILITY_MODES,
@@ -32,6 +32,7 @@ from hordelite.contract.chat_request import (
     check_top_level,
     invalid,
     openai_number,
+    parse_horde_workers,
     parse_models,
     parse_stop,
     parse_stream_options,
@@ -41,7 +42,6 @@ from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
 from hordelite.contract.limits import (
     MAX_CONTEXT_LENGTH,
     MAX_MAX_LENGTH,
-    MAX_WORKER_IDS,
     MIN_CONTEXT_LENGTH,
 )
 from hordelite.contract.text import SAMPLING_BOOLS, SAMPLING_INTS, SAMPLING_NUMBERS, TextRequest
@@ -139,7 +139,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     stops = parse_stop(body.get("stop"))
     if stops:
         params["stop_sequence"] = stops
-    workers = _workers(horde.get("workers"))
+    workers = parse_horde_workers(horde.get("workers"))
     text = TextRequest(
         prompt=_prompt(body.get("prompt")),
         params=params,
@@ -260,24 +260,6 @@ def _flag(horde: Mapping[str, Any], key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise invalid(f"horde.{key}", f"'horde.{key}' must be a boolean.")
     return value
-
-
-def _workers(value: Any) -> tuple[str, ...]:
-    workers = value or []
-    if not isinstance(workers, list) or len(workers) > MAX_WORKER_IDS:
-        raise invalid(
-            "horde.workers",
-            f"'horde.workers' must be an array of at most {MAX_WORKER_IDS} worker ids.",
-        )
-    ids = []
-    for i, w in enumerate(workers):
-        wid = parse_uuid(w)
-        if wid is None:
-            raise invalid(
-                f"horde.workers[{i}]", f"'horde.workers[{i}]' is not a worker id (a UUID)."
-            )
-        ids.append(wid)
-    return tuple(dict.fromkeys(ids))
 
 
 @dataclasses.dataclass(frozen=True)
