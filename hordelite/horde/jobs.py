@@ -260,6 +260,7 @@ class Jobs:
         await core.signals.notify_request(result.request_id)
         if result.request_ended:
             await core.signals.end_stream(result.request_id, now)
+        if result.hook_owed and result.request_ended:
             core.webhooks_due.set()
         return SubmitAnswer(result.reward)
 

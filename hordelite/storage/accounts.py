@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     bindparam,
     false,
     func,
@@ -26,11 +24,12 @@ from hordelite.storage.schema import (
     users,
     workers,
 )
+from hordelite.storage.transaction import Tx, prepared
 
 # Statements on the hot paths (every pop, submit and status) are built once
 # with bind parameters: SQLAlchemy then only binds values, which halves the
 # cost of each statement against building it anew.
-USER_BY_KEY = select(users).where(users.c.key_hash == bindparam("key_hash"))
+USER_BY_KEY = prepared(select(users).where(users.c.key_hash == bindparam("key_hash")))
 
 # A revoked key's hash is replaced by ``revoked:<user id>``: no key hashes to
 # that (a sha256 is 64 hex digits), so the key stops authenticating with no
@@ -38,7 +37,7 @@ USER_BY_KEY = select(users).where(users.c.key_hash == bindparam("key_hash"))
 REVOKED_PREFIX = "revoked:"
 
 
-def ensure_anonymous(conn: Connection, key_hash: str, now: float) -> None:
+def ensure_anonymous(conn: Tx, key_hash: str, now: float) -> None:
     """Create the anonymous user (id 0) once."""
     if conn.execute(select(users.c.id).where(users.c.id == 0)).first() is None:
         conn.execute(
@@ -49,7 +48,7 @@ def ensure_anonymous(conn: Connection, key_hash: str, now: float) -> None:
 
 
 def create_user(
-    conn: Connection,
+    conn: Tx,
     username: str,
     key_hash: str,
     kudos: float,
@@ -73,14 +72,14 @@ def create_user(
     return int(result.scalar_one())
 
 
-def authenticate(conn: Connection, key_hash: str, rules: Rules) -> RowMapping:
+def authenticate(conn: Tx, key_hash: str, rules: Rules) -> Mapping[str, Any]:
     row = conn.execute(USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
     if row is None:
         raise HordeError(RC.InvalidAPIKey)
     return admitted(row, rules)
 
 
-def admitted(row: RowMapping, rules: Rules) -> RowMapping:
+def admitted(row: Mapping[str, Any], rules: Rules) -> Mapping[str, Any]:
     """The user of a key found, when it may use the horde now (the anonymous
     user only while ``allow_anonymous``)."""
     if row["anonymous"] and not rules.allow_anonymous:
@@ -113,25 +112,25 @@ class UserRecord:
         return f"{self.username}#{self.id}"
 
 
-def user_by_key(conn: Connection, key_hash: str, rules: Rules) -> UserRecord:
+def user_by_key(conn: Tx, key_hash: str, rules: Rules) -> UserRecord:
     return _user_details(conn, authenticate(conn, key_hash, rules))
 
 
-def user_by_id(conn: Connection, user_id: int) -> UserRecord:
+def user_by_id(conn: Tx, user_id: int) -> UserRecord:
     row = conn.execute(select(users).where(users.c.id == user_id)).mappings().first()
     if row is None:
         raise refusals.unknown_user(user_id)
     return _user_details(conn, row)
 
 
-def _user_details(conn: Connection, row: RowMapping) -> UserRecord:
+def _user_details(conn: Tx, row: Mapping[str, Any]) -> UserRecord:
     worker_ids = conn.execute(
         select(workers.c.id).where(workers.c.user_id == row["id"], workers.c.deleted == false())
     ).scalars()
     return user_record(row, worker_ids)
 
 
-def user_record(row: RowMapping, worker_ids: Iterable[str]) -> UserRecord:
+def user_record(row: Mapping[str, Any], worker_ids: Iterable[str]) -> UserRecord:
     """The record of a user's row and the ids of its workers."""
     return UserRecord(
         id=row["id"],
@@ -151,9 +150,7 @@ def user_record(row: RowMapping, worker_ids: Iterable[str]) -> UserRecord:
     )
 
 
-def user_page(
-    conn: Connection, by_kudos: bool, limit: int, offset: int
-) -> tuple[list[UserRecord], int]:
+def user_page(conn: Tx, by_kudos: bool, limit: int, offset: int) -> tuple[list[UserRecord], int]:
     """A page of every user, most kudos first (``by_kudos``, then by id) or
     oldest first (by id), and how many users there are; in three reads."""
     order = (users.c.kudos.desc(), users.c.id) if by_kudos else (users.c.id,)
@@ -170,7 +167,7 @@ def user_page(
     return [user_record(r, owned[r["id"]]) for r in rows], total
 
 
-def transfer_kudos(conn: Connection, key_hash: str, transfer: Transfer, rules: Rules) -> float:
+def transfer_kudos(conn: Tx, key_hash: str, transfer: Transfer, rules: Rules) -> float:
     """Move ``transfer.amount`` from the key's user to ``name#id``, with the
     AI Horde's refusals; the amount moved. Both balances are locked in id
     order (two transfers crossing each other cannot deadlock) and the
@@ -222,9 +219,7 @@ def transfer_kudos(conn: Connection, key_hash: str, transfer: Transfer, rules: R
     return transfer.amount
 
 
-def modify_user(
-    conn: Connection, key_hash: str, user_id: int, edit: UserEdit, rules: Rules
-) -> UserRecord:
+def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Rules) -> UserRecord:
     """Apply ``PUT /users/{id}``: an admin changes anything kept; a user only
     its own name. 403 NotModerator otherwise, 404 UserNotFound for no such
     user, 403 AnonForbiddenUserMod for the anonymous user."""

@@ -10,11 +10,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, Integer, cast, delete, func, literal, select, union_all
+from sqlalchemy import Integer, cast, delete, func, literal, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 
 from hordelite.contract.limits import DASHBOARD_BUCKET_SECONDS, DASHBOARD_WINDOW_SECONDS
 from hordelite.storage.schema import activity_minutes, jobs, requests
+from hordelite.storage.transaction import Tx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +29,7 @@ class Bucket:
     latency_sum: float
 
 
-def done_jobs_per_bucket(
-    conn: Connection, start: float, bucket_seconds: int, buckets: int
-) -> list[Bucket]:
+def done_jobs_per_bucket(conn: Tx, start: float, bucket_seconds: int, buckets: int) -> list[Bucket]:
     """The buckets from ``start`` (a whole minute) that saw a job done, by
     index (empty buckets are left out), stored and rolled up added together.
 
@@ -74,7 +73,7 @@ def done_jobs_per_bucket(
 
 
 def roll_up(
-    conn: Connection,
+    conn: Tx,
     purged: Sequence[tuple[str, str, float | None, int | None]],
     created: dict[str, float],
     now: float,

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import Connection, false, select, update
+from sqlalchemy import false, select, update
 
 from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
 from hordelite.storage.accounts import create_user as _create_user
 from hordelite.storage.accounts import user_by_id as _user_by_id
 from hordelite.storage.schema import users, workers
+from hordelite.storage.transaction import Tx
 
 
-def list_users(conn: Connection) -> list[UserRecord]:
+def list_users(conn: Tx) -> list[UserRecord]:
     """Every user, by id (two reads, however many users)."""
     owned: defaultdict[int, list[str]] = defaultdict(list)
     for worker_id, user_id in conn.execute(
@@ -31,7 +32,7 @@ def list_users(conn: Connection) -> list[UserRecord]:
     return [user_record(r, owned[r["id"]]) for r in rows]
 
 
-def users_named(conn: Connection, name: str) -> list[UserRecord]:
+def users_named(conn: Tx, name: str) -> list[UserRecord]:
     """The users whose name is ``name`` compared case-insensitively (Unicode
     case folding, done here: SQLite's lower() folds only ASCII)."""
     folded = name.casefold()
@@ -39,7 +40,7 @@ def users_named(conn: Connection, name: str) -> list[UserRecord]:
 
 
 def create_named_user(
-    conn: Connection,
+    conn: Tx,
     username: str,
     key_hash: str,
     kudos: float,
@@ -57,13 +58,13 @@ def create_named_user(
     return _user_by_id(conn, _create_user(conn, username, key_hash, kudos, admin, trusted, now))
 
 
-def set_key(conn: Connection, user_id: int, key_hash: str | None) -> None:
+def set_key(conn: Tx, user_id: int, key_hash: str | None) -> None:
     """Store a new key's hash for the user, or revoke its key (None)."""
     value = key_hash if key_hash is not None else f"{REVOKED_PREFIX}{user_id}"
     conn.execute(update(users).where(users.c.id == user_id).values(key_hash=value))
 
 
-def grant_kudos(conn: Connection, user_id: int, amount: float) -> tuple[float, float]:
+def grant_kudos(conn: Tx, user_id: int, amount: float) -> tuple[float, float]:
     """Add ``amount`` (may be negative) to the user's kudos; its balance
     before and after."""
     balance = select(users.c.kudos).where(users.c.id == user_id)

@@ -19,7 +19,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
     String,
     any_,
     bindparam,
@@ -29,10 +28,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql import ColumnElement, TableValuedAlias
 
+from hordelite.storage.transaction import Tx
 
-def one_of(
-    conn: Connection, column: ColumnElement[Any], values: Iterable[str]
-) -> ColumnElement[bool]:
+
+def one_of(conn: Tx, column: ColumnElement[Any], values: Iterable[str]) -> ColumnElement[bool]:
     """``column`` is one of ``values`` (strings), with the values bound as one
     parameter however many there are: ``= ANY(array)`` on PostgreSQL, ``IN``
     the elements of a JSON array on SQLite."""
@@ -43,7 +42,7 @@ def one_of(
     return column.in_(select(elements.table_valued("value").c.value))
 
 
-def json_elements(conn: Connection, column: ColumnElement[Any]) -> TableValuedAlias:
+def json_elements(conn: Tx, column: ColumnElement[Any]) -> TableValuedAlias:
     """The elements of a JSON array of strings ``column`` as a table of one
     column, ``value``, to join to the column's own row (the function may
     name the row it is joined to on both databases)."""
@@ -52,7 +51,7 @@ def json_elements(conn: Connection, column: ColumnElement[Any]) -> TableValuedAl
     return func.json_each(column).table_valued("value")
 
 
-def by_codepoint(conn: Connection, column: ColumnElement[str]) -> ColumnElement[str]:
+def by_codepoint(conn: Tx, column: ColumnElement[str]) -> ColumnElement[str]:
     """``column`` ordered by code point, as Python's ``sorted`` orders strings:
     PostgreSQL would otherwise order by the database's locale (SQLite's
     default collation already compares bytes, and UTF-8 keeps code point

@@ -10,7 +10,8 @@ the caller sees the cancellation.
 SQLite: WAL, synchronous=NORMAL, writes serialised in the process by a
 capacity limiter of one and ``BEGIN IMMEDIATE`` across processes; reads in
 parallel. PostgreSQL: a pool, pops use ``FOR UPDATE SKIP LOCKED``, a deadlock
-or serialisation failure is retried.
+or serialisation failure is retried; by default each transaction runs on the
+event loop's thread, its waits for the server awaited (``_on_loop``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, Operation
 from sqlalchemy.pool import QueuePool
 
 from hordelite.errors import HordeliteError, StorageUnavailable
+from hordelite.storage import _on_loop
+from hordelite.storage.transaction import Tx
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -89,8 +92,17 @@ class Database:
     pass the GIL back and forth (measured: about 1.2 ms of extra server CPU
     per request, docs/decisions). An inline transaction that finds the file
     locked by another process does not wait on the loop: it is retried in a
-    thread, which waits. ``executor="threads"`` (PostgreSQL, always) runs
-    every transaction in a thread.
+    thread, which waits.
+
+    On PostgreSQL ``executor="inline"`` (the default) runs each transaction
+    on the loop's thread too, in a greenlet whose waits for the server the
+    calling task awaits (``_on_loop``): other requests are served while a
+    statement is on its way, and no thread hands the GIL back and forth at
+    every statement. At most ``pool_size`` transactions are under way at
+    once, so a connection is always free when one starts.
+
+    ``executor="threads"`` runs every transaction in a thread, on either
+    database.
     """
 
     def __init__(self, database: str, pool_size: int = 4, executor: str = "inline") -> None:
@@ -100,42 +112,44 @@ class Database:
         if problem is not None:  # before anything is opened, or made beside it
             raise StorageUnavailable(problem)
         self.inline = self.is_sqlite and executor == "inline"
+        self.on_loop = not self.is_sqlite and executor == "inline"
         if self.is_sqlite:
             self.engine = _sqlite_engine(self.url, pool_size)
             self._inline_engine = _sqlite_engine(self.url, 0, busy_timeout_ms=0)
         else:
-            self.engine = create_engine(
-                self.url,
-                pool_size=pool_size,
-                max_overflow=0,
-                # Every transaction ends in commit or rollback already.
-                pool_reset_on_return=None,
-            )
+            self.engine = _postgresql_engine(self.url, pool_size)
+        # On the loop: one slot per pooled connection, for reads and writes
+        # together, so that a checkout never waits (it would block the loop).
+        self._slots = anyio.CapacityLimiter(pool_size)
+        self._connected_once = False
         self._writes = anyio.CapacityLimiter(1 if self.is_sqlite else pool_size)
         self._reads = anyio.CapacityLimiter(pool_size)
         self._turns = anyio.Lock()
         self._inline_pending = 0
 
     async def write(
-        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+        self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``fn(conn, ...)`` in one write transaction; returns its result."""
         return await self._execute(fn, True, self._writes, args, kwargs)
 
     async def read(
-        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+        self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run ``fn(conn, ...)`` in one read transaction; returns its result."""
         return await self._execute(fn, False, self._reads, args, kwargs)
 
     async def read_aside(
-        self, fn: Callable[Concatenate[Connection, P], T], *args: P.args, **kwargs: P.kwargs
+        self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """``read``, always in a worker thread, for a read whose work grows
         with what the database holds (an aggregate over the pool or the
         queue): inline, SQLite would run it on the event loop's thread and
         hold every other request until it ends; in a thread, sqlite3 lets go
-        of the GIL while the statement runs."""
+        of the GIL while the statement runs. (On PostgreSQL the server does
+        that work, so the read runs as any other.)"""
+        if self.on_loop:
+            return await self._execute(fn, False, self._reads, args, kwargs)
         return await anyio.to_thread.run_sync(
             lambda: self._run(self.engine, fn, False, args, kwargs), limiter=self._reads
         )
@@ -153,6 +167,16 @@ class Database:
         kwargs: Any,
     ) -> T:
         """Inline when allowed and the file is free, else in a thread."""
+        if self.on_loop:
+            async with self._slots:
+                if not self._connected_once:
+                    await self._connect_once()
+                # Started, a transaction ends (committed or rolled back)
+                # before the caller sees a cancellation, as in a thread.
+                with anyio.CancelScope(shield=True):
+                    return await _on_loop.run_on_loop(
+                        self._run, self.engine, fn, write, args, kwargs
+                    )
         if self.inline:
             try:
                 return await self._inline(fn, write, args, kwargs)
@@ -161,6 +185,20 @@ class Database:
         return await anyio.to_thread.run_sync(
             lambda: self._run(self.engine, fn, write, args, kwargs), limiter=limiter
         )
+
+    async def _connect_once(self) -> None:
+        """The engine's first connection, made in a thread: SQLAlchemy
+        inspects the server on it under a thread lock, which a second
+        greenlet on this same thread would wait for forever."""
+        await anyio.to_thread.run_sync(self._touch)
+        self._connected_once = True
+
+    def _touch(self) -> None:
+        try:
+            with self.engine.connect():
+                pass
+        except (OperationalError, InterfaceError) as exc:
+            raise StorageUnavailable(str(exc.orig)) from exc
 
     async def _inline(self, fn: Callable[..., T], write: bool, args: Any, kwargs: Any) -> T:
         """The transaction on the loop's thread, after a checkpoint (so that
@@ -194,7 +232,7 @@ class Database:
                 with engine.connect() as conn:
                     conn = conn.execution_options(hordelite_write=write)
                     with conn.begin():
-                        return fn(conn, *args, **kwargs)
+                        return fn(Tx(conn), *args, **kwargs)
             except OperationalError as exc:
                 if inline and "locked" in str(exc.orig):
                     raise _Busy from exc
@@ -225,13 +263,30 @@ class _Busy(HordeliteError):
     """Another process holds the SQLite file: retry where waiting is allowed."""
 
 
-def _ping(conn: Connection) -> None:
+def _ping(conn: Tx) -> None:
     conn.exec_driver_sql("SELECT 1")
 
 
 def _retryable(exc: DBAPIError) -> bool:
     # PostgreSQL deadlock_detected / serialization_failure.
     return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
+
+
+def _postgresql_engine(url: str, pool_size: int) -> Engine:
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        # Every transaction ends in commit or rollback already.
+        pool_reset_on_return=None,
+    )
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        # psycopg's connection, its waits awaited when run on the loop.
+        return _on_loop.connect(*cargs, **cparams)
+
+    return engine
 
 
 def _sqlite_engine(url: str, pool_size: int, busy_timeout_ms: int = 30000) -> Engine:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     select,
 )
 
@@ -22,7 +20,7 @@ from hordelite.errors import HordeError, HordeliteError
 from hordelite.storage.accounts import USER_BY_KEY, authenticate
 from hordelite.storage.ledger import (
     FINISH_JOB,
-    JOB_WITH_REQUEST,
+    JOB_WITH_REQUEST_LOCKED,
     SubmitResult,
     fault_job,
     settle,
@@ -34,6 +32,7 @@ from hordelite.storage.schema import (
     requests,
     users,
 )
+from hordelite.storage.transaction import Tx
 
 
 class Unjudged(HordeliteError):
@@ -46,7 +45,7 @@ class Unjudged(HordeliteError):
         self.job_id = job_id
 
 
-def record_refusal(conn: Connection, key_hash: str, job_id: str, refusal: HordeError) -> None:
+def record_refusal(conn: Tx, key_hash: str, job_id: str, refusal: HordeError) -> None:
     """Record on its chat job a reply refused before it reached the job (a
     malformed structured submit), as the checks against the request record
     theirs: a fault with reply_refused then reports this refusal's message.
@@ -63,9 +62,7 @@ def record_refusal(conn: Connection, key_hash: str, job_id: str, refusal: HordeE
     )
 
 
-def chat_job_to_judge(
-    conn: Connection, key_hash: str, job_id: str
-) -> tuple[str, dict[str, Any]] | None:
+def chat_job_to_judge(conn: Tx, key_hash: str, job_id: str) -> tuple[str, dict[str, Any]] | None:
     """The model and stored chat request of a chat job in progress that the
     key's user's worker holds (what a reply is judged against before the
     write transaction), or None: then submit_job refuses or judges it."""
@@ -90,7 +87,7 @@ def chat_job_to_judge(
 
 
 def submit_job(
-    conn: Connection,
+    conn: Tx,
     key_hash: str,
     sub: JobSubmit | ChatSubmit,
     now: float,
@@ -108,7 +105,7 @@ def submit_job(
     """
     user = authenticate(conn, key_hash, rules)
     # Locks the job and its request (PostgreSQL), in that order.
-    job = conn.execute(JOB_WITH_REQUEST.with_for_update(), {"job_id": sub.id}).mappings().first()
+    job = conn.execute(JOB_WITH_REQUEST_LOCKED, {"job_id": sub.id}).mappings().first()
     if job is None:
         raise refusals.unknown_job(sub.id)
     chat = isinstance(sub, ChatSubmit)
@@ -139,8 +136,8 @@ def submit_job(
 
 
 def _accept_chat_reply(
-    conn: Connection,
-    job: RowMapping,
+    conn: Tx,
+    job: Mapping[str, Any],
     sub: ChatSubmit,
     now: float,
     billions: Callable[[str], float],

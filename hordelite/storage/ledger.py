@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     bindparam,
     select,
     update,
@@ -30,8 +28,9 @@ from hordelite.storage.schema import (
     workers,
 )
 from hordelite.storage.shared_keys import spend
+from hordelite.storage.transaction import Tx, prepared
 
-JOB_WITH_REQUEST = (
+JOB_WITH_REQUEST = prepared(
     select(
         jobs,
         requests.c.user_id.label("requester_id"),
@@ -42,14 +41,18 @@ JOB_WITH_REQUEST = (
         requests.c.created.label("request_created"),
         requests.c.unread.label("request_unread"),
         requests.c.shared_key.label("request_shared_key"),
+        requests.c.webhook.is_not(None).label("request_has_webhook"),
     )
     .join(requests, requests.c.id == jobs.c.request_id)
     .where(jobs.c.id == bindparam("job_id"))
 )
 
-FINISH_JOB = update(jobs).where(jobs.c.id == bindparam("job_id"))
+# Locks the job and its request (PostgreSQL), in that order.
+JOB_WITH_REQUEST_LOCKED = prepared(JOB_WITH_REQUEST.with_for_update())
 
-_MOVE_KUDOS = (
+FINISH_JOB = prepared(update(jobs).where(jobs.c.id == bindparam("job_id")))
+
+_MOVE_KUDOS = prepared(
     update(users)
     .where(users.c.id == bindparam("uid"))
     .values(
@@ -59,7 +62,7 @@ _MOVE_KUDOS = (
     )
 )
 
-_CREDIT_WORKER = (
+_CREDIT_WORKER = prepared(
     update(workers)
     .where(workers.c.id == bindparam("wid"))
     .values(
@@ -70,15 +73,17 @@ _CREDIT_WORKER = (
     )
 )
 
-_FINISH_REQUEST = (
+_FINISH_REQUEST = prepared(
     update(requests)
     .where(requests.c.id == bindparam("rid"))
     .values(finished=requests.c.finished + 1, kudos=requests.c.kudos + bindparam("cost"))
 )
 
 # The request's last job: the request ends done in the same statement.
-_FINISH_LAST = _FINISH_REQUEST.values(
-    state="done", ended=bindparam("now"), remaining=0, hook_due=hook_due_at(bindparam("now"))
+_FINISH_LAST = prepared(
+    _FINISH_REQUEST.values(
+        state="done", ended=bindparam("now"), remaining=0, hook_due=hook_due_at(bindparam("now"))
+    )
 )
 
 
@@ -98,10 +103,13 @@ class SubmitResult:
     # (its submit-to-done latency).
     done_kind: str | None = None
     created: float = 0.0
+    # Whether ending the request owed its webhook a call: the process's
+    # webhook task is woken only then, not at every request's end.
+    hook_owed: bool = True
 
 
 def settlement(
-    job: RowMapping, chars: int, now: float, billions: Callable[[str], float]
+    job: Mapping[str, Any], chars: int, now: float, billions: Callable[[str], float]
 ) -> kudos_rules.Settlement:
     """What the job of this row (JOB_WITH_REQUEST) moves for ``chars``
     characters of output; for a request nobody can read, no charge
@@ -115,8 +123,8 @@ def settlement(
 
 
 def settle(
-    conn: Connection,
-    job: RowMapping,
+    conn: Tx,
+    job: Mapping[str, Any],
     paid: kudos_rules.Settlement,
     values: dict[str, Any],
     now: float,
@@ -172,10 +180,11 @@ def settle(
         cost=cost,
         done_kind=job["kind"] if ends else None,
         created=job["request_created"] if ends else 0.0,
+        hook_owed=ends and bool(job["request_has_webhook"]),
     )
 
 
-def move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: float) -> None:
+def move_kudos(conn: Tx, payer: int, cost: float, earner: int, reward: float) -> None:
     for move in kudos_rules.kudos_moves(payer, cost, earner, reward):
         conn.execute(
             _MOVE_KUDOS,
@@ -184,7 +193,7 @@ def move_kudos(conn: Connection, payer: int, cost: float, earner: int, reward: f
 
 
 def fault_job(
-    conn: Connection, job: RowMapping, now: float, rules: Rules, reason: str | None
+    conn: Tx, job: Mapping[str, Any], now: float, rules: Rules, reason: str | None
 ) -> SubmitResult:
     """A job the worker gave up on: back to the queue, or the request faults,
     as ``faults.job_fault`` decides."""
@@ -206,7 +215,7 @@ def fault_job(
 
 
 def charge_worker(
-    conn: Connection, worker_id: str, charge: faults.Charge, now: float, rules: Rules
+    conn: Tx, worker_id: str, charge: faults.Charge, now: float, rules: Rules
 ) -> None:
     """Add a job given back to the worker counter ``charge`` names."""
     if charge == "nonconformant":
@@ -219,12 +228,12 @@ def charge_worker(
         count_abort(conn, worker_id, now, rules)
 
 
-def holds_unsendable(req: RowMapping) -> bool:
+def holds_unsendable(req: Mapping[str, Any]) -> bool:
     """The request's text or parameters hold what no worker can encode."""
     return unsendable([req["prompt"], req["params"], req["chat"]]) is not None
 
 
-def fault_request(conn: Connection, req: RowMapping, now: float, fault: faults.Fault) -> None:
+def fault_request(conn: Tx, req: Mapping[str, Any], now: float, fault: faults.Fault) -> None:
     """End a waiting request faulted at once, with ``fault`` as its last fault."""
     if req["state"] != "waiting":
         return
@@ -236,7 +245,7 @@ def fault_request(conn: Connection, req: RowMapping, now: float, fault: faults.F
     end_request(conn, req["id"], "faulted", now)
 
 
-def lapse_job(conn: Connection, job: RowMapping, now: float, rules: Rules) -> tuple[bool, bool]:
+def lapse_job(conn: Tx, job: Mapping[str, Any], now: float, rules: Rules) -> tuple[bool, bool]:
     """End a job in hand as a lease that ran out (its worker cannot submit
     it: the lease lapsed, or the worker was deleted) and give its slot back
     to its request, locked after the job, as submits lock them; returns
@@ -251,7 +260,7 @@ def lapse_job(conn: Connection, job: RowMapping, now: float, rules: Rules) -> tu
 
 
 def give_back(
-    conn: Connection, req: RowMapping, now: float, rules: Rules, given: faults.JobFault
+    conn: Tx, req: Mapping[str, Any], now: float, rules: Rules, given: faults.JobFault
 ) -> tuple[bool, bool]:
     """Return a job's slot to its request: requeue it, or fault the request,
     as ``faults.give_back`` decides; returns (requeued, ended).
@@ -284,7 +293,7 @@ def give_back(
     return True, False
 
 
-def count_abort(conn: Connection, worker_id: str, now: float, rules: Rules) -> None:
+def count_abort(conn: Tx, worker_id: str, now: float, rules: Rules) -> None:
     row = (
         conn.execute(select(workers).where(workers.c.id == worker_id).with_for_update())
         .mappings()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
-from sqlalchemy import Connection, RowMapping, delete, false, insert, select
+from sqlalchemy import delete, false, insert, select
 
 from hordelite.contract import refusals
 from hordelite.contract.worker_messages import NewMessage, Validity
@@ -14,6 +16,7 @@ from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import worker_messages, workers
+from hordelite.storage.transaction import Tx
 
 _HOUR = 3600.0
 
@@ -28,13 +31,13 @@ class MessageRecord:
     expires: float
 
 
-def _record(row: RowMapping) -> MessageRecord:
+def _record(row: Mapping[str, Any]) -> MessageRecord:
     return MessageRecord(
         row["id"], row["worker_id"], row["message"], row["origin"], row["created"], row["expires"]
     )
 
 
-def _admin(conn: Connection, key_hash: str, rules: Rules, action: str) -> RowMapping:
+def _admin(conn: Tx, key_hash: str, rules: Rules, action: str) -> Mapping[str, Any]:
     user = authenticate(conn, key_hash, rules)
     if not user["admin"]:
         raise HordeError(RC.NotModerator, f"Only an admin of this horde may {action}.")
@@ -42,7 +45,7 @@ def _admin(conn: Connection, key_hash: str, rules: Rules, action: str) -> RowMap
 
 
 def send_message(
-    conn: Connection, key_hash: str, new: NewMessage, rules: Rules, now: float
+    conn: Tx, key_hash: str, new: NewMessage, rules: Rules, now: float
 ) -> MessageRecord:
     """An admin's message to a (not deleted) worker, lasting ``new.hours``."""
     _admin(conn, key_hash, rules, "send a worker a message")
@@ -64,7 +67,7 @@ def send_message(
 
 
 def list_messages(
-    conn: Connection,
+    conn: Tx,
     key_hash: str,
     rules: Rules,
     worker_id: str | None,
@@ -95,7 +98,7 @@ def list_messages(
     return [_record(r) for r in conn.execute(q.limit(limit).offset(offset)).mappings()]
 
 
-def message_by_id(conn: Connection, message_id: str) -> MessageRecord | None:
+def message_by_id(conn: Tx, message_id: str) -> MessageRecord | None:
     row = (
         conn.execute(select(worker_messages).where(worker_messages.c.id == message_id))
         .mappings()
@@ -104,14 +107,14 @@ def message_by_id(conn: Connection, message_id: str) -> MessageRecord | None:
     return None if row is None else _record(row)
 
 
-def delete_message(conn: Connection, key_hash: str, message_id: str, rules: Rules) -> bool:
+def delete_message(conn: Tx, key_hash: str, message_id: str, rules: Rules) -> bool:
     """An admin deletes a message; whether there was one."""
     _admin(conn, key_hash, rules, "delete a worker's message")
     gone = conn.execute(delete(worker_messages).where(worker_messages.c.id == message_id))
     return bool(gone.rowcount)
 
 
-def active_messages(conn: Connection, now: float, limit: int) -> list[MessageRecord]:
+def active_messages(conn: Tx, now: float, limit: int) -> list[MessageRecord]:
     """The messages not yet expired, newest first, at most ``limit``."""
     q = (
         select(worker_messages)
@@ -122,6 +125,6 @@ def active_messages(conn: Connection, now: float, limit: int) -> list[MessageRec
     return [_record(r) for r in conn.execute(q).mappings()]
 
 
-def purge_messages(conn: Connection, before: float) -> None:
+def purge_messages(conn: Tx, before: float) -> None:
     """Delete the messages that expired before ``before``."""
     conn.execute(delete(worker_messages).where(worker_messages.c.expires < before))

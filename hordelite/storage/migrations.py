@@ -20,6 +20,7 @@ from sqlalchemy import Connection, func, insert, inspect, select, update
 from hordelite.contract.limits import MAX_NAME_KEY
 from hordelite.contract.unicode_rules import fold_name
 from hordelite.storage import schema
+from hordelite.storage.transaction import Tx
 
 
 def _v1(conn: Connection) -> None:
@@ -201,15 +202,19 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
 LATEST = len(MIGRATIONS)
 
 
-def current_version(conn: Connection) -> int:
+def current_version(conn: Connection | Tx) -> int:
+    if isinstance(conn, Tx):
+        conn = conn.connection
     if not inspect(conn).has_table("schema_version"):
         return 0
     version = conn.execute(select(func.max(schema.schema_version.c.version))).scalar()
     return int(version or 0)
 
 
-def upgrade(conn: Connection) -> tuple[int, int]:
-    """Apply every pending migration; returns (version before, version after)."""
+def upgrade(tx: Tx) -> tuple[int, int]:
+    """Apply every pending migration; returns (version before, version after).
+    Migrations run on SQLAlchemy's own connection: DDL and reflection."""
+    conn = tx.connection
     if conn.dialect.name == "postgresql":
         # Replicas starting together: one migrates, the others wait for it.
         conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7001)")

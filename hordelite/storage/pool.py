@@ -5,12 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     bindparam,
     case,
     false,
@@ -48,31 +46,32 @@ from hordelite.storage.schema import (
     users,
     workers,
 )
+from hordelite.storage.transaction import Tx, prepared
 
-WORKER_BY_KEY = select(workers).where(workers.c.name_key == bindparam("name_key"))
+WORKER_BY_KEY = prepared(select(workers).where(workers.c.name_key == bindparam("name_key")))
 
 # The prefix of a deleted worker's name and key: no pop can reach them (names
 # refuse control characters), so the name it had is free again.
 RETIRED_NAME = "\x1f"
 
-_WORKERS_OF = (
+_WORKERS_OF = prepared(
     select(func.count())
     .select_from(workers)
     .where(workers.c.user_id == bindparam("user_id"), workers.c.deleted == false())
 )
 
-_LOCK_USER = (
+_LOCK_USER = prepared(
     select(users.c.id).where(users.c.id == bindparam("user_id")).with_for_update(key_share=True)
 )
 
 
-_ONLINE_WORKERS = (
+_ONLINE_WORKERS = prepared(
     select(workers, users.c.trusted)
     .join(users, users.c.id == workers.c.user_id)
     .where(workers.c.online_until > bindparam("now"))
 )
 
-_ONLINE_CHAT_WORKERS = _ONLINE_WORKERS.where(workers.c.chat_model.is_not(None))
+_ONLINE_CHAT_WORKERS = prepared(_ONLINE_WORKERS.where(workers.c.chat_model.is_not(None)))
 
 _ONLINE_CHAT_WORKERS_OF = _ONLINE_WORKERS.where(
     workers.c.chat_model.in_(bindparam("models", expanding=True))
@@ -80,7 +79,7 @@ _ONLINE_CHAT_WORKERS_OF = _ONLINE_WORKERS.where(
 
 
 def online_now(
-    conn: Connection,
+    conn: Tx,
     now: float,
     *,
     chat: bool = False,
@@ -107,14 +106,14 @@ class OnlineWorker:
     view: WorkerView
 
 
-def online_pool(conn: Connection, now: float) -> list[OnlineWorker]:
+def online_pool(conn: Tx, now: float) -> list[OnlineWorker]:
     """Every worker online now, with the end of its check-in (a snapshot
     that stays true for each worker until its ``until``)."""
     rows = conn.execute(_ONLINE_WORKERS, {"now": now}).mappings()
     return [OnlineWorker(r["online_until"], worker_view(r)) for r in rows]
 
 
-def worker_view(row: RowMapping | dict[str, Any]) -> WorkerView:
+def worker_view(row: Mapping[str, Any] | dict[str, Any]) -> WorkerView:
     return WorkerView(
         id=row["id"],
         models=tuple(row["models"]),
@@ -153,13 +152,13 @@ def _chat_view(chat: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def online_workers(conn: Connection, now: float) -> list[WorkerView]:
+def online_workers(conn: Tx, now: float) -> list[WorkerView]:
     return online_now(conn, now)
 
 
 def worker_for_pop(
-    conn: Connection, user: RowMapping, pop: PopRequest, name_key: str
-) -> RowMapping | None:
+    conn: Tx, user: Mapping[str, Any], pop: PopRequest, name_key: str
+) -> Mapping[str, Any] | None:
     """The worker row for this pop's name, or None on its first pop.
 
     A worker name belongs to the user who first popped with it; names are
@@ -178,7 +177,7 @@ def worker_for_pop(
     return row
 
 
-def worker_cap(user: RowMapping, rules: Rules) -> WorkerCap:
+def worker_cap(user: Mapping[str, Any], rules: Rules) -> WorkerCap:
     """How many workers this user may have registered (budgets)."""
     return budgets.worker_cap(
         admin=bool(user["admin"]),
@@ -188,18 +187,18 @@ def worker_cap(user: RowMapping, rules: Rules) -> WorkerCap:
     )
 
 
-def _registered(conn: Connection, user_id: int) -> int:
+def _registered(conn: Tx, user_id: int) -> int:
     return int(conn.execute(_WORKERS_OF, {"user_id": user_id}).scalar_one())
 
 
 def register_worker(
-    conn: Connection,
-    user: RowMapping,
+    conn: Tx,
+    user: Mapping[str, Any],
     pop: PopRequest,
     declared: dict[str, Any],
     now: float,
     rules: Rules,
-) -> RowMapping:
+) -> Mapping[str, Any]:
     """A first pop's worker row, inserted: it exists (and is online) from
     this transaction. Refused when its owner has as many workers as its cap;
     the count here is unlocked, so that a refused pop ends before it walks
@@ -221,7 +220,7 @@ def register_worker(
     return conn.execute(insert_worker).mappings().one()
 
 
-def hold_worker_cap(conn: Connection, user: RowMapping, name: str, rules: Rules) -> None:
+def hold_worker_cap(conn: Tx, user: Mapping[str, Any], name: str, rules: Rules) -> None:
     """After the first pop's claim: the owner's workers counted again with its
     row locked, so that two first pops at once cannot both pass the cap on
     PostgreSQL (the second waits for the first to commit, then counts its
@@ -261,14 +260,14 @@ def stored_declaration(pop: PopRequest, now: float) -> dict[str, Any]:
 # set of columns (one, in practice), not per pop.
 @functools.cache
 def _touch_statement(columns: tuple[str, ...]) -> Update:
-    return (
+    return prepared(
         update(workers)
         .where(workers.c.id == bindparam("worker_id"))
         .values({c: bindparam(c, type_=workers.c[c].type) for c in columns})
     )
 
 
-def declaration_changed(row: RowMapping, declared: dict[str, Any]) -> bool:
+def declaration_changed(row: Mapping[str, Any], declared: dict[str, Any]) -> bool:
     """Whether a pop's ``stored_declaration`` differs from what the worker's
     row holds (what eligibility reads: its models, limits, flags and chat
     declaration)."""
@@ -276,8 +275,8 @@ def declaration_changed(row: RowMapping, declared: dict[str, Any]) -> bool:
 
 
 def touch_worker(
-    conn: Connection,
-    row: RowMapping,
+    conn: Tx,
+    row: Mapping[str, Any],
     declared: dict[str, Any],
     now: float,
     rules: Rules,
@@ -304,7 +303,7 @@ class WorkerChanges:
 
 
 def update_worker(
-    conn: Connection, key_hash: str, worker_id: str, edit: WorkerEdit, rules: Rules, now: float
+    conn: Tx, key_hash: str, worker_id: str, edit: WorkerEdit, rules: Rules, now: float
 ) -> WorkerChanges:
     """Apply ``edit`` for the worker's owner or an admin (``paused``: an
     admin only). ``edit.offline``: the worker says it stops; it is offline
@@ -335,7 +334,7 @@ def update_worker(
 
 
 def _edited_values(
-    conn: Connection, row: RowMapping, edit: WorkerEdit, now: float
+    conn: Tx, row: Mapping[str, Any], edit: WorkerEdit, now: float
 ) -> dict[str, Any]:
     """The worker row's columns ``edit`` sets; a new name must be no other
     worker's (compared by key)."""
@@ -359,7 +358,7 @@ def _edited_values(
     return values
 
 
-def _worker_to_change(conn: Connection, user: RowMapping, worker_id: str) -> RowMapping:
+def _worker_to_change(conn: Tx, user: Mapping[str, Any], worker_id: str) -> Mapping[str, Any]:
     """The (not deleted) worker ``user`` may change, locked."""
     row = (
         conn.execute(
@@ -391,7 +390,7 @@ class DeletedWorker:
 
 
 def delete_worker(
-    conn: Connection, key_hash: str, worker_id: str, rules: Rules, now: float
+    conn: Tx, key_hash: str, worker_id: str, rules: Rules, now: float
 ) -> DeletedWorker:
     """Delete the worker for its owner or an admin. Its jobs in hand go back
     to their requests as when a lease runs out (it can no longer submit
@@ -465,14 +464,14 @@ class WorkerRecord:
 
 # A worker with its owner's trust and name (worker details, the worker list).
 # Deleted workers are no one's: only the jobs that name them still read them.
-_WORKER_DETAILS = (
+_WORKER_DETAILS = prepared(
     select(workers, users.c.trusted, users.c.username)
     .join(users, users.c.id == workers.c.user_id)
     .where(workers.c.deleted == false())
 )
 
 
-def _worker_record(row: RowMapping) -> WorkerRecord:
+def _worker_record(row: Mapping[str, Any]) -> WorkerRecord:
     return WorkerRecord(
         id=row["id"],
         name=row["name"],
@@ -505,7 +504,7 @@ def _worker_record(row: RowMapping) -> WorkerRecord:
 
 
 def worker_details(
-    conn: Connection, worker_id: str | None = None, name_key: str | None = None
+    conn: Tx, worker_id: str | None = None, name_key: str | None = None
 ) -> WorkerRecord | None:
     """A worker with its owner's trust and name, by id or by name key; None
     when there is none."""
@@ -518,7 +517,7 @@ def worker_details(
     return None if row is None else _worker_record(row)
 
 
-def list_workers(conn: Connection, now: float | None) -> list[WorkerRecord]:
+def list_workers(conn: Tx, now: float | None) -> list[WorkerRecord]:
     """The workers online at ``now`` by name; with None, every worker the
     horde knows, online or not."""
     q = _WORKER_DETAILS if now is None else _WORKER_DETAILS.where(workers.c.online_until > now)
@@ -534,9 +533,7 @@ class WorkerPage:
     total: int
 
 
-def worker_page(
-    conn: Connection, now: float, limit: int, offset: int, busiest: bool = False
-) -> WorkerPage:
+def worker_page(conn: Tx, now: float, limit: int, offset: int, busiest: bool = False) -> WorkerPage:
     """The online workers from ``offset``, at most ``limit`` of them: by name
     (read along the name's unique index), or with ``busiest`` those with most
     jobs done first. Only the page's rows are read and decoded, whatever the
@@ -572,7 +569,7 @@ class ServedModels:
 
 
 def served_models(
-    conn: Connection, now: float, limit: int, offset: int, name: str | None = None
+    conn: Tx, now: float, limit: int, offset: int, name: str | None = None
 ) -> ServedModels:
     """The models online workers out of maintenance serve (only ``name``,
     when given), most threads first (then by name), from ``offset``, at most
@@ -624,7 +621,7 @@ def served_models(
     return ServedModels(models, total)
 
 
-def _queued(conn: Connection, models: list[str]) -> dict[str, tuple[int, int]]:
+def _queued(conn: Tx, models: list[str]) -> dict[str, tuple[int, int]]:
     """Per model of ``models``: its waiting jobs and their tokens."""
     if not models:
         return {}
@@ -642,7 +639,7 @@ def _queued(conn: Connection, models: list[str]) -> dict[str, tuple[int, int]]:
     return {model: (int(jobs), int(tokens)) for model, jobs, tokens in rows}
 
 
-def served_model_names(conn: Connection, now: float) -> Select[tuple[str]]:
+def served_model_names(conn: Tx, now: float) -> Select[tuple[str]]:
     """The models the workers online at ``now`` list (in maintenance or not),
     as a subquery: a statement that needs the served models reads them
     itself rather than being sent one parameter per model."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     and_,
     bindparam,
     exists,
@@ -60,6 +59,7 @@ from hordelite.storage.schema import (
     requests,
     workers,
 )
+from hordelite.storage.transaction import Tx, prepared
 
 _ALL_FEATURE_BITS = (
     sum(f.value for f in ChatFeature)
@@ -67,27 +67,29 @@ _ALL_FEATURE_BITS = (
     | sum(IMAGE_TRANSPORT_BITS.values())
 )
 
-_INSERT_JOB = insert(jobs)
+_INSERT_JOB = prepared(insert(jobs))
 
 # The chat classes of a model whose required features a declaration covers.
-_CHAT_CLASSES = select(queue_classes.c.features).where(
-    queue_classes.c.model == bindparam("model"),
-    queue_classes.c.kind == "chat",
-    queue_classes.c.features.op("&")(bindparam("undeclared")) == 0,
+_CHAT_CLASSES = prepared(
+    select(queue_classes.c.features).where(
+        queue_classes.c.model == bindparam("model"),
+        queue_classes.c.kind == "chat",
+        queue_classes.c.features.op("&")(bindparam("undeclared")) == 0,
+    )
 )
 
 # The best waiting requests, with only what eligibility reads (not their
 # prompts or conversations).
-_SKIPPED_SAMPLE = (
+_SKIPPED_SAMPLE = prepared(
     select(*(requests.c[name] for name in REQUEST_FIELDS))
     .where(requests.c.state == "waiting", requests.c.remaining > 0)
     .order_by(requests.c.state, requests.c.anonymous, requests.c.prio_key.desc())
     .limit(SKIPPED_SAMPLE)
 )
 
-_HAS_OWN = select(queue.c.id).where(queue.c.user_id == bindparam("owner_id")).limit(1)
+_HAS_OWN = prepared(select(queue.c.id).where(queue.c.user_id == bindparam("owner_id")).limit(1))
 
-_CLAIM = (
+_CLAIM = prepared(
     update(requests)
     .where(
         requests.c.id == bindparam("rid"), requests.c.state == "waiting", requests.c.remaining > 0
@@ -135,7 +137,7 @@ class PopResult:
 
 
 def pop_job(
-    conn: Connection,
+    conn: Tx,
     key_hash: str,
     pop: PopRequest,
     now: float,
@@ -244,7 +246,9 @@ def _candidate_statement(
         q = q.join(requests, requests.c.id == queue.c.request_id).with_for_update(
             of=requests, skip_locked=True
         )
-    return q.order_by(queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created).limit(1)
+    return prepared(
+        q.order_by(queue.c.anonymous, queue.c.prio_key.desc(), queue.c.created).limit(1)
+    )
 
 
 def _chat_limits(q: Select[Any], capped: bool, tools_limit: bool) -> Select[Any]:
@@ -279,7 +283,7 @@ class _Class:
     features: int
 
 
-def _classes(conn: Connection, worker: WorkerView) -> list[_Class]:
+def _classes(conn: Tx, worker: WorkerView) -> list[_Class]:
     """The queue classes this worker's declaration covers."""
     classes = []
     if worker.prompt_jobs:
@@ -321,7 +325,7 @@ def _statement_for(
     )
 
 
-def _slower_than_another(conn: Connection, worker: WorkerView, now: float) -> bool:
+def _slower_than_another(conn: Tx, worker: WorkerView, now: float) -> bool:
     """Whether this chat worker's jobs are capped (eligibility.passed_over).
     Fast workers (the usual case) cost no query."""
     model = worker.chat_model
@@ -349,14 +353,14 @@ class _Walks:
     owns: tuple[bool, ...]  # (True, False) when the owner has requests queued
 
 
-def _walks(conn: Connection, worker: WorkerView, owner_id: int) -> _Walks:
+def _walks(conn: Tx, worker: WorkerView, owner_id: int) -> _Walks:
     # The owner's own requests come first; most owners have none queued.
     has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
     return _Walks(_classes(conn, worker), (True, False) if has_own else (False,))
 
 
 def _best_candidate(
-    conn: Connection,
+    conn: Tx,
     worker: WorkerView,
     owner_id: int,
     skip_locked: bool,
@@ -384,7 +388,7 @@ def _best_candidate(
 
 
 def _claim(
-    conn: Connection, worker: WorkerView, owner_id: int, now: float, rules: Rules, skip_locked: bool
+    conn: Tx, worker: WorkerView, owner_id: int, now: float, rules: Rules, skip_locked: bool
 ) -> PoppedJob | None:
     exclude: set[str] = set()
     capped = _slower_than_another(conn, worker, now)
@@ -414,11 +418,11 @@ def _claim(
 
 
 def _assign(
-    conn: Connection,
+    conn: Tx,
     worker: WorkerView,
     owner_id: int,
     cand: dict[str, Any],
-    claimed: RowMapping,
+    claimed: Mapping[str, Any],
     now: float,
     rules: Rules,
 ) -> PoppedJob:
@@ -463,6 +467,6 @@ def _assign(
     )
 
 
-def skipped_sample(conn: Connection) -> list[RequestView]:
+def skipped_sample(conn: Tx) -> list[RequestView]:
     """The best waiting requests (SKIPPED_SAMPLE of them), as eligibility sees them."""
     return [RequestView.of(row) for row in conn.execute(_SKIPPED_SAMPLE).mappings()]

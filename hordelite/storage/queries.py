@@ -4,11 +4,12 @@ They are the implementation of ``store.Store``, storage's one interface,
 which names each operation, types its parameters and holds the rules; the
 rest of the horde calls the Store.
 
-Each operation takes a ``Connection`` already inside a transaction (see
-``Database``) and does one thing: create a user, submit a request, pop a
-job, submit a job, read a status, cancel, sweep. Refusals are raised as
-HordeError inside the transaction, which rolls it back: nothing stored,
-nothing charged. Each returns frozen dataclasses, never rows.
+Each operation takes a ``Tx`` already inside a transaction (see
+``Database`` and ``transaction``) and does one thing: create a user,
+submit a request, pop a job, submit a job, read a status, cancel, sweep.
+Refusals are raised as HordeError inside the transaction, which rolls it
+back: nothing stored, nothing charged. Each returns frozen dataclasses,
+never rows.
 
 The SQL lives in the modules beside this one, by what it stores:
 ``accounts`` (users), ``pool`` (workers), ``requests`` (submit, status,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     bindparam,
     case,
     delete,
@@ -28,26 +27,30 @@ from hordelite.storage.schema import (
     queue_classes,
     requests,
 )
+from hordelite.storage.transaction import Tx, prepared
 
-INSERT_QUEUE = insert(queue)
+INSERT_QUEUE = prepared(insert(queue))
 
-DEQUEUE = delete(queue).where(queue.c.request_id == bindparam("rid"))
+DEQUEUE = prepared(delete(queue).where(queue.c.request_id == bindparam("rid")))
 
-_CLASS_LAST_USED = select(queue_classes.c.last_used).where(
-    queue_classes.c.model == bindparam("model"),
-    queue_classes.c.kind == bindparam("kind"),
-    queue_classes.c.features == bindparam("features"),
+_CLASS_LAST_USED = prepared(
+    select(queue_classes.c.last_used).where(
+        queue_classes.c.model == bindparam("model"),
+        queue_classes.c.kind == bindparam("kind"),
+        queue_classes.c.features == bindparam("features"),
+    )
 )
 
 CLASS_REFRESH_SECONDS = 60.0
 
-REQUEST_BY_ID = select(requests).where(
-    requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind")
+REQUEST_BY_ID = prepared(
+    select(requests).where(requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind"))
 )
+_REQUEST_BY_ID_LOCKED = prepared(REQUEST_BY_ID.with_for_update())
 
 
 def enqueue(
-    conn: Connection, req: dict[str, Any] | RowMapping, view: RequestView, now: float
+    conn: Tx, req: dict[str, Any] | Mapping[str, Any], view: RequestView, now: float
 ) -> None:
     """The queue rows of a request that has jobs to hand out (one per model)."""
     base = {
@@ -83,7 +86,7 @@ def _queue_row(view: RequestView) -> dict[str, Any]:
     }
 
 
-def use_class(conn: Connection, key: dict[str, Any], now: float) -> None:
+def use_class(conn: Tx, key: dict[str, Any], now: float) -> None:
     """Make sure a chat pop will visit this class (see queue_classes.last_used)."""
     last_used = conn.execute(_CLASS_LAST_USED, key).scalar()
     if last_used is not None and last_used >= now - CLASS_REFRESH_SECONDS:
@@ -103,12 +106,12 @@ def use_class(conn: Connection, key: dict[str, Any], now: float) -> None:
     conn.execute(insert(queue_classes).values(**key, last_used=now))
 
 
-def dequeue(conn: Connection, request_id: str) -> None:
+def dequeue(conn: Tx, request_id: str) -> None:
     conn.execute(DEQUEUE, {"rid": request_id})
 
 
-def get_request(conn: Connection, request_id: str, kind: str, lock: bool = False) -> RowMapping:
-    q = REQUEST_BY_ID.with_for_update() if lock else REQUEST_BY_ID
+def get_request(conn: Tx, request_id: str, kind: str, lock: bool = False) -> Mapping[str, Any]:
+    q = _REQUEST_BY_ID_LOCKED if lock else REQUEST_BY_ID
     row = conn.execute(q, {"rid": request_id, "kind": kind}).mappings().first()
     if row is None:
         raise refusals.unknown_request(kind, request_id)
@@ -128,7 +131,7 @@ _RELEASE = (
 )
 
 
-def release(conn: Connection, request_ids: list[str]) -> None:
+def release(conn: Tx, request_ids: list[str]) -> None:
     """Drop what these ended requests hold stored (their blobs are the
     caller's to delete)."""
     if request_ids:
@@ -141,9 +144,7 @@ def hook_due_at(now: Any) -> Any:
     return case((requests.c.webhook.is_not(None), now), else_=null())
 
 
-def end_request(
-    conn: Connection, request_id: str, state: str, now: float, abort_jobs: bool = True
-) -> None:
+def end_request(conn: Tx, request_id: str, state: str, now: float, abort_jobs: bool = True) -> None:
     """End a request: out of the queue; with ``abort_jobs`` its jobs still
     out are aborted (a late submit gets AbortedGen and charges nobody).
 

@@ -12,24 +12,27 @@ those requests and charges nothing for them (``cancel_request`` with
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, bindparam, delete, exists, insert, select, update
+from sqlalchemy import bindparam, delete, exists, insert, select, update
 
 from hordelite.storage.schema import readers, requests
+from hordelite.storage.transaction import Tx, prepared
 
-_RENEW = update(readers).where(readers.c.id == bindparam("reader")).values(expires=bindparam("e"))
+_RENEW = prepared(
+    update(readers).where(readers.c.id == bindparam("reader")).values(expires=bindparam("e"))
+)
 
 # A reader's waiting requests, along the partial index ix_requests_reader
 # (the query states its condition, as SQLite needs to use it).
 _WAITING = requests.c.reader.is_not(None) & (requests.c.state == "waiting")
 
 
-def hold_reader(conn: Connection, reader: str, expires: float) -> None:
+def hold_reader(conn: Tx, reader: str, expires: float) -> None:
     """Renew ``reader``'s lease until ``expires`` (taken if it had none)."""
     if conn.execute(_RENEW, {"reader": reader, "e": expires}).rowcount == 0:
         conn.execute(insert(readers).values(id=reader, expires=expires))
 
 
-def take_over(conn: Connection, reader: str, expires: float) -> list[tuple[str, str]]:
+def take_over(conn: Tx, reader: str, expires: float) -> list[tuple[str, str]]:
     """Hold ``reader``'s lease for a process starting under that name; the
     waiting requests (id, kind) its predecessor's calls left, which nobody
     can read."""
@@ -40,7 +43,7 @@ def take_over(conn: Connection, reader: str, expires: float) -> list[tuple[str, 
     return [(r.id, r.kind) for r in rows]
 
 
-def lapsed_requests(conn: Connection, now: float, alive: str) -> list[tuple[str, str]]:
+def lapsed_requests(conn: Tx, now: float, alive: str) -> list[tuple[str, str]]:
     """The waiting requests (id, kind) of readers whose lease lapsed before ``now``, but
     for ``alive`` (the process asking: its calls are served, whatever its
     lease says); the lapsed readers that hold none are forgotten."""

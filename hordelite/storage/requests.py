@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     bindparam,
     case,
     func,
@@ -35,7 +33,7 @@ from hordelite.contract.limits import (
 from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.arrays import one_of
-from hordelite.storage.ledger import JOB_WITH_REQUEST, settle, settlement
+from hordelite.storage.ledger import JOB_WITH_REQUEST_LOCKED, settle, settlement
 from hordelite.storage.pool import online_now
 from hordelite.storage.queueing import HELD, end_request, enqueue, get_request, release
 from hordelite.storage.rules import Rules
@@ -47,29 +45,34 @@ from hordelite.storage.schema import (
     workers,
 )
 from hordelite.storage.shared_keys import requester
+from hordelite.storage.transaction import Tx, prepared
 
-_INSERT_REQUEST = insert(requests)
+_INSERT_REQUEST = prepared(insert(requests))
 
 # What a user holds (contract/budgets.py): its generations in flight (the
 # concurrency limit), the requests still holding content, and their bytes.
 # Read along the partial index ix_requests_held_user, whose condition the
 # query must state as a literal (a bound 0 would not match it).
-_HOLDINGS = select(
-    func.coalesce(
-        func.sum(
-            case((requests.c.state == "waiting", requests.c.n - requests.c.finished), else_=0)
+_HOLDINGS = prepared(
+    select(
+        func.coalesce(
+            func.sum(
+                case((requests.c.state == "waiting", requests.c.n - requests.c.finished), else_=0)
+            ),
+            0,
         ),
-        0,
-    ),
-    func.count(),
-    func.coalesce(func.sum(requests.c.held_bytes), 0),
-    func.coalesce(func.sum(requests.c.image_bytes), 0),
-).where(requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD)
+        func.count(),
+        func.coalesce(func.sum(requests.c.held_bytes), 0),
+        func.coalesce(func.sum(requests.c.image_bytes), 0),
+    ).where(requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD)
+)
 
 # A user's requests queued since a moment (requests_per_minute), along
 # ix_requests_user_created.
-_RECENT = select(func.count(), func.min(requests.c.created)).where(
-    requests.c.user_id == bindparam("user_id"), requests.c.created > bindparam("since")
+_RECENT = prepared(
+    select(func.count(), func.min(requests.c.created)).where(
+        requests.c.user_id == bindparam("user_id"), requests.c.created > bindparam("since")
+    )
 )
 
 # What a status reads of a request: not its prompt or conversation.
@@ -91,9 +94,11 @@ _STATUS_FIELDS = (
     "image_bytes",
 )
 
-_REQUEST_STATUS = select(
-    *(requests.c[name] for name in dict.fromkeys((*_STATUS_FIELDS, *REQUEST_FIELDS)))
-).where(requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind"))
+_REQUEST_STATUS = prepared(
+    select(*(requests.c[name] for name in dict.fromkeys((*_STATUS_FIELDS, *REQUEST_FIELDS)))).where(
+        requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind")
+    )
+)
 
 _GENERATION_FIELDS = (
     "id",
@@ -111,7 +116,7 @@ _GENERATION_FIELDS = (
     "charge_basis",
 )
 
-_REQUEST_JOBS = (
+_REQUEST_JOBS = prepared(
     select(*(jobs.c[name] for name in _GENERATION_FIELDS), workers.c.name.label("worker_name"))
     .join(workers, workers.c.id == jobs.c.worker_id)
     .where(jobs.c.request_id == bindparam("rid"), jobs.c.state.in_(("done", "processing")))
@@ -130,7 +135,7 @@ class Submitted:
 
 
 def submit_request(
-    conn: Connection,
+    conn: Tx,
     key_hash: str,
     new: NewRequest,
     request_id: str,
@@ -171,7 +176,7 @@ def submit_request(
 
 
 def submit_chat_request(
-    conn: Connection,
+    conn: Tx,
     key_hash: str,
     plan: AdmissionPlan,
     request_id: str,
@@ -224,7 +229,7 @@ class FirstRequest:
 
 
 def first_request(
-    conn: Connection,
+    conn: Tx,
     key_hash: str,
     operation_key: str,
     kind: str,
@@ -239,7 +244,7 @@ def first_request(
 
 
 def _first_request(
-    conn: Connection, user: RowMapping, operation_key: str, kind: str, fingerprint: str | None
+    conn: Tx, user: Mapping[str, Any], operation_key: str, kind: str, fingerprint: str | None
 ) -> FirstRequest | None:
     """The request this user queued under ``operation_key``; 409 OperationKeyReused
     when that was a different request."""
@@ -264,8 +269,8 @@ def _first_request(
 
 
 def _store(
-    conn: Connection,
-    user: RowMapping,
+    conn: Tx,
+    user: Mapping[str, Any],
     new: NewRequest,
     request_id: str,
     now: float,
@@ -274,7 +279,7 @@ def _store(
     client_agent: str,
     online: list[WorkerView] | None,
     reader: str | None = None,
-    shared: RowMapping | None = None,
+    shared: Mapping[str, Any] | None = None,
 ) -> Submitted:
     """Check what storing needs (worker ids, kudos up front, concurrency, a
     shared key's limits) and queue the request; ``online`` saves reading the
@@ -310,7 +315,7 @@ def _store(
 
 def _request_row(
     new: NewRequest,
-    user: RowMapping,
+    user: Mapping[str, Any],
     request_id: str,
     now: float,
     rules: Rules,
@@ -355,7 +360,7 @@ def _eligibility_columns(view: RequestView) -> dict[str, Any]:
     return {**columns, "models": list(view.models), "worker_ids": list(view.worker_ids)}
 
 
-def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -> NewRequest:
+def _check_upfront(new: NewRequest, user: Mapping[str, Any], upfront_max_length: int) -> NewRequest:
     decision = admission.upfront(
         new.max_length,
         upfront_max_length,
@@ -374,7 +379,7 @@ def _check_upfront(new: NewRequest, user: RowMapping, upfront_max_length: int) -
 
 
 def _check_budgets(
-    conn: Connection, user: RowMapping, new: NewRequest, now: float, rules: Rules
+    conn: Tx, user: Mapping[str, Any], new: NewRequest, now: float, rules: Rules
 ) -> None:
     """The user's budgets and concurrency limit against what it holds now,
     read here (only what a limit set needs): raises the first refusal."""
@@ -434,7 +439,7 @@ class StoredRequest:
         return self.state == "waiting" and self.remaining > 0
 
     @classmethod
-    def of(cls, row: RowMapping) -> StoredRequest:
+    def of(cls, row: Mapping[str, Any]) -> StoredRequest:
         return cls(view=RequestView.of(row), **{name: row[name] for name in _STATUS_FIELDS})
 
 
@@ -458,7 +463,7 @@ class StoredJob:
     charge_basis: str | None
 
     @classmethod
-    def of(cls, row: RowMapping) -> StoredJob:
+    def of(cls, row: Mapping[str, Any]) -> StoredJob:
         return cls(
             worker_name=row["worker_name"], **{name: row[name] for name in _GENERATION_FIELDS}
         )
@@ -483,7 +488,7 @@ class StatusSnapshot:
 
 
 def request_status(
-    conn: Connection,
+    conn: Tx,
     request_id: str,
     kind: str,
     now: float,
@@ -525,7 +530,7 @@ def request_status(
     return StatusSnapshot(req, tuple(StoredJob.of(g) for g in gens), tuple(online), position, busy)
 
 
-def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
+def _busy(conn: Tx, worker_ids: list[str]) -> dict[str, int]:
     """Jobs in progress per worker, for these workers (read along
     ix_jobs_state_lease). The ids are the pool's, as many as it holds: one
     parameter (storage.arrays)."""
@@ -539,7 +544,7 @@ def _busy(conn: Connection, worker_ids: list[str]) -> dict[str, int]:
     return {worker_id: int(count) for worker_id, count in rows}
 
 
-def _queue_position(conn: Connection, req: StoredRequest) -> int:
+def _queue_position(conn: Tx, req: StoredRequest) -> int:
     """Waiting requests ahead of this one that compete for its models.
 
     Read along ix_queue_order (one range per model), so the cost follows the
@@ -564,7 +569,7 @@ def _queue_position(conn: Connection, req: StoredRequest) -> int:
 
 
 def cancel_request(
-    conn: Connection,
+    conn: Tx,
     request_id: str,
     kind: str,
     now: float,
@@ -588,11 +593,7 @@ def cancel_request(
     settled_ids: set[str] = set()
     if req.state == "waiting":
         for job_id, chars in (posted or {}).items():
-            job = (
-                conn.execute(JOB_WITH_REQUEST.with_for_update(), {"job_id": job_id})
-                .mappings()
-                .first()
-            )
+            job = conn.execute(JOB_WITH_REQUEST_LOCKED, {"job_id": job_id}).mappings().first()
             if job is None or job["state"] != "processing" or billions is None:
                 continue
             paid = settlement(job, chars, now, billions)
@@ -627,7 +628,7 @@ class SubmittedText:
     webhook: str | None
 
 
-def submitted_text(conn: Connection, key_hash: str, request_id: str, rules: Rules) -> SubmittedText:
+def submitted_text(conn: Tx, key_hash: str, request_id: str, rules: Rules) -> SubmittedText:
     """The text request ``request_id`` as queued, for the user who queued it
     (or an admin): its prompt is the requester's, not every reader's."""
     user = authenticate(conn, key_hash, rules)

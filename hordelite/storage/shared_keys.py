@@ -11,8 +11,10 @@ and kudos apply, and each job settled for it also spends the key's kudos
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
-from sqlalchemy import Connection, RowMapping, bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 
 from hordelite.contract import shared_keys as rules_of_keys
 from hordelite.contract.limits import SHARED_KEYS_PER_USER
@@ -21,8 +23,9 @@ from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import REVOKED_PREFIX, USER_BY_KEY, admitted, authenticate
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import shared_keys, users
+from hordelite.storage.transaction import Tx, prepared
 
-_KEY = select(shared_keys).where(shared_keys.c.key_hash == bindparam("key_hash"))
+_KEY = prepared(select(shared_keys).where(shared_keys.c.key_hash == bindparam("key_hash")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +42,7 @@ class SharedKeyRecord:
     max_image_steps: int
 
 
-def _record(conn: Connection, row: RowMapping) -> SharedKeyRecord:
+def _record(conn: Tx, row: Mapping[str, Any]) -> SharedKeyRecord:
     name = conn.execute(select(users.c.username).where(users.c.id == row["user_id"])).scalar_one()
     return SharedKeyRecord(
         owner=f"{name}#{row['user_id']}",
@@ -59,7 +62,7 @@ def _unknown() -> HordeError:
 
 
 def create_shared_key(
-    conn: Connection,
+    conn: Tx,
     owner_hash: str,
     key_hash: str,
     terms: SharedKeyTerms,
@@ -95,7 +98,7 @@ def create_shared_key(
     return _record(conn, conn.execute(_KEY, {"key_hash": key_hash}).mappings().one())
 
 
-def shared_key(conn: Connection, key_hash: str) -> SharedKeyRecord:
+def shared_key(conn: Tx, key_hash: str) -> SharedKeyRecord:
     """The key's details; 401 InvalidAPIKey when there is none."""
     row = conn.execute(_KEY, {"key_hash": key_hash}).mappings().first()
     if row is None:
@@ -103,7 +106,7 @@ def shared_key(conn: Connection, key_hash: str) -> SharedKeyRecord:
     return _record(conn, row)
 
 
-def _owned(conn: Connection, owner_hash: str, key_hash: str, rules: Rules) -> RowMapping:
+def _owned(conn: Tx, owner_hash: str, key_hash: str, rules: Rules) -> Mapping[str, Any]:
     """The key, locked, when the owner's key is its owner's; 401
     InvalidAPIKey for an unknown key, 403 WrongCredentials for another's."""
     row = conn.execute(_KEY.with_for_update(), {"key_hash": key_hash}).mappings().first()
@@ -116,7 +119,7 @@ def _owned(conn: Connection, owner_hash: str, key_hash: str, rules: Rules) -> Ro
 
 
 def edit_shared_key(
-    conn: Connection,
+    conn: Tx,
     owner_hash: str,
     key_hash: str,
     edit: SharedKeyEdit,
@@ -138,15 +141,15 @@ def edit_shared_key(
     return _record(conn, conn.execute(_KEY, {"key_hash": key_hash}).mappings().one())
 
 
-def delete_shared_key(conn: Connection, owner_hash: str, key_hash: str, rules: Rules) -> None:
+def delete_shared_key(conn: Tx, owner_hash: str, key_hash: str, rules: Rules) -> None:
     """Delete the owner's key: requests sent with it stop spending it."""
     _owned(conn, owner_hash, key_hash, rules)
     conn.execute(delete(shared_keys).where(shared_keys.c.key_hash == key_hash))
 
 
 def requester(
-    conn: Connection, key_hash: str, rules: Rules, now: float | None
-) -> tuple[RowMapping, RowMapping | None]:
+    conn: Tx, key_hash: str, rules: Rules, now: float | None
+) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
     """Who a request sent with this key is queued for: the key's user, or
     for a shared key its owner, with the key (checked usable at ``now``: 403
     SharedKeyEmpty, SharedKeyExpired; None: not checked, for a lookup).
@@ -165,7 +168,7 @@ def requester(
     return owner, key
 
 
-def spend(conn: Connection, key_hash: str, cost: float) -> None:
+def spend(conn: Tx, key_hash: str, cost: float) -> None:
     """The key paid ``cost`` for a settled job (gone keys spend nothing)."""
     row = conn.execute(_KEY.with_for_update(), {"key_hash": key_hash}).mappings().first()
     if row is None or cost <= 0:

@@ -9,10 +9,11 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, Integer, cast, func, select
+from sqlalchemy import Integer, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from hordelite.storage.schema import activity_minutes, jobs, requests, stats_days, workers
+from hordelite.storage.transaction import Tx
 
 DAY = 86400
 # "month" of /stats/text: the last 30 UTC days, today included.
@@ -32,7 +33,7 @@ class HordeLoad:
     recent_tokens: int
 
 
-def horde_load(conn: Connection, now: float, since: float) -> HordeLoad:
+def horde_load(conn: Tx, now: float, since: float) -> HordeLoad:
     queued = conn.execute(
         select(
             func.count(),
@@ -58,9 +59,7 @@ def horde_load(conn: Connection, now: float, since: float) -> HordeLoad:
     )
 
 
-def roll_up_days(
-    conn: Connection, purged: Sequence[tuple[str, float | None, int | None, str]]
-) -> None:
+def roll_up_days(conn: Tx, purged: Sequence[tuple[str, float | None, int | None, str]]) -> None:
     """Add the done jobs among ``purged`` (state, submitted, tokens, model of
     the jobs being deleted) to their day's and model's row of stats_days."""
     days: dict[tuple[int, str], list[int]] = {}
@@ -101,7 +100,7 @@ class TextStats:
     models: dict[str, dict[str, int]]  # day, month, total -> model -> jobs
 
 
-def text_stats(conn: Connection, now: float) -> TextStats:
+def text_stats(conn: Tx, now: float) -> TextStats:
     today = math.floor(now / DAY) * DAY
     month_start = today - (MONTH_DAYS - 1) * DAY
     per: dict[tuple[int, str], list[int]] = {}
@@ -142,7 +141,7 @@ def text_stats(conn: Connection, now: float) -> TextStats:
     )
 
 
-def _done_since(conn: Connection, since: float, rolled_too: bool) -> tuple[int, int]:
+def _done_since(conn: Tx, since: float, rolled_too: bool) -> tuple[int, int]:
     """Jobs done since ``since`` and their tokens: the stored ones, and with
     ``rolled_too`` those rolled up into activity_minutes (whole minutes)."""
     n, t = conn.execute(

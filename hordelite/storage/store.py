@@ -2,7 +2,7 @@
 
 Each operation is a method with a name, keyword-only typed parameters and
 the frozen record it answers; each runs one transaction of a
-Connection-level function from the modules beside this one (``queries``
+function over a ``Tx`` from the modules beside this one (``queries``
 names them), which stay its implementation. The Store holds what every
 operation would otherwise be passed: the horde's ``Rules`` and the model
 sizes (``billions``). How rows are locked is the database's affair: a pop

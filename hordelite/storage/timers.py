@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import (
-    Connection,
-    RowMapping,
     bindparam,
     case,
     delete,
@@ -36,6 +36,7 @@ from hordelite.storage.schema import (
     requests,
 )
 from hordelite.storage.stats import roll_up_days
+from hordelite.storage.transaction import Tx, prepared
 
 CLASS_IDLE_SECONDS = 3600.0
 
@@ -66,7 +67,7 @@ class SweepResult:
 
 
 def sweep(
-    conn: Connection,
+    conn: Tx,
     now: float,
     rules: Rules,
     extended: dict[str, float] | None = None,
@@ -107,8 +108,8 @@ def sweep(
 
 
 def _expire_leases(
-    conn: Connection, now: float, rules: Rules, extended: dict[str, float]
-) -> tuple[list[RowMapping], int, list[str]]:
+    conn: Tx, now: float, rules: Rules, extended: dict[str, float]
+) -> tuple[list[Mapping[str, Any]], int, list[str]]:
     """Give back the jobs whose lease ran out (a streamed job whose progress
     lease still runs has its stored lease moved to that end instead): the
     expired jobs, how many were requeued, and the requests that ended."""
@@ -138,7 +139,7 @@ def _expire_leases(
     return list(expired), requeued, ended
 
 
-def _expire_requests(conn: Connection, now: float) -> list[str]:
+def _expire_requests(conn: Tx, now: float) -> list[str]:
     """End the waiting requests past their expiry; the ids. A request past its
     expiry with a job still out waits for that job."""
     busy = exists().where(jobs.c.request_id == requests.c.id, jobs.c.state == "processing")
@@ -151,7 +152,7 @@ def _expire_requests(conn: Connection, now: float) -> list[str]:
     return list(ended)
 
 
-def _sweep_lock(conn: Connection, wait: bool) -> bool:
+def _sweep_lock(conn: Tx, wait: bool) -> bool:
     """The sweep lock for this transaction (released at its end); False when
     another transaction holds it and ``wait`` is not set. SQLite needs none:
     its write transactions already run one at a time."""
@@ -166,7 +167,7 @@ def _sweep_lock(conn: Connection, wait: bool) -> bool:
     )
 
 
-def _drop_idle_classes(conn: Connection, now: float) -> None:
+def _drop_idle_classes(conn: Tx, now: float) -> None:
     """Forget queue classes idle for an hour and empty, so chat pops stop visiting them."""
     rows = exists().where(
         queue.c.model == queue_classes.c.model,
@@ -178,7 +179,7 @@ def _drop_idle_classes(conn: Connection, now: float) -> None:
     )
 
 
-def _purge(conn: Connection, before: float, now: float) -> list[str]:
+def _purge(conn: Tx, before: float, now: float) -> list[str]:
     """Delete the requests that ended before ``before``; returns their ids.
 
     Their done jobs go to the dashboard's per-minute rollup first, in this
@@ -207,7 +208,7 @@ def _purge(conn: Connection, before: float, now: float) -> list[str]:
 # over a few sweeps, each transaction staying short.
 RELEASE_BATCH = 1000
 
-_ENDED_HELD = (
+_ENDED_HELD = prepared(
     select(requests.c.id, requests.c.image_bytes)
     .where(requests.c.held_bytes > HELD, requests.c.ended.is_not(None))
     .limit(RELEASE_BATCH)
@@ -217,7 +218,7 @@ _STILL_OUT = select(jobs.c.request_id).where(
 )
 
 
-def _release_ended(conn: Connection) -> tuple[int, list[str]]:
+def _release_ended(conn: Tx) -> tuple[int, list[str]]:
     """Release the ended requests whose jobs are all back (done, or ended
     with jobs still out when they ended), read along ix_requests_held_ended
     and ix_jobs_request_id; returns how many, and the ids of those that held
@@ -231,7 +232,7 @@ def _release_ended(conn: Connection) -> tuple[int, list[str]]:
     return len(done), [r.id for r in done if r.image_bytes]
 
 
-def model_queue_stats(conn: Connection) -> dict[str, tuple[int, int]]:
+def model_queue_stats(conn: Tx) -> dict[str, tuple[int, int]]:
     """Per model: (waiting jobs, queued tokens). "" is the any-model queue."""
     rows = conn.execute(
         select(
@@ -261,7 +262,7 @@ class QueueDepth:
     unserved: dict[str, int]
 
 
-def queue_depth(conn: Connection, now: float, top: int) -> QueueDepth:
+def queue_depth(conn: Tx, now: float, top: int) -> QueueDepth:
     """The queue's depth (``QueueDepth``) against the models the workers
     online at ``now`` list, in three statements whose parameters do not grow
     with the pool: the served models are read in the statements
@@ -310,7 +311,7 @@ def queue_depth(conn: Connection, now: float, top: int) -> QueueDepth:
     )
 
 
-def _unserved(conn: Connection, served: Select[tuple[str]]) -> dict[str, int]:
+def _unserved(conn: Tx, served: Select[tuple[str]]) -> dict[str, int]:
     """Per kind: the jobs of the requests none of whose models is served (nor
     any model), each request counted once."""
     reachable = func.sum(case((or_(queue.c.model == "", queue.c.model.in_(served)), 1), else_=0))

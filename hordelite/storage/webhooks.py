@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import bindparam, select, update
 
 from hordelite.contract.limits import WEBHOOK_BACKOFF, WEBHOOK_CLAIM_SECONDS, WEBHOOK_TRIES
 from hordelite.storage.schema import requests
+from hordelite.storage.transaction import Tx, prepared
 
 _DUE = select(requests.c.id).where(requests.c.hook_due.is_not(None))
+# Whether a call is due at ``now``: one row at most, along ix_requests_hook_due.
+_ANY_DUE = prepared(_DUE.where(requests.c.hook_due <= bindparam("now")).limit(1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +36,13 @@ class OwedCall:
     attempt: int
 
 
-def any_due(conn: Connection, now: float) -> bool:
+def any_due(conn: Tx, now: float) -> bool:
     """Whether some call is due at ``now`` (a read along ix_requests_hook_due,
     so that a poll finding none takes no write)."""
-    return conn.execute(_DUE.where(requests.c.hook_due <= now).limit(1)).first() is not None
+    return conn.execute(_ANY_DUE, {"now": now}).first() is not None
 
 
-def claim_calls(conn: Connection, now: float, limit: int) -> list[OwedCall]:
+def claim_calls(conn: Tx, now: float, limit: int) -> list[OwedCall]:
     """Claim at most ``limit`` of the calls due at ``now``, the longest due
     first: each is counted as tried and owed again only after
     WEBHOOK_CLAIM_SECONDS (when its caller settles it first, it is not)."""
@@ -70,7 +73,7 @@ def claim_calls(conn: Connection, now: float, limit: int) -> list[OwedCall]:
     return claimed
 
 
-def settle_call(conn: Connection, call: OwedCall, *, done: bool, now: float) -> float | None:
+def settle_call(conn: Tx, call: OwedCall, *, done: bool, now: float) -> float | None:
     """Record a claimed call's outcome: ``done`` (answered, or not to be
     tried again) settles it; a failure makes it due again after its back-off,
     or gives it up after WEBHOOK_TRIES. Returns when it is due again, or

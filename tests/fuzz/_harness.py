@@ -28,10 +28,11 @@ import httpx
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection, func, select
+from sqlalchemy import func, select
 
 from hordelite.config import Config
 from hordelite.storage.schema import requests, users, workers
+from hordelite.storage.transaction import Tx
 from hordelite.testing import TestHorde, open_horde
 
 # Requests sent per backend and in all, printed at the end of the session.
@@ -135,7 +136,7 @@ class Snapshot:
     kudos: dict[int, float]
 
 
-def _snapshot(conn: Connection) -> Snapshot:
+def _snapshot(conn: Tx) -> Snapshot:
     return Snapshot(
         requests=conn.execute(select(func.count()).select_from(requests)).scalar_one(),
         workers=conn.execute(select(func.count()).select_from(workers)).scalar_one(),

@@ -15,10 +15,11 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
-from sqlalchemy import Connection, select
+from sqlalchemy import select
 
 from hordelite.contract import kudos as kudos_rules
 from hordelite.storage.schema import jobs, requests, users, workers
+from hordelite.storage.transaction import Tx
 
 # Prices are rounded to the hundredth; sums of floats drift far less than this.
 TOLERANCE = 1e-6
@@ -29,7 +30,7 @@ def _same(a: float, b: float) -> bool:
 
 
 def ledger_errors(
-    conn: Connection, start: Mapping[int, float], billions: Callable[[str], float]
+    conn: Tx, start: Mapping[int, float], billions: Callable[[str], float]
 ) -> list[str]:
     """What does not balance, for the users of ``start`` (user id -> kudos at
     creation, with nothing earned or spent then); empty when all does."""
@@ -103,7 +104,7 @@ def ledger_errors(
     return errors
 
 
-def settled_jobs(conn: Connection) -> dict[str, tuple[str, float]]:
+def settled_jobs(conn: Tx) -> dict[str, tuple[str, float]]:
     """Every settled job: job id -> (state, reward)."""
     rows = conn.execute(
         select(jobs.c.id, jobs.c.state, jobs.c.reward).where(jobs.c.reward.is_not(None))

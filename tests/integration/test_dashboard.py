@@ -10,13 +10,14 @@ from typing import Any
 import httpx
 import pytest
 from markupsafe import escape
-from sqlalchemy import Connection, func, select
+from sqlalchemy import func, select
 
 from hordelite.clock import ManualClock
 from hordelite.config import Config
 from hordelite.contract.kudos import billed_tokens
 from hordelite.contract.limits import DASHBOARD_CACHE_SECONDS
 from hordelite.storage.schema import activity_minutes, jobs
+from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, open_horde
 from tests.integration._chat_helpers import MODEL, STRICT, ChatEnv, open_chat_horde, pop_job
 from tests.integration._helpers import statements
@@ -149,12 +150,12 @@ async def test_activity_counts_the_done_jobs_their_tokens_and_mean_latency_per_m
         assert later["buckets"][-1]["jobs"] == 3
 
 
-def _rollup(conn: Connection) -> dict[float, tuple[int, int, float]]:
+def _rollup(conn: Tx) -> dict[float, tuple[int, int, float]]:
     rows = conn.execute(select(activity_minutes)).all()
     return {float(m): (int(n), int(t), float(s)) for m, n, t, s in rows}
 
 
-def _stored_done_jobs(conn: Connection) -> int:
+def _stored_done_jobs(conn: Tx) -> int:
     return int(conn.execute(select(func.count()).where(jobs.c.state == "done")).scalar_one())
 
 

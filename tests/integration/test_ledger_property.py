@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection, select
+from sqlalchemy import select
 
 from hordelite.clock import ManualClock
 from hordelite.config import Config
@@ -40,6 +40,7 @@ from hordelite.horde.results import Queued
 from hordelite.horde.service import Horde
 from hordelite.storage.database import Database
 from hordelite.storage.schema import users
+from hordelite.storage.transaction import Tx
 from tests.integration._ledger import TOLERANCE, ledger_errors
 
 pytestmark = pytest.mark.anyio
@@ -402,7 +403,7 @@ async def run(ex: Example, step: tuple[Any, ...]) -> None:
 # The checks -----------------------------------------------------------------------
 
 
-def _balances(conn: Connection, ids: list[int]) -> dict[int, tuple[float, float, float]]:
+def _balances(conn: Tx, ids: list[int]) -> dict[int, tuple[float, float, float]]:
     rows = conn.execute(
         select(users.c.id, users.c.kudos, users.c.kudos_earned, users.c.kudos_spent).where(
             users.c.id.in_(ids)

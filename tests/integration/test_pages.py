@@ -45,6 +45,7 @@ from hordelite.contract.limits import (
     MODELS_PAGE,
     WORKERS_PAGE,
 )
+from hordelite.storage.transaction import Tx
 from hordelite.testing import TestHorde, open_horde
 from tests.integration._helpers import assert_refused, statements
 from tests.storage.helpers import (
@@ -331,7 +332,7 @@ async def test_metrics_read_the_queue_at_most_once_a_second_however_many_scrape(
 
 
 def _rename(old: str, new: str) -> Callable[[Connection], None]:
-    def rename(conn: Connection) -> None:
+    def rename(conn: Tx) -> None:
         conn.execute(text(f"ALTER TABLE {old} RENAME TO {new}"))
 
     return rename

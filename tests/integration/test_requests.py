@@ -10,11 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Connection, select
+from sqlalchemy import select
 
 from hordelite import __version__
 from hordelite.contract.limits import STATUS_POSITION_SECONDS
 from hordelite.storage.schema import requests as requests_table
+from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
 
 pytestmark = pytest.mark.anyio
@@ -376,7 +377,7 @@ async def test_an_unknown_or_malformed_request_id_is_RequestNotFound(
 # Headers and keys --------------------------------------------------------------
 
 
-def stored_client_agent(conn: Connection, request_id: str) -> str:
+def stored_client_agent(conn: Tx, request_id: str) -> str:
     query = select(requests_table.c.client_agent).where(requests_table.c.id == request_id)
     return str(conn.execute(query).scalar_one())
 

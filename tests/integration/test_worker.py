@@ -24,7 +24,7 @@ import httpx
 import jsonschema
 import pytest
 from PIL import Image
-from sqlalchemy import Connection, select, update
+from sqlalchemy import select, update
 
 from hordelite.cli import main
 from hordelite.config import Config, WorkerConfig
@@ -32,6 +32,7 @@ from hordelite.contract.chat_reply import FAULT_REASONS
 from hordelite.fake_backend import FakeBackend
 from hordelite.server import open_server
 from hordelite.storage.schema import requests
+from hordelite.storage.transaction import Tx
 from hordelite.testing import (
     FakeBackendConfig,
     FakeChatWorker,
@@ -893,7 +894,7 @@ async def spoil(env: Env, request_id: str) -> None:
     into storage: the horde stored such text before its boundary refused it,
     and no HTTP path reaches storage with it now."""
 
-    def write(conn: Connection) -> None:
+    def write(conn: Tx) -> None:
         row = conn.execute(
             select(requests.c.kind, requests.c.params, requests.c.chat).where(
                 requests.c.id == request_id

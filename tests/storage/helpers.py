@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection, event, insert, select
+from sqlalchemy import event, insert, select
 
 from hordelite.contract.text import (
     JobSubmit,
@@ -25,6 +25,7 @@ from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import activity_minutes, workers
+from hordelite.storage.transaction import Tx
 
 NOW = 1_000_000.0
 ANONYMOUS_HASH = hashlib.sha256(b"0000000000").hexdigest()
@@ -118,13 +119,13 @@ async def status(db: Database, request_id: str, now: float = NOW) -> queries.Sta
     return await db.read(queries.request_status, request_id, "text", now, RULES)
 
 
-def activity_rows(conn: Connection) -> list[tuple[int, int, int, float]]:
+def activity_rows(conn: Tx) -> list[tuple[int, int, int, float]]:
     """The activity roll-up, a (minute, jobs, tokens, latency sum) row a minute."""
     rows = conn.execute(select(activity_minutes).order_by(activity_minutes.c.minute)).all()
     return [(int(m), int(n), int(t), float(s)) for m, n, t, s in rows]
 
 
-def clone_workers(conn: Connection, template: str, clones: dict[str, list[str]]) -> None:
+def clone_workers(conn: Tx, template: str, clones: dict[str, list[str]]) -> None:
     """Copies of the worker named ``template`` (checked in by a real pop),
     one per name of ``clones``, each declaring its models: a pool of
     hundreds of workers in one statement, where as many pops would take the

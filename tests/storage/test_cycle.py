@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import func, select, update
 
 from hordelite.errors import RC, HordeError
 from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import jobs, requests, users
+from hordelite.storage.transaction import Tx
 from tests.storage.helpers import (
     ANONYMOUS_HASH,
     MODEL_BILLIONS,
@@ -31,11 +32,11 @@ from tests.storage.helpers import (
 pytestmark = pytest.mark.anyio
 
 
-def _anonymous_users(conn: Connection) -> int:
+def _anonymous_users(conn: Tx) -> int:
     return int(conn.execute(select(func.count()).where(users.c.anonymous.is_(True))).scalar_one())
 
 
-def _jobs_of(conn: Connection, request_id: str) -> int:
+def _jobs_of(conn: Tx, request_id: str) -> int:
     return int(
         conn.execute(select(func.count()).where(jobs.c.request_id == request_id)).scalar_one()
     )
@@ -102,6 +103,27 @@ async def test_a_worker_of_another_model_gets_no_job(database: Database) -> None
     assert result.job is None
 
 
+@pytest.mark.parametrize("webhook", [None, "https://example.org/hook"])
+async def test_a_submit_that_ends_a_request_says_whether_a_webhook_call_is_owed(
+    database: Database, webhook: str | None
+) -> None:
+    # The service wakes its webhook task only when a call is owed: a
+    # request without a webhook costs no look for due calls at its end.
+    requester = await create_user(database, "alice", kudos=100)
+    owner = await create_user(database, "bob")
+    body = {"models": ["m1"]} if webhook is None else {"models": ["m1"], "webhook": webhook}
+    await submit(database, requester, text_request(**body))
+    popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
+    assert popped.job is not None
+
+    result = await database.write(
+        queries.submit_job, owner, job_submit(popped.job.id, "The end."), NOW + 2, RULES, billions
+    )
+
+    assert result.request_ended is True
+    assert result.hook_owed is (webhook is not None)
+
+
 async def test_submitting_a_job_charges_the_requester_reward_plus_one_and_rewards_the_owner(
     database: Database,
 ) -> None:
@@ -158,7 +180,7 @@ async def test_a_job_cannot_be_submitted_twice(database: Database) -> None:
     assert payer.kudos_spent == pytest.approx(1 + round(20 * MODEL_BILLIONS / 21, 2))
 
 
-def _spoil_stop_sequence(conn: Connection, request_id: str) -> None:
+def _spoil_stop_sequence(conn: Tx, request_id: str) -> None:
     """A lone surrogate in a stored request's stop sequences, as stored
     before the boundary refused them."""
     params = conn.execute(select(requests.c.params).where(requests.c.id == request_id)).scalar_one()
@@ -357,7 +379,7 @@ class _Interrupted(Exception):
     pass
 
 
-def _sweep_then_fail(conn: Connection, now: float) -> None:
+def _sweep_then_fail(conn: Tx, now: float) -> None:
     queries.sweep(conn, now, RULES)
     raise _Interrupted
 

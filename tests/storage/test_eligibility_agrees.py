@@ -16,13 +16,13 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Connection
 
 from hordelite.contract.chat_features import ChatFeature
 from hordelite.contract.eligibility import RequestView, WorkerView, skip_reason
 from hordelite.storage import accounts, pop, queries
 from hordelite.storage import requests as requests_store
 from hordelite.storage.database import Database
+from hordelite.storage.transaction import Tx
 from tests.storage.helpers import ANONYMOUS_HASH, NOW, RULES, new_key_hash, pop_request
 
 MODELS = ("m1", "m2", "m3")
@@ -87,7 +87,7 @@ def requests(draw: st.DrawFn, ids: tuple[str, str]) -> RequestView:
     )
 
 
-def _queue(conn: Connection, view: RequestView) -> None:
+def _queue(conn: Tx, view: RequestView) -> None:
     """Store the request as submit_request does (its eligibility fields are the view's)."""
     user = accounts.authenticate(conn, ANONYMOUS_HASH, RULES)
     new = queries.NewRequest(
@@ -101,7 +101,7 @@ def _queue(conn: Connection, view: RequestView) -> None:
     requests_store._store(conn, user, new, str(uuid.uuid4()), NOW, RULES, 10**9, "test", [])
 
 
-def _sql_finds(conn: Connection, worker: WorkerView, view: RequestView) -> bool:
+def _sql_finds(conn: Tx, worker: WorkerView, view: RequestView) -> bool:
     """Queue the request, run the pop's candidate queries, then roll back
     (raising _Rollback with what they found)."""
     _queue(conn, view)

@@ -12,9 +12,10 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from sqlalchemy import Connection, text
+from sqlalchemy import text
 
 from hordelite.storage.database import INLINE_TURNS_BACKLOG, Database
+from hordelite.storage.transaction import Tx
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +29,7 @@ async def passes_seen_by(db: Database, burst: int) -> list[int]:
     seen: list[int] = []
     done = anyio.Event()
 
-    def transaction(conn: Connection) -> None:
+    def transaction(conn: Tx) -> None:
         conn.execute(text("SELECT 1"))
         seen.append(passes)
 

@@ -5,20 +5,21 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import Connection, func, insert, inspect, select, update
+from sqlalchemy import func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
 from hordelite.storage import queries, schema
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version, upgrade
+from hordelite.storage.transaction import Tx
 from tests.storage.helpers import NOW, RULES, activity_rows, new_key_hash, pop_request
 
 
-def _tables(conn: Connection) -> set[str]:
-    return set(inspect(conn).get_table_names())
+def _tables(conn: Tx) -> set[str]:
+    return set(inspect(conn.connection).get_table_names())
 
 
-def _version_rows(conn: Connection) -> int:
+def _version_rows(conn: Tx) -> int:
     return int(conn.execute(select(func.count()).select_from(schema.schema_version)).scalar_one())
 
 
@@ -51,7 +52,7 @@ def test_a_second_upgrade_changes_nothing_and_keeps_the_data(empty_database: Dat
     assert user.kudos == 12.5
 
 
-def _as_version_1(conn: Connection) -> None:
+def _as_version_1(conn: Tx) -> None:
     """Put the database back in version 1's shape: ix_queue_order all ascending."""
     conn.exec_driver_sql("DROP INDEX ix_queue_order")
     conn.exec_driver_sql(
@@ -60,7 +61,7 @@ def _as_version_1(conn: Connection) -> None:
     conn.execute(update(schema.schema_version).values(version=1))
 
 
-def _queue_order_definition(conn: Connection) -> str:
+def _queue_order_definition(conn: Tx) -> str:
     if conn.dialect.name == "sqlite":
         sql = "SELECT sql FROM sqlite_master WHERE name = 'ix_queue_order'"
     else:
@@ -85,14 +86,14 @@ def test_upgrading_a_version_1_database_puts_ix_queue_order_in_pop_order_and_kee
     assert db.run_sync(queries.user_by_id, False, user_id).username == "alice"
 
 
-def _as_version_3(conn: Connection) -> None:
+def _as_version_3(conn: Tx) -> None:
     """Put the database back in version 3's shape: workers without name_key."""
     conn.exec_driver_sql("DROP INDEX ux_workers_name_key")
     conn.exec_driver_sql("ALTER TABLE workers DROP COLUMN name_key")
     conn.execute(update(schema.schema_version).values(version=3))
 
 
-def _add_worker(conn: Connection, name: str, user_id: int, created: float) -> str:
+def _add_worker(conn: Tx, name: str, user_id: int, created: float) -> str:
     worker_id = str(uuid.uuid4())
     conn.execute(
         insert(schema.workers).values(
@@ -109,7 +110,7 @@ def _add_worker(conn: Connection, name: str, user_id: int, created: float) -> st
     return worker_id
 
 
-def _name_keys(conn: Connection) -> dict[str, str]:
+def _name_keys(conn: Tx) -> dict[str, str]:
     rows = conn.execute(select(schema.workers.c.name, schema.workers.c.name_key)).all()
     return {name: key for name, key in rows}
 
@@ -155,7 +156,7 @@ def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker
         )
 
 
-def _as_version_4(conn: Connection) -> None:
+def _as_version_4(conn: Tx) -> None:
     """Put the database back in version 4's shape: workers without online_until."""
     conn.exec_driver_sql("DROP INDEX ix_workers_online_until")
     conn.exec_driver_sql("ALTER TABLE workers DROP COLUMN online_until")
@@ -179,7 +180,7 @@ def test_upgrading_a_version_4_database_keeps_its_workers_online_300_s_after_the
     assert db.run_sync(queries.online_workers, False, NOW + 301) == []
 
 
-def _as_version_5(conn: Connection) -> None:
+def _as_version_5(conn: Tx) -> None:
     """Put the database back in version 5's shape: no activity_minutes."""
     conn.exec_driver_sql("DROP TABLE activity_minutes")
     conn.execute(update(schema.schema_version).values(version=5))
@@ -209,7 +210,7 @@ def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_
     assert db.run_sync(activity_rows, False) == [(60, 1, 2, 3.0)]
 
 
-def _as_version_7(conn: Connection) -> None:
+def _as_version_7(conn: Tx) -> None:
     """Put the database back in version 7's shape: no readers, no reader columns."""
     conn.exec_driver_sql("DROP INDEX ix_requests_reader")
     conn.exec_driver_sql("DROP TABLE readers")
@@ -230,7 +231,7 @@ def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
 
     assert (before, after) == (7, LATEST)
     columns = db.run_sync(
-        lambda conn: {c["name"] for c in inspect(conn).get_columns("requests")}, False
+        lambda conn: {c["name"] for c in inspect(conn.connection).get_columns("requests")}, False
     )
     assert {"reader", "unread"} <= columns
     # A process takes its reader over, and nothing stored before is its.

@@ -12,13 +12,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection, insert
+from sqlalchemy import insert
 
 from hordelite.contract.eligibility import WorkerView
 from hordelite.horde.service import new_text_request
 from hordelite.storage import pop, queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import queue, requests, users
+from hordelite.storage.transaction import Tx
 from tests.storage.helpers import NOW, RULES, new_key_hash, pop_request, text_request
 
 WORKER = WorkerView(
@@ -36,12 +37,12 @@ WORKER = WorkerView(
 )
 
 
-def _candidate_sql(conn: Connection, skip_locked: bool) -> str:
+def _candidate_sql(conn: Tx, skip_locked: bool) -> str:
     query = pop._candidate_query(WORKER, "m1", skip_locked)
     return str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
 
 
-def _fill_queue(conn: Connection, other_model: int, own_model: int) -> None:
+def _fill_queue(conn: Tx, other_model: int, own_model: int) -> None:
     """Waiting requests, one queue row each: ``other_model`` for "other", then ``own_model`` for "m1"."""
     conn.execute(insert(users).values(id=1, username="flood", key_hash=new_key_hash(), created=NOW))
     request_rows: list[dict[str, Any]] = []
@@ -83,7 +84,7 @@ def _fill_queue(conn: Connection, other_model: int, own_model: int) -> None:
 def test_the_sqlite_candidate_query_walks_ix_queue_order_without_sorting(
     sqlite_database: Database,
 ) -> None:
-    def plan(conn: Connection) -> list[str]:
+    def plan(conn: Tx) -> list[str]:
         rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + _candidate_sql(conn, False)).all()
         return [row[3] for row in rows]
 
@@ -109,7 +110,7 @@ def test_the_postgresql_candidate_query_reads_only_the_worker_model_rows_in_inde
     db.run_sync(_fill_queue, True, 5000, 1)
     db.run_sync(lambda conn: conn.exec_driver_sql("ANALYZE"), True)
 
-    def explain(conn: Connection) -> dict[str, Any]:
+    def explain(conn: Tx) -> dict[str, Any]:
         sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + _candidate_sql(conn, True)
         return conn.exec_driver_sql(sql).scalar_one()[0]["Plan"]  # type: ignore[no-any-return]
 
@@ -131,7 +132,7 @@ def test_a_pop_finds_its_model_job_behind_two_thousand_requests_for_another_mode
     unlimited = dataclasses.replace(RULES, concurrency=0)
     flood, mine, poorer, owner = (new_key_hash() for _ in range(4))
 
-    def seed(conn: Connection) -> str:
+    def seed(conn: Tx) -> str:
         for key_hash, name, kudos in [
             (flood, "flood", 1e6),
             (mine, "rich", 100),

@@ -9,12 +9,13 @@ import dataclasses
 
 import anyio
 import pytest
-from sqlalchemy import Connection, select
+from sqlalchemy import select
 
 from hordelite.errors import RC, HordeError
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import workers
+from hordelite.storage.transaction import Tx
 from tests.storage.helpers import NOW, RULES, new_key_hash, pop_request
 
 pytestmark = pytest.mark.anyio
@@ -154,7 +155,7 @@ async def _blocked_by(db: Database, pid: int) -> bool:
     """Whether a backend waits on a lock ``pid`` holds."""
     query = "SELECT count(*) FROM pg_stat_activity WHERE %(pid)s = ANY(pg_blocking_pids(pid))"
 
-    def count(conn: Connection) -> int:
+    def count(conn: Tx) -> int:
         return int(conn.exec_driver_sql(query, {"pid": pid}).scalar_one())
 
     return await db.read(count) > 0

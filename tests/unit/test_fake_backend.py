@@ -663,10 +663,12 @@ def test_the_backend_runs_under_a_cli_style_anyio_run(loop: str) -> None:
 
 # The SDK stops reading its own generator chain at [DONE] without closing
 # it; trio's finalizer reports that as a ResourceWarning. Not the fake's.
+# (HTTP11ConnectionByteStream is httpcore2's, under the SDK from 3.63.)
 @pytest.mark.filterwarnings(
     "ignore:Exception ignored in. <async_generator object "
     "(AsyncStream._iter_events|SSEDecoder.aiter_bytes|Response.aiter_bytes"
-    "|PoolByteStream.__aiter__) :pytest.PytestUnraisableExceptionWarning"
+    "|PoolByteStream.__aiter__|HTTP11ConnectionByteStream.__aiter__) "
+    ":pytest.PytestUnraisableExceptionWarning"
 )
 async def test_the_openai_sdk_reads_whole_and_streamed_replies() -> None:
     import openai
