@@ -20,6 +20,7 @@ import anyio.to_thread
 
 from hordelite._http import current_backend, listen, serve_http
 from hordelite.api import _render
+from hordelite.api.lean import LeanRoutes
 from hordelite.api.metrics import create_metrics_app
 from hordelite.app import create_app
 from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
@@ -223,7 +224,8 @@ async def _open_horde(
         # The /blobs route serves the directory store only: an object store
         # serves its presigned URLs itself.
         directory = blobs if isinstance(blobs, DirectoryStore) else None
-        app = create_app(horde, current_backend(), directory)
+        # The hottest native routes answered before Quart (api/lean.py).
+        app = LeanRoutes(create_app(horde, current_backend(), directory), horde)
         shutdown = anyio.Event()
         stopped = anyio.Event()
         error: Exception | None = None

@@ -1,0 +1,422 @@
+"""The hottest native routes as plain ASGI, in front of the Quart app.
+
+Every client polls its request's status and every worker pops and submits,
+so a handful of routes carry nearly every request a busy horde answers.
+Quart's per-request machinery (a request and its context, an app context,
+Werkzeug's routing, the before and after hooks, a response object, a task
+to watch the connection) cost those requests more server CPU than the
+horde's own work on them (docs/performance.md, "The fast path").
+
+``LeanRoutes`` answers the plain shape of these routes itself:
+
+- ``POST /api/v2/generate/{text,chat}/async``, ``POST
+  /api/v2/generate/text/{pop,submit,progress}`` with a ``Content-Length``
+  body and no query;
+- ``GET /api/v2/generate/{text,chat}/status/<id>`` with an id of letters,
+  digits and ``-`` (a request id is a UUID) and no query but ``wait``.
+
+It calls the same service methods and renders the same JSON as the Quart
+routes in ``native.py``, with the same headers (CORS, the metrics count)
+and the same refusals (``native_refusal``). Anything else, an odd query,
+a chunked body, a ``HEAD``, goes to the Quart app untouched, which answers
+it as it always has: the lane takes only what it answers exactly as Quart
+would (``tests/integration/test_lean_routes.py`` sends both the same
+requests and compares the answers).
+
+A long poll (a pop's ``wait``, a status's ``?wait=``) watches its
+connection while it waits: a client that leaves cancels it, as Quart
+cancels a handler whose client left, so a worker gone mid-pop is never
+handed a job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from hordelite._http import ARRIVED
+from hordelite.api import _render
+from hordelite.contract import forwarded
+from hordelite.contract.json_body import decode_json_body
+from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
+from hordelite.contract.text import parse_status_wait
+from hordelite.errors import RC, HordeError, StorageUnavailable, bad_request
+from hordelite.horde.results import Queued
+from hordelite.horde.service import Horde
+
+log = logging.getLogger("hordelite.api")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_PREFIX = "/api/v2/generate/"
+# A request id the lane takes: a UUID's characters (any other id, the
+# lane leaves to Quart, which checks it and answers 404 as ever).
+_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
+# The only query a status read may carry on the lane: a plain number of seconds.
+_WAIT_QUERY = re.compile(rb"wait=[0-9.]{0,16}")
+# As hordelite._request: larger bodies are decoded off the event loop.
+_DECODE_OFF_LOOP_BYTES = 256 * 1024
+_JSON = (b"content-type", b"application/json")
+
+
+class _Answer(Exception):
+    """An answer decided before the route's handler runs (an HTTP error)."""
+
+    def __init__(self, rc: RC) -> None:
+        self.rc = rc
+
+
+class LeanRoutes:
+    """``app`` (the Quart app), with the hot routes answered as the module says."""
+
+    def __init__(self, app: Any, horde: Horde) -> None:
+        self._app: ASGIApp = app
+        self._horde = horde
+        server = horde.config.server
+        self._max_body = server.max_body_bytes
+        self._body_timeout = server.body_timeout
+        self._allowed = server.allowed_origins
+        self._count = horde.config.metrics.enabled
+        self._trusted = forwarded.parse_trusted_proxies(server.trusted_proxies)
+        self._posts: dict[str, tuple[str, _Handler]] = {
+            "text/async": ("/api/v2/generate/text/async", self._text_async),
+            "chat/async": ("/api/v2/generate/chat/async", self._chat_async),
+            "text/pop": ("/api/v2/generate/text/pop", self._pop),
+            "text/submit": ("/api/v2/generate/text/submit", self._submit),
+            "text/progress": ("/api/v2/generate/text/progress", self._progress),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self._route(scope) if scope["type"] == "http" else None
+        if route is None:
+            await self._app(scope, receive, send)
+            return
+        template, handler, arg = route
+        exchange = _Exchange(scope, receive, send)
+        try:
+            status, body, extra = await handler(exchange, arg)
+        except _Gone:
+            return  # the client left a long poll: nobody to answer
+        except _Answer as answer:
+            status, body, extra = self._refusal(answer.rc, None, {})
+        except HordeError as exc:
+            status, body, extra = self._refusal(exc.rc, exc.message, exc.extra)
+        except StorageUnavailable as exc:
+            log.error("storage unavailable: %s", exc)
+            status, body, extra = self._refusal(RC.StorageUnavailable, None, {})
+        except Exception:
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            status, body, extra = self._refusal(RC.InternalServerError, None, {})
+        await self._answer(exchange, template, status, body, extra)
+
+    # Routing -------------------------------------------------------------
+
+    def _route(self, scope: Scope) -> tuple[str, _Handler, str] | None:
+        path: str = scope["path"]
+        if not path.startswith(_PREFIX):
+            return None
+        rest = path[len(_PREFIX) :]
+        method = scope["method"]
+        if method == "POST":
+            found = self._posts.get(rest)
+            if found is None or scope["query_string"] or _declared_length(scope) is None:
+                return None
+            return found[0], found[1], ""
+        if method != "GET":
+            return None
+        kind, _, tail = rest.partition("/status/")
+        if kind not in ("text", "chat") or not _ID.fullmatch(tail):
+            return None
+        query = scope["query_string"]
+        if (query and not _WAIT_QUERY.fullmatch(query)) or _has_body(scope):
+            return None  # an odd query, or a GET with a body
+        return f"/api/v2/generate/{kind}/status/<request_id>", self._status, f"{kind}/{tail}"
+
+    # The routes (as in native.py) ------------------------------------------
+
+    async def _text_async(self, ex: _Exchange, _: str) -> _Result:
+        body = await self._json(ex)
+        answer = await self._horde.requests.submit_text(
+            _api_key(ex), body, _client_agent(ex), _operation_key(ex)
+        )
+        return (202 if isinstance(answer, Queued) else 200), _render.queued(answer), ()
+
+    async def _chat_async(self, ex: _Exchange, _: str) -> _Result:
+        body = await self._json(ex)
+        answer = await self._horde.requests.submit_chat(
+            _api_key(ex), body, _client_agent(ex), _operation_key(ex)
+        )
+        return 202, _render.queued(answer), ()
+
+    async def _pop(self, ex: _Exchange, _: str) -> _Result:
+        body = await self._json(ex)
+        arrived = ex.scope.get(ARRIVED)
+        base_url = self._public_base_url(ex)
+        key = _api_key(ex)
+        pop = self._horde.jobs.pop
+        wait = body.get("wait") if isinstance(body, dict) else None
+        if wait:  # a long poll: the worker may leave meanwhile
+            answer = await ex.unless_gone(
+                lambda: pop(key, body, arrived=arrived, base_url=base_url)
+            )
+        else:
+            answer = await pop(key, body, arrived=arrived, base_url=base_url)
+        return 200, _render.pop(answer), ()
+
+    async def _submit(self, ex: _Exchange, _: str) -> _Result:
+        body = await self._json(ex)
+        return 200, _render.submitted(await self._horde.jobs.submit(_api_key(ex), body)), ()
+
+    async def _progress(self, ex: _Exchange, _: str) -> _Result:
+        body = await self._json(ex)
+        return 200, _render.progress(await self._horde.jobs.post_progress(_api_key(ex), body)), ()
+
+    async def _status(self, ex: _Exchange, which: str) -> _Result:
+        if not await ex.read_empty():
+            raise _Gone
+        kind, _, request_id = which.partition("/")
+        query = ex.scope["query_string"]
+        wait = parse_status_wait(query[len(b"wait=") :].decode() if query else None)
+        status = self._horde.requests.status
+        if wait:
+            found = await ex.unless_gone(lambda: status(kind, request_id, wait=wait))
+        else:
+            found = await status(kind, request_id, wait=wait)
+        return 200, _render.status(found), ()
+
+    # Reading ---------------------------------------------------------------
+
+    async def _json(self, ex: _Exchange) -> Any:
+        """The checked body, as ``_request.json_body`` reads it (413 past the
+        cap, 408 when it does not arrive within ``body_timeout``)."""
+        declared = _declared_length(ex.scope) or 0
+        if declared > self._max_body:
+            raise _Answer(RC.PayloadTooLarge)
+        raw = await ex.read_body(self._max_body, self._body_timeout)
+        if len(raw) > _DECODE_OFF_LOOP_BYTES:
+            return await anyio.to_thread.run_sync(decode_json_body, raw)
+        return decode_json_body(raw)
+
+    def _public_base_url(self, ex: _Exchange) -> str:
+        """As ``_request.public_base_url``."""
+        server = self._horde.config.server
+        if server.public_url:
+            return server.public_url.rstrip("/")
+        scope = ex.scope
+        peer = scope.get("client")
+        listening = scope.get("server")
+        return forwarded.request_base_url(
+            scheme=scope.get("scheme", "http"),
+            host=ex.header(b"host") or "",
+            server=_address(listening) if listening else "localhost",
+            peer=peer[0] if peer else None,
+            trusted=self._trusted,
+            forwarded=ex.joined(b"forwarded"),
+            forwarded_proto=ex.joined(b"x-forwarded-proto"),
+            forwarded_host=ex.joined(b"x-forwarded-host"),
+        )
+
+    # Answering -------------------------------------------------------------
+
+    def _refusal(self, rc: RC, message: str | None, extra: dict[str, Any]) -> _Result:
+        """A refusal in the native envelope, as app._error renders it."""
+        self._horde.metrics.refusals.labels(rc.name).inc()
+        body = {"message": message or rc.default_message, "rc": rc.name, **extra}
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        if "retry_after" in extra:
+            headers = ((b"retry-after", str(extra["retry_after"]).encode()),)
+        return rc.status, body, headers
+
+    async def _answer(
+        self,
+        ex: _Exchange,
+        template: str,
+        status: int,
+        body: Any,
+        extra: tuple[tuple[bytes, bytes], ...],
+    ) -> None:
+        data = json.dumps(body).encode()
+        headers = [_JSON, (b"content-length", str(len(data)).encode()), *extra]
+        headers += self._cors(ex)
+        if self._count:
+            method = ex.scope["method"]
+            self._horde.metrics.http_requests.labels(template, method, str(status)).inc()
+        await ex.send({"type": "http.response.start", "status": status, "headers": headers})
+        if ex.read_all:
+            await ex.send({"type": "http.response.body", "body": data})
+            return
+        # Answered before the body was read (a 413 on its declared length):
+        # the bytes go now and the end after the body's drain (see
+        # hordelite._http), as Quart sends them.
+        await ex.send({"type": "http.response.body", "body": data, "more_body": True})
+        await ex.send({"type": "http.response.body", "body": b""})
+
+    def _cors(self, ex: _Exchange) -> list[tuple[bytes, bytes]]:
+        """As app._cors (the lane serves no OPTIONS)."""
+        if self._allowed is None:
+            return [(b"access-control-allow-origin", b"*")]
+        origin = ex.header(b"origin") or ""
+        headers = [(b"vary", b"Origin")]
+        if origin.lower() in self._allowed:
+            headers.append((b"access-control-allow-origin", origin.encode("latin-1")))
+        return headers
+
+
+_Result = tuple[int, Any, tuple[tuple[bytes, bytes], ...]]
+_Handler = Callable[["_Exchange", str], Awaitable[_Result]]
+
+
+class _Exchange:
+    """One request on the lane: its scope, its headers, its body."""
+
+    __slots__ = ("_headers", "read_all", "receive", "scope", "send")
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self._headers: dict[bytes, list[str]] | None = None
+        self.read_all = False  # the request's body was read to its end
+
+    def _all(self) -> dict[bytes, list[str]]:
+        if self._headers is None:
+            headers: dict[bytes, list[str]] = {}
+            for name, value in self.scope["headers"]:
+                headers.setdefault(name.lower(), []).append(value.decode("latin-1"))
+            self._headers = headers
+        return self._headers
+
+    def header(self, name: bytes) -> str | None:
+        """The first value of a header (as Werkzeug's ``headers.get``)."""
+        values = self._all().get(name)
+        return values[0] if values else None
+
+    def joined(self, name: bytes) -> str | None:
+        """Repeated header lines as one comma-separated list (RFC 9110 5.3)."""
+        values = self._all().get(name)
+        return ", ".join(values) if values else None
+
+    async def read_body(self, limit: int, seconds: float) -> bytes:
+        """The whole body, within ``seconds`` (408) and ``limit``
+        bytes (413), as Quart reads it."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            with anyio.fail_after(seconds):
+                while True:
+                    message = await self.receive()
+                    if message["type"] != "http.request":
+                        break  # the client left: what came is all there is
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise _Answer(RC.PayloadTooLarge)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        self.read_all = True
+                        break
+        except TimeoutError:
+            raise _Answer(RC.RequestTimeout) from None
+        return b"".join(chunks)
+
+    async def read_empty(self) -> bool:
+        """Read a GET's (empty) body to its end; False when the client left first."""
+        while True:
+            message = await self.receive()
+            if message["type"] != "http.request":
+                return False
+            if not message.get("more_body", False):
+                self.read_all = True
+                return True
+
+    async def unless_gone(self, work: Callable[[], Awaitable[Any]]) -> Any:
+        """``work()``, cancelled if the client leaves meanwhile (its
+        ``http.disconnect``); a client gone gets no answer."""
+        result: list[Any] = []
+        failure: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                while (await self.receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            async def run() -> None:
+                try:
+                    result.append(await work())
+                except Exception as exc:  # raised below, outside the group
+                    failure.append(exc)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            tg.start_soon(run)
+        if failure:
+            raise failure[0]
+        if not result:
+            raise _Gone
+        return result[0]
+
+
+class _Gone(Exception):
+    """The client left during a long poll: nothing to answer."""
+
+
+def _declared_length(scope: Scope) -> int | None:
+    """The body's Content-Length, or None without one (a chunked body,
+    which the lane leaves to Quart)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" or name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _has_body(scope: Scope) -> bool:
+    """Whether the request declares a body (a length or a chunked one)."""
+    return any(
+        name.lower() in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]
+    )
+
+
+def _api_key(ex: _Exchange) -> str:
+    """As native.api_key."""
+    key = ex.header(b"apikey")
+    if key is None or key == "":
+        raise HordeError(
+            RC.InvalidAPIKey,
+            "The apikey header is missing: send your API key, or 0000000000 for anonymous use.",
+        )
+    if len(key) > MAX_API_KEY_CHARS:
+        raise HordeError(RC.InvalidAPIKey, "The apikey header is longer than any key.")
+    return key
+
+
+def _operation_key(ex: _Exchange) -> str | None:
+    """As native.operation_key."""
+    key = ex.header(b"idempotency-key")
+    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+        raise bad_request("Idempotency-Key", f"must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
+    return key
+
+
+def _client_agent(ex: _Exchange) -> str:
+    """As _request.client_agent."""
+    return ex.header(b"client-agent") or ex.header(b"client_agent") or "unknown:0:unknown"
+
+
+def _address(listening: tuple[str, int | None]) -> str:
+    host, port = listening
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}" if port else host
