@@ -11,6 +11,7 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -119,7 +120,12 @@ _GENERATION_FIELDS = (
 _REQUEST_JOBS = prepared(
     select(*(jobs.c[name] for name in _GENERATION_FIELDS), workers.c.name.label("worker_name"))
     .join(workers, workers.c.id == jobs.c.worker_id)
-    .where(jobs.c.request_id == bindparam("rid"), jobs.c.state.in_(("done", "processing")))
+    # Two equalities, not IN: a literal IN list is expanded at each
+    # execution, which the prepared statement's fast path leaves to SQLAlchemy.
+    .where(
+        jobs.c.request_id == bindparam("rid"),
+        or_(jobs.c.state == "done", jobs.c.state == "processing"),
+    )
     .order_by(jobs.c.submitted)
 )
 

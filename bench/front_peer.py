@@ -1,0 +1,526 @@
+"""The OpenAI front against its peer, the LiteLLM proxy, side by side.
+
+Both stand in front of the same fake OpenAI backend (hordelite's
+``fake_backend``, in a child process of its own, whose CPU counts for
+neither):
+
+- LiteLLM: client -> ``litellm`` proxy (one uvicorn worker) -> backend;
+- hordelite: client -> ``hordelite serve``'s ``/v1`` -> queue ->
+  ``hordelite worker --threads 16`` -> backend -> worker -> submit -> the
+  call's answer.
+
+The same lean keep-alive client (this process) measures each, and the
+backend alone first, so that what each adds is read off its own figures:
+
+(a) p50 of a non-streamed chat completion at concurrency 1, and what it
+    adds to the backend's own p50;
+(b) p50 of the first content chunk of a streamed completion at
+    concurrency 1, and what it adds to the backend's;
+(c) completions per second at concurrency ``--concurrency`` (16) for
+    ``--duration`` seconds;
+(d) CPU per call during (c): the CPU of every process of the proxy (the
+    litellm process tree; ``hordelite serve`` and ``hordelite worker``
+    together) over the completions.
+
+The two take turns, ``--rounds`` times (LiteLLM first, then hordelite,
+then the other way round), each on a fresh process, so that a change in
+the machine's load falls on both; each figure is printed per round with
+the ratio hordelite / LiteLLM of that round, then the medians. Targets
+(issue 22): hordelite's added p50 and CPU per call no more than LiteLLM's.
+
+LiteLLM is not a dependency of hordelite: it is run from its own
+interpreter, ``--litellm`` or ``$HORDELITE_BENCH_LITELLM`` (the ``litellm``
+executable of a virtual environment with ``litellm[proxy]``), by default
+``~/.cache/hordelite/litellm-venv/bin/litellm``. Without one, the script
+says "not installed", measures hordelite and the backend alone and exits 0.
+
+    python3 -m venv ~/.cache/hordelite/litellm-venv
+    ~/.cache/hordelite/litellm-venv/bin/pip install 'litellm[proxy]'
+    .venv/bin/python bench/front_peer.py                 # about 3 minutes
+    .venv/bin/python bench/front_peer.py --rounds 1 --calls 100 --duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+from _common import (  # bench/ is on sys.path
+    never_refusing_budgets,
+    process_cpu,
+    process_tree,
+    stop_process,
+)
+
+MODEL = "fake-model"
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}]}
+LITELLM_KEY = "sk-hordelite-bench-0123456789abcdef"
+DEFAULT_LITELLM = Path.home() / ".cache/hordelite/litellm-venv/bin/litellm"
+SERVE_BACKEND = "--serve-backend"  # argv[1]: run the fake backend (a child of this script)
+
+
+# The client ------------------------------------------------------------------
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection, one call at a time: a chat
+    completion, whole or streamed (the first content chunk timed)."""
+
+    def __init__(self, url: str, key: str) -> None:
+        parts = urlsplit(url)
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        self._key = key
+        self._stream: anyio.abc.SocketStream | None = None
+        self._buffer = b""
+
+    async def _send(self, body: dict[str, Any]) -> None:
+        if self._stream is None:
+            self._stream = await anyio.connect_tcp(self._host, self._port)
+            self._buffer = b""
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: {self._host}:{self._port}\r\n"
+            f"authorization: Bearer {self._key}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload)}\r\n\r\n"
+        )
+        await self._stream.send(head.encode() + payload)
+
+    async def _more(self) -> None:
+        assert self._stream is not None
+        data = await self._stream.receive(65536)
+        if not data:
+            raise ConnectionError("closed")
+        self._buffer += data
+
+    async def _head(self) -> dict[str, str]:
+        while (end := self._buffer.find(b"\r\n\r\n")) < 0:
+            await self._more()
+        lines = self._buffer[:end].decode("latin-1").split("\r\n")
+        self._buffer = self._buffer[end + 4 :]
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {headers} {self._buffer[:300]!r}")
+        return headers
+
+    async def whole(self) -> str:
+        """A non-streamed completion; its content."""
+        await self._send(BODY)
+        headers = await self._head()
+        if "content-length" in headers:
+            length = int(headers["content-length"])
+            while len(self._buffer) < length:
+                await self._more()
+            data, self._buffer = self._buffer[:length], self._buffer[length:]
+        else:
+            data = await self._chunked()
+        if headers.get("connection", "").lower() == "close":
+            await self.aclose()
+        return str(json.loads(data)["choices"][0]["message"]["content"])
+
+    async def streamed(self) -> float:
+        """A streamed completion read to its end; seconds from sending to
+        the first chunk carrying content."""
+        sent = time.perf_counter()
+        await self._send({**BODY, "stream": True})
+        headers = await self._head()
+        first = 0.0
+        text = b""
+        done = False
+        while not done:
+            piece = (
+                await self._chunk() if "chunked" in headers.get("transfer-encoding", "") else b""
+            )
+            text += piece
+            while b"\n\n" in text:
+                event, text = text.split(b"\n\n", 1)
+                data = event.partition(b"data: ")[2]
+                if data == b"[DONE]":
+                    done = True
+                elif data and not first:
+                    delta = json.loads(data)["choices"]
+                    if delta and delta[0].get("delta", {}).get("content"):
+                        first = time.perf_counter() - sent
+        # The terminating chunk of the chunked body.
+        while await self._chunk():
+            pass
+        return first
+
+    async def _chunk(self) -> bytes:
+        while (end := self._buffer.find(b"\r\n")) < 0:
+            await self._more()
+        size = int(self._buffer[:end].split(b";")[0], 16)
+        while len(self._buffer) < end + 2 + size + 2:
+            await self._more()
+        data = self._buffer[end + 2 : end + 2 + size]
+        self._buffer = self._buffer[end + 2 + size + 2 :]
+        return data
+
+    async def _chunked(self) -> bytes:
+        body = b""
+        while data := await self._chunk():
+            body += data
+        return body
+
+    async def aclose(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.aclose()
+
+
+# The figures of one proxy -------------------------------------------------------
+
+
+async def latencies(url: str, key: str, calls: int, streamed: bool) -> list[float]:
+    """Seconds per call at concurrency 1 (first chunk when ``streamed``),
+    after a tenth as many untimed."""
+    client = Client(url, key)
+    try:
+        for _ in range(max(calls // 10, 5)):
+            await (client.streamed() if streamed else client.whole())
+        out = []
+        for _ in range(calls):
+            if streamed:
+                out.append(await client.streamed())
+            else:
+                started = time.perf_counter()
+                await client.whole()
+                out.append(time.perf_counter() - started)
+        return out
+    finally:
+        await client.aclose()
+
+
+async def throughput(url: str, key: str, concurrency: int, seconds: float) -> int:
+    """Completions answered by ``concurrency`` clients in ``seconds``."""
+    done = 0
+    clients = [Client(url, key) for _ in range(concurrency)]
+    deadline = time.perf_counter() + seconds
+
+    async def one(client: Client) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await client.whole()
+            if time.perf_counter() <= deadline:
+                done += 1
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for client in clients:
+                tg.start_soon(one, client)
+    finally:
+        for client in clients:
+            await client.aclose()
+    return done
+
+
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds of these processes and every process they started."""
+    total = 0.0
+    for root in pids:
+        for pid in process_tree(root):
+            with contextlib.suppress(OSError, IndexError):
+                total += process_cpu(pid)
+    return total
+
+
+def measure(url: str, key: str, pids: list[int], args: argparse.Namespace) -> dict[str, float]:
+    whole = anyio.run(latencies, url, key, args.calls, False)
+    first = anyio.run(latencies, url, key, args.calls, True)
+    before = [cpu_of([pid]) for pid in pids]
+    done = anyio.run(throughput, url, key, args.concurrency, args.duration)
+    spent = [cpu_of([pid]) - b for pid, b in zip(pids, before, strict=True)]
+    figures = {
+        "p50_ms": statistics.median(whole) * 1000,
+        "first_chunk_p50_ms": statistics.median(first) * 1000,
+        "per_s": done / args.duration,
+        "cpu_ms_per_call": sum(spent) / max(done, 1) * 1000,
+    }
+    if len(pids) > 1:  # hordelite: the server's share, then the worker's
+        figures["serve_cpu_ms_per_call"] = spent[0] / max(done, 1) * 1000
+        figures["worker_cpu_ms_per_call"] = spent[1] / max(done, 1) * 1000
+    return figures
+
+
+# The processes ------------------------------------------------------------------
+
+
+def _served_line(proc: subprocess.Popen[str], marker: str, log: Path) -> str:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if marker in line:
+            return line
+    raise RuntimeError(f"exited before {marker!r}:\n{log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def child(command: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[Any]:
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True
+        )
+        try:
+            yield proc
+        finally:
+            for pid in reversed(process_tree(proc.pid)[1:]):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+            stop_process(proc, 20)
+
+
+@contextlib.contextmanager
+def backend(workdir: Path) -> Iterator[tuple[str, int]]:
+    """The fake backend in a child process: its URL and pid."""
+    command = [sys.executable, __file__, SERVE_BACKEND]
+    with child(command, workdir / "backend.log") as proc:
+        url = _served_line(proc, "backend at", workdir / "backend.log").split()[-1]
+        yield url, proc.pid
+
+
+def serve_backend() -> None:
+    """(In the child.) Serve the fake backend until SIGTERM."""
+    from hordelite.fake_backend import FakeBackendConfig, open_fake_backend
+
+    async def main() -> None:
+        async with open_fake_backend(FakeBackendConfig(model=MODEL, context=8192)) as fake:
+            print("backend at", fake.url, flush=True)
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    return
+
+    anyio.run(main, backend="trio")
+
+
+async def _wait_for_model(url: str, key: str, within: float) -> None:
+    """Until ``GET url/v1/models`` lists MODEL (the proxy is up and routes it)."""
+    deadline = time.perf_counter() + within
+    parts = urlsplit(url)
+    request = (
+        f"GET /v1/models HTTP/1.1\r\nhost: {parts.netloc}\r\nauthorization: Bearer {key}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode()
+    while time.perf_counter() < deadline:
+        with contextlib.suppress(OSError):
+            async with await anyio.connect_tcp(parts.hostname or "", parts.port or 80) as s:
+                await s.send(request)
+                data = b""
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    while True:
+                        data += await s.receive()
+                if f'"{MODEL}"'.encode() in data:
+                    return
+        await anyio.sleep(0.2)
+    raise RuntimeError(f"{url} never listed {MODEL}")
+
+
+@contextlib.contextmanager
+def litellm(executable: str, backend_url: str, workdir: Path) -> Iterator[tuple[str, list[int]]]:
+    port = _free_port()
+    config = workdir / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: {backend_url}/v1\n"
+        "      api_key: none\n"
+    )
+    env = {
+        **os.environ,
+        # No call home, no download of the model price list at start.
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "LITELLM_LOG": "ERROR",
+        # LiteLLM refuses to start without a master key; calls then present
+        # it, as hordelite's present a user's key.
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+    }
+    command = [executable, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--num_workers", "1"]
+    with child(command, workdir / "litellm.log", env) as proc:
+        url = f"http://127.0.0.1:{port}"
+        anyio.run(_wait_for_model, url, LITELLM_KEY, 120.0)
+        yield url, [proc.pid]
+
+
+@contextlib.contextmanager
+def hordelite(
+    backend_url: str, workdir: Path, threads: int
+) -> Iterator[tuple[str, str, list[int]]]:
+    from hordelite.cli import main as hordelite_cli
+
+    config = workdir / "horde.toml"
+    database = workdir / f"horde-{time.monotonic_ns()}.db"
+    # Budgets that never refuse (one requester key stands for every client), yet are checked.
+    budgets = "".join(f"{k} = {v}\n" for k, v in never_refusing_budgets().items())
+    config.write_text(
+        f'[server]\nhost = "127.0.0.1"\nport = 0\n[storage]\ndatabase = "{database}"\n'
+        f'[blobs]\ndirectory = "{workdir / "blobs"}"\n[budgets]\n{budgets}'
+    )
+    serve = [sys.executable, "-m", "hordelite", "--config", str(config), "serve"]
+    with child(serve, workdir / "serve.log") as server:
+        url = _served_line(server, " serving at ", workdir / "serve.log").split(" serving at ")[1]
+        url = url.split()[0]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = hordelite_cli(["--config", str(config), "keys", "create", "bench"])
+            code = code or hordelite_cli(
+                ["--config", str(config), "keys", "create", "requester", "--kudos", "1e9"]
+            )
+        keys = [
+            ln.rsplit(":", 1)[1].strip() for ln in out.getvalue().splitlines() if "API key" in ln
+        ]
+        if code or len(keys) != 2:
+            raise RuntimeError(f"keys create failed: {out.getvalue()}")
+        worker = [sys.executable, "-m", "hordelite", "worker", "--horde", url, "--name", "peer"]
+        worker += ["--backend", backend_url, "--threads", str(threads)]
+        env = {**os.environ, "HORDELITE_WORKER_KEY": keys[0]}
+        with child(worker, workdir / "worker.log", env) as work:
+            anyio.run(_wait_for_model, url, keys[1], 60.0)
+            yield url, keys[1], [server.pid, work.pid]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# The report ---------------------------------------------------------------------
+
+FIGURES = (
+    ("p50_ms", "p50 at c=1, ms"),
+    ("added_ms", "added p50 at c=1, ms"),
+    ("first_chunk_p50_ms", "streamed first chunk p50, ms"),
+    ("added_first_chunk_ms", "streamed first chunk, added, ms"),
+    ("per_s", "completions/s at c={c}"),
+    ("cpu_ms_per_call", "CPU per call, ms (at c={c})"),
+    ("serve_cpu_ms_per_call", "  of which hordelite serve"),
+    ("worker_cpu_ms_per_call", "  of which hordelite worker"),
+)
+
+
+def with_added(figures: dict[str, float], direct: dict[str, float]) -> dict[str, float]:
+    return {
+        **figures,
+        "added_ms": figures["p50_ms"] - direct["p50_ms"],
+        "added_first_chunk_ms": figures["first_chunk_p50_ms"] - direct["first_chunk_p50_ms"],
+    }
+
+
+def print_rounds(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace) -> bool:
+    """Each round's figures and their medians; whether hordelite met the targets."""
+    kinds = [k for k in ("backend", "litellm", "hordelite") if k in rounds[0]]
+    print()
+    header = f"{'figure':36}" + "".join(f"{k:>14}" for k in kinds)
+    if "litellm" in kinds:
+        header += f"{'hordelite/litellm':>20}"
+    for i, figures in enumerate([*rounds, None]):
+        label = "median" if figures is None else f"round {i + 1}"
+        print(f"{label}\n{header}")
+        for key, name in FIGURES:
+            values = []
+            for kind in kinds:
+                series = [r[kind].get(key) for r in rounds]
+                if figures is not None:
+                    values.append(figures[kind].get(key))
+                elif series[0] is not None:
+                    values.append(statistics.median(v for v in series if v is not None))
+                else:
+                    values.append(None)
+            row = f"{name.format(c=args.concurrency):36}" + "".join(
+                f"{v:14.2f}" if v is not None else f"{'-':>14}" for v in values
+            )
+            if "litellm" in kinds and values[1] and values[2] is not None:
+                row += f"{values[2] / values[1]:20.2f}"
+            print(row)
+        print()
+    if "litellm" not in kinds:
+        return True
+    median = {
+        kind: {
+            key: statistics.median(r[kind][key] for r in rounds)
+            for key in ("added_ms", "cpu_ms_per_call")
+        }
+        for kind in ("litellm", "hordelite")
+    }
+    met = True
+    for key in ("added_ms", "cpu_ms_per_call"):
+        ok = median["hordelite"][key] <= median["litellm"][key]
+        met &= ok
+        print(
+            f"target: hordelite {key} <= LiteLLM's: {median['hordelite'][key]:.2f} against "
+            f"{median['litellm'][key]:.2f} ms: {'PASS' if ok else 'MISS'}"
+        )
+    return met
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--litellm", default=os.environ.get("HORDELITE_BENCH_LITELLM"))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--calls", type=int, default=200, help="timed calls at c=1 (default 200)")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of (c) (default 10)")
+    p.add_argument("--threads", type=int, default=16, help="hordelite worker --threads")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    executable = args.litellm or (str(DEFAULT_LITELLM) if DEFAULT_LITELLM.exists() else None)
+    if executable and not shutil.which(executable):
+        executable = None
+    if executable is None:
+        print("LiteLLM: not installed (see --help); measuring hordelite alone")
+    rounds: list[dict[str, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory(prefix="hordelite-peer-") as tmp:
+        workdir = Path(tmp)
+        with backend(workdir) as (backend_url, _):
+            for i in range(args.rounds):
+                figures: dict[str, dict[str, float]] = {}
+                print(
+                    time.strftime("%H:%M:%S"), f"round {i + 1}: the backend alone", file=sys.stderr
+                )
+                figures["backend"] = measure(backend_url, "none", [], args)
+                order = ["litellm", "hordelite"] if i % 2 == 0 else ["hordelite", "litellm"]
+                for kind in order:
+                    if kind == "litellm" and executable is None:
+                        continue
+                    print(time.strftime("%H:%M:%S"), f"round {i + 1}: {kind}", file=sys.stderr)
+                    if kind == "litellm":
+                        assert executable is not None
+                        with litellm(executable, backend_url, workdir) as (url, pids):
+                            got = measure(url, LITELLM_KEY, pids, args)
+                    else:
+                        with hordelite(backend_url, workdir, args.threads) as (url, key, pids):
+                            got = measure(url, key, pids, args)
+                    figures[kind] = with_added(got, figures["backend"])
+                rounds.append(figures)
+    met = print_rounds(rounds, args)
+    print("command:", " ".join(["python", *sys.argv]))
+    if args.json:
+        args.json.write_text(json.dumps(rounds, indent=2))
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == SERVE_BACKEND:
+        serve_backend()
+    else:
+        sys.exit(main())
