@@ -384,10 +384,13 @@ def _declared_length(scope: Scope) -> int | None:
 
 
 def _has_body(scope: Scope) -> bool:
-    """Whether the request declares a body (a length or a chunked one)."""
-    return any(
-        name.lower() in (b"content-length", b"transfer-encoding") for name, _ in scope["headers"]
-    )
+    """Whether the request declares a body: a chunked one, or a length
+    other than 0 (which some clients send with every GET)."""
+    for name, value in scope["headers"]:
+        name = name.lower()
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
 
 
 def _api_key(ex: _Exchange) -> str:

@@ -101,6 +101,8 @@ async def _drive(gen: Generator[Any, Any, T], fileno: int, limit: float | None) 
     """Run psycopg's generator to its end, awaiting each socket wait it asks
     for, within ``limit`` seconds when psycopg gives one."""
     try:
+        if limit is None:  # nearly always: a scope would cost more than the wait
+            return await _consume(gen, fileno)
         with anyio.fail_after(limit):
             return await _consume(gen, fileno)
     except TimeoutError:

@@ -22,13 +22,15 @@ a plan reads fails a test instead of quietly slowing the horde.
 from __future__ import annotations
 
 import contextlib
+import copy
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
+import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import MultipleResultsFound, NoResultFound
+from sqlalchemy.exc import DBAPIError, MultipleResultsFound, NoResultFound
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, Update
@@ -93,11 +95,12 @@ class Tx:
     iteration), rows their attribute, index and tuple access.
     """
 
-    __slots__ = ("_conn", "_driver", "dialect")
+    __slots__ = ("_conn", "_driver", "_sqlite", "dialect")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self.dialect: Dialect = conn.dialect
+        self._sqlite = self.dialect.name == "sqlite"
         self._driver: Any = None
 
     def execute(
@@ -119,19 +122,38 @@ class Tx:
         """Send a plan's SQL with its values on a cursor of the driver's own."""
         if self._driver is None:
             self._driver = self._conn.connection.driver_connection
-        cursor = self._driver.cursor()
+        cursor = self._driver.cursor() if self._sqlite else psycopg.RawCursor(self._driver)
         conn = self._conn
         if conn._has_events or conn.engine._has_events:
             # Whoever listens to SQLAlchemy's statements (the tests that
             # count them) hears these too.
             conn.dispatch.before_cursor_execute(conn, cursor, plan.sql, values, None, many)
-        if many:
-            cursor.executemany(plan.sql, values)
-        else:
-            cursor.execute(plan.sql, values)
-        if plan.make_row == plan._first_row:
-            plan.read_description(cursor.description, self.dialect)
-        return Result(cursor, plan)
+        try:
+            if many:
+                cursor.executemany(plan.sql, values)
+            else:
+                cursor.execute(plan.sql, values)
+            if plan.make_row == plan._first_row:
+                plan.read_description(cursor.description, self.dialect)
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise self.translated(exc, cursor, plan.sql, values) from exc
+        return Result(cursor, plan, self)
+
+    def translated(self, exc: Exception, cursor: Any, sql: str, values: Any) -> Exception:
+        """A driver's error as SQLAlchemy raises it (``IntegrityError``,
+        ``OperationalError``...), which callers catch; a lost connection is
+        invalidated first, so the pool never hands it out again."""
+        lost = self.dialect.is_disconnect(exc, self._driver, cursor)  # type: ignore[arg-type]
+        if lost:
+            self._conn.invalidate(exc)
+        return DBAPIError.instance(
+            sql,
+            values,
+            exc,
+            self.dialect.loaded_dbapi.Error,
+            connection_invalidated=lost,
+            dialect=self.dialect,
+        )
 
     def exec_driver_sql(self, sql: str, params: Any = None) -> Rows:
         """Run SQL text as it is (SQLAlchemy's ``exec_driver_sql``)."""
@@ -159,27 +181,33 @@ def _same_keys(params: Sequence[Mapping[str, Any]]) -> bool:
 class Result:
     """The rows of one statement run on the fast path (see ``Tx``)."""
 
-    __slots__ = ("_cursor", "_plan", "rowcount")
+    __slots__ = ("_cursor", "_plan", "_tx", "rowcount")
 
-    def __init__(self, cursor: Any, plan: _Plan) -> None:
+    def __init__(self, cursor: Any, plan: _Plan, tx: Tx) -> None:
         self._cursor = cursor
         self._plan = plan
+        self._tx = tx
         self.rowcount: int = cursor.rowcount
 
-    def _rows(self, raw: Sequence[Any]) -> list[Any]:
-        make = self._plan.make_row
-        return [make(r) for r in raw]
+    def _fetch(self, one: bool) -> Any:
+        """The next raw row (``one``) or all that are left, driver errors
+        translated as at execution (SQLite steps through rows as it fetches)."""
+        try:
+            return self._cursor.fetchone() if one else self._cursor.fetchall()
+        except self._tx.dialect.loaded_dbapi.Error as exc:
+            raise self._tx.translated(exc, self._cursor, self._plan.sql, None) from exc
 
     def _fetchone(self) -> Any:
         if self._plan.row is None:
             return None
-        raw = self._cursor.fetchone()
+        raw = self._fetch(True)
         return None if raw is None else self._plan.make_row(raw)
 
     def all(self) -> list[Any]:
         if self._plan.row is None:
             return []
-        return self._rows(self._cursor.fetchall())
+        make = self._plan.make_row
+        return [make(r) for r in self._fetch(False)]
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.all())
@@ -367,7 +395,7 @@ def _make_plan(statement: ClauseElement, dialect: Dialect, given: frozenset[str]
     """The statement's plan on ``dialect`` with these parameters given, or
     None when its compiled form needs what the fast path does not do."""
     column_keys = sorted(given) if isinstance(statement, Insert | Update) else None
-    compiled = statement.compile(dialect=dialect, column_keys=column_keys)
+    compiled = statement.compile(dialect=_compiling_dialect(dialect), column_keys=column_keys)
     if not isinstance(compiled, SQLCompiler) or _needs_sqlalchemy(compiled):
         return None
     binds = _binds(compiled, given)
@@ -379,6 +407,26 @@ def _make_plan(statement: ClauseElement, dialect: Dialect, given: frozenset[str]
     row = _row_class([c.keyname for c in columns]) if columns else None
     types = [c.type for c in columns]
     return _Plan(compiled.string, names, ordered, compiled.positional, row, types)
+
+
+_POSITIONAL: dict[int, Dialect] = {}
+
+
+def _compiling_dialect(dialect: Dialect) -> Dialect:
+    """The dialect a plan is compiled with: on PostgreSQL a copy of the
+    engine's with ``$1``-numbered parameters, which psycopg's raw cursor
+    sends as they are (its usual cursor rewrites ``%(name)s`` into them at
+    every execution)."""
+    if dialect.name != "postgresql":
+        return dialect
+    found = _POSITIONAL.get(id(dialect))
+    if found is None:
+        found = copy.copy(dialect)
+        found.paramstyle = "numeric_dollar"
+        found.positional = True
+        found.identifier_preparer = found.preparer(found)
+        _POSITIONAL[id(dialect)] = found
+    return found
 
 
 def _needs_sqlalchemy(compiled: SQLCompiler) -> bool:

@@ -139,6 +139,10 @@ async def test_the_lane_takes_the_plain_shapes_of_its_routes_and_leaves_the_rest
         scope("POST", PROGRESS),
         scope("GET", f"/api/v2/generate/text/status/{uuid.uuid4()}"),
         scope("GET", f"/api/v2/generate/chat/status/{uuid.uuid4()}", b"wait=2.5"),
+        {
+            **scope("GET", "/api/v2/generate/text/status/abc"),
+            "headers": [(b"content-length", b"0")],
+        },
     ]
     left = [
         scope("POST", ASYNC, b"x=1"),  # a query

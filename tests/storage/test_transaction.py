@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import bindparam, event, insert, select, update
-from sqlalchemy.exc import MultipleResultsFound, NoResultFound
+from sqlalchemy.exc import IntegrityError, MultipleResultsFound, NoResultFound
 
 from hordelite.storage import queries, transaction
 from hordelite.storage.accounts import USER_BY_KEY
@@ -119,6 +119,22 @@ async def test_an_update_counts_its_rows_and_an_insert_fills_in_its_defaults(
         ("dan", False, False, 1.0),
         ("eve", False, False, 1.0),
     ]
+
+
+async def test_a_driver_error_on_the_fast_path_is_raised_as_sqlalchemy_raises_it(
+    database: Database,
+) -> None:
+    """Callers catch SQLAlchemy's errors (Database retries an IntegrityError,
+    turns an OperationalError into StorageUnavailable): the fast path
+    raises those, not the driver's own."""
+
+    def duplicate(conn: Tx) -> None:
+        for name in ("alice", "bob"):  # key hashes are unique
+            conn.execute(_INSERT_USER, {"username": name, "key_hash": "h9", "created": NOW})
+
+    with pytest.raises(IntegrityError) as raised:
+        await database.write(duplicate)
+    assert isinstance(raised.value.orig, database.engine.dialect.loaded_dbapi.IntegrityError)
 
 
 async def test_whoever_listens_to_sqlalchemys_statements_hears_the_prepared_ones(
