@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -44,7 +46,6 @@ import anyio
 import anyio.abc
 import coredis
 import coredis.exceptions
-from coredis.response.types import ScoredMember
 from coredis.retry import NoRetryPolicy
 
 from hordelite.contract.eligibility import RequestView, WorkerView
@@ -58,6 +59,7 @@ from hordelite.contract.limits import (
 )
 from hordelite.contract.progress import Lease
 from hordelite.signals._local import LocalSignals, ProgressEntry, QueueWaiter
+from hordelite.signals._resp import Commands, RedisReplyError
 
 log = logging.getLogger("hordelite.signals")
 T = TypeVar("T")
@@ -111,6 +113,11 @@ return v
 """
 
 
+@functools.cache
+def _sha1(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
 def _request_channel(request_id: str) -> str:
     return f"{REQUEST_PREFIX}{request_id}"
 
@@ -123,10 +130,10 @@ def _lease_ttl(lease: Lease, now: float) -> int:
 class RedisSignals:
     """The Signals interface on Redis; see the module's docstring."""
 
-    def __init__(self, client: coredis.Redis[str]) -> None:
-        self._redis = client
+    def __init__(self, client: coredis.Redis[str], commands: Commands) -> None:
+        self._redis = client  # pub/sub
+        self._commands = commands  # every command (hordelite.signals._resp)
         self._local = LocalSignals()
-        self._bump = client.register_script(_BUMP)
         # The circuit: open (True) from the first command that found Redis
         # down until the probe's ping or the listener's subscription sees it
         # back; while open, commands return their fallbacks at once.
@@ -235,7 +242,7 @@ class RedisSignals:
         """Whether Redis answers a ping within REDIS_PROBE_TIMEOUT_SECONDS."""
         try:
             with anyio.fail_after(REDIS_PROBE_TIMEOUT_SECONDS):
-                await self._redis.ping()
+                await self._commands.call("PING")
         except Exception as exc:  # cancellation is no Exception: it propagates
             if not _is_down(exc):
                 raise
@@ -314,7 +321,7 @@ class RedisSignals:
 
     async def notify_queue(self, request: RequestView | None = None) -> None:
         data = "" if request is None else json.dumps(dataclasses.asdict(request))
-        await self._safely(lambda: self._redis.publish(QUEUE, data), 0)
+        await self._safely(lambda: self._commands.call("PUBLISH", QUEUE, data), 0)
 
     def request_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._local.request_waiter(request_id)
@@ -327,13 +334,22 @@ class RedisSignals:
 
     async def _changed(self, request_id: str, what: str) -> None:
         keys = ["horde:versions", f"horde:version:{request_id}"]
-        await self._bump(
-            keys=keys, args=[int(VERSION_TTL_SECONDS), _request_channel(request_id), what]
-        )
+        args = [int(VERSION_TTL_SECONDS), _request_channel(request_id), what]
+        await self._script(_BUMP, keys, args)
+
+    async def _script(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a Lua script by its hash; sent whole once Redis does not know it."""
+        call = [len(keys), *keys, *args]
+        try:
+            return await self._commands.call("EVALSHA", _sha1(script), *call)
+        except RedisReplyError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+            return await self._commands.call("EVAL", script, *call)
 
     async def request_version(self, request_id: str) -> int:
         async def read() -> int:
-            value = await self._redis.get(f"horde:version:{request_id}")
+            value = await self._commands.call("GET", f"horde:version:{request_id}")
             return int(value) if value is not None else 0
 
         return await self._safely(read, next(self._unknown_versions))
@@ -343,7 +359,7 @@ class RedisSignals:
 
     async def notify_pool(self) -> None:
         self._local.pool_changed_locally()  # seen here at once; by the others on the channel
-        await self._safely(lambda: self._redis.publish(POOL, ""), 0)
+        await self._safely(lambda: self._commands.call("PUBLISH", POOL, ""), 0)
 
     def pool_version(self) -> int:
         return self._local.pool_version()
@@ -355,28 +371,39 @@ class RedisSignals:
 
     async def _put_lease(self, lease: Lease) -> None:
         ttl = _lease_ttl(lease, lease.popped)
-        ends: dict[str | bytes, int | float] = {lease.job_id: lease.expires}
-        async with self._redis.pipeline(transaction=False) as pipe:  # one round trip
-            pipe.set(f"horde:lease:{lease.job_id}", _lease_json(lease), ex=ttl)
-            pipe.sadd(f"horde:request_leases:{lease.request_id}", [lease.job_id])
-            pipe.expire(f"horde:request_leases:{lease.request_id}", ttl)
-            pipe.zadd("horde:lease_ends", ends)
+        leases = f"horde:request_leases:{lease.request_id}"
+        await self._all(  # one round trip
+            ["SET", f"horde:lease:{lease.job_id}", _lease_json(lease), "EX", ttl],
+            ["SADD", leases, lease.job_id],
+            ["EXPIRE", leases, ttl],
+            ["ZADD", "horde:lease_ends", lease.expires, lease.job_id],
             # A new attempt of a request that is still waiting: its stream lives on.
-            pipe.expire(f"{STREAM_PREFIX}{lease.request_id}", STREAM_TTL_SECONDS)
+            ["EXPIRE", f"{STREAM_PREFIX}{lease.request_id}", STREAM_TTL_SECONDS],
+        )
 
     async def _save_lease(self, lease: Lease) -> None:
         ttl = _lease_ttl(lease, lease.popped)
         key = f"horde:lease:{lease.job_id}"
         # XX: a lease ended meanwhile (a submit on another process) stays ended.
-        await self._redis.set(key, _lease_json(lease), condition=coredis.PureToken.XX, ex=ttl)
-        ends: dict[str | bytes, int | float] = {lease.job_id: lease.expires}
-        await self._redis.zadd("horde:lease_ends", ends, condition=coredis.PureToken.XX)
+        commands: list[list[Any]] = [
+            ["SET", key, _lease_json(lease), "XX", "EX", ttl],
+            ["ZADD", "horde:lease_ends", "XX", lease.expires, lease.job_id],
+        ]
         if lease.cancelled:
-            await self._redis.set(f"horde:cancel:{lease.job_id}", "1", ex=ttl)
+            commands.append(["SET", f"horde:cancel:{lease.job_id}", "1", "EX", ttl])
+        await self._all(*commands)
+
+    async def _all(self, *commands: list[Any]) -> list[Any]:
+        """Several commands in one round trip; their replies (raises the first error reply)."""
+        replies = await self._commands.pipeline(commands)
+        for reply in replies:
+            if isinstance(reply, RedisReplyError):
+                raise reply
+        return replies
 
     async def _lease(self, job_id: str) -> Lease | None:
-        stored, cancelled = await self._redis.mget(
-            [f"horde:lease:{job_id}", f"horde:cancel:{job_id}"]
+        stored, cancelled = await self._commands.call(
+            "MGET", f"horde:lease:{job_id}", f"horde:cancel:{job_id}"
         )
         if stored is None:
             return None
@@ -385,44 +412,48 @@ class RedisSignals:
         return Lease(**fields, cancelled=cancelled is not None)
 
     async def _ended(self, job_id: str) -> bool:
-        return bool(await self._redis.exists([f"horde:ended:{job_id}"]))
+        return bool(await self._commands.call("EXISTS", f"horde:ended:{job_id}"))
 
     async def _end_lease(self, job_id: str, now: float) -> Lease | None:
         lease = await self._lease(job_id)
         if lease is None:
-            await self._redis.zrem("horde:lease_ends", [job_id])  # its keys expired
+            await self._commands.call("ZREM", "horde:lease_ends", job_id)  # its keys expired
             return None
-        await self._redis.delete([f"horde:lease:{job_id}", f"horde:cancel:{job_id}"])
-        await self._redis.set(f"horde:ended:{job_id}", "1", ex=int(ENDED_MARKER_SECONDS))
-        await self._redis.zrem("horde:lease_ends", [job_id])
         jobs_key = f"horde:request_leases:{lease.request_id}"
-        await self._redis.srem(jobs_key, [job_id])
-        if not await self._redis.scard(jobs_key):
+        *_, left = await self._all(
+            ["DEL", f"horde:lease:{job_id}", f"horde:cancel:{job_id}"],
+            ["SET", f"horde:ended:{job_id}", "1", "EX", int(ENDED_MARKER_SECONDS)],
+            ["ZREM", "horde:lease_ends", job_id],
+            ["SREM", jobs_key, job_id],
+            ["SCARD", jobs_key],
+        )
+        if not left:
             await self._end_stream(lease.request_id, now)
         return lease
 
     async def _request_leases(self, request_id: str) -> list[Lease]:
-        job_ids = await self._redis.smembers(f"horde:request_leases:{request_id}")
+        job_ids = await self._commands.call("SMEMBERS", f"horde:request_leases:{request_id}")
         leases = [await self._lease(job_id) for job_id in sorted(job_ids)]
         return [lease for lease in leases if lease is not None]
 
     async def _lease_ends(self) -> dict[str, float]:
-        ends = await self._redis.zrange(
-            "horde:lease_ends", "-inf", "+inf", sortby=coredis.PureToken.BYSCORE, withscores=True
+        flat = await self._commands.call(
+            "ZRANGE", "horde:lease_ends", "-inf", "+inf", "BYSCORE", "WITHSCORES"
         )
-        return {str(e.member): float(e.score) for e in ends if isinstance(e, ScoredMember)}
+        return {str(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     # Progress streams ----------------------------------------------------
 
     async def _append_progress(self, request_id: str, entry: ProgressEntry) -> None:
         key = f"{STREAM_PREFIX}{request_id}"
-        async with self._redis.pipeline(transaction=False) as pipe:  # one round trip
-            pipe.rpush(key, [json.dumps(entry)])
-            pipe.expire(key, STREAM_TTL_SECONDS)
-            pipe.publish(_request_channel(request_id), "progress")
+        await self._all(  # one round trip
+            ["RPUSH", key, json.dumps(entry)],
+            ["EXPIRE", key, STREAM_TTL_SECONDS],
+            ["PUBLISH", _request_channel(request_id), "progress"],
+        )
 
     async def _read_progress(self, request_id: str, position: int) -> list[ProgressEntry]:
-        entries = await self._redis.lrange(f"{STREAM_PREFIX}{request_id}", position, -1)
+        entries = await self._commands.call("LRANGE", f"{STREAM_PREFIX}{request_id}", position, -1)
         return [ProgressEntry(json.loads(e)) for e in entries]
 
     def progress_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
@@ -430,18 +461,15 @@ class RedisSignals:
 
     async def _end_stream(self, request_id: str, now: float) -> None:
         # Kept a while for a reader a little behind, as in-process.
-        await self._redis.expire(
-            f"{STREAM_PREFIX}{request_id}", int(STREAM_RETENTION_SECONDS), coredis.PureToken.LT
-        )
+        key = f"{STREAM_PREFIX}{request_id}"
+        await self._commands.call("EXPIRE", key, int(STREAM_RETENTION_SECONDS), "LT")
 
     async def _sweep_progress(self, now: float, ended_requests: list[str]) -> None:
         """End the streams of ended requests and the leases past their end;
         Redis forgets the rest by their times to live."""
         for request_id in ended_requests:
             await self._end_stream(request_id, now)
-        expired = await self._redis.zrange(
-            "horde:lease_ends", "-inf", now, sortby=coredis.PureToken.BYSCORE
-        )
+        expired = await self._commands.call("ZRANGE", "horde:lease_ends", "-inf", now, "BYSCORE")
         for job_id in expired:
             await self._end_lease(str(job_id), now)
 
@@ -489,7 +517,7 @@ class RedisSignals:
         probe is pinging already: a scrape need not wait on a hung Redis)."""
         if self._down:
             raise coredis.exceptions.ConnectionError("Redis signals are degraded (circuit open)")
-        await self._redis.ping()
+        await self._commands.call("PING")
 
     def statistics(self) -> dict[str, int]:
         """This process's waiters (what Redis holds is bounded by its TTLs)."""
@@ -529,8 +557,9 @@ async def open_redis_signals(url: str) -> AsyncIterator[RedisSignals]:
         # logger "coredis" per attempt (5,482 in 15 s of a killed Redis).
         retry_policy=NoRetryPolicy(),
     )
+    commands = Commands(url, REDIS_TIMEOUT_SECONDS)
     async with client:
-        signals = RedisSignals(client)
+        signals = RedisSignals(client, commands)
         async with anyio.create_task_group() as tg:
             await tg.start(signals.listen)
             tg.start_soon(signals.probe)
@@ -538,3 +567,5 @@ async def open_redis_signals(url: str) -> AsyncIterator[RedisSignals]:
                 yield signals
             finally:
                 tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await commands.aclose()

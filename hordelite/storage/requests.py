@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, Select
 
 from hordelite.contract import admission, budgets, refusals
 from hordelite.contract import kudos as kudos_rules
@@ -557,21 +558,35 @@ def _queue_position(conn: Tx, req: StoredRequest) -> int:
     position, not the length of the queue.
     """
     anon, key = req.anonymous, req.prio_key
-    if req.view.models:
+    models = req.view.models
+    params: dict[str, Any] = {f"m{i}": m for i, m in enumerate(models)}
+    ahead = conn.execute(_position_statement(len(models), anon), {**params, "key": key})
+    count = int(ahead.scalar_one())
+    if anon:  # every registered request comes first
+        count += int(conn.execute(_position_statement(len(models), None), params).scalar_one())
+    return count
+
+
+@functools.lru_cache(maxsize=512)
+def _position_statement(models: int, anonymous: bool | None) -> Select[Any]:
+    """The count of waiting requests ahead, for a request naming ``models``
+    models (0: any model, so every waiting request competes): of the same
+    ``anonymous`` class with a higher ``prio_key`` (bound as ``key``), or
+    with None, every registered request. The models are bound one by one
+    (``m0``, ``m1``...), not as an IN list, which SQLAlchemy would expand
+    at each run (the prepared statements' fast path leaves that to it)."""
+    if models:
         table, rid = queue, queue.c.request_id
-        where: list[ColumnElement[bool]] = [queue.c.model.in_([*req.view.models, ""])]
-    else:  # any model: every waiting request competes
+        names = [queue.c.model == bindparam(f"m{i}") for i in range(models)]
+        where: list[ColumnElement[bool]] = [or_(*names, queue.c.model == "")]
+    else:
         table, rid = requests, requests.c.id
         where = [requests.c.state == "waiting", requests.c.remaining > 0]
-    count = func.count(func.distinct(rid))
-    ahead = conn.execute(
-        select(count).where(*where, table.c.anonymous == anon, table.c.prio_key > key)
-    ).scalar_one()
-    if anon:  # every registered request comes first
-        ahead += conn.execute(
-            select(count).where(*where, table.c.anonymous.is_(False))
-        ).scalar_one()
-    return int(ahead)
+    if anonymous is None:
+        where.append(table.c.anonymous.is_(False))
+    else:
+        where += [table.c.anonymous == anonymous, table.c.prio_key > bindparam("key")]
+    return prepared(select(func.count(func.distinct(rid))).where(*where))
 
 
 def cancel_request(

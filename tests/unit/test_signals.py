@@ -124,8 +124,10 @@ async def test_an_unreadable_redis_signal_is_dropped_not_fatal(
     import coredis
 
     from hordelite.signals._redis import QUEUE, RedisSignals
+    from hordelite.signals._resp import Commands
 
-    signals = RedisSignals(coredis.Redis.from_url("redis://127.0.0.1:1/0", decode_responses=True))
+    down = "redis://127.0.0.1:1/0"
+    signals = RedisSignals(coredis.Redis.from_url(down, decode_responses=True), Commands(down, 2))
     signals._hear(QUEUE, "{not json")
     signals._hear(QUEUE, '{"models": []}')  # JSON, but not a request view
     messages = [r.getMessage() for r in caplog.records]
@@ -141,6 +143,7 @@ async def test_redis_versions_move_with_each_change_and_are_never_repeated_while
     import coredis
 
     from hordelite.signals._redis import RedisSignals
+    from hordelite.signals._resp import Commands
 
     url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     request_id = str(uuid.uuid4())
@@ -159,7 +162,7 @@ async def test_redis_versions_move_with_each_change_and_are_never_repeated_while
         "redis://127.0.0.1:1/0", decode_responses=True
     )
     async with client:
-        down = RedisSignals(client)
+        down = RedisSignals(client, Commands("redis://127.0.0.1:1/0", 2))
         unknown = [await down.request_version(request_id) for _ in range(3)]
     assert all(v < 0 for v in unknown), unknown
     assert len(set(unknown)) == 3, unknown
