@@ -16,6 +16,7 @@ event loop's thread, its waits for the server awaited (``_on_loop``).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -314,6 +315,13 @@ def _sqlite_engine(url: str, pool_size: int, busy_timeout_ms: int = 30000) -> En
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
         write = conn.get_execution_options().get("hordelite_write", True)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        statement = "BEGIN IMMEDIATE" if write else "BEGIN"
+        # On the driver itself: SQLAlchemy's execution machinery would cost
+        # more than the statement. Its error is raised as SQLAlchemy's (a
+        # locked file is an OperationalError, which Database._run reads).
+        try:
+            conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
     return engine
