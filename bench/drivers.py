@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import os
 import statistics
@@ -172,11 +173,13 @@ Opener = Callable[[str, Statements], contextlib.AbstractAsyncContextManager[tupl
 
 
 @contextlib.asynccontextmanager
-async def hordelite_database(url: str, st: Statements) -> AsyncIterator[tuple[Op, Op]]:
+async def hordelite_database(
+    url: str, st: Statements, executor: str = "inline"
+) -> AsyncIterator[tuple[Op, Op]]:
     if url.startswith("postgresql"):
         options = " ".join(f"-c {k}={v}" for k, v in PG_SETTINGS.items())
         url += "?" + urllib.parse.urlencode({"options": options})  # libpq's
-    db = Database(url, POOL_SIZE)
+    db = Database(url, POOL_SIZE, executor)
     read_stmt, write_stmt = st.read_core, st.write_core
 
     async def read(item_id: int) -> Any:
@@ -337,11 +340,20 @@ BASELINE = "Database, asyncio"
 
 
 def candidates(driver: str, alone: Opener, sqlite: bool) -> list[Candidate]:
-    executor = "inline" if sqlite else "psycopg, threads"
+    executor = "inline" if sqlite else "psycopg on the loop"
     sa_needs = (driver, "greenlet")
+    threads: Opener = functools.partial(hordelite_database, executor="threads")
     return [
         Candidate(f"Database ({executor}), trio", hordelite_database, "trio", ()),
         Candidate(BASELINE, hordelite_database, "asyncio", ()),
+        *(
+            []
+            if sqlite
+            else [
+                Candidate("Database (psycopg, threads), trio", threads, "trio", ()),
+                Candidate("Database (psycopg, threads), asyncio", threads, "asyncio", ()),
+            ]
+        ),
         Candidate(f"SQLAlchemy asyncio + {driver}", sqlalchemy_asyncio, "asyncio", sa_needs),
         Candidate(f"{driver} alone, no SQLAlchemy", alone, "asyncio", (driver,)),
     ]

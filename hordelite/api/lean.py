@@ -46,7 +46,7 @@ from hordelite.contract import forwarded
 from hordelite.contract.json_body import decode_json_body
 from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
 from hordelite.contract.text import parse_status_wait
-from hordelite.errors import RC, HordeError, StorageUnavailable, bad_request
+from hordelite.errors import RC, HordeError, HordeliteError, StorageUnavailable, bad_request
 from hordelite.horde.results import Queued
 from hordelite.horde.service import Horde
 
@@ -69,10 +69,11 @@ _DECODE_OFF_LOOP_BYTES = 256 * 1024
 _JSON = (b"content-type", b"application/json")
 
 
-class _Answer(Exception):
+class _Answer(HordeliteError):
     """An answer decided before the route's handler runs (an HTTP error)."""
 
     def __init__(self, rc: RC) -> None:
+        super().__init__(rc.name)
         self.rc = rc
 
 
@@ -367,7 +368,7 @@ class _Exchange:
         return result[0]
 
 
-class _Gone(Exception):
+class _Gone(HordeliteError):
     """The client left during a long poll: nothing to answer."""
 
 

@@ -27,15 +27,18 @@ from urllib.parse import unquote, urlsplit
 import anyio
 import anyio.abc
 
+from hordelite.errors import HordeliteError
+
 # Connections kept idle for the next command; more may be open at once
 # while commands run concurrently.
 _IDLE_CONNECTIONS = 8
 _RECEIVE_BYTES = 65536
+_CRLF = b"\r\n"
 
 Arg = str | bytes | int | float
 
 
-class RedisReplyError(Exception):
+class RedisReplyError(HordeliteError):
     """Redis answered a command with an error reply (``-ERR ...``)."""
 
 
@@ -63,11 +66,11 @@ class _Parser:
         return reply
 
     def _line(self) -> bytes:
-        end = self.buffer.find(b"\r\n", self._at)
+        end = self.buffer.find(_CRLF, self._at)
         if end < 0:
             raise _Incomplete
         line = self.buffer[self._at : end]
-        self._at = end + 2
+        self._at = end + len(_CRLF)
         return line
 
     def _reply(self) -> Any:
@@ -82,10 +85,11 @@ class _Parser:
             if size < 0:
                 return None
             end = self._at + size
-            if len(self.buffer) < end + 2:
+            after = end + len(_CRLF)
+            if len(self.buffer) < after:
                 raise _Incomplete
             data = self.buffer[self._at : end]
-            self._at = end + 2
+            self._at = after
             return data.decode()
         if kind == b"*":
             count = int(rest)
@@ -95,7 +99,7 @@ class _Parser:
         raise OSError(f"unreadable reply from Redis: {line[:40]!r}")
 
 
-class _Incomplete(Exception):
+class _Incomplete(HordeliteError):
     """More bytes are needed for a whole reply."""
 
 
