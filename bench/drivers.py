@@ -116,8 +116,11 @@ def write_row(conn: Connection, stmt: Any, item_id: int) -> None:
     conn.execute(stmt, {"item_id": item_id})
 
 
-def fill(conn: Connection, table: Table) -> None:
-    table.metadata.create_all(conn)
+def fill(conn: Any, table: Table) -> None:
+    # DDL needs SQLAlchemy's own connection: a Tx holds it (a tree without
+    # Tx passes that connection itself).
+    bind = conn if isinstance(conn, Connection) else conn.connection
+    table.metadata.create_all(bind)
     conn.execute(
         table.insert(), [{"id": i, "n": 0, "name": f"item-{i}"} for i in range(1, ROWS + 1)]
     )
