@@ -2,8 +2,9 @@
 
 hordelite runs every transaction through ``Database`` (hordelite/storage/
 database.py): SQLAlchemy Core on a sync engine, SQLite inline on the event
-loop's thread, PostgreSQL through psycopg in a worker thread. This measures
-that path against SQLAlchemy's asyncio engine over the asyncio-only drivers
+loop's thread, PostgreSQL through psycopg on the loop (decision 0059; its
+old path, a worker thread per transaction, is measured beside it). This
+measures that path against SQLAlchemy's asyncio engine over the asyncio-only drivers
 (``postgresql+asyncpg://`` and ``sqlite+aiosqlite://``), and against those
 drivers alone without SQLAlchemy (the floor an async driver could reach if
 the statements left Core), with the same two transactions:

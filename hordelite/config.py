@@ -263,11 +263,11 @@ class ServerConfig:
 class StorageConfig:
     # A file path (SQLite) or a postgresql:// URL.
     database: str = bounded("./hordelite.db", rule=_database)
-    # Threads (and connections) running queries.
+    # Connections (and transactions under way at once) per process.
     pool_size: int = bounded(4, ge=1, le=64)
-    # SQLite only: "inline" runs each (sub-millisecond) transaction on the
-    # event loop's thread, "threads" hands each to a thread. PostgreSQL always
-    # uses threads.
+    # "inline" runs each transaction on the event loop's thread (SQLite at
+    # once; PostgreSQL in a greenlet whose waits the loop awaits, decision
+    # 0059), "threads" hands each to a thread.
     executor: str = bounded("inline", one_of=("inline", "threads"))
 
 
