@@ -9,12 +9,17 @@ for capacity and availability (docs/reference/openai_front.md).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quart import Response
+from werkzeug.datastructures import Headers
 
-from hordelite._request import count_refusal
+from hordelite._request import horde
 from hordelite.errors import RC, HordeError
+
+if TYPE_CHECKING:
+    from hordelite.front.openai import Answer
+    from hordelite.horde.service import Horde
 
 # rc -> (status on the front, OpenAI error type)
 _FRONT: dict[RC, tuple[int, str]] = {
@@ -81,16 +86,25 @@ def _named_field(exc: HordeError) -> str | None:
 def error_response(
     exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
 ) -> Response:
-    """The error as an HTTP answer. ``held``: the horde may hold the request,
-    so the SDK must not retry on its own (a retry is a second charged request)."""
+    """The error as Quart's answer (see ``error_answer``)."""
+    answer = error_answer(horde(), exc, held=held, metadata=metadata)
+    return Response(answer.body, status=answer.status, headers=Headers(answer.headers))
+
+
+def error_answer(
+    horde: Horde, exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
+) -> Answer:
+    """The error as an HTTP answer, counted among the refusals. ``held``: the
+    horde may hold the request, so the SDK must not retry on its own (a
+    retry is a second charged request)."""
+    from hordelite.front.openai import Answer
+
     status, _ = front_status(exc.rc)
-    count_refusal(exc.rc)
-    response = Response(
-        json.dumps(envelope(exc, metadata)), status=status, content_type="application/json"
-    )
+    horde.metrics.refusals.labels(exc.rc.name).inc()
+    headers = [("content-type", "application/json")]
     if held:
-        response.headers["x-should-retry"] = "false"
+        headers.append(("x-should-retry", "false"))
     retry_after = exc.extra.get("retry_after")
     if retry_after is not None:
-        response.headers["Retry-After"] = str(retry_after)
-    return response
+        headers.append(("Retry-After", str(retry_after)))
+    return Answer(status, headers, json.dumps(envelope(exc, metadata)).encode())

@@ -12,13 +12,15 @@ request. Every error once the horde may hold the request says
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
 from quart import Blueprint, Response, current_app, request
+from werkzeug.datastructures import Headers
 
 from hordelite._http import on_exchange_end, run_to_completion
 from hordelite._request import client_agent, horde, json_body
@@ -30,9 +32,10 @@ from hordelite.contract.progress import streams_progress
 from hordelite.errors import RC, HordeError, StorageUnavailable
 from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
-from hordelite.front._errors import envelope, error_response
+from hordelite.front._errors import envelope, error_answer, error_response
 from hordelite.front._relay import relay
 from hordelite.horde.results import RequestStatus
+from hordelite.horde.service import Horde
 
 front = Blueprint("front", __name__, url_prefix="/v1")
 log = logging.getLogger("hordelite.front")
@@ -87,9 +90,8 @@ def _as_horde_error(exc: Exception) -> HordeError:
     return HordeError(RC.InternalServerError)
 
 
-def bearer_key() -> str:
-    """The key of ``Authorization: Bearer``; none is the anonymous key."""
-    header = request.headers.get("Authorization")
+def bearer_key(header: str | None) -> str:
+    """The key of an ``Authorization: Bearer`` header; none is the anonymous key."""
     if header is None:
         return ANONYMOUS_API_KEY
     scheme, _, key = header.partition(" ")
@@ -99,14 +101,15 @@ def bearer_key() -> str:
     return key
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(json.dumps(data), status=status, content_type="application/json")
+def _json(data: Any, status: int = 200) -> Answer:
+    return Answer(status, [("content-type", "application/json")], json.dumps(data).encode())
 
 
 class _ChatPlan:
     """``POST /v1/chat/completions``: a native chat request."""
 
-    def __init__(self, body: Any) -> None:
+    def __init__(self, body: Any, horde: Horde) -> None:
+        self.horde = horde
         self.req = req = parse_chat_request(body)
         _check_models(req.models)
         self.stream = req.stream
@@ -116,13 +119,14 @@ class _ChatPlan:
     async def queue(self, key: str, agent: str) -> str:
         # The call is the request's only reader, held by this process
         # (decision 0051): if the process dies, the request is cancelled.
-        answer = await horde().requests.queue_chat(
-            key, self.req, agent, None, reader=horde().readers.name
+        horde = self.horde
+        answer = await horde.requests.queue_chat(
+            key, self.req, agent, None, reader=horde.readers.name
         )
         return answer.id
 
     def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
-        return Call(horde(), config, request_id, started, req=self.req, fail_fast=self.fail_fast)
+        return Call(self.horde, config, request_id, started, req=self.req, fail_fast=self.fail_fast)
 
     def answer(self, call: Call, status: RequestStatus) -> dict[str, Any]:
         return _shape.completion(
@@ -152,7 +156,8 @@ class _CompletionPlan:
     """``POST /v1/completions``: OpenAI's legacy completion as a native text
     request (decision 0057), answered when its text is done."""
 
-    def __init__(self, body: Any) -> None:
+    def __init__(self, body: Any, horde: Horde) -> None:
+        self.horde = horde
         self.req = req = parse_completion_request(body)
         _check_models(req.text.models)
         self.stream = req.stream
@@ -160,13 +165,14 @@ class _CompletionPlan:
         self.context: Context | None = None
 
     async def queue(self, key: str, agent: str) -> str:
-        answer, self.context = await horde().requests.queue_completion(
-            key, self.req, agent, reader=horde().readers.name
+        horde = self.horde
+        answer, self.context = await horde.requests.queue_completion(
+            key, self.req, agent, reader=horde.readers.name
         )
         return answer.id
 
     def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
-        return Call(horde(), config, request_id, started, fail_fast=self.fail_fast)
+        return Call(self.horde, config, request_id, started, fail_fast=self.fail_fast)
 
     def _shape(self, call: Call) -> _shape.TextCompletion:
         assert self.context is not None  # set when it was queued
@@ -190,22 +196,71 @@ def _check_models(models: Sequence[str]) -> None:
             )
 
 
+Plan = type[_ChatPlan] | type[_CompletionPlan]
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """What a call needs of its HTTP request, whichever serves it (the Quart
+    route below, or the lean lane, hordelite/api/lean.py)."""
+
+    body: Callable[[], Awaitable[Any]]  # the checked JSON body (a HordeError when not)
+    authorization: str | None  # the Authorization header
+    agent: str  # the client agent
+    source: str  # the client's address, for the per-source cap
+
+
+@dataclasses.dataclass
+class Answer:
+    """What a call answers: a whole JSON body, or a stream of server-sent
+    events whose ``finish`` must run once the exchange ends, however it ends
+    (also when the client leaves before the stream begins)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes = b""
+    events: AsyncIterator[bytes] | None = None
+    finish: Callable[[], Awaitable[None]] | None = None
+
+
 @front.post("/chat/completions")
 async def chat_completions() -> Response:
-    return await _serve(_ChatPlan)
+    return _response(await serve(horde(), _admission(), _ChatPlan, _caller()))
 
 
 @front.post("/completions")
 async def completions() -> Response:
-    return await _serve(_CompletionPlan)
+    return _response(await serve(horde(), _admission(), _CompletionPlan, _caller()))
 
 
-async def _serve(plan_of: Callable[[Any], _ChatPlan | _CompletionPlan]) -> Response:
+def _caller() -> Caller:
+    return Caller(
+        json_body,
+        request.headers.get("Authorization"),
+        client_agent(),
+        request.remote_addr or "unknown",
+    )
+
+
+def _response(answer: Answer) -> Response:
+    """An Answer as Quart's response."""
+    if answer.events is None:
+        return Response(answer.body, status=answer.status, headers=Headers(answer.headers))
+    assert answer.finish is not None
+    # Also when the client leaves before the body begins (the events'
+    # own finally never runs then).
+    on_exchange_end(request.scope, answer.finish)
+    response = Response(answer.events, status=answer.status, headers=Headers(answer.headers))
+    response.timeout = None  # the front's own deadline bounds the stream
+    return response
+
+
+async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Caller) -> Answer:
     """One call through the front's states (see the module): admitted,
     validated, queued, the first read, the wait, the answer; every exit but
     an answer or a fault cancels the request."""
-    admitted = _admission().admit(request.remote_addr or "unknown")
-    timer = horde().metrics.front_call()
+    admitted = admission.admit(caller.source)
+    timer = horde.metrics.front_call()
 
     def release() -> None:  # at the answer's end, once (a stream's included)
         admitted()
@@ -213,11 +268,11 @@ async def _serve(plan_of: Callable[[Any], _ChatPlan | _CompletionPlan]) -> Respo
 
     handed_over = False
     try:
-        plan = plan_of(await json_body())
+        plan = plan_of(await caller.body(), horde)
         timer.stream = plan.stream
         started = anyio.current_time()
-        key, agent = bearer_key(), client_agent()
-        config: FrontConfig = current_app.config["HORDE"].config.front
+        key, agent = bearer_key(caller.authorization), caller.agent
+        config = horde.config.front
         # Run to its end even when the client leaves meanwhile (the handler
         # is cancelled then): the request it queued is cancelled below. No
         # operation key: the service is called in-process, so no answer can
@@ -229,20 +284,23 @@ async def _serve(plan_of: Callable[[Any], _ChatPlan | _CompletionPlan]) -> Respo
             if plan.stream:
                 handed_over = True
                 timer.streaming()
-                return _stream(call, plan.events(call, config), release)
+                return _stream(horde, call, plan.events(call, config), release)
             async for final in call.wait():
                 status = final
             return _json(plan.answer(call, status))
         except Exception as exc:
             await call.cancel()
-            return error_response(
-                _as_horde_error(exc), held=True, metadata={"request_id": call.request_id}
+            return error_answer(
+                horde,
+                _as_horde_error(exc),
+                held=True,
+                metadata={"request_id": call.request_id},
             )
         finally:
             if not handed_over:
                 await call.cancel()
     except HordeError as exc:
-        return error_response(exc)
+        return error_answer(horde, exc)
     finally:
         if not handed_over:
             release()
@@ -261,7 +319,9 @@ async def _finished(
                 yield chunk
 
 
-def _stream(call: Call, source: AsyncIterator[bytes], release: Callable[[], None]) -> Response:
+def _stream(
+    horde: Horde, call: Call, source: AsyncIterator[bytes], release: Callable[[], None]
+) -> Answer:
     """The SSE answer; its headers go out now, so later errors are events."""
 
     async def events() -> AsyncIterator[bytes]:
@@ -279,26 +339,24 @@ def _stream(call: Call, source: AsyncIterator[bytes], release: Callable[[], None
         await call.cancel()
         release()
 
-    # Also when the client leaves before the body begins (events() then
-    # never runs, nor its finally).
-    on_exchange_end(request.scope, finish)
-    response = Response(events(), status=200, content_type="text/event-stream")
-    response.headers["Cache-Control"] = "no-cache"
-    response.headers["x-should-retry"] = "false"
-    response.timeout = None  # the front's own deadline bounds the stream
-    return response
+    headers = [
+        ("content-type", "text/event-stream"),
+        ("Cache-Control", "no-cache"),
+        ("x-should-retry", "false"),
+    ]
+    return Answer(200, headers, events=events(), finish=finish)
 
 
 @front.get("/models")
 async def models() -> Response:
-    return _json({"object": "list", "data": await _chat_models()})
+    return _response(_json({"object": "list", "data": await _chat_models()}))
 
 
 @front.get("/models/<path:model>")
 async def model(model: str) -> Response:
     for entry in await _chat_models():
         if entry["id"] == model:
-            return _json(entry)
+            return _response(_json(entry))
     return error_response(
         HordeError(
             RC.model_not_found, f"The model {model!r} does not exist on this front.", param="model"
