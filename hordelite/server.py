@@ -225,7 +225,8 @@ async def _open_horde(
         # serves its presigned URLs itself.
         directory = blobs if isinstance(blobs, DirectoryStore) else None
         # The hottest native routes answered before Quart (api/lean.py).
-        app = LeanRoutes(create_app(horde, current_backend(), directory), horde)
+        quart = create_app(horde, current_backend(), directory)
+        app = LeanRoutes(quart, horde, quart.config["FRONT_ADMISSION"])
         shutdown = anyio.Event()
         stopped = anyio.Event()
         error: Exception | None = None

@@ -13,7 +13,10 @@ horde's own work on them (docs/performance.md, "The fast path").
   /api/v2/generate/text/{pop,submit,progress}`` with a ``Content-Length``
   body and no query;
 - ``GET /api/v2/generate/{text,chat}/status/<id>`` with an id of letters,
-  digits and ``-`` (a request id is a UUID) and no query but ``wait``.
+  digits and ``-`` (a request id is a UUID) and no query but ``wait``;
+- ``POST /v1/chat/completions`` and ``POST /v1/completions`` (the OpenAI
+  front's calls, ``front.openai.serve``) with a ``Content-Length`` body and
+  no query.
 
 It calls the same service methods and renders the same JSON as the Quart
 routes in ``native.py``, with the same headers (CORS, the metrics count)
@@ -23,10 +26,10 @@ it as it always has: the lane takes only what it answers exactly as Quart
 would (``tests/integration/test_lean_routes.py`` sends both the same
 requests and compares the answers).
 
-A long poll (a pop's ``wait``, a status's ``?wait=``) watches its
-connection while it waits: a client that leaves cancels it, as Quart
-cancels a handler whose client left, so a worker gone mid-pop is never
-handed a job.
+A long poll (a pop's ``wait``, a status's ``?wait=``) and an OpenAI call
+watch their connection while they wait: a client that leaves cancels them,
+as Quart cancels a handler whose client left, so a worker gone mid-pop is
+never handed a job and a call whose client left cancels its request.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
@@ -47,6 +50,8 @@ from hordelite.contract.json_body import decode_json_body
 from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
 from hordelite.contract.text import parse_status_wait
 from hordelite.errors import RC, HordeError, HordeliteError, StorageUnavailable, bad_request
+from hordelite.front._errors import error_answer
+from hordelite.front.openai import Admission, Caller, ChatPlan, CompletionPlan, Plan, serve
 from hordelite.horde.results import Queued
 from hordelite.horde.service import Horde
 
@@ -67,6 +72,11 @@ _WAIT_QUERY = re.compile(rb"wait=[0-9.]{0,16}")
 # As hordelite._request: larger bodies are decoded off the event loop.
 _DECODE_OFF_LOOP_BYTES = 256 * 1024
 _JSON = (b"content-type", b"application/json")
+# The front's routes on the lane, and the call each is.
+_FRONT_PLANS: dict[str, Plan] = {
+    "/v1/chat/completions": ChatPlan,
+    "/v1/completions": CompletionPlan,
+}
 
 
 class _Answer(HordeliteError):
@@ -80,9 +90,10 @@ class _Answer(HordeliteError):
 class LeanRoutes:
     """``app`` (the Quart app), with the hot routes answered as the module says."""
 
-    def __init__(self, app: Any, horde: Horde) -> None:
+    def __init__(self, app: Any, horde: Horde, admission: Admission) -> None:
         self._app: ASGIApp = app
         self._horde = horde
+        self._admission = admission  # the front's open calls (the Quart routes' own)
         server = horde.config.server
         self._max_body = server.max_body_bytes
         self._body_timeout = server.body_timeout
@@ -104,6 +115,10 @@ class LeanRoutes:
             return
         template, handler, arg = route
         exchange = _Exchange(scope, receive, send)
+        plan = _FRONT_PLANS.get(template)
+        if plan is not None:
+            await self._front(exchange, template, plan)
+            return
         try:
             status, body, extra = await handler(exchange, arg)
         except _Gone:
@@ -124,6 +139,11 @@ class LeanRoutes:
 
     def _route(self, scope: Scope) -> tuple[str, _Handler, str] | None:
         path: str = scope["path"]
+        if path in _FRONT_PLANS:
+            plain = scope["method"] == "POST" and not scope["query_string"]
+            if not plain or _declared_length(scope) is None:
+                return None
+            return path, self._no_handler, ""
         if not path.startswith(_PREFIX):
             return None
         rest = path[len(_PREFIX) :]
@@ -194,6 +214,64 @@ class LeanRoutes:
         else:
             found = await status(kind, request_id, wait=wait)
         return 200, _render.status(found), ()
+
+    async def _no_handler(self, ex: _Exchange, _: str) -> _Result:
+        raise AssertionError("the front's calls are answered by _front")
+
+    # The OpenAI front (front/openai.py serves the call) ------------------------
+
+    async def _front(self, ex: _Exchange, template: str, plan: Plan) -> None:
+        """An OpenAI call: served by ``front.openai.serve`` as the Quart route
+        serves it, its refusals in OpenAI's envelope; cancelled when its
+        client leaves, once its body is read."""
+        horde = self._horde
+        read = anyio.Event()
+
+        async def body() -> Any:
+            try:
+                return await self._json(ex)
+            except _Answer as answer:  # 413, 408: the app answers them as refusals
+                raise HordeError(answer.rc) from None
+            finally:
+                read.set()
+
+        client = ex.scope.get("client")
+        caller = Caller(body, ex.header(b"authorization"), _client_agent(ex), _source(client))
+        try:
+            answer = await ex.unless_gone(
+                lambda: serve(horde, self._admission, plan, caller), after=read
+            )
+        except _Gone:
+            return
+        except HordeError as exc:  # the front at capacity (admission precedes the call)
+            answer = error_answer(horde, exc)
+        except StorageUnavailable as exc:
+            log.error("storage unavailable: %s", exc)
+            answer = error_answer(horde, HordeError(RC.StorageUnavailable))
+        except Exception:
+            log.exception("unexpected error on %s %s", ex.scope["method"], ex.scope["path"])
+            answer = error_answer(horde, HordeError(RC.InternalServerError))
+        headers = [(k.lower().encode(), v.encode("latin-1")) for k, v in answer.headers]
+        if answer.events is None:
+            headers.insert(1, (b"content-length", str(len(answer.body)).encode()))
+        headers += self._cors(ex)
+        if self._count:
+            status = str(answer.status)
+            horde.metrics.http_requests.labels(template, ex.scope["method"], status).inc()
+        start = {"type": "http.response.start", "status": answer.status, "headers": headers}
+        if answer.events is None:
+            await ex.send(start)
+            await ex.send({"type": "http.response.body", "body": answer.body})
+            return
+        assert answer.finish is not None
+        try:
+            await ex.send(start)
+            await ex.unless_gone(lambda: _send_events(ex, answer.events))
+        except _Gone:
+            pass
+        finally:
+            with anyio.CancelScope(shield=True):
+                await answer.finish()
 
     # Reading ---------------------------------------------------------------
 
@@ -340,14 +418,20 @@ class _Exchange:
                 self.read_all = True
                 return True
 
-    async def unless_gone(self, work: Callable[[], Awaitable[Any]]) -> Any:
+    async def unless_gone(
+        self, work: Callable[[], Awaitable[Any]], after: anyio.Event | None = None
+    ) -> Any:
         """``work()``, cancelled if the client leaves meanwhile (its
-        ``http.disconnect``); a client gone gets no answer."""
+        ``http.disconnect``); a client gone gets no answer. ``after``: the
+        connection is watched only once it is set (while ``work`` reads the
+        body itself)."""
         result: list[Any] = []
         failure: list[Exception] = []
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
+                if after is not None:
+                    await after.wait()
                 while (await self.receive())["type"] != "http.disconnect":
                     pass
                 tg.cancel_scope.cancel()
@@ -382,6 +466,19 @@ def _declared_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+async def _send_events(ex: _Exchange, events: AsyncIterator[bytes] | None) -> None:
+    """A stream's events, each as it comes, then its end."""
+    assert events is not None
+    async for piece in events:
+        await ex.send({"type": "http.response.body", "body": piece, "more_body": True})
+    await ex.send({"type": "http.response.body", "body": b""})
+
+
+def _source(client: Any) -> str:
+    """The client's address (Quart's ``remote_addr``), the per-source cap's key."""
+    return str(client[0]) if client else "unknown"
 
 
 def _has_body(scope: Scope) -> bool:

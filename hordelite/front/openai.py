@@ -105,7 +105,7 @@ def _json(data: Any, status: int = 200) -> Answer:
     return Answer(status, [("content-type", "application/json")], json.dumps(data).encode())
 
 
-class _ChatPlan:
+class ChatPlan:
     """``POST /v1/chat/completions``: a native chat request."""
 
     def __init__(self, body: Any, horde: Horde) -> None:
@@ -152,7 +152,7 @@ class _ChatPlan:
         )
 
 
-class _CompletionPlan:
+class CompletionPlan:
     """``POST /v1/completions``: OpenAI's legacy completion as a native text
     request (decision 0057), answered when its text is done."""
 
@@ -196,7 +196,7 @@ def _check_models(models: Sequence[str]) -> None:
             )
 
 
-Plan = type[_ChatPlan] | type[_CompletionPlan]
+Plan = type[ChatPlan] | type[CompletionPlan]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,12 +225,12 @@ class Answer:
 
 @front.post("/chat/completions")
 async def chat_completions() -> Response:
-    return _response(await serve(horde(), _admission(), _ChatPlan, _caller()))
+    return _response(await serve(horde(), _admission(), ChatPlan, _caller()))
 
 
 @front.post("/completions")
 async def completions() -> Response:
-    return _response(await serve(horde(), _admission(), _CompletionPlan, _caller()))
+    return _response(await serve(horde(), _admission(), CompletionPlan, _caller()))
 
 
 def _caller() -> Caller:

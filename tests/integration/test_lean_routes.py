@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,11 +20,14 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from sqlalchemy import func, select
 
 from hordelite.api.lean import LeanRoutes
 from hordelite.app import create_app
 from hordelite.config import Config
-from hordelite.testing import FakeTextWorker, TestHorde, open_horde
+from hordelite.storage.schema import requests
+from hordelite.storage.transaction import Tx
+from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
 from tests.integration._helpers import eventually, submit_text, text_status
 from tests.integration._raw import connect
 
@@ -42,7 +46,7 @@ class Pair:
     def __init__(self, horde: TestHorde, backend: str) -> None:
         self.horde = horde
         app = create_app(horde.horde, backend)
-        self.lane = LeanRoutes(app, horde.horde)
+        self.lane = LeanRoutes(app, horde.horde, app.config["FRONT_ADMISSION"])
         self.lean = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.lane), base_url="http://t"
         )
@@ -161,7 +165,10 @@ async def test_the_lane_takes_the_plain_shapes_of_its_routes_and_leaves_the_rest
             "headers": [(b"transfer-encoding", b"chunked")],
         },
         scope("GET", "/api/v2/status/heartbeat"),
-        scope("POST", "/v1/chat/completions"),
+        scope("POST", "/v1/chat/completions", b"x=1"),
+        scope("POST", "/v1/chat/completions", length=False),
+        scope("GET", "/v1/models"),
+        scope("POST", "/v1/embeddings"),
     ]
     assert all(p.lane._route(s) is not None for s in taken)
     assert all(p.lane._route(s) is None for s in left)
@@ -315,6 +322,98 @@ async def test_a_long_polling_pop_whose_worker_left_is_handed_no_job() -> None:
                 assert job["id"] is not None
                 assert job["payload"]["prompt"] == "Anyone?"
             assert (await text_status(client, request_id))["processing"] == 1
+
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+async def test_openai_calls_and_their_refusals_are_answered_as_quart_answers_them(
+    pair: tuple[TestHorde, Pair],
+) -> None:
+    horde, p = pair
+    key = await horde.create_key("alice", kudos=1e6)
+    owner = await horde.create_key("bob")
+    messages = [{"role": "user", "content": "Name a colour."}]
+    auth = {"Authorization": f"Bearer {key}"}
+    async with FakeChatWorker(horde.url, owner) as worker:
+        await worker.pop()  # its model is served from now
+        refused: list[tuple[dict[str, str], Any]] = [
+            (auth, {"model": "nope", "messages": messages}),
+            (auth, {"model": "fake-chat-model"}),
+            (auth, {"model": "fake-chat-model", "messages": messages, "n": 2}),
+            (auth, {"model": "fake-chat-model", "messages": messages, "frobnicate": 1}),
+            (auth, {"model": "a:b", "messages": messages}),
+            ({"Authorization": "Basic x"}, {"model": "fake-chat-model", "messages": messages}),
+            (
+                {"Authorization": "Bearer not-a-key"},
+                {"model": "fake-chat-model", "messages": messages},
+            ),
+            (auth, [1]),
+        ]
+        for headers, sent in refused:
+            lean, quart = await p.both("POST", CHAT, headers=headers, json=sent)
+            assert lean == quart, (headers, sent)
+            lean, quart = await p.both("POST", COMPLETIONS, headers=headers, json=sent)
+            assert lean == quart, (headers, sent)
+        lean, quart = await p.both("POST", CHAT, headers=auth, content=b"{")
+        assert lean == quart
+        for body in (
+            {"model": "fake-chat-model", "messages": messages},
+            {"model": "fake-chat-model", "messages": messages, "stream": True},
+        ):
+            answers = []
+            for client in (p.lean, p.quart):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(worker.serve_one)
+                    response = await client.post(CHAT, headers=auth, json=body)
+                answers.append(_call_answer(response))
+            assert answers[0] == answers[1], body
+
+
+def _call_answer(response: httpx.Response) -> tuple[int, list[tuple[str, str]], str]:
+    """A call's answer with what differs from call to call (ids, times) made alike."""
+    text = response.text
+    for word in text.replace(",", '"').split('"'):
+        if _is_uuid(word.removeprefix("chatcmpl-")):
+            text = text.replace(word, "<id>")
+    text = re.sub(r'"created": ?[0-9]+', '"created": 0', text)
+    headers = sorted(
+        (k.lower(), v) for k, v in response.headers.items() if k.lower() != "content-length"
+    )
+    return response.status_code, headers, text
+
+
+async def test_an_openai_call_whose_client_left_on_the_lane_cancels_its_request() -> None:
+    async with open_horde() as horde:
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeChatWorker(horde.url, owner) as worker:
+            await worker.pop()
+            body = json.dumps(
+                {"model": "fake-chat-model", "messages": [{"role": "user", "content": "Hi"}]}
+            ).encode()
+            async with connect(horde) as conn:
+                await conn.send(
+                    CHAT.encode().join([b"POST ", b" HTTP/1.1\r\nHost: t\r\n"])
+                    + f"Authorization: Bearer {key}\r\n".encode()
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await eventually(lambda: _waiting(horde, 1))
+            # Gone: its request is cancelled, so the worker finds nothing.
+            await eventually(lambda: _waiting(horde, 0))
+            assert (await worker.pop())["id"] is None
+
+
+async def _waiting(horde: TestHorde, count: int) -> bool:
+    """Whether ``count`` requests wait."""
+
+    def waiting(conn: Tx) -> int:
+        found = conn.execute(select(func.count()).where(requests.c.state == "waiting"))
+        return int(found.scalar_one())
+
+    return await horde.horde.db.read(waiting) == count
 
 
 async def _online(horde: TestHorde, name: str) -> bool:
