@@ -223,24 +223,30 @@ class LeanRoutes:
     async def _front(self, ex: _Exchange, template: str, plan: Plan) -> None:
         """An OpenAI call: served by ``front.openai.serve`` as the Quart route
         serves it, its refusals in OpenAI's envelope; cancelled when its
-        client leaves, once its body is read."""
+        client leaves.
+
+        The body is read first, so that the connection can be watched for
+        the whole call; a body that cannot be read is refused when ``serve``
+        asks for it, after admission, as the Quart route refuses it."""
         horde = self._horde
-        read = anyio.Event()
+        read: list[Any] = []  # the document, until serve takes it (not held for the call)
+        failure: HordeError | None = None
+        try:
+            read.append(await self._json(ex))
+        except _Answer as early:  # 413, 408: the call's refusals, as the app renders them
+            failure = HordeError(early.rc)
+        except HordeError as exc:  # 400: not JSON, or a value no route accepts
+            failure = exc
 
         async def body() -> Any:
-            try:
-                return await self._json(ex)
-            except _Answer as answer:  # 413, 408: the app answers them as refusals
-                raise HordeError(answer.rc) from None
-            finally:
-                read.set()
+            if failure is not None:
+                raise failure
+            return read.pop()
 
         client = ex.scope.get("client")
         caller = Caller(body, ex.header(b"authorization"), _client_agent(ex), _source(client))
         try:
-            answer = await ex.unless_gone(
-                lambda: serve(horde, self._admission, plan, caller), after=read
-            )
+            answer = await ex.unless_gone(lambda: serve(horde, self._admission, plan, caller))
         except _Gone:
             return
         except HordeError as exc:  # the front at capacity (admission precedes the call)
@@ -261,7 +267,7 @@ class LeanRoutes:
         start = {"type": "http.response.start", "status": answer.status, "headers": headers}
         if answer.events is None:
             await ex.send(start)
-            await ex.send({"type": "http.response.body", "body": answer.body})
+            await ex.send_body(answer.body)
             return
         assert answer.finish is not None
         try:
@@ -331,14 +337,7 @@ class LeanRoutes:
             method = ex.scope["method"]
             self._horde.metrics.http_requests.labels(template, method, str(status)).inc()
         await ex.send({"type": "http.response.start", "status": status, "headers": headers})
-        if ex.read_all:
-            await ex.send({"type": "http.response.body", "body": data})
-            return
-        # Answered before the body was read (a 413 on its declared length):
-        # the bytes go now and the end after the body's drain (see
-        # hordelite._http), as Quart sends them.
-        await ex.send({"type": "http.response.body", "body": data, "more_body": True})
-        await ex.send({"type": "http.response.body", "body": b""})
+        await ex.send_body(data)
 
     def _cors(self, ex: _Exchange) -> list[tuple[bytes, bytes]]:
         """As app._cors (the lane serves no OPTIONS)."""
@@ -358,31 +357,27 @@ _Handler = Callable[["_Exchange", str], Awaitable[_Result]]
 class _Exchange:
     """One request on the lane: its scope, its headers, its body."""
 
-    __slots__ = ("_headers", "read_all", "receive", "scope", "send")
+    __slots__ = ("read_all", "receive", "scope", "send")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
         self.receive = receive
         self.send = send
-        self._headers: dict[bytes, list[str]] | None = None
         self.read_all = False  # the request's body was read to its end
 
-    def _all(self) -> dict[bytes, list[str]]:
-        if self._headers is None:
-            headers: dict[bytes, list[str]] = {}
-            for name, value in self.scope["headers"]:
-                headers.setdefault(name.lower(), []).append(value.decode("latin-1"))
-            self._headers = headers
-        return self._headers
+    def _values(self, name: bytes) -> list[str]:
+        # A scan of the few headers a request has: the lane reads three or
+        # four, and a dict of them would be kept for the whole of a held call.
+        return [v.decode("latin-1") for n, v in self.scope["headers"] if n.lower() == name]
 
     def header(self, name: bytes) -> str | None:
         """The first value of a header (as Werkzeug's ``headers.get``)."""
-        values = self._all().get(name)
+        values = self._values(name)
         return values[0] if values else None
 
     def joined(self, name: bytes) -> str | None:
         """Repeated header lines as one comma-separated list (RFC 9110 5.3)."""
-        values = self._all().get(name)
+        values = self._values(name)
         return ", ".join(values) if values else None
 
     async def read_body(self, limit: int, seconds: float) -> bytes:
@@ -408,6 +403,16 @@ class _Exchange:
             raise _Answer(RC.RequestTimeout) from None
         return b"".join(chunks)
 
+    async def send_body(self, data: bytes) -> None:
+        """An answer's whole body. Answered before the request's body was
+        read (a 413 on its declared length), its bytes go now and its end
+        after the body's drain (see hordelite._http), as Quart sends them."""
+        if self.read_all:
+            await self.send({"type": "http.response.body", "body": data})
+            return
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        await self.send({"type": "http.response.body", "body": b""})
+
     async def read_empty(self) -> bool:
         """Read a GET's (empty) body to its end; False when the client left first."""
         while True:
@@ -418,38 +423,32 @@ class _Exchange:
                 self.read_all = True
                 return True
 
-    async def unless_gone(
-        self, work: Callable[[], Awaitable[Any]], after: anyio.Event | None = None
-    ) -> Any:
+    async def unless_gone(self, work: Callable[[], Awaitable[Any]]) -> Any:
         """``work()``, cancelled if the client leaves meanwhile (its
-        ``http.disconnect``); a client gone gets no answer. ``after``: the
-        connection is watched only once it is set (while ``work`` reads the
-        body itself)."""
+        ``http.disconnect``); a client gone gets no answer. The body must
+        have been read (the watch reads what comes next)."""
         result: list[Any] = []
         failure: list[Exception] = []
+        # The work runs in this task and one child watches the connection:
+        # a held call costs one task less than a task for each.
         async with anyio.create_task_group() as tg:
-
-            async def watch() -> None:
-                if after is not None:
-                    await after.wait()
-                while (await self.receive())["type"] != "http.disconnect":
-                    pass
-                tg.cancel_scope.cancel()
-
-            async def run() -> None:
-                try:
-                    result.append(await work())
-                except Exception as exc:  # raised below, outside the group
-                    failure.append(exc)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(watch)
-            tg.start_soon(run)
+            tg.start_soon(self._watch, tg.cancel_scope)
+            try:
+                result.append(await work())
+            except Exception as exc:  # raised below, outside the group
+                failure.append(exc)
+            tg.cancel_scope.cancel()
         if failure:
             raise failure[0]
         if not result:
             raise _Gone
         return result[0]
+
+    async def _watch(self, scope: anyio.CancelScope) -> None:
+        """Cancel ``scope`` once the client leaves."""
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
 
 
 class _Gone(HordeliteError):
