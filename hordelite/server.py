@@ -20,7 +20,6 @@ import anyio.to_thread
 
 from hordelite._http import current_backend, listen, serve_http
 from hordelite.api import _render
-from hordelite.api.lean import LeanRoutes
 from hordelite.api.metrics import create_metrics_app
 from hordelite.app import create_app
 from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
@@ -30,6 +29,7 @@ from hordelite.contract.limits import READER_RENEW_SECONDS, WEBHOOK_POLL_SECONDS
 from hordelite.errors import StorageUnavailable
 from hordelite.horde.readers import reader_name
 from hordelite.horde.service import Horde
+from hordelite.lean import LeanRoutes
 from hordelite.signals import Signals, open_signals
 from hordelite.storage.database import Database
 
@@ -224,7 +224,7 @@ async def _open_horde(
         # The /blobs route serves the directory store only: an object store
         # serves its presigned URLs itself.
         directory = blobs if isinstance(blobs, DirectoryStore) else None
-        # The hottest native routes answered before Quart (api/lean.py).
+        # The hottest native and OpenAI routes answered before Quart (lean.py).
         quart = create_app(horde, current_backend(), directory)
         app = LeanRoutes(quart, horde, quart.config["FRONT_ADMISSION"])
         shutdown = anyio.Event()

@@ -202,7 +202,7 @@ Plan = type[ChatPlan] | type[CompletionPlan]
 @dataclasses.dataclass(frozen=True)
 class Caller:
     """What a call needs of its HTTP request, whichever serves it (the Quart
-    route below, or the lean lane, hordelite/api/lean.py)."""
+    route below, or the lean lane, hordelite/lean.py)."""
 
     body: Callable[[], Awaitable[Any]]  # the checked JSON body (a HordeError when not)
     authorization: str | None  # the Authorization header

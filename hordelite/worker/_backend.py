@@ -29,10 +29,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import httpx
-
 from hordelite.errors import HordeliteError
-from hordelite.worker._transport import Transport
+from hordelite.worker._client import Reply, Stream, TransportError, open_client
 
 log = logging.getLogger("hordelite.worker")
 
@@ -79,11 +77,7 @@ class Backend:
 
     def __init__(self, url: str, request_timeout: float) -> None:
         self.url = url.rstrip("/")
-        self.client = httpx.AsyncClient(
-            base_url=self.url,
-            timeout=httpx.Timeout(request_timeout, connect=_QUICK),
-            transport=Transport(),
-        )
+        self.client = open_client(self.url, {}, request_timeout, _QUICK)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -93,18 +87,17 @@ class Backend:
     async def post_json(self, path: str, body: Any, *, quick: bool = False) -> Any:
         """The decoded answer of a POST; BackendError for anything but a 2xx JSON."""
         try:
-            if quick:
-                response = await self.client.post(path, json=body, timeout=_QUICK)
-            else:
-                response = await self.client.post(path, json=body)
-        except httpx.TransportError as exc:
+            response = await self.client.request(
+                "POST", path, body, within=_QUICK if quick else None
+            )
+        except TransportError as exc:
             raise BackendError(f"POST {path}: {exc!r}", down=True) from exc
         return self._decoded(response)
 
     async def get_json(self, path: str) -> Any:
         try:
-            response = await self.client.get(path, timeout=_QUICK)
-        except httpx.TransportError as exc:
+            response = await self.client.request("GET", path, within=_QUICK)
+        except TransportError as exc:
             raise BackendError(f"GET {path}: {exc!r}", down=True) from exc
         return self._decoded(response)
 
@@ -120,14 +113,14 @@ class Backend:
                 raise  # not answering at all: not a missing route
             return None
 
-    def _decoded(self, response: httpx.Response) -> Any:
+    def _decoded(self, response: Reply) -> Any:
         if not response.is_success:
             raise _refusal(response)
         try:
             return response.json()
         except ValueError:
             raise BackendError(
-                f"{response.request.method} {response.request.url.path}: not JSON",
+                f"{response.method} {response.path}: not JSON",
                 down=False,
                 status=response.status_code,
             ) from None
@@ -135,8 +128,8 @@ class Backend:
     async def healthy(self) -> bool:
         """The backend answers ``/v1/models`` with a 2xx."""
         try:
-            response = await self.client.get("/v1/models", timeout=_QUICK)
-        except httpx.TransportError:
+            response = await self.client.request("GET", "/v1/models", within=_QUICK)
+        except TransportError:
             return False
         return response.is_success
 
@@ -156,14 +149,11 @@ class Backend:
         closes the stream."""
         streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
         try:
-            async with self.client.stream(
-                "POST", "/v1/chat/completions", json=streamed
-            ) as response:
+            async with self.client.stream("POST", "/v1/chat/completions", streamed) as response:
                 if not response.is_success:
-                    await response.aread()
-                    raise _refusal(response)
+                    raise _refusal(await response.aread())
                 return await _read_events(response, on_chunk)
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             raise BackendError(f"the stream broke: {exc!r}", down=True) from exc
 
     # Discovery ----------------------------------------------------------------
@@ -251,7 +241,7 @@ def _positive(value: Any) -> int | None:
     return None
 
 
-def _refusal(response: httpx.Response) -> BackendError:
+def _refusal(response: Reply) -> BackendError:
     """A non-2xx answer as a BackendError: a 5xx means the backend is down."""
     message, code = response.text[:300], None
     try:
@@ -267,23 +257,20 @@ def _refusal(response: httpx.Response) -> BackendError:
             code = error["type"]
     elif isinstance(error, str):
         message = error[:300]
-    path = response.request.url.path
     return BackendError(
-        f"{response.request.method} {path}: {response.status_code} {message}",
+        f"{response.method} {response.path}: {response.status_code} {message}",
         down=response.status_code >= 500,
         status=response.status_code,
         code=code,
     )
 
 
-async def _read_events(
-    response: httpx.Response, on_chunk: Callable[[dict[str, Any]], None]
-) -> bool:
+async def _read_events(response: Stream, on_chunk: Callable[[dict[str, Any]], None]) -> bool:
     """Feed each ``data:`` chunk to ``on_chunk``; whether ``[DONE]`` came.
 
     The stream is read to its end even past ``[DONE]`` or an error chunk:
-    leaving httpx's line iterator half read leaves its generators to the
-    garbage collector, which trio reports.
+    leaving a line iterator half read leaves its generators to the garbage
+    collector, which trio reports.
     """
     done = False
     error: BackendError | None = None

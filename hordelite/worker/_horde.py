@@ -7,11 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from hordelite import __version__
 from hordelite.errors import HordeliteError
-from hordelite.worker._transport import Transport
+from hordelite.worker._client import Reply, TransportError, open_client
 
 BRIDGE_AGENT = f"hordelite-worker:{__version__}:hordelite"
 # Seconds to connect to the horde, and past a pop's long-poll to wait for its answer.
@@ -56,11 +54,11 @@ class HordeClient:
     """The native routes a worker calls, with the owner's key."""
 
     def __init__(self, url: str, api_key: str, request_timeout: float = 60.0) -> None:
-        self.client = httpx.AsyncClient(
-            base_url=url.rstrip("/") + "/api/v2",
-            headers={"apikey": api_key, "Client-Agent": BRIDGE_AGENT},
-            timeout=httpx.Timeout(request_timeout, connect=_CONNECT),
-            transport=Transport(),
+        self.client = open_client(
+            url.rstrip("/") + "/api/v2",
+            {"apikey": api_key, "Client-Agent": BRIDGE_AGENT},
+            request_timeout,
+            _CONNECT,
         )
 
     async def aclose(self) -> None:
@@ -69,14 +67,13 @@ class HordeClient:
     async def pop(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The pop answer; a long-polled pop (``wait``) gets that much longer."""
         wait = float(body.get("wait", 0))
-        timeout = httpx.Timeout(wait + _MARGIN, connect=_CONNECT)
-        response = await self._post("/generate/text/pop", body, timeout)
+        response = await self._post("/generate/text/pop", body, wait + _MARGIN)
         return _answer(response)
 
     async def submit(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return _answer(await self._post("/generate/text/submit", body))
 
-    async def progress(self, job_id: str, seq: int, content: str, reasoning: str) -> httpx.Response:
+    async def progress(self, job_id: str, seq: int, content: str, reasoning: str) -> Reply:
         """One progress post; the raw answer (the caller reads its status)."""
         delta: dict[str, str] = {"content": content}
         if reasoning:
@@ -91,31 +88,27 @@ class HordeClient:
         last check-in runs out. False when the horde does not know the
         worker (it never popped). Raises HordeUnavailable or HordeRefusal."""
         try:
-            found = await self.client.get(f"/workers/name/{quote(name, safe='')}")
-        except httpx.TransportError as exc:
+            found = await self.client.request("GET", f"/workers/name/{quote(name, safe='')}")
+        except TransportError as exc:
             raise HordeUnavailable(f"GET /workers/name: {exc!r}") from exc
         if found.status_code == 404:
             return False
         worker_id = _answer(found).get("id")
         try:
-            answer = await self.client.put(f"/workers/{worker_id}", json={"online": False})
-        except httpx.TransportError as exc:
+            answer = await self.client.request("PUT", f"/workers/{worker_id}", {"online": False})
+        except TransportError as exc:
             raise HordeUnavailable(f"PUT /workers/{worker_id}: {exc!r}") from exc
         _answer(answer)
         return True
 
-    async def _post(
-        self, path: str, body: Mapping[str, Any], limit: httpx.Timeout | None = None
-    ) -> httpx.Response:
+    async def _post(self, path: str, body: Mapping[str, Any], limit: float | None = None) -> Reply:
         try:
-            if limit is None:
-                return await self.client.post(path, json=body)
-            return await self.client.post(path, json=body, timeout=limit)
-        except httpx.TransportError as exc:
+            return await self.client.request("POST", path, body, within=limit)
+        except TransportError as exc:
             raise HordeUnavailable(f"POST {path}: {exc!r}") from exc
 
 
-def _answer(response: httpx.Response) -> dict[str, Any]:
+def _answer(response: Reply) -> dict[str, Any]:
     if response.status_code >= 500:
         raise HordeUnavailable(f"{response.status_code}: {response.text[:200]}")
     try:

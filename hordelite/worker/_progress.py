@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import httpx
-
 from hordelite.errors import RC
+from hordelite.worker._client import Reply
 from hordelite.worker._horde import HordeClient, HordeUnavailable
 
 log = logging.getLogger("hordelite.worker")
@@ -77,7 +76,7 @@ class ProgressPoster:
         seq = self.accepted[-1][0] + 1 if self.accepted else 1
         return seq, delta, thought
 
-    def _read(self, response: httpx.Response) -> None:
+    def _read(self, response: Reply) -> None:
         body = _json(response)
         status = response.status_code
         if status == 200:
@@ -125,7 +124,7 @@ class ProgressPoster:
         log.info("job %s: %s; generation stops, nothing is submitted", self.job_id, why)
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def _json(response: Reply) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:

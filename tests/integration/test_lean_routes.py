@@ -1,4 +1,4 @@
-"""The lean lane (hordelite/api/lean.py) answers its routes exactly as the
+"""The lean lane (hordelite/lean.py) answers its routes exactly as the
 Quart app does: the same statuses, headers and bodies, accepted or refused;
 everything else it leaves to Quart; a long poll whose client left is
 cancelled.
@@ -22,9 +22,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from hordelite.api.lean import LeanRoutes
 from hordelite.app import create_app
 from hordelite.config import Config
+from hordelite.lean import LeanRoutes
 from hordelite.storage.schema import requests
 from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 import jsonschema
 import pytest
@@ -1008,8 +1009,16 @@ async def test_the_worker_retries_an_unreachable_horde_with_capped_backoff_and_s
             )
             # No jitter: each delay is its ceiling.
             worker = Worker(config.worker, rng=lambda: 1.0)
+            finished = anyio.Event()
+
+            async def serve(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                try:
+                    await worker.serve(task_status=task_status)
+                finally:
+                    finished.set()
+
             async with anyio.create_task_group() as tg:
-                await tg.start(worker.serve)
+                await tg.start(serve)
                 await eventually(lambda: worker.statistics().horde_errors >= 6)
                 horde_config = Config().replace(
                     server={"host": "127.0.0.1", "port": port, "grace_period": 2},
@@ -1030,7 +1039,10 @@ async def test_the_worker_retries_an_unreachable_horde_with_capped_backoff_and_s
                             if (await client.get(status_path)).json()["done"]:
                                 break
                             await anyio.sleep(0.01)
+                    # The worker ends before the horde stops: what it says as
+                    # it stops reaches a horde still serving.
                     worker.stop(0)
+                    await finished.wait()
     delays = [
         float(m.group(1))
         for m in map(re.compile(r"popping again in ([0-9.]+) s").search, caplog.messages)
@@ -1264,32 +1276,19 @@ def test_the_worker_package_exports_its_public_surface() -> None:
     ]
 
 
-# llama.cpp's server answers a prompt over its context with this 400 (its
-# tools/server, checked against a real one in tests/llamacpp/).
-LLAMACPP_OVERFLOW = {
-    "error": {
-        "code": 400,
-        "message": "request (301 tokens) exceeds the available context size (256 tokens), "
-        "try increasing it",
-        "type": "exceed_context_size_error",
-        "n_prompt_tokens": 301,
-        "n_ctx": 256,
-    }
-}
-
-
 async def test_llama_cpps_refusal_of_a_prompt_over_its_context_carries_its_type_as_the_code() -> (
     None
 ):
-    backend = Backend("http://backend", 5)
-    await backend.client.aclose()
-    backend.client = httpx.AsyncClient(
-        base_url="http://backend",
-        transport=httpx.MockTransport(lambda _: httpx.Response(400, json=LLAMACPP_OVERFLOW)),
-    )
-    async with backend.client:
-        with pytest.raises(BackendError) as refused:
-            await backend.chat({"messages": []})
+    # llama.cpp's server refuses a prompt over its context with its type in
+    # "type" (the fake backend answers as it does with overflow_error="llamacpp").
+    config = FakeBackendConfig(context=64, overflow_error="llamacpp")
+    async with open_fake_backend(config) as fake:
+        backend = Backend(fake.url, 5)
+        try:
+            with pytest.raises(BackendError) as refused:
+                await backend.chat({"messages": [{"role": "user", "content": "word " * 400}]})
+        finally:
+            await backend.aclose()
     assert refused.value.code == "exceed_context_size_error"
     assert (refused.value.status, refused.value.down) == (400, False)
 

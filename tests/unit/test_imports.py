@@ -81,8 +81,10 @@ def test_every_module_imports_first() -> None:
 #   JSON body, refusal counts).
 # - api (native routes, dashboard, health, metrics, blobs) and front (the
 #   OpenAI /v1 front) are siblings: neither imports the other.
-# - app assembles the two into one Quart app; server runs it with the horde's
-#   storage, signals and blobs; cli and testing sit on top.
+# - app assembles the two into one Quart app; lean answers the hottest of
+#   their routes before it (the same service calls, renders and envelopes,
+#   decision 0061), so it sits above both; server runs the two with the
+#   horde's storage, signals and blobs; cli and testing sit on top.
 # - worker is a client of the horde over HTTP and imports nothing of the
 #   server: only the pure parts, config and fake_backend (an OpenAI-compatible
 #   stand-in for an LLM server, served by `--backend fake`).
@@ -106,7 +108,9 @@ LAYERS: dict[str, set[str]] = {
     # when to look again (signals.look_again_by).
     "front": PURE | {"config", "_http", "_request", "horde", "signals"},
     "app": PURE | {"config", "_http", "_request", "horde", "blobs", "api", "front"},
-    "server": PURE | {"config", "_http", "storage", "signals", "blobs", "horde", "app", "api"},
+    "lean": PURE | {"config", "_http", "horde", "api", "front"},
+    "server": PURE
+    | {"config", "_http", "storage", "signals", "blobs", "horde", "app", "api", "lean"},
     "fake_backend": PURE | {"config", "_http"},
     "worker": PURE | {"config", "fake_backend"},
     "cli": PURE | {"config", "_http", "storage", "horde", "server", "worker"},
