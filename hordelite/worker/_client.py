@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -168,16 +169,8 @@ class Client:
         ``within`` seconds (the client's by default)."""
         try:
             with anyio.fail_after(self._timeout if within is None else within):
-                connection, reused = await self._connection()
-                try:
-                    return await self._exchange(connection, method, path, body)
-                except _Stale:
-                    if not reused:
-                        raise TransportError("the connection closed before an answer") from None
-                    # A connection kept alive that the peer had closed
-                    # meanwhile: it never read the request. Once more, anew.
-                    fresh = await self._connect()
-                    return await self._exchange(fresh, method, path, body)
+                connection = await self._connection()
+                return await self._exchange(connection, method, path, body)
         except TimeoutError:
             raise TransportError(f"{method} {path}: no answer in time") from None
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
@@ -216,8 +209,6 @@ class Client:
         try:
             await self._send(connection, method, path, body)
             event = await connection.next_event()
-            if isinstance(event, h11.ConnectionClosed):
-                raise _Stale
             if not isinstance(event, h11.Response):
                 raise TransportError(f"{method} {path}: unexpected {event!r}")
             status, chunks = event.status_code, []
@@ -262,11 +253,19 @@ class Client:
         self._open.discard(connection)
         await connection.stream.aclose()
 
-    async def _connection(self) -> tuple[_Connection, bool]:
-        """A kept connection and True, or a new one and False."""
-        if self._idle:
-            return self._idle.pop(), True
-        return await self._connect(), False
+    async def _connection(self) -> _Connection:
+        """A kept connection the peer has not closed, or a new one.
+
+        A kept connection with something to read has been closed by its
+        peer (its keep-alive ran out) or is out of step: it is dropped
+        before anything is sent on it, as no request may be sent twice
+        (a pop or a submit the peer took would be lost or repeated)."""
+        while self._idle:
+            connection = self._idle.pop()
+            if not _readable(connection):
+                return connection
+            await self._close(connection)
+        return await self._connect()
 
     async def _connect_or_fail(self, method: str, path: str) -> _Connection:
         try:
@@ -296,8 +295,11 @@ class Client:
             await self._close(connection)
 
 
-class _Stale(HordeliteError):
-    """A kept-alive connection the peer closed before reading the request."""
+def _readable(connection: _Connection) -> bool:
+    """Whether a kept connection has anything to read (the peer's end)."""
+    sock = connection.stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
 
 
 class _StreamReply:
