@@ -231,6 +231,8 @@ class Database:
         for attempt in range(_RETRIES):
             try:
                 with engine.connect() as conn:
+                    if not (write or self.is_sqlite):
+                        return _read_statements(conn, fn, args, kwargs)
                     conn = conn.execution_options(hordelite_write=write)
                     with conn.begin():
                         return fn(Tx(conn), *args, **kwargs)
@@ -264,6 +266,24 @@ class _Busy(HordeliteError):
     """Another process holds the SQLite file: retry where waiting is allowed."""
 
 
+def _read_statements(conn: Connection, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+    """A read on PostgreSQL: its statements in autocommit, each its own
+    transaction, without the BEGIN and COMMIT round trips (two of a status
+    read's four). At READ COMMITTED, PostgreSQL's default and the horde's,
+    every statement of a transaction reads its own snapshot anyway, so the
+    statements see what they would have seen inside one; and a read takes
+    no locks to hold until a commit. The connection's default is read-only
+    (``_postgresql_engine``), so a statement that would write in a read is
+    refused by the server, not committed on its own."""
+    driver = conn.connection.driver_connection
+    driver.autocommit = True  # type: ignore[union-attr]
+    try:
+        return fn(Tx(conn), *args, **kwargs)
+    finally:
+        if not driver.closed:  # type: ignore[union-attr]
+            driver.autocommit = False  # type: ignore[union-attr]
+
+
 def _ping(conn: Tx) -> None:
     conn.exec_driver_sql("SELECT 1")
 
@@ -286,6 +306,16 @@ def _postgresql_engine(url: str, pool_size: int) -> Engine:
     def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
         # psycopg's connection, its waits awaited when run on the loop.
         return _on_loop.connect(*cargs, **cparams)
+
+    @event.listens_for(engine, "connect")
+    def _read_only_unless_written(dbapi_conn: Any, _record: Any) -> None:
+        # Reads run in autocommit (_read_statements): read-only by default,
+        # the server refuses a write there. A write transaction says
+        # BEGIN READ WRITE (psycopg's read_only=False), so it writes.
+        dbapi_conn.autocommit = True
+        dbapi_conn.execute("SET default_transaction_read_only = on")
+        dbapi_conn.autocommit = False
+        dbapi_conn.read_only = False
 
     return engine
 
