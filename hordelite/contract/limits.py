@@ -183,9 +183,6 @@ REDIS_TIMEOUT_SECONDS: Final = 2.0
 # under a millisecond when Redis is up, and a probe that waits longer only
 # delays the next one (decision 0054).
 REDIS_PROBE_TIMEOUT_SECONDS: Final = 0.5
-# A request's version lives this long in Redis after its last change
-# (longer than any request stays readable).
-VERSION_TTL_SECONDS: Final = 7 * 24 * 3600.0
 # The longest ``wait`` of a long-polled status read
 # (GET .../status/{id}?wait=N), in seconds.
 MAX_STATUS_WAIT: Final = 60.0

@@ -259,6 +259,12 @@ class LocalSignals:
     async def request_version(self, request_id: str) -> int:
         return self._versions.get(request_id, self._floor)
 
+    def forget_versions(self) -> None:
+        """Every request's version changes: changes may have gone unheard
+        (the Redis backend, after signals were lost)."""
+        self._versions.clear()
+        self._floor = next(self._counter)
+
     def status_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._status_events.hold(request_id)
 

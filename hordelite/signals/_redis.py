@@ -12,12 +12,18 @@ the retained stream on logical database 7, so ``redis://host:6379/7``):
   request's eligibility view as JSON, or empty for any. Each process wakes
   one of its waiting pops that can take it.
 - ``horde:chat:<request id>`` (channel): the request changed (``touch``),
-  ended or got a generation (``end``), or got a progress entry
-  (``progress``). No text travels in these messages.
-- ``horde:pool`` (channel): a worker joined, left or declared anew.
-- ``horde:version:<request id>``: the request's version, a value of the one
-  counter ``horde:versions`` (decision 0038: a version read before a change
-  never equals one read after it).
+  ended or got a generation (``end``), each followed by the process that
+  made the change, or got a progress entry (``progress``). No text travels
+  in these messages.
+- ``horde:pool`` (channel): a worker joined, left or declared anew; or
+  (``versions``) a process could not announce a change while Redis was
+  down, so every process forgets the request versions it holds.
+
+A request's version (decision 0038: a status is cached under it) is kept
+by each process, from the changes it makes and the ones it hears
+(decision 0064): a status read sends nothing to Redis. While signals may
+be lost (degraded) every read is a version never seen before, so nothing
+cached answers; when they are back, every version held is forgotten.
 - ``horde:lease:<job id>``, ``horde:cancel:<job id>``, ``horde:ended:<job
   id>``, ``horde:request_leases:<request id>``, ``horde:lease_ends``: the
   progress leases written at pop, so that a post on any process is
@@ -32,12 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
 import itertools
 import json
 import logging
 import math
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -55,7 +60,6 @@ from hordelite.contract.limits import (
     REDIS_PROBE_TIMEOUT_SECONDS,
     REDIS_TIMEOUT_SECONDS,
     STREAM_RETENTION_SECONDS,
-    VERSION_TTL_SECONDS,
 )
 from hordelite.contract.progress import Lease
 from hordelite.signals._local import LocalSignals, ProgressEntry, QueueWaiter
@@ -103,19 +107,12 @@ STREAM_PREFIX = "horde:chat:stream:"
 # as a job can be leased (a progress post extends a lease up to its cap).
 STREAM_TTL_SECONDS = 24 * 3600
 
-# One counter for every version, so that no two changes share one; the
-# change is published in the same round trip.
-_BUMP = """
-local v = redis.call('INCR', KEYS[1])
-redis.call('SET', KEYS[2], v, 'EX', ARGV[1])
-redis.call('PUBLISH', ARGV[2], ARGV[3])
-return v
-"""
+# On horde:pool: every process forgets the request versions it holds.
+FORGET_VERSIONS = "versions"
 
 
-@functools.cache
-def _sha1(script: str) -> str:
-    return hashlib.sha1(script.encode()).hexdigest()
+async def _nothing() -> None:
+    """No command (``_safely`` sends what it owes first)."""
 
 
 def _request_channel(request_id: str) -> str:
@@ -145,6 +142,12 @@ class RedisSignals:
         # Versions answered while Redis is down: negative and never repeated,
         # so no cached status matches one (every read goes to the database).
         self._unknown_versions = itertools.count(-1, -1)
+        # Names this process's changes on their channel: heard back, they
+        # are not applied twice (each would cost a cached status).
+        self._origin = secrets.token_hex(8)
+        # A change went unannounced (Redis down): the others are told to
+        # forget their versions once a command gets through again.
+        self._unannounced = False
 
     # Health: a lost signal only delays an answer ------------------------
 
@@ -174,6 +177,9 @@ class RedisSignals:
             self._listening = listening
         if self.degraded == before:
             return
+        if before:
+            # Back: what was published meanwhile may not have been heard here.
+            self._local.forget_versions()
         for watcher in self._watchers:
             watcher(self.degraded)
         if self.degraded:
@@ -212,6 +218,9 @@ class RedisSignals:
             return fallback
         try:
             with anyio.fail_after(REDIS_TIMEOUT_SECONDS):
+                if self._unannounced:
+                    await self._commands.call("PUBLISH", POOL, FORGET_VERSIONS)
+                    self._unannounced = False
                 result = await operation()
         except Exception as exc:
             if not _is_down(exc):
@@ -237,6 +246,8 @@ class RedisSignals:
                 await anyio.sleep(DEGRADED_POLL_SECONDS)
                 if await self._answers():
                     self._health(down=False)
+                    if self._unannounced:  # no other command may come soon
+                        await self._safely(_nothing, None)
 
     async def _answers(self) -> bool:
         """Whether Redis answers a ping within REDIS_PROBE_TIMEOUT_SECONDS."""
@@ -304,15 +315,26 @@ class RedisSignals:
             local.wake_pops(RequestView.of(json.loads(data)) if data else None)
         elif channel == POOL:
             local.pool_changed_locally()
+            if data == FORGET_VERSIONS:
+                local.forget_versions()
         elif channel.startswith(REQUEST_PREFIX):
             request_id = channel[len(REQUEST_PREFIX) :]
-            if data == "end":
-                local.wake_request(request_id)
-                local.wake_stream(request_id)
-            elif data == "touch":
-                local.touch_locally(request_id)
-            elif data == "progress":
-                local.wake_stream(request_id)
+            what, _, origin = data.partition(" ")
+            if origin == self._origin:
+                return  # this process's own change, applied when it was made
+            self._apply(request_id, what)
+
+    def _apply(self, request_id: str, what: str) -> None:
+        """A change to a request, made here or heard: its waiters woken,
+        its version moved."""
+        local = self._local
+        if what == "end":
+            local.wake_request(request_id)
+            local.wake_stream(request_id)
+        elif what == "touch":
+            local.touch_locally(request_id)
+        elif what == "progress":
+            local.wake_stream(request_id)
 
     # Queue and requests ----------------------------------------------------
 
@@ -327,32 +349,28 @@ class RedisSignals:
         return self._local.request_waiter(request_id)
 
     async def notify_request(self, request_id: str) -> None:
-        await self._safely(lambda: self._changed(request_id, "end"), None)
+        await self._changed(request_id, "end")
 
     async def touch_request(self, request_id: str) -> None:
-        await self._safely(lambda: self._changed(request_id, "touch"), None)
+        await self._changed(request_id, "touch")
 
     async def _changed(self, request_id: str, what: str) -> None:
-        keys = ["horde:versions", f"horde:version:{request_id}"]
-        args = [int(VERSION_TTL_SECONDS), _request_channel(request_id), what]
-        await self._script(_BUMP, keys, args)
-
-    async def _script(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        """Run a Lua script by its hash; sent whole once Redis does not know it."""
-        call = [len(keys), *keys, *args]
-        try:
-            return await self._commands.call("EVALSHA", _sha1(script), *call)
-        except RedisReplyError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
-                raise
-            return await self._commands.call("EVAL", script, *call)
+        """Apply a committed change here at once (this process's waiters and
+        version), then announce it to the others."""
+        self._apply(request_id, what)
+        announced = await self._safely(
+            lambda: self._commands.call(
+                "PUBLISH", _request_channel(request_id), f"{what} {self._origin}"
+            ),
+            None,
+        )
+        if announced is None:
+            self._unannounced = True
 
     async def request_version(self, request_id: str) -> int:
-        async def read() -> int:
-            value = await self._commands.call("GET", f"horde:version:{request_id}")
-            return int(value) if value is not None else 0
-
-        return await self._safely(read, next(self._unknown_versions))
+        if self.degraded:
+            return next(self._unknown_versions)
+        return await self._local.request_version(request_id)
 
     def status_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._local.status_waiter(request_id)

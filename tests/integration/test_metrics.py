@@ -408,7 +408,7 @@ async def test_signals_degraded_is_1_while_redis_hangs_and_the_scrape_does_not_w
                 assert ("hordelite_signals_degraded", ()) in samples
                 assert value(samples, "hordelite_signals_degraded") == 0
                 redis.stop()
-                await horde.horde.signals.request_version("r")  # finds Redis hung
+                await horde.horde.signals.touch_request("r")  # finds Redis hung
                 assert horde.horde.signals.degraded
                 start = time.monotonic()
                 samples = await scrape(client)

@@ -169,6 +169,102 @@ async def test_redis_versions_move_with_each_change_and_are_never_repeated_while
     assert down.degraded
 
 
+async def test_a_status_read_on_redis_signals_sends_nothing_to_redis() -> None:
+    """A request's version is kept by each process (decision 0064): reading
+    it is no round trip, however many statuses are read."""
+    from tests.integration._helpers import RedisServer
+
+    redis = RedisServer()
+    redis.start()
+    try:
+        async with open_signals(redis.url) as signals:
+            await signals.touch_request("r1")
+            before = _commands_processed(redis.url)
+            versions = {await signals.request_version("r1") for _ in range(100)}
+            after = _commands_processed(redis.url)
+    finally:
+        redis.kill()
+    assert len(versions) == 1
+    assert after - before == 1  # the INFO that read the count
+
+
+def _commands_processed(url: str) -> int:
+    """Redis's count of the commands it processed (read on a connection of its own)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379)) as sock:
+        sock.sendall(b"*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")
+        data = b""
+        while b"total_commands_processed:" not in data or not data.endswith(b"\r\n"):
+            data += sock.recv(65536)
+    line = data.split(b"total_commands_processed:", 1)[1].split(b"\r\n", 1)[0]
+    return int(line)
+
+
+async def test_a_change_moves_its_version_here_at_once_there_when_heard_and_once_only() -> None:
+    """Two processes on one Redis: a change moves the version of the process
+    that made it at once, the other's when it hears the change; hearing its
+    own change back does not move the first one's again (a cached status
+    would be read again for nothing)."""
+    import uuid
+
+    from tests.integration._helpers import eventually
+
+    url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    request_id = str(uuid.uuid4())
+    async with open_signals(url) as here, open_signals(url) as there:
+        here_before = await here.request_version(request_id)
+        there_before = await there.request_version(request_id)
+        await here.touch_request(request_id)
+        here_after = await here.request_version(request_id)
+        assert here_after != here_before
+
+        async def heard_there() -> bool:
+            return await there.request_version(request_id) != there_before
+
+        await eventually(heard_there, within=5)
+        # A message of the same connection after the change: once it is
+        # heard here, the change's own echo has been heard here before it.
+        pool = here.pool_version()
+        await there.notify_pool()
+        await eventually(lambda: here.pool_version() != pool, within=5)
+        assert await here.request_version(request_id) == here_after
+
+
+async def test_a_change_redis_could_not_announce_makes_every_process_read_again() -> None:
+    """A change made while Redis hangs is never heard by the others; once
+    Redis answers, the process that made it tells them to forget the
+    versions they hold, so no status cached before it is served after."""
+    import uuid
+
+    import anyio
+
+    from hordelite.contract.limits import REDIS_TIMEOUT_SECONDS
+    from tests.integration._helpers import RedisServer, eventually
+
+    redis = RedisServer()
+    redis.start()
+    request_id = str(uuid.uuid4())
+    try:
+        async with open_signals(redis.url) as here, open_signals(redis.url) as there:
+            cached_under = await there.request_version(request_id)
+            redis.stop()
+            with anyio.fail_after(REDIS_TIMEOUT_SECONDS * 2):
+                await here.touch_request(request_id)  # committed, not announced
+            assert here.degraded
+            redis.cont()
+            await eventually(lambda: not here.degraded, within=15)
+
+            async def forgotten_there() -> bool:
+                return await there.request_version(request_id) != cached_under
+
+            await eventually(forgotten_there, within=5)
+    finally:
+        redis.kill()
+
+
 async def test_a_hung_redis_costs_one_call_the_timeout_then_calls_fail_fast_until_it_answers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -198,8 +294,9 @@ async def test_a_hung_redis_costs_one_call_the_timeout_then_calls_fail_fast_unti
             assert not signals.degraded
             redis.stop()
             with anyio.fail_after(REDIS_TIMEOUT_SECONDS * 2):
-                assert await signals.request_version(request_id) < 0  # it finds out
+                await signals.touch_request(request_id)  # it finds out
             assert signals.degraded
+            assert await signals.request_version(request_id) < 0
             took = []
             for _ in range(50):
                 start = time.monotonic()
