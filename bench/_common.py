@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,3 +120,102 @@ def fresh_schema(postgres_url: str) -> Iterator[str]:
 def redis_on_db(url: str, db: int) -> str:
     """``url`` (redis://host:port/n) naming logical database ``db`` instead."""
     return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+
+
+class RedisCommands:
+    """The bench's own Redis commands (FLUSHDB, CLIENT LIST, INFO) in RESP2
+    on one blocking socket, apart from the servers' clients."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.port = parts.port or 6379
+        self._sock = socket.create_connection((parts.hostname or "127.0.0.1", self.port), 10)
+        self._file = self._sock.makefile("rb")
+        if parts.password:
+            self.command("AUTH", *filter(None, [parts.username]), parts.password)
+        self.command("SELECT", parts.path.strip("/") or "0")
+
+    def command(self, *words: str) -> Any:
+        encoded = [word.encode() for word in words]
+        payload = b"*%d\r\n" % len(encoded) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(word), word) for word in encoded
+        )
+        self._sock.sendall(payload)
+        return self._reply()
+
+    def _reply(self) -> Any:
+        line = self._file.readline()
+        if not line:
+            raise ConnectionError("Redis closed the connection")
+        kind, rest = line[:1], line[1:-2].decode()
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            raise RuntimeError(f"Redis answered: {rest}")
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            return None if size < 0 else self._file.read(size + 2)[:-2].decode()
+        if kind == b"*":
+            size = int(rest)
+            return None if size < 0 else [self._reply() for _ in range(size)]
+        raise RuntimeError(f"an answer from Redis this client cannot read: {line!r}")
+
+    def flush(self) -> None:
+        self.command("FLUSHDB")
+
+    def clients(self) -> list[dict[str, str]]:
+        """CLIENT LIST, each client as its fields."""
+        listing: str = self.command("CLIENT", "LIST")
+        return [
+            dict(field.split("=", 1) for field in line.split() if "=" in field)
+            for line in listing.splitlines()
+            if line.strip()
+        ]
+
+    def connected_clients(self) -> int:
+        info: str = self.command("INFO", "clients")
+        for line in info.splitlines():
+            if line.startswith("connected_clients:"):
+                return int(line.split(":", 1)[1])
+        raise RuntimeError("INFO clients has no connected_clients")
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+
+def flush_redis(url: str) -> None:
+    redis = RedisCommands(url)
+    try:
+        redis.flush()
+    finally:
+        redis.close()
+
+
+# The Redis logical database of a postgresql+redis store, flushed before and after.
+REDIS_DB = 5
+STORAGES = ("sqlite", "postgresql", "postgresql+redis")
+
+
+@contextlib.contextmanager
+def storage_urls(storage: str, sqlite_path: str) -> Iterator[tuple[str, str]]:
+    """(database, signals URL) of a fresh store of the kind ``storage`` (one
+    of STORAGES) names: the SQLite file ``sqlite_path`` and in-process
+    signals; a new PostgreSQL schema and in-process signals; or that and a
+    flushed Redis database (REDIS_DB)."""
+    if storage == "sqlite":
+        yield sqlite_path, ""
+        return
+    postgres = os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES)
+    with fresh_schema(postgres) as database:
+        if storage == "postgresql":
+            yield database, ""
+            return
+        signals_url = redis_on_db(os.environ.get(REDIS_ENV, DEFAULT_REDIS), REDIS_DB)
+        flush_redis(signals_url)
+        try:
+            yield database, signals_url
+        finally:
+            flush_redis(signals_url)

@@ -73,7 +73,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -82,7 +81,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
@@ -95,6 +93,8 @@ from _common import (
     DEFAULT_REDIS,
     POSTGRES_ENV,
     REDIS_ENV,
+    RedisCommands,
+    flush_redis,
     fresh_schema,
     machine_cpu,
     process_cpu,
@@ -120,78 +120,6 @@ T = TypeVar("T")
 
 
 # PostgreSQL and Redis -----------------------------------------------------------
-
-
-class RedisCommands:
-    """The bench's own Redis commands (FLUSHDB, CLIENT LIST, INFO) in RESP2
-    on one blocking socket, apart from the servers' clients."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.port = parts.port or 6379
-        self._sock = socket.create_connection((parts.hostname or "127.0.0.1", self.port), 10)
-        self._file = self._sock.makefile("rb")
-        if parts.password:
-            self.command("AUTH", *filter(None, [parts.username]), parts.password)
-        self.command("SELECT", parts.path.strip("/") or "0")
-
-    def command(self, *words: str) -> Any:
-        encoded = [word.encode() for word in words]
-        payload = b"*%d\r\n" % len(encoded) + b"".join(
-            b"$%d\r\n%s\r\n" % (len(word), word) for word in encoded
-        )
-        self._sock.sendall(payload)
-        return self._reply()
-
-    def _reply(self) -> Any:
-        line = self._file.readline()
-        if not line:
-            raise ConnectionError("Redis closed the connection")
-        kind, rest = line[:1], line[1:-2].decode()
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            raise RuntimeError(f"Redis answered: {rest}")
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            size = int(rest)
-            return None if size < 0 else self._file.read(size + 2)[:-2].decode()
-        if kind == b"*":
-            size = int(rest)
-            return None if size < 0 else [self._reply() for _ in range(size)]
-        raise RuntimeError(f"an answer from Redis this client cannot read: {line!r}")
-
-    def flush(self) -> None:
-        self.command("FLUSHDB")
-
-    def clients(self) -> list[dict[str, str]]:
-        """CLIENT LIST, each client as its fields."""
-        listing: str = self.command("CLIENT", "LIST")
-        return [
-            dict(field.split("=", 1) for field in line.split() if "=" in field)
-            for line in listing.splitlines()
-            if line.strip()
-        ]
-
-    def connected_clients(self) -> int:
-        info: str = self.command("INFO", "clients")
-        for line in info.splitlines():
-            if line.startswith("connected_clients:"):
-                return int(line.split(":", 1)[1])
-        raise RuntimeError("INFO clients has no connected_clients")
-
-    def close(self) -> None:
-        self._file.close()
-        self._sock.close()
-
-
-def flush_redis(url: str) -> None:
-    redis = RedisCommands(url)
-    try:
-        redis.flush()
-    finally:
-        redis.close()
 
 
 # Processes, from /proc --------------------------------------------------------
@@ -286,6 +214,9 @@ class Setup:
     replicas: int = 1
     shared: bool = True
     serve_args: tuple[str, ...] = ()
+    # On PostgreSQL, Redis for the signals; False: the in-process signals
+    # (one process only: it shows what Redis costs on its own).
+    redis: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +232,7 @@ class Horde:
 
 @contextlib.contextmanager
 def running_horde(
-    workdir: Path, name: str, setup: Setup, args: argparse.Namespace
+    workdir: Path, name: str, setup: Setup, args: argparse.Namespace, source: Path | None = None
 ) -> Iterator[Horde]:
     """The setup's servers on fresh storage: a new schema and a flushed Redis
     database (dropped and flushed again on exit), or a new SQLite file. The replicas start one after another, so
@@ -309,9 +240,10 @@ def running_horde(
     with contextlib.ExitStack() as stack:
         if setup.shared:
             database = stack.enter_context(fresh_schema(args.postgres))
-            signals_url = redis_on_db(args.redis, args.redis_db)
-            flush_redis(signals_url)
-            stack.callback(flush_redis, signals_url)  # once the servers have stopped
+            signals_url = redis_on_db(args.redis, args.redis_db) if setup.redis else ""
+            if signals_url:
+                flush_redis(signals_url)
+                stack.callback(flush_redis, signals_url)  # once the servers have stopped
         else:
             database, signals_url = str(workdir / f"{name}.db"), ""
         servers = [
@@ -323,6 +255,7 @@ def running_horde(
                     database,
                     signals_url,
                     setup.serve_args,
+                    source=source,
                 )
             )
             for i in range(setup.replicas)
@@ -371,75 +304,129 @@ def cycle_setups(args: argparse.Namespace) -> list[Setup]:
                 serve_args=("--processes", "2"),
             )
         )
+    setups.append(Setup("pg_only_1", "1 process, PostgreSQL, in-process signals", redis=False))
+    if args.setups:
+        wanted = args.setups.split(",")
+        setups = [setup for setup in setups if setup.key in wanted]
     return setups
 
 
 def run_cycle_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -> None:
-    rates: dict[str, float] = {}
     report.figures["cycle"] = {}
+    if args.against is not None:
+        run_cycle_against(workdir, args, report)
+        return
+    rates: dict[str, float] = {}
     for setup in cycle_setups(args):
-        fr.progress(f"(a) {setup.label}")
-        with running_horde(workdir, f"cycle-{setup.key}", setup, args) as horde:
-            first = horde.servers[0]
-            worker_key = tc.create_key(first, "bench-workers")
-            requester_keys = [
-                tc.create_key(first, f"bench-requester-{i}") for i in range(args.requesters)
-            ]
-            window, use = measured(
-                workdir,
-                horde,
-                args.client_backend,
-                tc.measure_cycle,
-                horde.urls,
-                worker_key,
-                requester_keys,
-                args,
-            )
-        report.cpu.append((f"(a) {setup.label}", use.total))
-        cycles = len(window.latencies)
-        if not cycles:
-            raise RuntimeError(f"no text request completed its cycle on {setup.label}")
-        rate = rates[setup.key] = cycles / window.duration
-        per_cycle = window.total / cycles
+        rates[setup.key] = run_cycle_setup(workdir, args, report, setup)
+    if "pg_2" in rates and "pg_1" in rates:
+        scale = rates["pg_2"] / rates["pg_1"]
         report.add(
-            f"(a) {setup.label}: cycles completed",
-            f"{rate:.1f} /s ({rate * per_cycle:.0f} HTTP req/s, {per_cycle:.2f} per cycle)",
+            "(a) ratio 2 replicas / 1 replica",
+            f"{scale:.2f}",
+            f">= {TARGET_SCALE:.1f}",
+            scale >= TARGET_SCALE,
         )
-        report.add(f"(a) {setup.label}: server CPU", cores_row(use, setup.shared))
-        p50, p95 = tc.percentile(window.done, 50), tc.percentile(window.done, 95)
-        report.add(
-            f"(a) {setup.label}: async-to-submitted p50 / p95", f"{tc.ms(p50)} / {tc.ms(p95)}"
-        )
-        report.figures["cycle"][setup.key] = {
-            "cycles_per_s": rate,
-            "requests_per_cycle": per_cycle,
-            "requests_by_kind": window.requests,
-            "server_cores": use.servers,
-            "backing_cores": use.backing,
-            "client_cores": use.total.client,
-            "other_cores": use.total.others,
-            "submitted_p50_ms": p50 * 1000,
-            "submitted_p95_ms": p95 * 1000,
-        }
-    scale = rates["pg_2"] / rates["pg_1"]
-    report.add(
-        "(a) ratio 2 replicas / 1 replica",
-        f"{scale:.2f}",
-        f">= {TARGET_SCALE:.1f}",
-        scale >= TARGET_SCALE,
-    )
-    report.add(
-        "(a) ratio 1 process PostgreSQL + Redis / SQLite", f"{rates['pg_1'] / rates['sqlite']:.2f}"
-    )
-    report.figures["cycle"]["ratio_2_replicas_1_replica"] = scale
-    if "pg_processes_2" in rates:
+        report.figures["cycle"]["ratio_2_replicas_1_replica"] = scale
+    if "sqlite" in rates:
+        for key, label in (("pg_1", "PostgreSQL + Redis"), ("pg_only_1", "PostgreSQL")):
+            if key in rates:
+                ratio = rates[key] / rates["sqlite"]
+                report.add(f"(a) ratio 1 process {label} / SQLite", f"{ratio:.2f}")
+                report.figures["cycle"][f"ratio_{key}_sqlite"] = ratio
+    if "pg_processes_2" in rates and "pg_1" in rates:
         report.add(
             "(a) ratio --processes 2 / 1 process (PostgreSQL + Redis)",
             f"{rates['pg_processes_2'] / rates['pg_1']:.2f}",
         )
-    else:
+    elif not args.processes_available:
         report.add("(a) --processes 2", "not available: hordelite serve has no --processes")
     report.figures["cycle"]["processes_available"] = args.processes_available
+
+
+def run_cycle_setup(
+    workdir: Path,
+    args: argparse.Namespace,
+    report: tc.Report,
+    setup: Setup,
+    source: Path | None = None,
+    tag: str = "",
+) -> float:
+    """(a) on one configuration (its servers run from ``source``, when
+    given); its rows in the report; its cycles per second."""
+    label = f"{setup.label}{tag}"
+    fr.progress(f"(a) {label}")
+    name = f"cycle-{setup.key}" + "".join(c if c.isalnum() else "-" for c in tag)
+    with running_horde(workdir, name, setup, args, source) as horde:
+        first = horde.servers[0]
+        worker_key = tc.create_key(first, "bench-workers")
+        requester_keys = [
+            tc.create_key(first, f"bench-requester-{i}") for i in range(args.requesters)
+        ]
+        window, use = measured(
+            workdir,
+            horde,
+            args.client_backend,
+            tc.measure_cycle,
+            horde.urls,
+            worker_key,
+            requester_keys,
+            args,
+        )
+    report.cpu.append((f"(a) {label}", use.total))
+    cycles = len(window.latencies)
+    if not cycles:
+        raise RuntimeError(f"no text request completed its cycle on {label}")
+    rate = cycles / window.duration
+    per_cycle = window.total / cycles
+    report.add(
+        f"(a) {label}: cycles completed",
+        f"{rate:.1f} /s ({rate * per_cycle:.0f} HTTP req/s, {per_cycle:.2f} per cycle)",
+    )
+    report.add(f"(a) {label}: server CPU", cores_row(use, setup.shared))
+    p50, p95 = tc.percentile(window.done, 50), tc.percentile(window.done, 95)
+    report.add(f"(a) {label}: async-to-submitted p50 / p95", f"{tc.ms(p50)} / {tc.ms(p95)}")
+    entry = {
+        "cycles_per_s": rate,
+        "requests_per_cycle": per_cycle,
+        "requests_by_kind": window.requests,
+        "server_cores": use.servers,
+        "backing_cores": use.backing,
+        "client_cores": use.total.client,
+        "other_cores": use.total.others,
+        "submitted_p50_ms": p50 * 1000,
+        "submitted_p95_ms": p95 * 1000,
+    }
+    if tag:  # rounds of --against: each tree's runs, in order
+        report.figures["cycle"].setdefault(f"{setup.key}{tag}", []).append(entry)
+    else:
+        report.figures["cycle"][setup.key] = entry
+    return rate
+
+
+def run_cycle_against(workdir: Path, args: argparse.Namespace, report: tc.Report) -> None:
+    """(a) alternating between this checkout and ``--against``, round after
+    round (each round runs every configuration on each tree, one after
+    another), so that both trees see the same machine; the ratio of each
+    configuration to SQLite is taken within a round, then its median."""
+    trees: list[tuple[str, Path | None]] = [("this", None), ("against", args.against)]
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for round_ in range(args.rounds):
+        for name, source in trees:
+            rates = {
+                setup.key: run_cycle_setup(
+                    workdir, args, report, setup, source, f" [{name} {round_ + 1}]"
+                )
+                for setup in cycle_setups(args)
+            }
+            for key, rate in rates.items():
+                if key != "sqlite" and "sqlite" in rates:
+                    ratios.setdefault((name, key), []).append(rate / rates["sqlite"])
+    for (name, key), values in sorted(ratios.items()):
+        median = statistics.median(values)
+        shown = ", ".join(f"{v:.2f}" for v in values)
+        report.add(f"(a) ratio {key} / sqlite [{name}], median", f"{median:.2f} ({shown})")
+        report.figures["cycle"][f"ratio_{key}_sqlite_{name}"] = values
 
 
 # (b) cross-replica long-poll wake ------------------------------------------------
@@ -897,7 +884,7 @@ def run_front_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) 
             "answered_p50_ms": p50 * 1000,
             "answered_p95_ms": p95 * 1000,
         }
-    if "pg_processes_2" in rates:
+    if "pg_processes_2" in rates and "pg_1" in rates:
         scale = rates["pg_processes_2"] / rates["pg_1"]
         report.add(
             "(e) ratio --processes 2 / 1 process (PostgreSQL + Redis)",
@@ -906,13 +893,16 @@ def run_front_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) 
             scale >= TARGET_FRONT_PROCESSES,
         )
         report.figures["front_cycle"]["ratio_processes_2_1_process"] = scale
-    else:
+    elif not args.processes_available:
         report.add("(e) --processes 2", "not available: hordelite serve has no --processes")
-    report.add("(e) ratio 2 replicas / 1 process", f"{rates['pg_2'] / rates['pg_1']:.2f}")
-    report.add(
-        "(e) ratio 1 process PostgreSQL + Redis / SQLite", f"{rates['pg_1'] / rates['sqlite']:.2f}"
-    )
-    report.figures["front_cycle"]["ratio_2_replicas_1_process"] = rates["pg_2"] / rates["pg_1"]
+    if "pg_2" in rates and "pg_1" in rates:
+        report.add("(e) ratio 2 replicas / 1 process", f"{rates['pg_2'] / rates['pg_1']:.2f}")
+        report.figures["front_cycle"]["ratio_2_replicas_1_process"] = rates["pg_2"] / rates["pg_1"]
+    if "sqlite" in rates and "pg_1" in rates:
+        report.add(
+            "(e) ratio 1 process PostgreSQL + Redis / SQLite",
+            f"{rates['pg_1'] / rates['sqlite']:.2f}",
+        )
     report.figures["front_cycle"]["processes_available"] = args.processes_available
 
 
@@ -926,6 +916,21 @@ def parser() -> argparse.ArgumentParser:
         default="abcde",
         help="which phases to run: any of a, b, c, d, e (default abcde)",
     )
+    p.add_argument(
+        "--setups",
+        default="sqlite,pg_1,pg_2,pg_processes_2",
+        help="the configurations of (a) and (e), by key: sqlite, pg_1 (PostgreSQL + Redis), "
+        "pg_2 (two replicas), pg_processes_2, pg_only_1 (PostgreSQL, in-process signals); "
+        "default all but pg_only_1",
+    )
+    p.add_argument(
+        "--against",
+        type=Path,
+        help="another hordelite tree (a worktree of an older commit): (a) alternates "
+        "between this checkout and it, --rounds times, and prints each tree's ratio "
+        "of every configuration to SQLite",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds of (a) with --against (default 3)")
     p.add_argument(
         "--postgres",
         default=os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES),

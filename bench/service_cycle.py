@@ -38,7 +38,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import never_refusing_budgets  # bench/ is the script's folder, so on sys.path
+from _common import (  # bench/ is the script's folder, so on sys.path
+    POSTGRES_ENV,
+    REDIS_DB,
+    REDIS_ENV,
+    STORAGES,
+    never_refusing_budgets,
+    storage_urls,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 # text and chat: through the horde's methods; http: the text cycle over real
@@ -92,30 +99,41 @@ def budgets() -> dict[str, dict[str, int]]:
     return {"budgets": section} if section else {}
 
 
-async def cycles(kind: str, count: int, warmup: int) -> float:
+async def cycles(kind: str, count: int, warmup: int, storage: str = "sqlite") -> float:
     """CPU microseconds per ``kind`` cycle, over ``count`` after ``warmup``."""
     if kind == "http":
-        return await http_cycles(count, warmup)
-    from hordelite.config import Config
+        return await http_cycles(count, warmup, storage)
     from hordelite.horde.service import Horde
+    from hordelite.signals import open_signals
     from hordelite.storage.database import Database
 
-    with tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp:
-        path = str(Path(tmp) / "horde.db")
-        config = Config().replace(storage={"database": path}, **budgets())
-        db = Database(path)
-        horde = Horde(config, db)
-        horde.migrate()
-        _, key = await horde.create_user("bench", kudos=1e9, trusted=True)
-        await horde.pop(key, CHAT_POP if kind == "chat" else POP)  # the worker comes online
-        started = 0.0
-        for n in range(warmup + count):
-            if n == warmup:
-                started = time.process_time()
-            await one_cycle(horde, key, kind, n)
-        spent = time.process_time() - started
+    with (
+        tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp,
+        storage_urls(storage, str(Path(tmp) / "horde.db")) as (database, signals_url),
+    ):
+        config = _config(database, signals_url)
+        db = Database(database)
+        async with open_signals(signals_url) as signals:
+            horde = Horde(config, db, signals=signals)
+            horde.migrate()
+            _, key = await horde.create_user("bench", kudos=1e9, trusted=True)
+            await horde.pop(key, CHAT_POP if kind == "chat" else POP)  # the worker comes online
+            started = 0.0
+            for n in range(warmup + count):
+                if n == warmup:
+                    started = time.process_time()
+                await one_cycle(horde, key, kind, n)
+            spent = time.process_time() - started
         db.dispose()
     return spent / count * 1e6
+
+
+def _config(database: str, signals_url: str) -> Any:
+    from hordelite.config import Config
+
+    return Config().replace(
+        storage={"database": database}, signals={"url": signals_url}, **budgets()
+    )
 
 
 async def one_cycle(horde: Any, key: str, kind: str, n: int) -> None:
@@ -141,25 +159,28 @@ async def one_cycle(horde: Any, key: str, kind: str, n: int) -> None:
     assert answer.done, answer
 
 
-async def http_cycles(count: int, warmup: int) -> float:
+async def http_cycles(count: int, warmup: int, storage: str = "sqlite") -> float:
     """CPU microseconds per text cycle over HTTP (server and client)."""
     import httpx
 
-    from hordelite.config import Config
     from hordelite.testing import open_horde
 
-    config = Config().replace(**budgets())
-    async with open_horde(config=config) as horde:
-        key = await horde.create_key("bench", kudos=1e9, trusted=True)
-        base = horde.url + "/api/v2"
-        async with httpx.AsyncClient(base_url=base, headers={"apikey": key}) as client:
-            await client.post("/generate/text/pop", json=POP)  # the worker comes online
-            started = 0.0
-            for n in range(warmup + count):
-                if n == warmup:
-                    started = time.process_time()
-                await one_http_cycle(client, n)
-            spent = time.process_time() - started
+    with (
+        tempfile.TemporaryDirectory(prefix="hordelite-bench-") as tmp,
+        storage_urls(storage, str(Path(tmp) / "horde.db")) as (database, signals_url),
+    ):
+        config = _config(database, signals_url)
+        async with open_horde(config=config) as horde:
+            key = await horde.create_key("bench", kudos=1e9, trusted=True)
+            base = horde.url + "/api/v2"
+            async with httpx.AsyncClient(base_url=base, headers={"apikey": key}) as client:
+                await client.post("/generate/text/pop", json=POP)  # the worker comes online
+                started = 0.0
+                for n in range(warmup + count):
+                    if n == warmup:
+                        started = time.process_time()
+                    await one_http_cycle(client, n)
+                spent = time.process_time() - started
     return spent / count * 1e6
 
 
@@ -173,16 +194,16 @@ async def one_http_cycle(client: Any, n: int) -> None:
     assert status["done"], status
 
 
-def child(count: int, warmup: int, kinds: list[str]) -> dict[str, float]:
+def child(count: int, warmup: int, kinds: list[str], storage: str) -> dict[str, float]:
     import trio
 
-    return {kind: trio.run(cycles, kind, count, warmup) for kind in kinds}
+    return {kind: trio.run(cycles, kind, count, warmup, storage) for kind in kinds}
 
 
-def run_child(tree: Path, count: int, warmup: int) -> dict[str, float]:
+def run_child(tree: Path, count: int, warmup: int, storage: str) -> dict[str, float]:
     """CPU microseconds per cycle of each kind, in a child on ``tree``."""
     out = subprocess.run(
-        _child_command(count, warmup, ",".join(KINDS)),
+        _child_command(count, warmup, ",".join(KINDS), storage),
         env={**os.environ, "PYTHONPATH": str(tree)},
         cwd=tree,
         capture_output=True,
@@ -192,7 +213,7 @@ def run_child(tree: Path, count: int, warmup: int) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _child_command(count: int, warmup: int, kinds: str) -> list[str]:
+def _child_command(count: int, warmup: int, kinds: str, storage: str = "sqlite") -> list[str]:
     return [
         sys.executable,
         str(Path(__file__)),
@@ -203,6 +224,8 @@ def _child_command(count: int, warmup: int, kinds: str) -> list[str]:
         str(warmup),
         "--kinds",
         kinds,
+        "--storage",
+        storage,
     ]
 
 
@@ -246,11 +269,18 @@ def main() -> int:
         action="store_true",
         help="count instructions per cycle under valgrind (one round per tree; slow, repeatable)",
     )
+    parser.add_argument(
+        "--storage",
+        choices=STORAGES,
+        default="sqlite",
+        help="a fresh SQLite file (default); a new PostgreSQL schema "
+        f"(${POSTGRES_ENV}); or that and Redis signals (${REDIS_ENV}, database {REDIS_DB})",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kinds", default=",".join(KINDS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.cycles, args.warmup, args.kinds.split(","))))
+        print(json.dumps(child(args.cycles, args.warmup, args.kinds.split(","), args.storage)))
         return 0
     trees = {"this": ROOT}
     if args.against is not None:
@@ -264,7 +294,7 @@ def main() -> int:
         # Alternate which tree goes first, so drift in machine speed falls on both.
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
         for name in order:
-            figures = run_child(trees[name], args.cycles, args.warmup)
+            figures = run_child(trees[name], args.cycles, args.warmup, args.storage)
             seen[name].append(figures)
             print(_row(str(r + 1), name, [f"{figures[k]:.0f}" for k in KINDS]))
     medians = {

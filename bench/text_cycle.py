@@ -96,11 +96,16 @@ import anyio
 import anyio.to_thread
 import httpx
 from _common import (  # bench/ is on sys.path
+    POSTGRES_ENV,
+    REDIS_DB,
+    REDIS_ENV,
+    STORAGES,
     machine_cpu,
     never_refusing_budgets,
     process_cpu,
     process_tree,
     stop_process,
+    storage_urls,
 )
 from sqlalchemy import Connection, insert, select
 
@@ -919,8 +924,18 @@ def percentile(values: Sequence[float], p: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
+@contextlib.contextmanager
+def stored_server(workdir: Path, name: str, args: argparse.Namespace) -> Iterator[Server]:
+    """The server of (a) or (e) on the storage ``--storage`` names."""
+    with (
+        storage_urls(args.storage, str(workdir / f"{name}.db")) as (database, signals_url),
+        running_server(workdir, name, args.server_backend, database, signals_url) as server,
+    ):
+        yield server
+
+
 def run_cycle_phase(workdir: Path, args: argparse.Namespace, report: Report) -> None:
-    with running_server(workdir, "cycle", args.server_backend) as server:
+    with stored_server(workdir, "cycle", args) as server:
         worker_key = create_key(server, "bench-workers")
         requester_keys = [
             create_key(server, f"bench-requester-{i}") for i in range(args.requesters)
@@ -1084,7 +1099,7 @@ def run_status_phase(workdir: Path, args: argparse.Namespace, report: Report) ->
 
 
 def run_horde_phase(workdir: Path, args: argparse.Namespace, report: Report) -> None:
-    with running_server(workdir, "horde-style", args.server_backend) as server:
+    with stored_server(workdir, "horde-style", args) as server:
         worker_key = create_key(server, "bench-workers")
         requester_keys = [
             create_key(server, f"bench-requester-{i}") for i in range(args.requesters)
@@ -1378,6 +1393,14 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         choices=["trio", "asyncio"],
         default="trio",
         help="server.backend of the server (default trio, as hordelite serve)",
+    )
+    p.add_argument(
+        "--storage",
+        choices=STORAGES,
+        default="sqlite",
+        help="the server's storage in (a) and (e): a fresh SQLite file (default), a new "
+        f"PostgreSQL schema (${POSTGRES_ENV}), or that and Redis signals (${REDIS_ENV}, "
+        f"database {REDIS_DB}, flushed)",
     )
     p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
 
