@@ -96,6 +96,9 @@ def quart_app(name: str, backend: str) -> Quart:
 class _Exchange:
     """One request and its answer, as the guard sees them."""
 
+    # Slots: one is kept for each open connection's request, a held call's too.
+    __slots__ = ("_receive", "_send", "body_done", "declared", "disconnected", "held", "received")
+
     def __init__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         self._receive = receive
         self._send = send

@@ -16,7 +16,6 @@ import anyio
 
 from hordelite._http import run_to_completion
 from hordelite.config import FrontConfig
-from hordelite.contract.chat_request import ChatRequest
 from hordelite.errors import RC, HordeError
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
@@ -29,9 +28,9 @@ _CANCEL_BUDGET = 5.0
 
 
 class Call:
-    """One call's horde request: a chat request (``req``, the chat front's
-    call) or a text one (``req`` None: a legacy completion); ``fail_fast``:
-    the horde object's availability_mode."""
+    """One call's horde request: a chat request (``kind`` "chat", the chat
+    front's call) or a text one (a legacy completion); ``fail_fast``: the
+    horde object's availability_mode."""
 
     def __init__(
         self,
@@ -40,14 +39,13 @@ class Call:
         request_id: str,
         started: float,
         *,
-        req: ChatRequest | None = None,
+        kind: str = "chat",
         fail_fast: bool = False,
     ) -> None:
         self.horde = horde
         self.config = config
         self.request_id = request_id
-        self.req = req
-        self.kind = "text" if req is None else "chat"
+        self.kind = kind
         self.fail_fast = fail_fast
         self.deadline = started + config.timeout
         self.settled = False  # answered or faulted: nothing to cancel

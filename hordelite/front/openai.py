@@ -25,7 +25,7 @@ from werkzeug.datastructures import Headers
 from hordelite._http import on_exchange_end, run_to_completion
 from hordelite._request import client_agent, horde, json_body
 from hordelite.config import FrontConfig
-from hordelite.contract.chat_request import flatten_messages, parse_chat_request
+from hordelite.contract.chat_request import ChatRequest, flatten_messages, parse_chat_request
 from hordelite.contract.completion_request import Context, parse_completion_request
 from hordelite.contract.limits import ANONYMOUS_API_KEY, MAX_API_KEY_CHARS
 from hordelite.contract.progress import streams_progress
@@ -110,31 +110,38 @@ class ChatPlan:
 
     def __init__(self, body: Any, horde: Horde) -> None:
         self.horde = horde
-        self.req = req = parse_chat_request(body)
+        req = parse_chat_request(body)
         _check_models(req.models)
+        # The request, until it is queued; a stream's relay reads it after.
+        self.req: ChatRequest | None = req
         self.stream = req.stream
         self.fail_fast = req.horde.availability_mode == "fail_fast"
+        self.include_reasoning = req.horde.include_reasoning
         self.prompt_chars = len(flatten_messages(req.messages, req.tools))
 
     async def queue(self, key: str, agent: str) -> str:
         # The call is the request's only reader, held by this process
         # (decision 0051): if the process dies, the request is cancelled.
         horde = self.horde
+        assert self.req is not None
         answer = await horde.requests.queue_chat(
             key, self.req, agent, None, reader=horde.readers.name
         )
+        if not self.stream:
+            # Stored: a call held for minutes need not keep the request
+            # (its messages, as decoded) for its answer.
+            self.req = None
         return answer.id
 
     def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
-        return Call(self.horde, config, request_id, started, req=self.req, fail_fast=self.fail_fast)
+        return Call(self.horde, config, request_id, started, fail_fast=self.fail_fast)
 
     def answer(self, call: Call, status: RequestStatus) -> dict[str, Any]:
-        return _shape.completion(
-            call.request_id, status, self.prompt_chars, self.req.horde.include_reasoning
-        )
+        return _shape.completion(call.request_id, status, self.prompt_chars, self.include_reasoning)
 
     def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]:
         req = self.req
+        assert req is not None  # kept for a stream
         if streams_progress(req):
             return relay(
                 call, req, self.prompt_chars, config.pace_progress, config.keepalive_interval
@@ -172,7 +179,7 @@ class CompletionPlan:
         return answer.id
 
     def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
-        return Call(self.horde, config, request_id, started, fail_fast=self.fail_fast)
+        return Call(self.horde, config, request_id, started, kind="text", fail_fast=self.fail_fast)
 
     def _shape(self, call: Call) -> _shape.TextCompletion:
         assert self.context is not None  # set when it was queued
