@@ -55,6 +55,14 @@ Figures, each with its target:
     carry the configuration. Target: --processes 2 / 1 process (both on
     PostgreSQL + Redis) >= 1.6; 2 replicas / 1 process is shown beside it.
 
+``--setups`` picks the configurations of (a) and (e) by key (sqlite, pg_1,
+pg_2, pg_processes_2, and pg_only_1: one process on PostgreSQL with the
+in-process signals, which shows what Redis costs on its own). With
+``--against TREE``, (a) alternates between this checkout and TREE's
+hordelite (``PYTHONPATH``), ``--rounds`` times, and prints each tree's
+ratio of each configuration to SQLite, taken within a round, and their
+median.
+
 The table of cores busy comes with every measurement, as in text_cycle.py:
 "server" is all the hordelite processes of the configuration together, and
 "others" includes PostgreSQL and Redis (their share is also printed in the
