@@ -18,12 +18,6 @@ the retained stream on logical database 7, so ``redis://host:6379/7``):
 - ``horde:pool`` (channel): a worker joined, left or declared anew; or
   (``versions``) a process could not announce a change while Redis was
   down, so every process forgets the request versions it holds.
-
-A request's version (decision 0038: a status is cached under it) is kept
-by each process, from the changes it makes and the ones it hears
-(decision 0064): a status read sends nothing to Redis. While signals may
-be lost (degraded) every read is a version never seen before, so nothing
-cached answers; when they are back, every version held is forgotten.
 - ``horde:lease:<job id>``, ``horde:cancel:<job id>``, ``horde:ended:<job
   id>``, ``horde:request_leases:<request id>``, ``horde:lease_ends``: the
   progress leases written at pop, so that a post on any process is
@@ -32,6 +26,12 @@ cached answers; when they are back, every version held is forgotten.
   made meanwhile on another process.
 - ``horde:chat:stream:<request id>``: the retained progress stream, a list
   of JSON entries with a time to live.
+
+A request's version (decision 0038: a status is cached under it) is kept
+by each process, from the changes it makes and the ones it hears
+(decision 0064): a status read sends nothing to Redis. While signals may
+be lost (degraded) every read is a version never seen before, so nothing
+cached answers; when they are back, every version held is forgotten.
 """
 
 from __future__ import annotations
