@@ -14,6 +14,7 @@ import anyio.to_thread
 from quart import current_app, request
 
 from hordelite.contract import forwarded
+from hordelite.contract.headers import client_agent_of
 from hordelite.contract.json_body import decode_json_body
 from hordelite.errors import RC
 from hordelite.horde.service import Horde
@@ -42,12 +43,7 @@ async def json_body(*, optional: bool = False) -> Any:
 
 
 def client_agent() -> str:
-    # koboldcpp and most tools send Client-Agent; horde_sdk sends client_agent.
-    return (
-        request.headers.get("Client-Agent")
-        or request.headers.get("client_agent")
-        or "unknown:0:unknown"
-    )
+    return client_agent_of(request.headers.get("Client-Agent"), request.headers.get("client_agent"))
 
 
 def public_base_url() -> str:

@@ -46,10 +46,10 @@ import anyio.to_thread
 from hordelite._http import ARRIVED
 from hordelite.api import _render
 from hordelite.contract import forwarded
+from hordelite.contract.headers import checked_api_key, checked_operation_key, client_agent_of
 from hordelite.contract.json_body import decode_json_body
-from hordelite.contract.limits import MAX_API_KEY_CHARS, MAX_IDEMPOTENCY_KEY_CHARS
 from hordelite.contract.text import parse_status_wait
-from hordelite.errors import RC, HordeError, HordeliteError, StorageUnavailable, bad_request
+from hordelite.errors import RC, HordeError, HordeliteError, StorageUnavailable
 from hordelite.front._errors import error_answer
 from hordelite.front.openai import Admission, Caller, ChatPlan, CompletionPlan, Plan, serve
 from hordelite.horde.results import Queued
@@ -491,29 +491,15 @@ def _has_body(scope: Scope) -> bool:
 
 
 def _api_key(ex: _Exchange) -> str:
-    """As native.api_key."""
-    key = ex.header(b"apikey")
-    if key is None or key == "":
-        raise HordeError(
-            RC.InvalidAPIKey,
-            "The apikey header is missing: send your API key, or 0000000000 for anonymous use.",
-        )
-    if len(key) > MAX_API_KEY_CHARS:
-        raise HordeError(RC.InvalidAPIKey, "The apikey header is longer than any key.")
-    return key
+    return checked_api_key(ex.header(b"apikey"))
 
 
 def _operation_key(ex: _Exchange) -> str | None:
-    """As native.operation_key."""
-    key = ex.header(b"idempotency-key")
-    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
-        raise bad_request("Idempotency-Key", f"must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
-    return key
+    return checked_operation_key(ex.header(b"idempotency-key"))
 
 
 def _client_agent(ex: _Exchange) -> str:
-    """As _request.client_agent."""
-    return ex.header(b"client-agent") or ex.header(b"client_agent") or "unknown:0:unknown"
+    return client_agent_of(ex.header(b"client-agent"), ex.header(b"client_agent"))
 
 
 def _address(listening: tuple[str, int | None]) -> str:

@@ -18,15 +18,14 @@ from werkzeug.exceptions import HTTPException
 from hordelite._http import ARRIVED
 from hordelite._request import client_agent, horde, json_body, public_base_url
 from hordelite.api import _render
+from hordelite.contract.headers import checked_api_key, checked_operation_key
 from hordelite.contract.limits import (
-    MAX_API_KEY_CHARS,
-    MAX_IDEMPOTENCY_KEY_CHARS,
     MODELS_PAGE,
     USERS_PAGE,
     WORKERS_PAGE,
 )
 from hordelite.contract.text import parse_count_bound, parse_page, parse_status_wait
-from hordelite.errors import RC, HordeError, bad_request
+from hordelite.errors import RC, HordeError
 from hordelite.horde.results import Queued
 
 native = Blueprint("native", __name__, url_prefix="/api/v2")
@@ -43,23 +42,12 @@ def http_error_response(exc: HTTPException) -> Response:
 
 
 def api_key() -> str:
-    key = request.headers.get("apikey")
-    if key is None or key == "":
-        raise HordeError(
-            RC.InvalidAPIKey,
-            "The apikey header is missing: send your API key, or 0000000000 for anonymous use.",
-        )
-    if len(key) > MAX_API_KEY_CHARS:
-        raise HordeError(RC.InvalidAPIKey, "The apikey header is longer than any key.")
-    return key
+    return checked_api_key(request.headers.get("apikey"))
 
 
 def operation_key() -> str | None:
     """The Idempotency-Key header: a resubmit with the same key returns the first request."""
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
-        raise bad_request("Idempotency-Key", f"must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
-    return key
+    return checked_operation_key(request.headers.get("Idempotency-Key"))
 
 
 @native.post("/generate/text/async")
