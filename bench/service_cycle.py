@@ -229,13 +229,15 @@ def _child_command(count: int, warmup: int, kinds: str, storage: str = "sqlite")
     ]
 
 
-def instructions(tree: Path, count: int, warmup: int) -> dict[str, float]:
+def instructions(
+    tree: Path, count: int, warmup: int, storage: str = "sqlite", kinds: tuple[str, ...] = KINDS
+) -> dict[str, float]:
     """Instructions per cycle of each kind, counted by valgrind's callgrind
     (repeatable whatever else the machine does): the difference between a
     child of ``warmup + count + 1`` cycles and one of ``warmup + 1``, so that
     start-up and imports cancel out."""
     per_kind = {}
-    for kind in KINDS:
+    for kind in kinds:
         totals = []
         for cycles in (1, count + 1):
             with tempfile.TemporaryDirectory() as tmp:
@@ -244,7 +246,7 @@ def instructions(tree: Path, count: int, warmup: int) -> dict[str, float]:
                         "valgrind",
                         "--tool=callgrind",
                         f"--callgrind-out-file={tmp}/callgrind.out",
-                        *_child_command(cycles, warmup, kind),
+                        *_child_command(cycles, warmup, kind, storage),
                     ],
                     env={**os.environ, "PYTHONPATH": str(tree)},
                     cwd=tree,
@@ -277,7 +279,9 @@ def main() -> int:
         f"(${POSTGRES_ENV}); or that and Redis signals (${REDIS_ENV}, database {REDIS_DB})",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--kinds", default=",".join(KINDS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="the cycles to count with --instructions"
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.cycles, args.warmup, args.kinds.split(","), args.storage)))
@@ -286,7 +290,7 @@ def main() -> int:
     if args.against is not None:
         trees["against"] = args.against.resolve()
     if args.instructions:
-        return _report_instructions(trees, args.cycles, args.warmup)
+        return _report_instructions(trees, args.cycles, args.warmup, args.storage, args.kinds)
     rounds = args.rounds if args.against is not None else 1
     seen: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     print(_row("round", "tree", [f"{k} us/cycle" for k in KINDS]))
@@ -314,17 +318,22 @@ def _row(first: str, tree: str, cells: list[str]) -> str:
 def _report_ratio(figures: dict[str, dict[str, float]], digits: int) -> None:
     if "against" in figures:
         ratio = ", ".join(
-            f"{k} {figures['this'][k] / figures['against'][k]:.{digits}f}" for k in KINDS
+            f"{k} {figures['this'][k] / figures['against'][k]:.{digits}f}" for k in figures["this"]
         )
         print(f"ratio this / against: {ratio}")
     print(f"command: python bench/service_cycle.py {' '.join(sys.argv[1:])}")
 
 
-def _report_instructions(trees: dict[str, Path], count: int, warmup: int) -> int:
-    counted = {name: instructions(tree, count, warmup) for name, tree in trees.items()}
-    print(_row("", "tree", [f"{k} instr/cycle" for k in KINDS]))
+def _report_instructions(
+    trees: dict[str, Path], count: int, warmup: int, storage: str, kinds: str
+) -> int:
+    chosen = tuple(kinds.split(","))
+    counted = {
+        name: instructions(tree, count, warmup, storage, chosen) for name, tree in trees.items()
+    }
+    print(_row("", "tree", [f"{k} instr/cycle" for k in chosen]))
     for name, c in counted.items():
-        print(_row("", name, [f"{c[k]:,.0f}" for k in KINDS]))
+        print(_row("", name, [f"{c[k]:,.0f}" for k in chosen]))
     _report_ratio(counted, 3)
     return 0
 

@@ -83,7 +83,17 @@ class LoopConnection(psycopg.Connection[Any]):
     def wait(self, gen: Generator[Any, Any, T], *args: Any, **kwargs: Any) -> T:
         if not on_loop():
             return super().wait(gen, *args, **kwargs)
-        return await_on_loop(_drive(gen, self.pgconn.socket, kwargs.get("timeout")))
+        # Its first step here: a generator that needs no socket wait (setting
+        # autocommit on an idle connection, twice per read) ends in it, with
+        # no switch to the loop and back.
+        try:
+            state = next(gen)
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+        except OSError as exc:
+            raise pg_errors.OperationalError("connection socket closed") from exc
+        fileno = self.pgconn.socket
+        return await_on_loop(_drive(gen, fileno, kwargs.get("timeout"), state))
 
 
 def connect(*args: Any, **kwargs: Any) -> LoopConnection:
@@ -97,23 +107,23 @@ def connect(*args: Any, **kwargs: Any) -> LoopConnection:
     return LoopConnection.connect(*args, **kwargs)
 
 
-async def _drive(gen: Generator[Any, Any, T], fileno: int, limit: float | None) -> T:
-    """Run psycopg's generator to its end, awaiting each socket wait it asks
-    for, within ``limit`` seconds when psycopg gives one."""
+async def _drive(gen: Generator[Any, Any, T], fileno: int, limit: float | None, state: int) -> T:
+    """Run psycopg's generator to its end from the socket wait ``state`` it
+    asked for first, awaiting each wait, within ``limit`` seconds when
+    psycopg gives one."""
     try:
         if limit is None:  # nearly always: a scope would cost more than the wait
-            return await _consume(gen, fileno)
+            return await _consume(gen, fileno, state)
         with anyio.fail_after(limit):
-            return await _consume(gen, fileno)
+            return await _consume(gen, fileno, state)
     except TimeoutError:
         raise pg_errors.OperationalError("timed out waiting for the server") from None
     except OSError as exc:
         raise pg_errors.OperationalError("connection socket closed") from exc
 
 
-async def _consume(gen: Generator[Any, Any, T], fileno: int) -> T:
+async def _consume(gen: Generator[Any, Any, T], fileno: int, state: int) -> T:
     try:
-        state = next(gen)
         while True:
             state = gen.send(await _ready(fileno, state))
     except StopIteration as end:

@@ -235,7 +235,10 @@ class Database:
                         return _read_statements(conn, fn, args, kwargs)
                     conn = conn.execution_options(hordelite_write=write)
                     with conn.begin():
-                        return fn(Tx(conn), *args, **kwargs)
+                        tx = Tx(conn)
+                        result = fn(tx, *args, **kwargs)
+                        tx.commit_deferred()
+                        return result
             except OperationalError as exc:
                 if inline and "locked" in str(exc.orig):
                     raise _Busy from exc

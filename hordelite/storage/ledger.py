@@ -140,7 +140,9 @@ def settle(
     if job["request_unread"]:
         state, values = "cancelled", {"charge_basis": values.get("charge_basis")}
     tokens, reward, cost = paid.tokens, paid.reward, paid.cost
-    conn.execute(
+    # The writes of a settlement are deferred (Tx.defer): nothing reads
+    # their results, and on PostgreSQL they go with the COMMIT.
+    conn.defer(
         FINISH_JOB,
         {
             "job_id": job["id"],
@@ -156,7 +158,7 @@ def settle(
     if job["request_shared_key"] is not None:
         spend(conn, job["request_shared_key"], cost)  # what the lent key paid
     credit = {"reward": reward, "tokens": tokens, "seconds": paid.seconds}
-    conn.execute(_CREDIT_WORKER, {"wid": job["worker_id"], **credit})
+    conn.defer(_CREDIT_WORKER, {"wid": job["worker_id"], **credit})
     if state != "done":
         conn.execute(
             update(requests)
@@ -171,7 +173,7 @@ def settle(
     done = job["finished"] + 1 >= job["n"]
     ends = done and job["request_state"] == "waiting"
     finish = _FINISH_LAST if ends else _FINISH_REQUEST
-    conn.execute(finish, {"rid": job["request_id"], "cost": cost, "now": now})
+    conn.defer(finish, {"rid": job["request_id"], "cost": cost, "now": now})
     return SubmitResult(
         reward,
         job["request_id"],
@@ -186,7 +188,7 @@ def settle(
 
 def move_kudos(conn: Tx, payer: int, cost: float, earner: int, reward: float) -> None:
     for move in kudos_rules.kudos_moves(payer, cost, earner, reward):
-        conn.execute(
+        conn.defer(
             _MOVE_KUDOS,
             {"uid": move.user_id, "delta": move.delta, "earned": move.earned, "paid": move.paid},
         )

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import (
     bindparam,
     case,
+    exists,
     false,
     func,
     insert,
@@ -35,7 +36,7 @@ from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND
 from hordelite.contract.text import PopRequest
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.errors import RC, HordeError
-from hordelite.storage.accounts import authenticate
+from hordelite.storage.accounts import admitted, authenticate
 from hordelite.storage.arrays import by_codepoint, json_elements, one_of
 from hordelite.storage.ledger import lapse_job
 from hordelite.storage.rules import Rules
@@ -156,25 +157,57 @@ def online_workers(conn: Tx, now: float) -> list[WorkerView]:
     return online_now(conn, now)
 
 
-def worker_for_pop(
-    conn: Tx, user: Mapping[str, Any], pop: PopRequest, name_key: str
-) -> Mapping[str, Any] | None:
-    """The worker row for this pop's name, or None on its first pop.
+# What a pop reads first, in one statement (one round trip, not three): the
+# key's user, the worker row of the pop's name (null columns on its first
+# pop) and whether the user has requests queued (its own come first,
+# pop._Walks). The worker's columns carry a prefix: both tables have an id.
+_WORKER = "worker__"
+_POPPER = prepared(
+    select(
+        users,
+        *(column.label(_WORKER + column.name) for column in workers.c),
+        exists().where(queue.c.user_id == users.c.id).label("owns_queued"),
+    )
+    .select_from(users.outerjoin(workers, workers.c.name_key == bindparam("name_key")))
+    .where(users.c.key_hash == bindparam("key_hash"))
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Popper:
+    """A pop's user (admitted), its worker's row (None on its first pop) and
+    whether the user has requests queued."""
+
+    user: Mapping[str, Any]
+    worker: Mapping[str, Any] | None
+    owns_queued: bool
+
+
+def popper(conn: Tx, key_hash: str, pop: PopRequest, rules: Rules) -> Popper:
+    """Who pops, and with which worker.
 
     A worker name belongs to the user who first popped with it; names are
     compared by their key, so "ALICE" is the worker first named "Alice", and
-    another user's look-alike of a name is that name. Read without a lock:
-    the row is updated after the claim (``touch_worker``), so a pop locks
-    its request before its worker, in the order submits take them.
+    another user's look-alike of a name is that name. The worker is read
+    without a lock: its row is updated after the claim (``touch_worker``),
+    so a pop locks its request before its worker, in the order submits take
+    them. Refuses an unknown key, as ``authenticate`` does.
     """
-    row = conn.execute(WORKER_BY_KEY, {"name_key": name_key}).mappings().first()
+    params = {"key_hash": key_hash, "name_key": pop.name_key}
+    row = conn.execute(_POPPER, params).mappings().first()
     if row is None:
-        return None
-    if row["user_id"] != user["id"]:
-        raise refusals.worker_name_taken(pop.name, row["name"])
-    if row["maintenance"]:
-        raise refusals.worker_in_maintenance(pop.name, row["id"])
-    return row
+        raise HordeError(RC.InvalidAPIKey)
+    user = admitted({column.name: row[column.name] for column in users.c}, rules)
+    if user["anonymous"]:
+        raise HordeError(RC.AnonForbiddenWorker)
+    if row[_WORKER + "id"] is None:
+        return Popper(user, None, bool(row["owns_queued"]))
+    worker = {column.name: row[_WORKER + column.name] for column in workers.c}
+    if worker["user_id"] != user["id"]:
+        raise refusals.worker_name_taken(pop.name, worker["name"])
+    if worker["maintenance"]:
+        raise refusals.worker_in_maintenance(pop.name, worker["id"])
+    return Popper(user, worker, bool(row["owns_queued"]))
 
 
 def worker_cap(user: Mapping[str, Any], rules: Rules) -> WorkerCap:
@@ -286,7 +319,7 @@ def touch_worker(
     gap = now - row["last_check_in"]
     uptime = row["uptime"] + gap if 0 < gap <= rules.worker_online else row["uptime"]
     values = {**declared, "online_until": until, "uptime": uptime}
-    conn.execute(_touch_statement(tuple(values)), {"worker_id": row["id"], **values})
+    conn.defer(_touch_statement(tuple(values)), {"worker_id": row["id"], **values})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,16 +37,14 @@ from hordelite.contract.limits import (
 )
 from hordelite.contract.presence import online_until
 from hordelite.contract.text import PopRequest
-from hordelite.errors import RC, HordeError
-from hordelite.storage.accounts import authenticate
 from hordelite.storage.pool import (
     declaration_changed,
     hold_worker_cap,
     online_now,
+    popper,
     register_worker,
     stored_declaration,
     touch_worker,
-    worker_for_pop,
     worker_view,
 )
 from hordelite.storage.queueing import dequeue
@@ -86,8 +84,6 @@ _SKIPPED_SAMPLE = prepared(
     .order_by(requests.c.state, requests.c.anonymous, requests.c.prio_key.desc())
     .limit(SKIPPED_SAMPLE)
 )
-
-_HAS_OWN = prepared(select(queue.c.id).where(queue.c.user_id == bindparam("owner_id")).limit(1))
 
 _CLAIM = prepared(
     update(requests)
@@ -157,11 +153,9 @@ def pop_job(
     hands out nothing (``skipped_sample``)."""
     if skip_locked is None:
         skip_locked = conn.dialect.name == "postgresql"
-    user = authenticate(conn, key_hash, rules)
-    if user["anonymous"]:
-        raise HordeError(RC.AnonForbiddenWorker)
+    found = popper(conn, key_hash, pop, rules)
+    user, row = found.user, found.worker
     declared = stored_declaration(pop, now)
-    row = worker_for_pop(conn, user, pop, pop.name_key)
     fresh = row is None
     if row is None:
         # First pop: the worker exists (and is online) from this transaction.
@@ -169,7 +163,10 @@ def pop_job(
     pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
     worker = worker_view({**row, **declared, "trusted": user["trusted"]})
     # A paused worker checks in and is handed nothing (the AI Horde's pause).
-    job = None if row["paused"] else _claim(conn, worker, user["id"], now, rules, skip_locked)
+    job = None
+    if not row["paused"]:
+        walks = _Walks(_classes(conn, worker), (True, False) if found.owns_queued else (False,))
+        job = _claim(conn, worker, user["id"], now, rules, skip_locked, walks)
     if fresh:
         # A worker already registered is never refused by the cap, even one
         # lowered since: only the pop that registers one counts.
@@ -350,13 +347,9 @@ class _Walks:
     Read once per pop: its retries and its look without the lock walk the same."""
 
     classes: list[_Class]
-    owns: tuple[bool, ...]  # (True, False) when the owner has requests queued
-
-
-def _walks(conn: Tx, worker: WorkerView, owner_id: int) -> _Walks:
-    # The owner's own requests come first; most owners have none queued.
-    has_own = conn.execute(_HAS_OWN, {"owner_id": owner_id}).first() is not None
-    return _Walks(_classes(conn, worker), (True, False) if has_own else (False,))
+    # (True, False) when the owner has requests queued: its own come first.
+    # Most owners have none (pool.popper reads which).
+    owns: tuple[bool, ...]
 
 
 def _best_candidate(
@@ -365,12 +358,10 @@ def _best_candidate(
     owner_id: int,
     skip_locked: bool,
     exclude: set[str],
-    capped: bool = False,
-    walks: _Walks | None = None,
+    capped: bool,
+    walks: _Walks,
 ) -> dict[str, Any] | None:
-    """The best queue row this worker may take; ``walks`` read here when not given."""
-    if walks is None:
-        walks = _walks(conn, worker, owner_id)
+    """The best queue row this worker may take."""
     candidates: list[dict[str, Any]] = []
     for cls in walks.classes:
         params = _candidate_params(worker, cls, owner_id)
@@ -388,11 +379,16 @@ def _best_candidate(
 
 
 def _claim(
-    conn: Tx, worker: WorkerView, owner_id: int, now: float, rules: Rules, skip_locked: bool
+    conn: Tx,
+    worker: WorkerView,
+    owner_id: int,
+    now: float,
+    rules: Rules,
+    skip_locked: bool,
+    walks: _Walks,
 ) -> PoppedJob | None:
     exclude: set[str] = set()
     capped = _slower_than_another(conn, worker, now)
-    walks = _walks(conn, worker, owner_id)
     for _ in range(4):
         cand = _best_candidate(conn, worker, owner_id, skip_locked, exclude, capped, walks)
         if cand is None and skip_locked:
@@ -436,7 +432,7 @@ def _assign(
     max_length = claimed["max_length"]
     max_context_length = worker.chat_max_context_length if chat else claimed["max_context_length"]
     job_id = str(uuid.uuid4())
-    conn.execute(
+    conn.defer(
         _INSERT_JOB,
         {
             "id": job_id,

@@ -29,7 +29,9 @@ from hordelite.storage.schema import (
 )
 from hordelite.storage.transaction import Tx, prepared
 
-INSERT_QUEUE = prepared(insert(queue))
+# Inline: no RETURNING of the new rows' ids (nobody reads them), so that the
+# insert can be deferred (Tx.defer).
+INSERT_QUEUE = prepared(insert(queue).inline())
 
 DEQUEUE = prepared(delete(queue).where(queue.c.request_id == bindparam("rid")))
 
@@ -62,7 +64,7 @@ def enqueue(
         **_queue_row(view),
     }
     models = view.models or ("",)
-    conn.execute(INSERT_QUEUE, [{**base, "model": m} for m in models])
+    conn.defer(INSERT_QUEUE, [{**base, "model": m} for m in models])
     if view.kind == "chat":
         for model in models:
             use_class(conn, {"model": model, "kind": "chat", "features": view.features}, now)
@@ -107,7 +109,7 @@ def use_class(conn: Tx, key: dict[str, Any], now: float) -> None:
 
 
 def dequeue(conn: Tx, request_id: str) -> None:
-    conn.execute(DEQUEUE, {"rid": request_id})
+    conn.defer(DEQUEUE, {"rid": request_id})
 
 
 def get_request(conn: Tx, request_id: str, kind: str, lock: bool = False) -> Mapping[str, Any]:

@@ -8,12 +8,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    and_,
     bindparam,
     case,
     func,
     insert,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.sql import ColumnElement, Select
@@ -55,26 +57,31 @@ _INSERT_REQUEST = prepared(insert(requests))
 # concurrency limit), the requests still holding content, and their bytes.
 # Read along the partial index ix_requests_held_user, whose condition the
 # query must state as a literal (a bound 0 would not match it).
-_HOLDINGS = prepared(
-    select(
-        func.coalesce(
-            func.sum(
-                case((requests.c.state == "waiting", requests.c.n - requests.c.finished), else_=0)
-            ),
-            0,
+_HOLDINGS_QUERY = select(
+    func.coalesce(
+        func.sum(
+            case((requests.c.state == "waiting", requests.c.n - requests.c.finished), else_=0)
         ),
-        func.count(),
-        func.coalesce(func.sum(requests.c.held_bytes), 0),
-        func.coalesce(func.sum(requests.c.image_bytes), 0),
-    ).where(requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD)
-)
+        0,
+    ).label("in_flight"),
+    func.count().label("held"),
+    func.coalesce(func.sum(requests.c.held_bytes), 0).label("held_bytes"),
+    func.coalesce(func.sum(requests.c.image_bytes), 0).label("image_bytes"),
+).where(requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD)
+_HOLDINGS = prepared(_HOLDINGS_QUERY)
 
 # A user's requests queued since a moment (requests_per_minute), along
 # ix_requests_user_created.
-_RECENT = prepared(
-    select(func.count(), func.min(requests.c.created)).where(
-        requests.c.user_id == bindparam("user_id"), requests.c.created > bindparam("since")
-    )
+_RECENT_QUERY = select(
+    func.count().label("recent"), func.min(requests.c.created).label("oldest_recent")
+).where(requests.c.user_id == bindparam("user_id"), requests.c.created > bindparam("since"))
+_RECENT = prepared(_RECENT_QUERY)
+
+# Both, when both limits are set: one round trip, each read along its index
+# as above (each side is one aggregate row).
+_recent, _holdings = _RECENT_QUERY.subquery(), _HOLDINGS_QUERY.subquery()
+_RECENT_AND_HOLDINGS = prepared(
+    select(_recent, _holdings).select_from(_recent.join(_holdings, true()))
 )
 
 # What a status reads of a request: not its prompt or conversation.
@@ -96,12 +103,6 @@ _STATUS_FIELDS = (
     "image_bytes",
 )
 
-_REQUEST_STATUS = prepared(
-    select(*(requests.c[name] for name in dict.fromkeys((*_STATUS_FIELDS, *REQUEST_FIELDS)))).where(
-        requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind")
-    )
-)
-
 _GENERATION_FIELDS = (
     "id",
     "kind",
@@ -118,15 +119,31 @@ _GENERATION_FIELDS = (
     "charge_basis",
 )
 
-_REQUEST_JOBS = prepared(
-    select(*(jobs.c[name] for name in _GENERATION_FIELDS), workers.c.name.label("worker_name"))
-    .join(workers, workers.c.id == jobs.c.worker_id)
-    # Two equalities, not IN: a literal IN list is expanded at each
-    # execution, which the prepared statement's fast path leaves to SQLAlchemy.
-    .where(
-        jobs.c.request_id == bindparam("rid"),
-        or_(jobs.c.state == "done", jobs.c.state == "processing"),
+# A request's status and its jobs held or done, in one statement (one round
+# trip, not two: a status read is the commonest read of a busy horde). A row
+# per job, the request's columns on each; a request with no such job has one
+# row whose job columns are null. Job columns carry a prefix (both tables
+# have an id, a kind, a state, a model).
+_JOB = "job_"
+_REQUEST_STATUS = prepared(
+    select(
+        *(requests.c[name] for name in dict.fromkeys((*_STATUS_FIELDS, *REQUEST_FIELDS))),
+        *(jobs.c[name].label(_JOB + name) for name in _GENERATION_FIELDS),
+        workers.c.name.label("worker_name"),
     )
+    .select_from(
+        requests.outerjoin(
+            jobs.join(workers, workers.c.id == jobs.c.worker_id),
+            and_(
+                jobs.c.request_id == requests.c.id,
+                # Two equalities, not IN: a literal IN list is expanded at each
+                # execution, which the prepared statement's fast path leaves to
+                # SQLAlchemy.
+                or_(jobs.c.state == "done", jobs.c.state == "processing"),
+            ),
+        )
+    )
+    .where(requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind"))
     .order_by(jobs.c.submitted)
 )
 
@@ -307,7 +324,7 @@ def _store(
     row = _request_row(new, user, request_id, now, rules, client_agent)
     row["reader"] = reader
     row["shared_key"] = None if shared is None else shared["key_hash"]
-    conn.execute(_INSERT_REQUEST, row)
+    conn.defer(_INSERT_REQUEST, row)
     if listed:
         conn.execute(
             insert(request_workers),
@@ -397,17 +414,24 @@ def _check_budgets(
     limit = admission.concurrency_limit(
         user["concurrency"], user["anonymous"], rules.concurrency, rules.anonymous_concurrency
     )
-    in_flight, held = 0, budgets.Holdings()
-    if budget is not None and budget.requests_per_minute:
-        since = now - budgets.RATE_WINDOW_SECONDS
-        recent, oldest = conn.execute(_RECENT, {"user_id": user["id"], "since": since}).one()
-        held = budgets.Holdings(recent=int(recent), oldest_recent=oldest)
-    if not admission.unlimited(limit) or (budget is not None and budget.counts_held):
-        row = conn.execute(_HOLDINGS, {"user_id": user["id"]}).one()
-        in_flight = int(row[0])
-        held = dataclasses.replace(
-            held, held=int(row[1]), held_bytes=int(row[2]), image_bytes=int(row[3])
-        )
+    rate = budget is not None and bool(budget.requests_per_minute)
+    holding = not admission.unlimited(limit) or (budget is not None and budget.counts_held)
+    params = {"user_id": user["id"], "since": now - budgets.RATE_WINDOW_SECONDS}
+    row: Mapping[str, Any] = {}
+    if rate and holding:
+        row = conn.execute(_RECENT_AND_HOLDINGS, params).mappings().one()
+    elif rate:
+        row = conn.execute(_RECENT, params).mappings().one()
+    elif holding:
+        row = conn.execute(_HOLDINGS, {"user_id": user["id"]}).mappings().one()
+    in_flight = int(row.get("in_flight", 0))
+    held = budgets.Holdings(
+        recent=int(row.get("recent", 0)),
+        oldest_recent=row.get("oldest_recent"),
+        held=int(row.get("held", 0)),
+        held_bytes=int(row.get("held_bytes", 0)),
+        image_bytes=int(row.get("image_bytes", 0)),
+    )
     refusal = budgets.refusal(budget, role, held, new.cost, now)
     if refusal is not None:
         raise refusal
@@ -472,7 +496,8 @@ class StoredJob:
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> StoredJob:
         return cls(
-            worker_name=row["worker_name"], **{name: row[name] for name in _GENERATION_FIELDS}
+            worker_name=row["worker_name"],
+            **{name: row[_JOB + name] for name in _GENERATION_FIELDS},
         )
 
 
@@ -512,11 +537,11 @@ def request_status(
     ``busy``: the jobs in progress of each online worker. ``pool``: the
     online workers, when the caller holds them (read here otherwise).
     """
-    row = conn.execute(_REQUEST_STATUS, {"rid": request_id, "kind": kind}).mappings().first()
-    if row is None:
+    rows = conn.execute(_REQUEST_STATUS, {"rid": request_id, "kind": kind}).mappings().all()
+    if not rows:
         raise refusals.unknown_request(kind, request_id)
-    req = StoredRequest.of(row)
-    gens = conn.execute(_REQUEST_JOBS, {"rid": request_id}).mappings()
+    req = StoredRequest.of(rows[0])
+    gens = [row for row in rows if row[_JOB + "id"] is not None]
     # Once every job is in a worker's hands, eligibility and the queue ahead
     # no longer matter: the status skips both reads.
     queued = req.queued

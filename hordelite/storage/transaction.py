@@ -17,6 +17,15 @@ lists, callable defaults), runs through SQLAlchemy as before, in the same
 transaction; ``tests/storage/test_transaction.py`` holds every prepared
 statement to having a plan, so that a SQLAlchemy release that changes what
 a plan reads fails a test instead of quietly slowing the horde.
+
+A write whose result nobody reads (no rows, no row count) can be deferred
+(``Tx.defer``): on PostgreSQL it is held and sent with the transaction's
+next statement, or with its COMMIT, in one round trip (psycopg's pipeline
+mode), so that a transaction's trailing writes cost one wait for the server
+instead of one each. The statements still run in the order they were
+given, in the same transaction; a deferred write that fails raises at the
+statement or the commit it went with, and the transaction rolls back as
+before. On SQLite (a statement is a function call) it runs at once.
 """
 
 from __future__ import annotations
@@ -95,44 +104,118 @@ class Tx:
     iteration), rows their attribute, index and tuple access.
     """
 
-    __slots__ = ("_conn", "_driver", "_sqlite", "dialect")
+    __slots__ = ("_conn", "_deferred", "_driver", "_sqlite", "dialect")
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self.dialect: Dialect = conn.dialect
         self._sqlite = self.dialect.name == "sqlite"
         self._driver: Any = None
+        # Deferred writes not sent yet (PostgreSQL): (plan, values, many).
+        self._deferred: list[tuple[_Plan, Any, bool]] = []
 
     def execute(
         self, statement: Any, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
     ) -> Rows:
         """Run ``statement`` with ``params`` (a list of them: once each, as
         an ``executemany``); its result (see the class)."""
+        planned = self._planned(statement, params)
+        if planned is not None:
+            return self._run(*planned)
+        self._send_deferred()
+        return cast(Rows, self._conn.execute(statement, params))
+
+    def defer(
+        self, statement: Any, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
+    ) -> None:
+        """Run a write whose result nobody reads: on PostgreSQL a prepared
+        one goes with the next statement or the commit (see the module);
+        anything else runs now."""
+        planned = None if self._sqlite else self._planned(statement, params)
+        if planned is None or planned[0].row is not None:
+            self.execute(statement, params)
+            return
+        if self._driver is None:
+            self._driver = self._conn.connection.driver_connection
+        self._deferred.append(planned)
+
+    def commit_deferred(self) -> None:
+        """On PostgreSQL, the deferred writes and the COMMIT in one round
+        trip: SQLAlchemy's commit that follows finds the transaction ended
+        and sends nothing. Without deferred writes it does nothing (the
+        commit sends COMMIT alone)."""
+        if not self._deferred:
+            return
+        cursor = psycopg.RawCursor(self._driver)
+        try:
+            with self._driver.pipeline():
+                self._send_deferred_on_pipeline()
+                cursor.execute("COMMIT")
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise self.translated(exc, cursor, "COMMIT", None) from exc
+
+    def _planned(
+        self, statement: Any, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+    ) -> tuple[_Plan, Any, bool] | None:
+        """A prepared statement's plan, its values and whether they are
+        many; None for any other statement."""
         if isinstance(params, Mapping) or params is None:
             plan = _plan_of(statement, self.dialect, params)
             if plan is not None:
-                return self._run(plan, plan.parameters(params), False)
+                return plan, plan.parameters(params), False
         elif params and _same_keys(params):
             plan = _plan_of(statement, self.dialect, params[0])
             if plan is not None:
-                return self._run(plan, [plan.parameters(p) for p in params], True)
-        return cast(Rows, self._conn.execute(statement, params))
+                return plan, [plan.parameters(p) for p in params], True
+        return None
+
+    def _send_deferred(self) -> None:
+        """The deferred writes, now, in one round trip (before a statement
+        that cannot go with them)."""
+        if not self._deferred:
+            return
+        try:
+            with self._driver.pipeline():
+                self._send_deferred_on_pipeline()
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise self.translated(exc, None, "(deferred writes)", None) from exc
+
+    def _send_deferred_on_pipeline(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for plan, values, many in deferred:
+            cursor = psycopg.RawCursor(self._driver)
+            self._heard(cursor, plan.sql, values, many)
+            self._send(cursor, plan.sql, values, many)
+
+    def _heard(self, cursor: Any, sql: str, values: Any, many: bool) -> None:
+        conn = self._conn
+        if conn._has_events or conn.engine._has_events:
+            # Whoever listens to SQLAlchemy's statements (the tests that
+            # count them) hears these too.
+            conn.dispatch.before_cursor_execute(conn, cursor, sql, values, None, many)
+
+    @staticmethod
+    def _send(cursor: Any, sql: str, values: Any, many: bool) -> None:
+        if many:
+            cursor.executemany(sql, values)
+        else:
+            cursor.execute(sql, values)
 
     def _run(self, plan: _Plan, values: Any, many: bool) -> Result:
         """Send a plan's SQL with its values on a cursor of the driver's own."""
         if self._driver is None:
             self._driver = self._conn.connection.driver_connection
         cursor = self._driver.cursor() if self._sqlite else psycopg.RawCursor(self._driver)
-        conn = self._conn
-        if conn._has_events or conn.engine._has_events:
-            # Whoever listens to SQLAlchemy's statements (the tests that
-            # count them) hears these too.
-            conn.dispatch.before_cursor_execute(conn, cursor, plan.sql, values, None, many)
         try:
-            if many:
-                cursor.executemany(plan.sql, values)
+            if self._deferred:
+                # The deferred writes go first, in the same round trip.
+                with self._driver.pipeline():
+                    self._send_deferred_on_pipeline()
+                    self._heard(cursor, plan.sql, values, many)
+                    self._send(cursor, plan.sql, values, many)
             else:
-                cursor.execute(plan.sql, values)
+                self._heard(cursor, plan.sql, values, many)
+                self._send(cursor, plan.sql, values, many)
             if plan.make_row == plan._first_row:
                 plan.read_description(cursor.description, self.dialect)
         except self.dialect.loaded_dbapi.Error as exc:
@@ -157,18 +240,24 @@ class Tx:
 
     def exec_driver_sql(self, sql: str, params: Any = None) -> Rows:
         """Run SQL text as it is (SQLAlchemy's ``exec_driver_sql``)."""
+        self._send_deferred()
         return cast(Rows, self._conn.exec_driver_sql(sql, params))
 
     @contextlib.contextmanager
     def begin_nested(self) -> Iterator[None]:
-        """A savepoint: rolled back alone when the block raises."""
+        """A savepoint: rolled back alone when the block raises. What was
+        deferred before it is sent first, and what the block deferred before
+        it ends, so that each is rolled back with its own."""
+        self._send_deferred()
         with self._conn.begin_nested():
             yield
+            self._send_deferred()
 
     @property
     def connection(self) -> Connection:
         """SQLAlchemy's connection under it (for what only SQLAlchemy does:
-        DDL, reflection, migrations)."""
+        DDL, reflection, migrations); deferred writes are sent first."""
+        self._send_deferred()
         return self._conn
 
 

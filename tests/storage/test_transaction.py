@@ -6,6 +6,7 @@ them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from hordelite.storage.accounts import USER_BY_KEY
 from hordelite.storage.database import Database
 from hordelite.storage.schema import requests, users
 from hordelite.storage.transaction import Tx, prepared
+from tests.storage.conftest import _migrate
 from tests.storage.helpers import (
     ANONYMOUS_HASH,
     NOW,
@@ -43,6 +45,9 @@ _GRANT = prepared(
     update(users).where(users.c.kudos >= bindparam("least")).values(kudos=users.c.kudos + 1)
 )
 _INSERT_USER = prepared(insert(users))
+# Without RETURNING (an insert that reads back its new id returns a row,
+# and a statement with rows is not deferred).
+_ADD_USER = prepared(insert(users).inline())
 
 
 def _both(conn: Tx, statement: Any, params: dict[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -197,3 +202,92 @@ async def test_a_numeric_aggregate_comes_back_as_sqlalchemy_returns_it(
     await database.read(check)
     fast_requests = select(requests.c.id).limit(1)  # not prepared: SQLAlchemy runs it
     assert await database.read(lambda conn: conn.execute(fast_requests).all()) == []
+
+
+def _grant_and_add(conn: Tx) -> None:
+    """Defer an insert and an update whose WHERE reads the insert."""
+    conn.defer(_ADD_USER, {"username": "carol", "key_hash": "h-carol", "created": NOW})
+    conn.defer(_GRANT, {"least": 0})
+
+
+async def test_deferred_writes_run_in_order_and_the_next_statement_sees_them(
+    database: Database,
+) -> None:
+    """A deferred write is not lost or reordered: the statement after it,
+    prepared or not, reads what it wrote, and the commit keeps it."""
+    await create_user(database, "alice", kudos=2)
+
+    def check(conn: Tx) -> dict[str, float]:
+        _grant_and_add(conn)
+        fast = {r.username: r.kudos for r in conn.execute(_USERS_ABOVE, {"least": 0}).all()}
+        conn.defer(_GRANT, {"least": 0})
+        slow = conn.execute(select(users.c.username, users.c.kudos)).all()
+        assert {r.username: r.kudos for r in slow} == {name: k + 1 for name, k in fast.items()}
+        conn.defer(_GRANT, {"least": 0})  # the last one goes with the commit
+        return fast
+
+    fast = await database.write(check)
+    assert (fast["alice"], fast["carol"]) == (3.0, 1.0)
+    after = await database.read(lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all())
+    assert {r.username: r.kudos for r in after if r.username != "Anonymous"} == {
+        "alice": 5.0,
+        "carol": 3.0,
+    }
+
+
+async def test_a_deferred_write_that_fails_fails_its_transaction_whole(
+    database: Database,
+) -> None:
+    """A deferred insert that breaks a unique key raises SQLAlchemy's
+    IntegrityError from the write (where Database retries and then gives
+    up), and nothing of the transaction stays."""
+
+    def duplicate(conn: Tx) -> None:
+        conn.execute(_INSERT_USER, {"username": "alice", "key_hash": "h9", "created": NOW})
+        conn.defer(_GRANT, {"least": 0})
+        conn.defer(_ADD_USER, {"username": "bob", "key_hash": "h9", "created": NOW})
+
+    with pytest.raises(IntegrityError) as raised:
+        await database.write(duplicate)
+    assert isinstance(raised.value.orig, database.engine.dialect.loaded_dbapi.IntegrityError)
+    left = await database.read(lambda conn: conn.execute(_USERS_ABOVE, {"least": -1}).all())
+    assert [r.username for r in left] == ["Anonymous"]
+
+
+@pytest.fixture
+def pg_database(postgres_schema_url: str) -> Iterator[Database]:
+    db = Database(postgres_schema_url)
+    try:
+        yield _migrate(db)
+    finally:
+        db.dispose()
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_deferred_writes_go_with_the_next_statement_or_the_commit(
+    pg_database: Database,
+) -> None:
+    """The point of deferring: on PostgreSQL the writes are sent in one
+    pipeline with what follows them (psycopg's pipeline mode, one round
+    trip), the last ones with the COMMIT, which ends the transaction."""
+    heard: list[tuple[str, bool]] = []
+
+    def listen(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        in_pipeline = cursor.connection.pgconn.pipeline_status != 0
+        heard.append((statement.split()[0], in_pipeline))
+
+    def work(conn: Tx) -> None:
+        _grant_and_add(conn)
+        conn.execute(_USERS_ABOVE, {"least": 0}).all()
+        conn.defer(_GRANT, {"least": 0})
+        conn.defer(_GRANT, {"least": 1})
+
+    event.listen(pg_database.engine, "before_cursor_execute", listen)
+    try:
+        await pg_database.write(work)
+    finally:
+        event.remove(pg_database.engine, "before_cursor_execute", listen)
+    assert heard == [("INSERT", True), ("UPDATE", True), ("SELECT", True)] + [("UPDATE", True)] * 2
+    kudos = await pg_database.read(lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all())
+    # carol: 0, then +1 (least 0), +1 (least 0), +1 (least 1): all in order.
+    assert {r.username: r.kudos for r in kudos}["carol"] == 3.0
