@@ -232,10 +232,12 @@ class Database:
             try:
                 with engine.connect() as conn:
                     if not (write or self.is_sqlite):
-                        return _read_statements(conn, fn, args, kwargs)
+                        # A read on PostgreSQL: its statements in
+                        # autocommit (see _postgresql_engine).
+                        return fn(Tx(conn), *args, **kwargs)
                     conn = conn.execution_options(hordelite_write=write)
                     with conn.begin():
-                        tx = Tx(conn)
+                        tx = Tx(conn, begin=None if self.is_sqlite else BEGIN_WRITE)
                         result = fn(tx, *args, **kwargs)
                         tx.commit_deferred()
                         return result
@@ -269,22 +271,9 @@ class _Busy(HordeliteError):
     """Another process holds the SQLite file: retry where waiting is allowed."""
 
 
-def _read_statements(conn: Connection, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-    """A read on PostgreSQL: its statements in autocommit, each its own
-    transaction, without the BEGIN and COMMIT round trips (two of a status
-    read's four). At READ COMMITTED, PostgreSQL's default and the horde's,
-    every statement of a transaction reads its own snapshot anyway, so the
-    statements see what they would have seen inside one; and a read takes
-    no locks to hold until a commit. The connection's default is read-only
-    (``_postgresql_engine``), so a statement that would write in a read is
-    refused by the server, not committed on its own."""
-    driver = conn.connection.driver_connection
-    driver.autocommit = True  # type: ignore[union-attr]
-    try:
-        return fn(Tx(conn), *args, **kwargs)
-    finally:
-        if not driver.closed:  # type: ignore[union-attr]
-            driver.autocommit = False  # type: ignore[union-attr]
+# A write transaction's first words on PostgreSQL (the connection's default
+# is read-only, see _postgresql_engine).
+BEGIN_WRITE = "BEGIN READ WRITE"
 
 
 def _ping(conn: Tx) -> None:
@@ -311,14 +300,22 @@ def _postgresql_engine(url: str, pool_size: int) -> Engine:
         return _on_loop.connect(*cargs, **cparams)
 
     @event.listens_for(engine, "connect")
-    def _read_only_unless_written(dbapi_conn: Any, _record: Any) -> None:
-        # Reads run in autocommit (_read_statements): read-only by default,
-        # the server refuses a write there. A write transaction says
-        # BEGIN READ WRITE (psycopg's read_only=False), so it writes.
+    def _autocommit_read_only_unless_written(dbapi_conn: Any, _record: Any) -> None:
+        # The connection stays in autocommit: psycopg sends no BEGIN of its
+        # own, and hordelite says where a transaction starts.
+        #  - A read's statements each run as their own transaction, without
+        #    the BEGIN and COMMIT round trips (two of a status read's four).
+        #    At READ COMMITTED, PostgreSQL's default and the horde's, every
+        #    statement of a transaction reads its own snapshot anyway, so
+        #    they see what they would have seen inside one; and a read takes
+        #    no locks to hold until a commit. The connection's default is
+        #    read-only, so a statement that would write in a read is refused
+        #    by the server, not committed on its own.
+        #  - A write transaction says BEGIN READ WRITE, deferred (Tx.defer):
+        #    it goes with the transaction's first statement, in one round
+        #    trip, and its COMMIT with its last writes.
         dbapi_conn.autocommit = True
         dbapi_conn.execute("SET default_transaction_read_only = on")
-        dbapi_conn.autocommit = False
-        dbapi_conn.read_only = False
 
     return engine
 

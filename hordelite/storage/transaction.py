@@ -106,13 +106,20 @@ class Tx:
 
     __slots__ = ("_conn", "_deferred", "_driver", "_sqlite", "dialect")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, begin: str | None = None) -> None:
+        """``begin``: the statement that starts the transaction, on a
+        connection in autocommit (PostgreSQL), deferred: sent with the
+        transaction's first statement."""
         self._conn = conn
         self.dialect: Dialect = conn.dialect
         self._sqlite = self.dialect.name == "sqlite"
         self._driver: Any = None
-        # Deferred writes not sent yet (PostgreSQL): (plan, values, many).
-        self._deferred: list[tuple[_Plan, Any, bool]] = []
+        # What is deferred and not sent yet (PostgreSQL): (plan, values,
+        # many), or the SQL text of ``begin``.
+        self._deferred: list[tuple[_Plan, Any, bool] | str] = []
+        if begin is not None:
+            self._driver = conn.connection.driver_connection
+            self._deferred.append(begin)
 
     def execute(
         self, statement: Any, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
@@ -143,7 +150,10 @@ class Tx:
         """On PostgreSQL, the deferred writes and the COMMIT in one round
         trip: SQLAlchemy's commit that follows finds the transaction ended
         and sends nothing. Without deferred writes it does nothing (the
-        commit sends COMMIT alone)."""
+        commit sends COMMIT alone, if the transaction began); a transaction
+        that ran no statement at all never began: nothing is sent."""
+        if self._deferred and all(isinstance(d, str) for d in self._deferred):
+            self._deferred = []
         if not self._deferred:
             return
         cursor = psycopg.RawCursor(self._driver)
@@ -182,8 +192,12 @@ class Tx:
 
     def _send_deferred_on_pipeline(self) -> None:
         deferred, self._deferred = self._deferred, []
-        for plan, values, many in deferred:
+        for item in deferred:
             cursor = psycopg.RawCursor(self._driver)
+            if isinstance(item, str):
+                cursor.execute(item)
+                continue
+            plan, values, many = item
             self._heard(cursor, plan.sql, values, many)
             self._send(cursor, plan.sql, values, many)
 

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from hordelite.errors import RC, HordeError
 from hordelite.storage import queries
-from hordelite.storage.database import Database
+from hordelite.storage.database import BEGIN_WRITE, Database
 from hordelite.storage.schema import workers
 from hordelite.storage.transaction import Tx
 from tests.storage.helpers import NOW, RULES, new_key_hash, pop_request
@@ -130,9 +130,11 @@ async def test_a_first_pop_waits_for_another_uncommitted_one_then_counts_its_wor
             second.append(refusal)
 
     with db.engine.connect() as first:
+        # A write transaction as Database runs one, held open here.
         transaction = first.begin()
-        queries.pop_job(first, alice, pop_request("w2", ["m"]), NOW, rules, True)
-        first_pid = first.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        tx = Tx(first, begin=BEGIN_WRITE)
+        queries.pop_job(tx, alice, pop_request("w2", ["m"]), NOW, rules, True)
+        first_pid = tx.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         async with anyio.create_task_group() as tg:
             tg.start_soon(second_pop)
             # Until the second pop waits on the first's lock; had it not
@@ -143,6 +145,7 @@ async def test_a_first_pop_waits_for_another_uncommitted_one_then_counts_its_wor
                         break
                     await anyio.sleep(0.01)
             assert not second, f"the second first pop did not wait: {second}"
+            tx.commit_deferred()
             transaction.commit()
     [outcome] = second
     assert isinstance(outcome, HordeError), outcome
