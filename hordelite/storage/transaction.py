@@ -47,6 +47,9 @@ from sqlalchemy.sql.schema import ColumnDefault
 
 S = TypeVar("S", bound=ClauseElement)
 
+# Whether this libpq has pipeline mode (Tx.defer sends statements together).
+_PIPELINES = psycopg.Pipeline.is_supported()
+
 # id() of each prepared statement -> the statement (kept alive, so that its
 # id is never reused by another object).
 _PREPARED: dict[int, ClauseElement] = {}
@@ -158,7 +161,7 @@ class Tx:
             return
         cursor = psycopg.RawCursor(self._driver)
         try:
-            with self._driver.pipeline():
+            with self._together():
                 self._send_deferred_on_pipeline()
                 cursor.execute("COMMIT")
         except self.dialect.loaded_dbapi.Error as exc:
@@ -185,7 +188,7 @@ class Tx:
         if not self._deferred:
             return
         try:
-            with self._driver.pipeline():
+            with self._together():
                 self._send_deferred_on_pipeline()
         except self.dialect.loaded_dbapi.Error as exc:
             raise self.translated(exc, None, "(deferred writes)", None) from exc
@@ -208,6 +211,12 @@ class Tx:
             # count them) hears these too.
             conn.dispatch.before_cursor_execute(conn, cursor, sql, values, None, many)
 
+    def _together(self) -> contextlib.AbstractContextManager[Any]:
+        """Where statements sent go to the server together: psycopg's
+        pipeline, which needs libpq 14 or later (psycopg[binary] bundles
+        one); with an older libpq they go one at a time, as before."""
+        return self._driver.pipeline() if _PIPELINES else contextlib.nullcontext()
+
     @staticmethod
     def _send(cursor: Any, sql: str, values: Any, many: bool) -> None:
         if many:
@@ -223,7 +232,7 @@ class Tx:
         try:
             if self._deferred:
                 # The deferred writes go first, in the same round trip.
-                with self._driver.pipeline():
+                with self._together():
                     self._send_deferred_on_pipeline()
                     self._heard(cursor, plan.sql, values, many)
                     self._send(cursor, plan.sql, values, many)

@@ -1,4 +1,4 @@
-"""Reads on PostgreSQL (Database._read_statements): each statement runs in
+"""Reads on PostgreSQL (Database._run, decision 0065): each statement runs in
 autocommit, so a read costs no BEGIN and no COMMIT round trip; the server
 refuses a write there (its connections default to read-only); a write
 transaction still writes, on the same connection, after a read."""

@@ -291,3 +291,22 @@ async def test_on_postgresql_deferred_writes_go_with_the_next_statement_or_the_c
     kudos = await pg_database.read(lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all())
     # carol: 0, then +1 (least 0), +1 (least 0), +1 (least 1): all in order.
     assert {r.username: r.kudos for r in kudos}["carol"] == 3.0
+
+
+async def test_without_pipeline_mode_deferred_writes_go_one_at_a_time(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older libpq has no pipeline mode: what was deferred is then sent
+    statement by statement, with the same outcome."""
+    monkeypatch.setattr(transaction, "_PIPELINES", False)
+    await create_user(database, "alice", kudos=2)
+
+    def work(conn: Tx) -> float:
+        _grant_and_add(conn)
+        kudos = {r.username: r.kudos for r in conn.execute(_USERS_ABOVE, {"least": 0}).all()}
+        conn.defer(_GRANT, {"least": 0})
+        return kudos["carol"]
+
+    assert await database.write(work) == 1.0
+    after = await database.read(lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all())
+    assert {r.username: r.kudos for r in after}["carol"] == 2.0
