@@ -231,16 +231,7 @@ class Database:
         for attempt in range(_RETRIES):
             try:
                 with engine.connect() as conn:
-                    if not (write or self.is_sqlite):
-                        # A read on PostgreSQL: its statements in
-                        # autocommit (see _postgresql_engine).
-                        return fn(Tx(conn), *args, **kwargs)
-                    conn = conn.execution_options(hordelite_write=write)
-                    with conn.begin():
-                        tx = Tx(conn, begin=None if self.is_sqlite else BEGIN_WRITE)
-                        result = fn(tx, *args, **kwargs)
-                        tx.commit_deferred()
-                        return result
+                    return self._transaction(conn, fn, write, args, kwargs)
             except OperationalError as exc:
                 if inline and "locked" in str(exc.orig):
                     raise _Busy from exc
@@ -260,6 +251,20 @@ class Database:
                     continue
                 raise
         raise AssertionError("unreachable")
+
+    def _transaction(
+        self, conn: Connection, fn: Callable[..., T], write: bool, args: Any, kwargs: Any
+    ) -> T:
+        if not (write or self.is_sqlite):
+            # A read on PostgreSQL: its statements in autocommit (see
+            # _postgresql_engine).
+            return fn(Tx(conn), *args, **kwargs)
+        conn = conn.execution_options(hordelite_write=write)
+        with conn.begin():
+            tx = Tx(conn, begin=None if self.is_sqlite else BEGIN_WRITE)
+            result = fn(tx, *args, **kwargs)
+            tx.commit_deferred()
+            return result
 
     def dispose(self) -> None:
         self.engine.dispose()

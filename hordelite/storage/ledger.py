@@ -140,8 +140,7 @@ def settle(
     if job["request_unread"]:
         state, values = "cancelled", {"charge_basis": values.get("charge_basis")}
     tokens, reward, cost = paid.tokens, paid.reward, paid.cost
-    # The writes of a settlement are deferred (Tx.defer): nothing reads
-    # their results, and on PostgreSQL they go with the COMMIT.
+    # Its writes are deferred (Tx.defer): on PostgreSQL they go with the COMMIT.
     conn.defer(
         FINISH_JOB,
         {

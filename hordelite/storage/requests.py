@@ -537,11 +537,7 @@ def request_status(
     ``busy``: the jobs in progress of each online worker. ``pool``: the
     online workers, when the caller holds them (read here otherwise).
     """
-    rows = conn.execute(_REQUEST_STATUS, {"rid": request_id, "kind": kind}).mappings().all()
-    if not rows:
-        raise refusals.unknown_request(kind, request_id)
-    req = StoredRequest.of(rows[0])
-    gens = [row for row in rows if row[_JOB + "id"] is not None]
+    req, gens = _request_and_jobs(conn, request_id, kind)
     # Once every job is in a worker's hands, eligibility and the queue ahead
     # no longer matter: the status skips both reads.
     queued = req.queued
@@ -559,7 +555,18 @@ def request_status(
         online = list(pool)
     position = _queue_position(conn, req) if with_position and queued else 0
     busy = _busy(conn, [w.id for w in online]) if with_busy and queued else None
-    return StatusSnapshot(req, tuple(StoredJob.of(g) for g in gens), tuple(online), position, busy)
+    return StatusSnapshot(req, gens, tuple(online), position, busy)
+
+
+def _request_and_jobs(
+    conn: Tx, request_id: str, kind: str
+) -> tuple[StoredRequest, tuple[StoredJob, ...]]:
+    """The request and its jobs held or done (one statement, _REQUEST_STATUS)."""
+    rows = conn.execute(_REQUEST_STATUS, {"rid": request_id, "kind": kind}).mappings().all()
+    if not rows:
+        raise refusals.unknown_request(kind, request_id)
+    jobs_found = tuple(StoredJob.of(row) for row in rows if row[_JOB + "id"] is not None)
+    return StoredRequest.of(rows[0]), jobs_found
 
 
 def _busy(conn: Tx, worker_ids: list[str]) -> dict[str, int]:
