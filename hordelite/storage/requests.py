@@ -131,9 +131,13 @@ _REQUEST_STATUS = prepared(
         *(jobs.c[name].label(_JOB + name) for name in _GENERATION_FIELDS),
         workers.c.name.label("worker_name"),
     )
+    # Joined flat, a job's worker after the job (a job's worker row is never
+    # deleted): a nested "jobs JOIN workers" on the right of the outer join
+    # is built whole by SQLite, every job held or done, before the request
+    # picks its own.
     .select_from(
         requests.outerjoin(
-            jobs.join(workers, workers.c.id == jobs.c.worker_id),
+            jobs,
             and_(
                 jobs.c.request_id == requests.c.id,
                 # Two equalities, not IN: a literal IN list is expanded at each
@@ -141,7 +145,7 @@ _REQUEST_STATUS = prepared(
                 # SQLAlchemy.
                 or_(jobs.c.state == "done", jobs.c.state == "processing"),
             ),
-        )
+        ).outerjoin(workers, workers.c.id == jobs.c.worker_id)
     )
     .where(requests.c.id == bindparam("rid"), requests.c.kind == bindparam("kind"))
     .order_by(jobs.c.submitted)
