@@ -6,7 +6,6 @@ them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from hordelite.storage.accounts import USER_BY_KEY
 from hordelite.storage.database import Database
 from hordelite.storage.schema import requests, users
 from hordelite.storage.transaction import Tx, prepared
-from tests.storage.conftest import _migrate
 from tests.storage.helpers import (
     ANONYMOUS_HASH,
     NOW,
@@ -254,18 +252,9 @@ async def test_a_deferred_write_that_fails_fails_its_transaction_whole(
     assert [r.username for r in left] == ["Anonymous"]
 
 
-@pytest.fixture
-def pg_database(postgres_schema_url: str) -> Iterator[Database]:
-    db = Database(postgres_schema_url)
-    try:
-        yield _migrate(db)
-    finally:
-        db.dispose()
-
-
 @pytest.mark.postgres
 async def test_on_postgresql_deferred_writes_go_with_the_next_statement_or_the_commit(
-    pg_database: Database,
+    postgresql_database: Database,
 ) -> None:
     """The point of deferring: on PostgreSQL the writes are sent in one
     pipeline with what follows them (psycopg's pipeline mode, one round
@@ -282,13 +271,15 @@ async def test_on_postgresql_deferred_writes_go_with_the_next_statement_or_the_c
         conn.defer(_GRANT, {"least": 0})
         conn.defer(_GRANT, {"least": 1})
 
-    event.listen(pg_database.engine, "before_cursor_execute", listen)
+    event.listen(postgresql_database.engine, "before_cursor_execute", listen)
     try:
-        await pg_database.write(work)
+        await postgresql_database.write(work)
     finally:
-        event.remove(pg_database.engine, "before_cursor_execute", listen)
+        event.remove(postgresql_database.engine, "before_cursor_execute", listen)
     assert heard == [("INSERT", True), ("UPDATE", True), ("SELECT", True)] + [("UPDATE", True)] * 2
-    kudos = await pg_database.read(lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all())
+    kudos = await postgresql_database.read(
+        lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all()
+    )
     # carol: 0, then +1 (least 0), +1 (least 0), +1 (least 1): all in order.
     assert {r.username: r.kudos for r in kudos}["carol"] == 3.0
 
