@@ -321,16 +321,18 @@ async def _serve_trio(
     app: Any, config: HypercornConfig, sockets: list[socket.socket], shutdown: anyio.Event
 ) -> None:
     """Hypercorn's trio ``worker_serve`` (0.18), less TLS, QUIC and statsd,
-    with the accept loop below in place of ``trio.serve_listeners``.
+    with the accept loop below in place of ``trio.serve_listeners`` and
+    ``hordelite._connection.Connection`` in place of its ``TCPServer``.
 
     On shutdown: no more accepts, idle connections close at once (Hypercorn's
     idle timer watches ``context.terminated``), open requests get
     ``graceful_timeout`` seconds, then the rest is cancelled.
     """
     from hypercorn.trio.lifespan import Lifespan
-    from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import WorkerContext
     from hypercorn.typing import ConnectionState
+
+    from hordelite._connection import Connection
 
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(app, config, lifespan_state)
@@ -340,7 +342,7 @@ async def _serve_trio(
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as connections:
             handler = functools.partial(
-                TCPServer, app, config, context, ConnectionState(lifespan_state.copy())
+                Connection, app, config, context, ConnectionState(lifespan_state.copy())
             )
             try:
                 async with trio.open_nursery() as accepting:
@@ -359,7 +361,7 @@ async def _serve_trio(
 
 async def _accept_loop(
     sock: socket.socket,
-    handler: Callable[[trio.SocketStream], Awaitable[object]],
+    handler: Callable[[trio.SocketStream, socket.socket], Awaitable[object]],
     connections: trio.Nursery,
 ) -> None:
     """Accept every connection waiting, up to ACCEPT_BATCH, each time the
@@ -387,15 +389,16 @@ async def _accept_loop(
                 log.error("accept failed (%s); retrying in 0.1 s", os.strerror(exc.errno or 0))
                 await trio.sleep(0.1)
                 break
-            stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
-            connections.start_soon(_run_connection, stream, handler)
+            connections.start_soon(_run_connection, conn, handler)
 
 
 async def _run_connection(
-    stream: trio.SocketStream, handler: Callable[[trio.SocketStream], Awaitable[object]]
+    conn: socket.socket,
+    handler: Callable[[trio.SocketStream, socket.socket], Awaitable[object]],
 ) -> None:
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
     try:
-        await handler(stream)
+        await handler(stream, conn)
     finally:
         await trio.aclose_forcefully(stream)
 

@@ -43,6 +43,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from hordelite._connection import INBOX, Inbox
 from hordelite._http import ARRIVED
 from hordelite.api import _render
 from hordelite.contract import forwarded
@@ -426,7 +427,27 @@ class _Exchange:
     async def unless_gone(self, work: Callable[[], Awaitable[Any]]) -> Any:
         """``work()``, cancelled if the client leaves meanwhile (its
         ``http.disconnect``); a client gone gets no answer. The body must
-        have been read (the watch reads what comes next)."""
+        have been read (the watch reads what comes next).
+
+        On trio the connection's inbox cancels the work when the client
+        leaves (hordelite._connection): a held call keeps no task watching."""
+        inbox: Inbox | None = self.scope.get(INBOX)
+        if inbox is None:
+            return await self._unless_gone_watched(work)
+        with anyio.CancelScope() as scope:
+            inbox.on_leave = scope.cancel
+            try:
+                if inbox.left:
+                    scope.cancel()
+                result = await work()
+            finally:
+                inbox.on_leave = None
+        if scope.cancelled_caught:
+            raise _Gone
+        return result
+
+    async def _unless_gone_watched(self, work: Callable[[], Awaitable[Any]]) -> Any:
+        """``unless_gone`` with a task reading the connection (asyncio)."""
         result: list[Any] = []
         failure: list[Exception] = []
         # The work runs in this task and one child watches the connection:

@@ -96,7 +96,9 @@ LAYERS: dict[str, set[str]] = {
     "contract": {"errors"},
     "config": {"contract", "errors"},
     "_wire": set(),
-    "_http": {"config", "_wire"},
+    # Hypercorn's trio connection, lighter (the server's; never the worker's).
+    "_connection": set(),
+    "_http": {"config", "_wire", "_connection"},
     "storage": PURE | {"config"},
     "signals": PURE | {"config"},
     "blobs": PURE | {"config"},
@@ -108,7 +110,7 @@ LAYERS: dict[str, set[str]] = {
     # when to look again (signals.look_again_by).
     "front": PURE | {"config", "_http", "_request", "horde", "signals"},
     "app": PURE | {"config", "_http", "_request", "horde", "blobs", "api", "front"},
-    "lean": PURE | {"config", "_http", "horde", "api", "front"},
+    "lean": PURE | {"config", "_http", "_connection", "horde", "api", "front"},
     "server": PURE
     | {"config", "_http", "storage", "signals", "blobs", "horde", "app", "api", "lean"},
     "fake_backend": PURE | {"config", "_http"},
