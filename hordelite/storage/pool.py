@@ -41,6 +41,7 @@ from hordelite.storage.arrays import by_codepoint, json_elements, one_of
 from hordelite.storage.ledger import lapse_job
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
+    ANY_MODEL,
     jobs,
     queue,
     requests,
@@ -159,14 +160,20 @@ def online_workers(conn: Tx, now: float) -> list[WorkerView]:
 
 # What a pop reads first, in one statement (one round trip, not three): the
 # key's user, the worker row of the pop's name (null columns on its first
-# pop) and whether the user has requests queued (its own come first,
-# pop._Walks). The worker's columns carry a prefix: both tables have an id.
+# pop), whether the user has requests queued (its own come first,
+# pop._Walks) and whether any text request naming no model is queued (the
+# walk of that class is skipped when none is: most requests name their
+# models). The worker's columns carry a prefix: both tables have an id.
 _WORKER = "worker__"
 _POPPER = prepared(
     select(
         users,
         *(column.label(_WORKER + column.name) for column in workers.c),
         exists().where(queue.c.user_id == users.c.id).label("owns_queued"),
+        # A probe of ix_queue_order's first two columns.
+        exists()
+        .where(queue.c.model == ANY_MODEL, queue.c.kind == "text")
+        .label("any_model_queued"),
     )
     .select_from(users.outerjoin(workers, workers.c.name_key == bindparam("name_key")))
     .where(users.c.key_hash == bindparam("key_hash"))
@@ -181,6 +188,9 @@ class Popper:
     user: Mapping[str, Any]
     worker: Mapping[str, Any] | None
     owns_queued: bool
+    # A text request naming no model is queued (its queue rows' model is
+    # ANY_MODEL), as of this statement.
+    any_model_queued: bool = True
 
 
 def popper(conn: Tx, key_hash: str, pop: PopRequest, rules: Rules) -> Popper:
@@ -200,14 +210,15 @@ def popper(conn: Tx, key_hash: str, pop: PopRequest, rules: Rules) -> Popper:
     user = admitted({column.name: row[column.name] for column in users.c}, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
+    queued = bool(row["owns_queued"]), bool(row["any_model_queued"])
     if row[_WORKER + "id"] is None:
-        return Popper(user, None, bool(row["owns_queued"]))
+        return Popper(user, None, *queued)
     worker = {column.name: row[_WORKER + column.name] for column in workers.c}
     if worker["user_id"] != user["id"]:
         raise refusals.worker_name_taken(pop.name, worker["name"])
     if worker["maintenance"]:
         raise refusals.worker_in_maintenance(pop.name, worker["id"])
-    return Popper(user, worker, bool(row["owns_queued"]))
+    return Popper(user, worker, *queued)
 
 
 def worker_cap(user: Mapping[str, Any], rules: Rules) -> WorkerCap:

@@ -50,6 +50,7 @@ from hordelite.storage.pool import (
 from hordelite.storage.queueing import dequeue
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
+    ANY_MODEL,
     jobs,
     queue,
     queue_classes,
@@ -165,7 +166,8 @@ def pop_job(
     # A paused worker checks in and is handed nothing (the AI Horde's pause).
     job = None
     if not row["paused"]:
-        walks = _Walks(_classes(conn, worker), (True, False) if found.owns_queued else (False,))
+        classes = _classes(conn, worker, found.any_model_queued)
+        walks = _Walks(classes, (True, False) if found.owns_queued else (False,))
         job = _claim(conn, worker, user["id"], now, rules, skip_locked, walks)
     if fresh:
         # A worker already registered is never refused by the cap, even one
@@ -280,11 +282,16 @@ class _Class:
     features: int
 
 
-def _classes(conn: Tx, worker: WorkerView) -> list[_Class]:
-    """The queue classes this worker's declaration covers."""
+def _classes(conn: Tx, worker: WorkerView, any_model: bool) -> list[_Class]:
+    """The queue classes this worker's declaration covers; the text class of
+    requests naming no model only when one is queued (``any_model``, read
+    by pool.popper in the pop's first statement: one queued since is the
+    next pop's, as if it had come a moment later; its queue signal wakes
+    that pop)."""
     classes = []
     if worker.prompt_jobs:
-        classes += [_Class("text", m, 0) for m in [*worker.models, ""]]
+        models = [*worker.models, ANY_MODEL] if any_model else worker.models
+        classes += [_Class("text", m, 0) for m in models]
     if worker.chat_model is not None:
         undeclared = ~worker.chat_mask & _ALL_FEATURE_BITS
         rows = conn.execute(_CHAT_CLASSES, {"model": worker.chat_model, "undeclared": undeclared})

@@ -22,6 +22,7 @@ from hordelite.contract.eligibility import (
     RequestView,
 )
 from hordelite.storage.schema import (
+    ANY_MODEL,
     jobs,
     queue,
     queue_classes,
@@ -63,7 +64,7 @@ def enqueue(
         "created": req["created"],
         **_queue_row(view),
     }
-    models = view.models or ("",)
+    models = view.models or (ANY_MODEL,)
     conn.defer(INSERT_QUEUE, [{**base, "model": m} for m in models])
     if view.kind == "chat":
         for model in models:

@@ -42,6 +42,7 @@ from hordelite.storage.pool import online_now
 from hordelite.storage.queueing import HELD, end_request, enqueue, get_request, release
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
+    ANY_MODEL,
     jobs,
     queue,
     request_workers,
@@ -614,7 +615,7 @@ def _position_statement(models: int, anonymous: bool | None) -> Select[Any]:
     if models:
         table, rid = queue, queue.c.request_id
         names = [queue.c.model == bindparam(f"m{i}") for i in range(models)]
-        where: list[ColumnElement[bool]] = [or_(*names, queue.c.model == "")]
+        where: list[ColumnElement[bool]] = [or_(*names, queue.c.model == ANY_MODEL)]
     else:
         table, rid = requests, requests.c.id
         where = [requests.c.state == "waiting", requests.c.remaining > 0]

@@ -244,6 +244,9 @@ readers = Table(
     Column("expires", Float, nullable=False),
 )
 
+# A queue row's model when its request names none: any worker's model serves it.
+ANY_MODEL = ""
+
 queue = Table(
     "queue",
     metadata,

@@ -29,6 +29,7 @@ from hordelite.storage.pool import served_model_names
 from hordelite.storage.queueing import HELD, end_request, release
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
+    ANY_MODEL,
     jobs,
     queue,
     queue_classes,
@@ -300,7 +301,7 @@ def queue_depth(conn: Tx, now: float, top: int) -> QueueDepth:
     any_model = conn.execute(
         select(queue.c.kind, waiting)
         .select_from(joined)
-        .where(queue.c.model == "")
+        .where(queue.c.model == ANY_MODEL)
         .group_by(queue.c.kind)
     ).all()
     return QueueDepth(
@@ -314,7 +315,9 @@ def queue_depth(conn: Tx, now: float, top: int) -> QueueDepth:
 def _unserved(conn: Tx, served: Select[tuple[str]]) -> dict[str, int]:
     """Per kind: the jobs of the requests none of whose models is served (nor
     any model), each request counted once."""
-    reachable = func.sum(case((or_(queue.c.model == "", queue.c.model.in_(served)), 1), else_=0))
+    reachable = func.sum(
+        case((or_(queue.c.model == ANY_MODEL, queue.c.model.in_(served)), 1), else_=0)
+    )
     waiting = (
         select(queue.c.request_id, queue.c.kind)
         .group_by(queue.c.request_id, queue.c.kind)

@@ -105,7 +105,8 @@ def _sql_finds(conn: Tx, worker: WorkerView, view: RequestView) -> bool:
     """Queue the request, run the pop's candidate queries, then roll back
     (raising _Rollback with what they found)."""
     _queue(conn, view)
-    walks = pop._Walks(pop._classes(conn, worker), (False,))  # owner -1 has none queued
+    # Every class walked, the any-model one too; owner -1 has none queued.
+    walks = pop._Walks(pop._classes(conn, worker, any_model=True), (False,))
     found = pop._best_candidate(conn, worker, -1, False, set(), False, walks)
     raise _Rollback(found is not None)
 

@@ -211,3 +211,44 @@ async def test_a_store_pop_on_sqlite_hands_out_its_job_with_no_locks_to_skip(
         key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW, poll_left=None
     )
     assert result.job is not None
+
+
+def _candidate_walks(db: Database) -> list[str]:
+    """Each candidate read ``db`` runs from now on: a walk of one queue
+    class, reading the queue in ix_queue_order's order."""
+    walks: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "FROM queue" in statement and "ORDER BY queue.anonymous" in statement:
+            walks.append(statement)
+
+    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
+    for engine in engines.values():
+        event.listen(engine, "before_cursor_execute", record)
+    return walks
+
+
+async def test_a_pop_walks_the_any_model_class_only_while_a_request_naming_no_model_is_queued(
+    database: Database,
+) -> None:
+    store = _store(database)
+    alice, _ = await _user(store, "alice", kudos=100)
+    owner, _ = await _user(store, "owner")
+    named = await _submit(store, alice, _new(["m1"]))
+    walks = _candidate_walks(database)
+
+    popped = await store.pop_job(
+        key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW, poll_left=None
+    )
+    assert popped.job is not None
+    assert popped.job.request_id == named.request_id
+    assert len(walks) == 1  # m1's class; none for requests naming no model
+
+    anything = await _submit(store, alice, _new([]))
+    walks.clear()
+    popped = await store.pop_job(
+        key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW + 1, poll_left=None
+    )
+    assert popped.job is not None
+    assert popped.job.request_id == anything.request_id
+    assert len(walks) == 2  # m1's class, then the class of requests naming no model
