@@ -182,15 +182,16 @@ _POPPER = prepared(
 
 @dataclasses.dataclass(frozen=True)
 class Popper:
-    """A pop's user (admitted), its worker's row (None on its first pop) and
-    whether the user has requests queued."""
+    """A pop's user (admitted), its worker's row (None on its first pop),
+    whether the user has requests queued, and whether any request naming
+    no model is."""
 
     user: Mapping[str, Any]
     worker: Mapping[str, Any] | None
     owns_queued: bool
     # A text request naming no model is queued (its queue rows' model is
     # ANY_MODEL), as of this statement.
-    any_model_queued: bool = True
+    any_model_queued: bool
 
 
 def popper(conn: Tx, key_hash: str, pop: PopRequest, rules: Rules) -> Popper:
