@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import secrets
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import event, insert, select
@@ -154,12 +154,39 @@ FEW_PARAMETERS = 16
 
 
 @contextlib.contextmanager
+def _listening(db: Database, listener: Callable[..., None]) -> Iterator[None]:
+    """``listener`` hears every statement ``db`` sends while the block runs
+    (SQLAlchemy's ``before_cursor_execute``, the prepared statements of Tx's
+    fast path included), on its pool's engine and, on SQLite, the engine of
+    what it runs inline."""
+    found = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
+    for engine in found.values():
+        event.listen(engine, "before_cursor_execute", listener)
+    try:
+        yield
+    finally:
+        for engine in found.values():
+            event.remove(engine, "before_cursor_execute", listener)
+
+
+@contextlib.contextmanager
+def heard_statements(db: Database) -> Iterator[list[str]]:
+    """Every SQL statement ``db`` sends while the block runs."""
+    heard: list[str] = []
+
+    def listen(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        heard.append(statement)
+
+    with _listening(db, listen):
+        yield heard
+
+
+@contextlib.contextmanager
 def parameter_counts(db: Database) -> Iterator[list[int]]:
     """How many parameters each statement ``db`` sends while the block runs
     is bound with (for an executemany, its largest row); an array counts as
     one, as the driver sends it."""
     counts: list[int] = []
-    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
 
     def count(
         conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool
@@ -167,10 +194,5 @@ def parameter_counts(db: Database) -> Iterator[list[int]]:
         rows = params if many else [params]
         counts.append(max((len(row) for row in rows if row is not None), default=0))
 
-    for engine in engines.values():
-        event.listen(engine, "before_cursor_execute", count)
-    try:
+    with _listening(db, count):
         yield counts
-    finally:
-        for engine in engines.values():
-            event.remove(engine, "before_cursor_execute", count)

@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy import event
 
 from hordelite.errors import RC, HordeError
 from hordelite.horde.service import new_text_request
@@ -20,6 +19,7 @@ from tests.storage.helpers import (
     NOW,
     RULES,
     billions,
+    heard_statements,
     job_submit,
     new_key_hash,
     pop_request,
@@ -159,17 +159,6 @@ async def test_first_request_answers_the_first_request_and_refuses_another_finge
     assert unknown.value.rc is RC.InvalidAPIKey
 
 
-def _statements(db: Database) -> list[str]:
-    """Every SQL statement ``db`` runs from now on (on its PostgreSQL engine)."""
-    seen: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", record)
-    return seen
-
-
 async def test_a_store_pop_on_postgresql_skips_locked_requests_without_being_told(
     postgresql_database: Database,
 ) -> None:
@@ -178,8 +167,6 @@ async def test_a_store_pop_on_postgresql_skips_locked_requests_without_being_tol
     owners = [(await _user(store, f"owner{i}"))[0] for i in range(6)]
     for _ in range(3):
         await _submit(store, alice, _new(["m1"]))
-    seen = _statements(postgresql_database)
-
     results: list[queries.PopResult] = []
     start = anyio.Event()
 
@@ -188,10 +175,11 @@ async def test_a_store_pop_on_postgresql_skips_locked_requests_without_being_tol
         pop = pop_request(name, ["m1"])
         results.append(await store.pop_job(key_hash=key_hash, pop=pop, now=NOW, poll_left=None))
 
-    async with anyio.create_task_group() as tg:
-        for i, key_hash in enumerate(owners):
-            tg.start_soon(one, key_hash, f"w{i}")
-        start.set()
+    with heard_statements(postgresql_database) as seen:
+        async with anyio.create_task_group() as tg:
+            for i, key_hash in enumerate(owners):
+                tg.start_soon(one, key_hash, f"w{i}")
+            start.set()
 
     handed = [r.job for r in results if r.job is not None]
     assert len(handed) == 3
@@ -213,19 +201,10 @@ async def test_a_store_pop_on_sqlite_hands_out_its_job_with_no_locks_to_skip(
     assert result.job is not None
 
 
-def _candidate_walks(db: Database) -> list[str]:
-    """Each candidate read ``db`` runs from now on: a walk of one queue
+def _walks(statements: list[str]) -> list[str]:
+    """The candidate reads among ``statements``: each a walk of one queue
     class, reading the queue in ix_queue_order's order."""
-    walks: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-        if "FROM queue" in statement and "ORDER BY queue.anonymous" in statement:
-            walks.append(statement)
-
-    engines = {id(e): e for e in (db.engine, getattr(db, "_inline_engine", None)) if e}
-    for engine in engines.values():
-        event.listen(engine, "before_cursor_execute", record)
-    return walks
+    return [s for s in statements if "FROM queue" in s and "ORDER BY queue.anonymous" in s]
 
 
 async def test_a_pop_walks_the_any_model_class_only_while_a_request_naming_no_model_is_queued(
@@ -235,20 +214,20 @@ async def test_a_pop_walks_the_any_model_class_only_while_a_request_naming_no_mo
     alice, _ = await _user(store, "alice", kudos=100)
     owner, _ = await _user(store, "owner")
     named = await _submit(store, alice, _new(["m1"]))
-    walks = _candidate_walks(database)
 
-    popped = await store.pop_job(
-        key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW, poll_left=None
-    )
+    with heard_statements(database) as heard:
+        popped = await store.pop_job(
+            key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW, poll_left=None
+        )
     assert popped.job is not None
     assert popped.job.request_id == named.request_id
-    assert len(walks) == 1  # m1's class; none for requests naming no model
+    assert len(_walks(heard)) == 1  # m1's class; none for requests naming no model
 
     anything = await _submit(store, alice, _new([]))
-    walks.clear()
-    popped = await store.pop_job(
-        key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW + 1, poll_left=None
-    )
+    with heard_statements(database) as heard:
+        popped = await store.pop_job(
+            key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW + 1, poll_left=None
+        )
     assert popped.job is not None
     assert popped.job.request_id == anything.request_id
-    assert len(walks) == 2  # m1's class, then the class of requests naming no model
+    assert len(_walks(heard)) == 2  # m1's class, then the class of requests naming no model

@@ -23,6 +23,7 @@ from tests.storage.helpers import (
     RULES,
     billions,
     create_user,
+    heard_statements,
     job_submit,
     pop,
     status,
@@ -143,19 +144,8 @@ async def test_a_driver_error_on_the_fast_path_is_raised_as_sqlalchemy_raises_it
 async def test_whoever_listens_to_sqlalchemys_statements_hears_the_prepared_ones(
     database: Database,
 ) -> None:
-    heard: list[str] = []
-
-    def listen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        heard.append(statement)
-
-    engines = {id(e): e for e in (database.engine, getattr(database, "_inline_engine", None)) if e}
-    for engine in engines.values():
-        event.listen(engine, "before_cursor_execute", listen)
-    try:
+    with heard_statements(database) as heard:
         await database.read(lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all())
-    finally:
-        for engine in engines.values():
-            event.remove(engine, "before_cursor_execute", listen)
     assert any("FROM users" in s and "ORDER BY users.id" in s for s in heard)
 
 
