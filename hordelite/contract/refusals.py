@@ -153,11 +153,23 @@ def submit_refusal(
         return job_of_another_user()
     if job_state == "done":
         return HordeError(RC.DuplicateGen)
+    # Before the lease: an answer of the other kind is refused whatever the
+    # lease says, so a generation's submit need not read the progress lease
+    # (answers_only_a_text_job).
+    if not faulted and answer_kind != job_kind:
+        return wrong_answer_kind(job_kind)
     if job_state == "expired" or (job_state == "processing" and lease_end < now):
         # A lease past its end is refused at once; the sweep requeues it.
         return job_lease_expired()
     if job_state != "processing":
         return job_request_ended()
-    if not faulted and answer_kind != job_kind:
-        return wrong_answer_kind(job_kind)
     return None
+
+
+def answers_only_a_text_job(answer_kind: str, faulted: bool) -> bool:
+    """Whether an answer can be taken only for a text job: a generation that
+    is not a fault (submit_refusal refuses it for a chat job before it looks
+    at the lease). A text job streams no progress, so the submit of such an
+    answer has no progress lease to read or end and no stream to close: two
+    Redis round trips a text cycle does without."""
+    return answer_kind == "text" and not faulted

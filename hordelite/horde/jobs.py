@@ -21,6 +21,7 @@ from hordelite.contract.chat_reply import (
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.eligibility import WorkerView, skipped_counts
 from hordelite.contract.progress import Lease, accept, parse_progress, streams_progress
+from hordelite.contract.refusals import answers_only_a_text_job
 from hordelite.contract.text import JobSubmit, PopRequest, parse_job_submit, parse_pop_request
 from hordelite.errors import RC, HordeError
 from hordelite.horde import request_images
@@ -247,7 +248,9 @@ class Jobs:
         core = self._core
         key_hash = hash_key(api_key)
         sub = await self._parse_submit(api_key, body)
-        lease = await core.signals.lease(sub.id)
+        answer_kind = "chat" if isinstance(sub, ChatSubmit) else "text"
+        text_only = answers_only_a_text_job(answer_kind, sub.state == "faulted")
+        lease = None if text_only else await core.signals.lease(sub.id)
         now = core.clock.now()
         result = await self._store_answer(key_hash, sub, now, lease.expires if lease else None)
         if result.refusal is not None:
@@ -258,7 +261,7 @@ class Jobs:
         if result.requeued:
             await core.queue_changed()
         await core.signals.notify_request(result.request_id)
-        if result.request_ended:
+        if result.request_ended and not text_only:
             await core.signals.end_stream(result.request_id, now)
         if result.hook_owed and result.request_ended:
             core.webhooks_due.set()

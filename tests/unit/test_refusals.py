@@ -122,6 +122,11 @@ def _submit(**overrides: object) -> RC | None:
         ({"answer_kind": "chat"}, RC.ChatSubmitInvalid),
         ({"job_kind": "chat"}, RC.ChatSubmitInvalid),
         ({"job_kind": "chat", "answer_kind": "chat"}, None),
+        # The kind is judged before the lease and the job's state: a
+        # generation for a chat job is refused as such whatever its lease.
+        ({"job_kind": "chat", "lease_end": NOW - 1}, RC.ChatSubmitInvalid),
+        ({"job_kind": "chat", "job_state": "expired"}, RC.ChatSubmitInvalid),
+        ({"answer_kind": "chat", "job_state": "cancelled"}, RC.ChatSubmitInvalid),
         # A fault is taken from either kind of answer.
         ({"job_kind": "chat", "faulted": True}, None),
         ({"answer_kind": "chat", "faulted": True}, None),
