@@ -1,20 +1,21 @@
-"""The Redis client for the signals: coredis, redis-py's asyncio client, and
-hordelite's own command connections (hordelite/signals/_resp.py, decision 0062).
+"""The Redis client for the signals: hordelite's own connections
+(hordelite/signals/_resp.py: commands, decision 0062; pub/sub, decision
+0067), coredis and redis-py's asyncio client when they are installed.
 
 Measures, against the Redis at HORDELITE_TEST_REDIS_URL (default
 redis://127.0.0.1:6379/0; it uses logical database 5 and flushes it):
 
-- a command's round trip (GET of a request version, what every status read
-  sends), one caller, as p50 microseconds, calls per second and this
-  process's CPU per call;
+- a command's round trip (a GET), one caller, as p50 microseconds, calls
+  per second and this process's CPU per call;
 - a signal's trip: PUBLISH on one connection to the message at a
-  subscriber's pattern subscription (``horde:chat:*``), p50 microseconds.
+  subscriber's pattern subscription (``horde:chat:*``) in the same
+  process, p50 microseconds and this process's CPU per signal (the publish
+  and the hearing: what a signal the process sends and hears back costs it).
 
-coredis and hordelite's ``Commands`` run on trio and on asyncio (the
-signal rows of ``Commands`` publish with it and hear with coredis's pub/sub,
-as the signals do); redis-py's asyncio client on asyncio only (its row is
-skipped when redis-py is not installed). Each figure is printed with its
-ratio to coredis on asyncio, measured in the same run.
+hordelite and coredis run on trio and on asyncio; redis-py's asyncio client
+on asyncio only. A client that is not installed (coredis and redis-py are
+no dependencies of hordelite) prints "not installed". Each figure is printed
+with its ratio to hordelite on trio, measured in the same run.
 
     .venv/bin/python bench/redis_clients.py [--calls N]
 """
@@ -25,11 +26,10 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
-import coredis
 from _common import DEFAULT_REDIS, REDIS_ENV, redis_on_db  # bench/ is on sys.path
 
 SIGNALS = 300
@@ -52,69 +52,90 @@ async def round_trips(get: Callable[[], Awaitable[Any]], calls: int) -> tuple[fl
     return statistics.median(times) * 1e6, calls / elapsed, spent / calls * 1e6
 
 
-async def signal_trips(pubsub: Any, publish: Callable[[], Awaitable[Any]]) -> list[float]:
-    """Seconds from each PUBLISH to its message at ``pubsub``'s pattern subscription."""
+async def signal_trips(
+    listen: Callable[[Callable[[], None]], Coroutine[Any, Any, None]],
+    publish: Callable[[], Awaitable[Any]],
+) -> tuple[list[float], float]:
+    """Seconds from each PUBLISH to its message at ``listen``'s pattern
+    subscription (``listen(heard)`` calls ``heard()`` for each message), and
+    this process's CPU microseconds a signal."""
     trips: list[float] = []
     got = anyio.Event()
     sent_at = 0.0
 
-    async def hear() -> None:
-        async for message in pubsub:
-            if message["type"] == "pmessage":
-                trips.append(time.perf_counter() - sent_at)
-                got.set()
+    def heard() -> None:
+        trips.append(time.perf_counter() - sent_at)
+        got.set()
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(hear)
+        tg.start_soon(listen, heard)
         await anyio.sleep(0.1)
+        cpu = time.process_time()
         for _ in range(SIGNALS):
             got = anyio.Event()
             sent_at = time.perf_counter()
             await publish()
             with anyio.fail_after(5):
                 await got.wait()
+        spent = time.process_time() - cpu
         tg.cancel_scope.cancel()
-    return trips
+    return trips, spent / SIGNALS * 1e6
 
 
-async def coredis_figures(calls: int) -> dict[str, float]:
-    client: coredis.Redis[str] = coredis.Redis.from_url(bench_url(), decode_responses=True)
-    async with client:
-        await client.flushdb()
-        await client.set("horde:version:r1", "7")
-        p50, rate, cpu = await round_trips(lambda: client.get("horde:version:r1"), calls)
-        async with client.pubsub(patterns=["horde:chat:*"]) as pubsub:
-            trips = await signal_trips(pubsub, lambda: client.publish("horde:chat:r1", "end"))
-        await client.flushdb()
+def figures(
+    round_trip: tuple[float, float, float], signals: tuple[list[float], float]
+) -> dict[str, float]:
+    (p50, rate, cpu), (trips, signal_cpu) = round_trip, signals
     return {
         "get_p50": p50,
         "get_rate": rate,
         "get_cpu": cpu,
         "signal_p50": statistics.median(trips) * 1e6,
+        "signal_cpu": signal_cpu,
     }
 
 
-async def commands_figures(calls: int) -> dict[str, float]:
+async def hordelite_figures(calls: int) -> dict[str, float]:
     from hordelite.signals._resp import Commands
 
     commands = Commands(bench_url(), 2.0)
-    client: coredis.Redis[str] = coredis.Redis.from_url(bench_url(), decode_responses=True)
+    listener = Commands(bench_url(), 2.0)
+
+    async def listen(heard: Callable[[], None]) -> None:
+        await listener.listen([], ["horde:chat:*"], lambda: None, lambda _c, _d: heard())
+
     try:
         await commands.call("SET", "horde:version:r1", "7")
-        p50, rate, cpu = await round_trips(lambda: commands.call("GET", "horde:version:r1"), calls)
-        async with client, client.pubsub(patterns=["horde:chat:*"]) as pubsub:
-            trips = await signal_trips(
-                pubsub, lambda: commands.call("PUBLISH", "horde:chat:r1", "end")
-            )
+        round_trip = await round_trips(lambda: commands.call("GET", "horde:version:r1"), calls)
+        signals = await signal_trips(
+            listen, lambda: commands.call("PUBLISH", "horde:chat:r1", "end")
+        )
         await commands.call("FLUSHDB")
     finally:
         await commands.aclose()
-    return {
-        "get_p50": p50,
-        "get_rate": rate,
-        "get_cpu": cpu,
-        "signal_p50": statistics.median(trips) * 1e6,
-    }
+    return figures(round_trip, signals)
+
+
+async def coredis_figures(calls: int) -> dict[str, float] | None:
+    try:
+        import coredis  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    client = coredis.Redis.from_url(bench_url(), decode_responses=True)
+
+    async def listen(heard: Callable[[], None]) -> None:
+        async with client.pubsub(patterns=["horde:chat:*"]) as pubsub:
+            async for message in pubsub:
+                if message["type"] == "pmessage":
+                    heard()
+
+    async with client:
+        await client.flushdb()
+        await client.set("horde:version:r1", "7")
+        round_trip = await round_trips(lambda: client.get("horde:version:r1"), calls)
+        signals = await signal_trips(listen, lambda: client.publish("horde:chat:r1", "end"))
+        await client.flushdb()
+    return figures(round_trip, signals)
 
 
 async def redis_py_figures(calls: int) -> dict[str, float] | None:
@@ -125,10 +146,11 @@ async def redis_py_figures(calls: int) -> dict[str, float] | None:
     client = redis_asyncio.Redis.from_url(bench_url(), decode_responses=True)
     try:
         await client.set("horde:version:r1", "7")
-        p50, rate, cpu = await round_trips(lambda: client.get("horde:version:r1"), calls)
+        round_trip = await round_trips(lambda: client.get("horde:version:r1"), calls)
         pubsub = client.pubsub()
         await pubsub.psubscribe("horde:chat:*")
         trips = []
+        cpu = time.process_time()
         for _ in range(SIGNALS):
             sent_at = time.perf_counter()
             await client.publish("horde:chat:r1", "end")
@@ -137,16 +159,12 @@ async def redis_py_figures(calls: int) -> dict[str, float] | None:
                 if message is not None and message["type"] == "pmessage":
                     trips.append(time.perf_counter() - sent_at)
                     break
+        signal_cpu = (time.process_time() - cpu) / SIGNALS * 1e6
         await pubsub.aclose()
         await client.flushdb()
     finally:
         await client.aclose()
-    return {
-        "get_p50": p50,
-        "get_rate": rate,
-        "get_cpu": cpu,
-        "signal_p50": statistics.median(trips) * 1e6,
-    }
+    return figures(round_trip, (trips, signal_cpu))
 
 
 def main() -> int:
@@ -154,29 +172,29 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=5000)
     args = parser.parse_args()
     rows: dict[str, dict[str, float] | None] = {
-        "coredis on asyncio": anyio.run(coredis_figures, args.calls, backend="asyncio"),
+        "hordelite on trio": anyio.run(hordelite_figures, args.calls, backend="trio"),
+        "hordelite on asyncio": anyio.run(hordelite_figures, args.calls, backend="asyncio"),
         "coredis on trio": anyio.run(coredis_figures, args.calls, backend="trio"),
+        "coredis on asyncio": anyio.run(coredis_figures, args.calls, backend="asyncio"),
         "redis-py asyncio (asyncio only)": anyio.run(
             redis_py_figures, args.calls, backend="asyncio"
         ),
-        "hordelite Commands on asyncio": anyio.run(commands_figures, args.calls, backend="asyncio"),
-        "hordelite Commands on trio": anyio.run(commands_figures, args.calls, backend="trio"),
     }
-    base = rows["coredis on asyncio"]
+    base = rows["hordelite on trio"]
     assert base is not None
     print(
-        f"{'client':34} {'GET p50 us':>11} {'GET/s':>8} {'CPU/GET us':>11} {'signal p50 us':>14}"
-        "   ratios to coredis/asyncio"
+        f"{'client':32} {'GET p50 us':>10} {'GET/s':>7} {'CPU/GET us':>10}"
+        f" {'signal p50 us':>13} {'CPU/signal us':>13}   ratios to hordelite on trio"
     )
+    keys = ("get_p50", "get_rate", "get_cpu", "signal_p50", "signal_cpu")
     for name, row in rows.items():
         if row is None:
-            print(f"{name:34} not installed")
+            print(f"{name:32} not installed")
             continue
+        ratios = " ".join(f"x{row[k] / base[k]:.2f}" for k in keys)
         print(
-            f"{name:34} {row['get_p50']:11.1f} {row['get_rate']:8.0f} {row['get_cpu']:11.1f}"
-            f" {row['signal_p50']:14.1f}"
-            f"   x{row['get_p50'] / base['get_p50']:.2f} x{row['get_rate'] / base['get_rate']:.2f}"
-            f" x{row['get_cpu'] / base['get_cpu']:.2f} x{row['signal_p50'] / base['signal_p50']:.2f}"
+            f"{name:32} {row['get_p50']:10.1f} {row['get_rate']:7.0f} {row['get_cpu']:10.1f}"
+            f" {row['signal_p50']:13.1f} {row['signal_cpu']:13.1f}   {ratios}"
         )
     print(f"calls: {args.calls} GETs, {SIGNALS} signals per client")
     return 0

@@ -49,9 +49,6 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
-import coredis
-import coredis.exceptions
-from coredis.retry import NoRetryPolicy
 
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.limits import (
@@ -70,7 +67,6 @@ T = TypeVar("T")
 # What Redis being down or unreachable raises (a command past its timeout
 # included); any other error is a bug and propagates.
 _DOWN = (
-    coredis.exceptions.ConnectionError,
     TimeoutError,
     OSError,
     anyio.ClosedResourceError,
@@ -89,8 +85,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def _is_down(exc: BaseException) -> bool:
-    """Whether ``exc`` says Redis is unreachable (coredis's pub/sub raises it
-    inside an exception group from its own task group)."""
+    """Whether ``exc`` says Redis is unreachable (a group of such errors
+    included)."""
     if isinstance(exc, BaseExceptionGroup):
         # subgroup() recurses into a group the condition does not match: what
         # is left are the leaves that are not down errors.
@@ -127,9 +123,8 @@ def _lease_ttl(lease: Lease, now: float) -> int:
 class RedisSignals:
     """The Signals interface on Redis; see the module's docstring."""
 
-    def __init__(self, client: coredis.Redis[str], commands: Commands) -> None:
-        self._redis = client  # pub/sub
-        self._commands = commands  # every command (hordelite.signals._resp)
+    def __init__(self, commands: Commands) -> None:
+        self._commands = commands  # every command and the pub/sub (hordelite.signals._resp)
         self._local = LocalSignals()
         # The circuit: open (True) from the first command that found Redis
         # down until the probe's ping or the listener's subscription sees it
@@ -270,21 +265,20 @@ class RedisSignals:
         growing pause) while Redis is down."""
         started = False
         pause = 0.1
+
+        def subscribed() -> None:
+            nonlocal started, pause
+            if not started:
+                started = True
+                task_status.started()
+            pause = 0.1
+            self._health(down=False, listening=True)
+
         while True:
             try:
-                # No retry policy: a lost connection raises here, so that
-                # this process knows at once that signals may be lost.
-                async with self._redis.pubsub(
-                    channels=[QUEUE, POOL], patterns=[f"{REQUEST_PREFIX}*"], retry_policy=None
-                ) as pubsub:
-                    if not started:
-                        started = True
-                        task_status.started()
-                    pause = 0.1
-                    self._health(down=False, listening=True)
-                    async for message in pubsub:
-                        if message["type"] in ("message", "pmessage"):
-                            self._hear(str(message["channel"]), str(message["data"]))
+                await self._commands.listen(
+                    [QUEUE, POOL], [f"{REQUEST_PREFIX}*"], subscribed, self._hear
+                )
             except Exception as exc:
                 if not _is_down(exc):
                     raise
@@ -534,23 +528,12 @@ class RedisSignals:
         Redis does not answer, and at once while the circuit is open (the
         probe is pinging already: a scrape need not wait on a hung Redis)."""
         if self._down:
-            raise coredis.exceptions.ConnectionError("Redis signals are degraded (circuit open)")
+            raise ConnectionError("Redis signals are degraded (circuit open)")
         await self._commands.call("PING")
 
     def statistics(self) -> dict[str, int]:
         """This process's waiters (what Redis holds is bounded by its TTLs)."""
         return self._local.statistics()
-
-
-def _quieten_coredis() -> None:
-    """Keep coredis's INFO lines out of the log, unless the operator set a
-    level on its logger: they say, once per lost connection and with a
-    traceback, what logger "hordelite.signals" says once per outage
-    ("Connection closed unexpectedly!"), or trivia of a handshake. Its
-    warnings and errors still pass."""
-    coredis_log = logging.getLogger("coredis")
-    if coredis_log.level == logging.NOTSET:
-        coredis_log.setLevel(logging.WARNING)
 
 
 def _lease_json(lease: Lease) -> str:
@@ -563,21 +546,9 @@ def _lease_json(lease: Lease) -> str:
 async def open_redis_signals(url: str) -> AsyncIterator[RedisSignals]:
     """Redis signals for the block, listening and probing in tasks the
     block owns."""
-    _quieten_coredis()
-    client: coredis.Redis[str] = coredis.Redis.from_url(
-        url,
-        decode_responses=True,
-        stream_timeout=REDIS_TIMEOUT_SECONDS,
-        connect_timeout=REDIS_TIMEOUT_SECONDS,
-        # No retries: a command that finds Redis down returns its fallback
-        # and opens the circuit (RedisSignals._safely), so retrying only
-        # triples what the first failure costs, and logs an INFO line on
-        # logger "coredis" per attempt (5,482 in 15 s of a killed Redis).
-        retry_policy=NoRetryPolicy(),
-    )
     commands = Commands(url, REDIS_TIMEOUT_SECONDS)
-    async with client:
-        signals = RedisSignals(client, commands)
+    signals = RedisSignals(commands)
+    try:
         async with anyio.create_task_group() as tg:
             await tg.start(signals.listen)
             tg.start_soon(signals.probe)
@@ -585,5 +556,6 @@ async def open_redis_signals(url: str) -> AsyncIterator[RedisSignals]:
                 yield signals
             finally:
                 tg.cancel_scope.cancel()
-                with anyio.CancelScope(shield=True):
-                    await commands.aclose()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await commands.aclose()

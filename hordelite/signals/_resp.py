@@ -1,13 +1,14 @@
-"""Redis commands on connections the calling task drives itself (RESP2).
+"""Redis commands and pub/sub on connections the calling task drives itself (RESP2).
 
-coredis, which the signals use to listen (pub/sub), runs every connection
-with a reader task and a writer task of its own: a command passes through
-both and a memory stream each way, four or five task switches. Measured on
-the text cycle, that made a command cost about 200 us of the server's CPU
-against about 60 us for the same round trip driven by the caller (decision
-0059, bench/redis_clients.py), and the signals send seven or eight commands
-a cycle. ``Commands`` sends each command and reads its reply in the calling
-task, on one of a few pooled connections.
+A client that runs every connection with a reader task and a writer task
+of its own (coredis, which the signals used until decision 0067) passes a
+command through both and a memory stream each way, four or five task
+switches: about 200 us of the server's CPU a command against about 60 us
+for the same round trip driven by the caller (decision 0059,
+bench/redis_clients.py). ``Commands`` sends each command and reads its
+reply in the calling task, on one of a few pooled connections; ``listen``
+reads a subscribed connection's messages in the listening task and hands
+each to its callback.
 
 What a connection that failed in any way held is unknown (a reply may be
 on its way), so it is closed, never pooled again: a timeout or a
@@ -20,7 +21,7 @@ opens on them), ``RedisReplyError`` that Redis refused the command.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -90,13 +91,23 @@ class _Parser:
                 raise _Incomplete
             data = self.buffer[self._at : end]
             self._at = after
-            return data.decode()
+            # hordelite writes only UTF-8; bytes another client wrote read as
+            # replacement characters (unreadable JSON), never a crash.
+            return data.decode(errors="replace")
         if kind == b"*":
             count = int(rest)
             return None if count < 0 else [self._reply() for _ in range(count)]
         if kind == b"-":
             return RedisReplyError(rest.decode())
         raise OSError(f"unreadable reply from Redis: {line[:40]!r}")
+
+
+def _confirmed(reply: Any) -> None:
+    """Check one reply to SUBSCRIBE or PSUBSCRIBE: [kind, name, count]."""
+    if isinstance(reply, RedisReplyError):
+        raise reply
+    if not (isinstance(reply, list) and reply[:1] in (["subscribe"], ["psubscribe"])):
+        raise OSError(f"unexpected reply to a subscription: {reply!r:.80}")
 
 
 class _Incomplete(HordeliteError):
@@ -110,17 +121,19 @@ class _Connection:
 
     async def replies(self, data: bytes, count: int) -> list[Any]:
         await self.stream.send(data)
-        out: list[Any] = []
-        while len(out) < count:
+        return [await self.reply() for _ in range(count)]
+
+    async def reply(self) -> Any:
+        """The next reply (or pushed message), read from the buffer first."""
+        while True:
             try:
-                out.append(self.parser.parse())
+                return self.parser.parse()
             except _Incomplete:
                 try:
                     chunk = await self.stream.receive(_RECEIVE_BYTES)
                 except anyio.EndOfStream:
                     raise ConnectionError("Redis closed the connection") from None
                 self.parser.buffer += chunk
-        return out
 
 
 class Commands:
@@ -163,6 +176,43 @@ class Commands:
         else:
             await connection.stream.aclose()
         return replies
+
+    async def listen(
+        self,
+        channels: Sequence[str],
+        patterns: Sequence[str],
+        subscribed: Callable[[], None],
+        heard: Callable[[str, str], None],
+    ) -> None:
+        """Subscribe a connection of its own to ``channels`` and ``patterns``,
+        call ``subscribed()`` once Redis confirmed them all (within the
+        connect timeout), then ``heard(channel, data)`` for each message, in
+        this task, until the connection fails (raises, as a command does) or
+        the caller is cancelled. The connection is never pooled."""
+        connection = await self._connect()
+        try:
+            with anyio.fail_after(self._connect_timeout):
+                await connection.stream.send(
+                    (encode(["SUBSCRIBE", *channels]) if channels else b"")
+                    + (encode(["PSUBSCRIBE", *patterns]) if patterns else b"")
+                )
+                for _ in range(len(channels) + len(patterns)):
+                    _confirmed(await connection.reply())
+            subscribed()
+            while True:
+                message = await connection.reply()
+                # ["message", channel, data] or ["pmessage", pattern, channel, data]
+                if isinstance(message, list) and message[:1] == ["message"] and len(message) == 3:
+                    heard(message[1], message[2])
+                elif (
+                    isinstance(message, list) and message[:1] == ["pmessage"] and len(message) == 4
+                ):
+                    heard(message[2], message[3])
+                else:
+                    raise OSError(f"unexpected reply on a subscribed connection: {message!r:.80}")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await connection.stream.aclose()
 
     async def _connect(self) -> _Connection:
         with anyio.fail_after(self._connect_timeout):

@@ -121,13 +121,10 @@ async def test_notify_request_also_bumps_the_version() -> None:
 async def test_an_unreadable_redis_signal_is_dropped_not_fatal(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    import coredis
-
     from hordelite.signals._redis import QUEUE, RedisSignals
     from hordelite.signals._resp import Commands
 
-    down = "redis://127.0.0.1:1/0"
-    signals = RedisSignals(coredis.Redis.from_url(down, decode_responses=True), Commands(down, 2))
+    signals = RedisSignals(Commands("redis://127.0.0.1:1/0", 2))
     signals._hear(QUEUE, "{not json")
     signals._hear(QUEUE, '{"models": []}')  # JSON, but not a request view
     messages = [r.getMessage() for r in caplog.records]
@@ -139,8 +136,6 @@ async def test_redis_versions_move_with_each_change_and_are_never_repeated_while
     None
 ):
     import uuid
-
-    import coredis
 
     from hordelite.signals._redis import RedisSignals
     from hordelite.signals._resp import Commands
@@ -158,12 +153,8 @@ async def test_redis_versions_move_with_each_change_and_are_never_repeated_while
         assert not signals.degraded
 
     # Redis down: every read is a version no cached status was stored under.
-    client: coredis.Redis[str] = coredis.Redis.from_url(
-        "redis://127.0.0.1:1/0", decode_responses=True
-    )
-    async with client:
-        down = RedisSignals(client, Commands("redis://127.0.0.1:1/0", 2))
-        unknown = [await down.request_version(request_id) for _ in range(3)]
+    down = RedisSignals(Commands("redis://127.0.0.1:1/0", 2))
+    unknown = [await down.request_version(request_id) for _ in range(3)]
     assert all(v < 0 for v in unknown), unknown
     assert len(set(unknown)) == 3, unknown
     assert down.degraded
@@ -329,3 +320,48 @@ async def test_a_hung_redis_costs_one_call_the_timeout_then_calls_fail_fast_unti
     assert len(lines) == 2, lines
     assert lines[0].startswith("Redis signals unavailable (TimeoutError: no answer within 2 s)")
     assert lines[1] == "Redis signals are back"
+
+
+async def test_a_redis_that_accepts_but_never_answers_degrades_the_start_within_the_timeout() -> (
+    None
+):
+    """A hung Redis at start (the connection opens, nothing answers): the
+    subscription is given up after REDIS_TIMEOUT_SECONDS and the process
+    serves degraded, rather than never starting."""
+    import socket
+
+    import anyio
+
+    from hordelite.contract.limits import REDIS_TIMEOUT_SECONDS
+
+    with socket.socket() as silent:  # accepts into its backlog, never reads
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        with anyio.fail_after(REDIS_TIMEOUT_SECONDS + 5):
+            async with open_signals(url) as signals:
+                assert signals.degraded
+
+
+async def test_a_message_that_is_not_utf8_is_dropped_and_the_listener_hears_the_next() -> None:
+    """Another client can publish any bytes on a horde channel: the listener
+    drops what it cannot read and keeps hearing."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from hordelite.signals._redis import POOL, QUEUE
+    from hordelite.signals._resp import encode
+    from tests.integration._helpers import eventually
+
+    url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    parts = urlsplit(url)
+    async with open_signals(url) as signals:
+        pool = signals.pool_version()
+        with socket.create_connection((parts.hostname, parts.port or 6379)) as raw:
+            # Then a pool change on the same connection: heard after the bytes.
+            raw.sendall(encode(["PUBLISH", QUEUE, b"\xff\xfe"]) + encode(["PUBLISH", POOL, ""]))
+            replies = b""
+            while replies.count(b"\r\n") < 2:
+                replies += raw.recv(64)
+        await eventually(lambda: signals.pool_version() != pool, within=5)
+        assert not signals.degraded
