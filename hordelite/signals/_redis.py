@@ -10,7 +10,8 @@ the retained stream on logical database 7, so ``redis://host:6379/7``):
 
 - ``horde:queue`` (channel): a job became available; the message is the
   request's eligibility view as JSON, or empty for any. Each process wakes
-  one of its waiting pops that can take it.
+  one of its waiting pops that can take it; the process that published it
+  has done so already, without waiting for Redis, and skips its echo.
 - ``horde:chat:<request id>`` (channel): the request changed (``touch``),
   ended or got a generation (``end``), each followed by the process that
   made the change, or got a progress entry (``progress``). No text travels
@@ -43,6 +44,7 @@ import json
 import logging
 import math
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -143,6 +145,11 @@ class RedisSignals:
         # A change went unannounced (Redis down): the others are told to
         # forget their versions once a command gets through again.
         self._unannounced = False
+        # Queue signals this process published and woke its own pop for at
+        # once, by their message: their echo on the channel wakes no second
+        # one. Forgotten at each subscription (an echo may have been lost
+        # with the connection).
+        self._own_queue: Counter[str] = Counter()
 
     # Health: a lost signal only delays an answer ------------------------
 
@@ -272,6 +279,7 @@ class RedisSignals:
                 started = True
                 task_status.started()
             pause = 0.1
+            self._own_queue.clear()
             self._health(down=False, listening=True)
 
         while True:
@@ -306,6 +314,8 @@ class RedisSignals:
     def _dispatch(self, channel: str, data: str) -> None:
         local = self._local
         if channel == QUEUE:
+            if self._take_own(data):
+                return  # woken here when it was published
             local.wake_pops(RequestView.of(json.loads(data)) if data else None)
         elif channel == POOL:
             local.pool_changed_locally()
@@ -336,8 +346,34 @@ class RedisSignals:
         return self._local.queue_waiter(worker)
 
     async def notify_queue(self, request: RequestView | None = None) -> None:
+        """Wake this process's pop for the job at once (no wait for Redis's
+        echo), then announce it to the others."""
         data = "" if request is None else json.dumps(dataclasses.asdict(request))
-        await self._safely(lambda: self._commands.call("PUBLISH", QUEUE, data), 0)
+        self._local.wake_pops(request)
+        echoed = self._listening  # subscribed: the message comes back here
+        if echoed:
+            self._own_queue[data] += 1
+        sent = None
+        try:
+            sent = await self._safely(lambda: self._commands.call("PUBLISH", QUEUE, data), None)
+        finally:
+            # Not published, or cancelled before the reply: no echo to skip
+            # (if one comes after all, it wakes a second pop, which finds
+            # nothing; a count left over would skip another process's signal).
+            if sent is None and echoed:
+                self._take_own(data)
+
+    def _take_own(self, data: str) -> bool:
+        """Whether a queue message is the echo of one this process published
+        (counted off, so that the next one like it is not)."""
+        left = self._own_queue.get(data, 0)
+        if left == 0:
+            return False
+        if left == 1:
+            del self._own_queue[data]
+        else:
+            self._own_queue[data] = left - 1
+        return True
 
     def request_waiter(self, request_id: str) -> AbstractContextManager[anyio.Event]:
         return self._local.request_waiter(request_id)

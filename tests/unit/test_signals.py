@@ -365,3 +365,55 @@ async def test_a_message_that_is_not_utf8_is_dropped_and_the_listener_hears_the_
                 replies += raw.recv(64)
         await eventually(lambda: signals.pool_version() != pool, within=5)
         assert not signals.degraded
+
+
+async def test_a_queue_signal_wakes_this_process_s_pop_at_once_and_its_echo_wakes_no_second() -> (
+    None
+):
+    """On Redis signals, the process that queues a job wakes one of its own
+    waiting pops before Redis answers; hearing its own message back wakes
+    no other (two pops for one job: one pop transaction for nothing)."""
+    import dataclasses
+    import uuid
+
+    from hordelite.contract.eligibility import RequestView, WorkerView
+    from tests.integration._helpers import eventually
+
+    worker = WorkerView(
+        id=str(uuid.uuid4()),
+        models=("m",),
+        max_length=512,
+        max_context_length=4096,
+        nsfw=False,
+        trusted=False,
+        threads=1,
+        extra_slow=False,
+        maintenance=False,
+        tokens_generated=0.0,
+        seconds_generating=0.0,
+    )
+    request = RequestView(
+        models=("m",),
+        max_length=80,
+        max_context_length=2048,
+        trusted_workers=False,
+        slow_workers=True,
+        nsfw=False,
+        worker_ids=(),
+        worker_blacklist=False,
+    )
+    url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    async with open_signals(url) as here, open_signals(url) as there:
+        with (
+            here.queue_waiter(worker) as first,
+            here.queue_waiter(dataclasses.replace(worker, id=str(uuid.uuid4()))) as second,
+            there.queue_waiter(worker) as elsewhere,
+        ):
+            await here.notify_queue(request)
+            assert (first.event.is_set(), second.event.is_set()) == (True, False)
+            await eventually(elsewhere.event.is_set, within=5)  # the others hear it
+            # A message sent after the echo: once heard here, the echo was too.
+            pool = here.pool_version()
+            await there.notify_pool()
+            await eventually(lambda: here.pool_version() != pool, within=5)
+            assert not second.event.is_set()
