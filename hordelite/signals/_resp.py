@@ -200,16 +200,13 @@ class Commands:
                     _confirmed(await connection.reply())
             subscribed()
             while True:
-                message = await connection.reply()
-                # ["message", channel, data] or ["pmessage", pattern, channel, data]
-                if isinstance(message, list) and message[:1] == ["message"] and len(message) == 3:
-                    heard(message[1], message[2])
-                elif (
-                    isinstance(message, list) and message[:1] == ["pmessage"] and len(message) == 4
-                ):
-                    heard(message[2], message[3])
-                else:
-                    raise OSError(f"unexpected reply on a subscribed connection: {message!r:.80}")
+                match await connection.reply():
+                    case ["message", str(channel), str(data)]:
+                        heard(channel, data)
+                    case ["pmessage", _, str(channel), str(data)]:
+                        heard(channel, data)
+                    case other:
+                        raise OSError(f"unexpected reply on a subscribed connection: {other!r:.80}")
         finally:
             with anyio.CancelScope(shield=True):
                 await connection.stream.aclose()
