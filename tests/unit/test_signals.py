@@ -417,3 +417,24 @@ async def test_a_queue_signal_wakes_this_process_s_pop_at_once_and_its_echo_wake
             await there.notify_pool()
             await eventually(lambda: here.pool_version() != pool, within=5)
             assert not second.event.is_set()
+
+
+async def test_a_wake_up_passed_on_by_a_cancelled_pop_still_reaches_this_process_s_pops() -> None:
+    """A pop woken for a job it will not take (its worker left) passes the
+    wake-up on while being cancelled (Jobs._sleep). On Redis signals the
+    publish cannot run then, but this process's other pops are woken
+    before it: the job does not wait for their long polls to end."""
+    import anyio
+
+    url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    async with open_signals(url) as signals:
+        with signals.queue_waiter(None) as other:
+            with anyio.CancelScope() as leaving:
+                leaving.cancel()
+                try:
+                    await anyio.sleep(1)
+                except anyio.get_cancelled_exc_class():
+                    await signals.notify_queue()  # as Jobs._sleep does
+                    raise
+            assert leaving.cancelled_caught
+            assert other.event.is_set()
