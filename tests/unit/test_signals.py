@@ -376,32 +376,10 @@ async def test_a_queue_signal_wakes_this_process_s_pop_at_once_and_its_echo_wake
     import dataclasses
     import uuid
 
-    from hordelite.contract.eligibility import RequestView, WorkerView
     from tests.integration._helpers import eventually
+    from tests.unit.test_eligibility import REQUEST as request
+    from tests.unit.test_eligibility import WORKER as worker
 
-    worker = WorkerView(
-        id=str(uuid.uuid4()),
-        models=("m",),
-        max_length=512,
-        max_context_length=4096,
-        nsfw=False,
-        trusted=False,
-        threads=1,
-        extra_slow=False,
-        maintenance=False,
-        tokens_generated=0.0,
-        seconds_generating=0.0,
-    )
-    request = RequestView(
-        models=("m",),
-        max_length=80,
-        max_context_length=2048,
-        trusted_workers=False,
-        slow_workers=True,
-        nsfw=False,
-        worker_ids=(),
-        worker_blacklist=False,
-    )
     url = os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     async with open_signals(url) as here, open_signals(url) as there:
         with (
