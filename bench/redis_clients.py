@@ -144,27 +144,24 @@ async def redis_py_figures(calls: int) -> dict[str, float] | None:
     except ImportError:
         return None
     client = redis_asyncio.Redis.from_url(bench_url(), decode_responses=True)
+    pubsub = client.pubsub()
+
+    async def listen(heard: Callable[[], None]) -> None:
+        while True:
+            message = await pubsub.get_message(timeout=5)
+            if message is not None and message["type"] == "pmessage":
+                heard()
+
     try:
         await client.set("horde:version:r1", "7")
         round_trip = await round_trips(lambda: client.get("horde:version:r1"), calls)
-        pubsub = client.pubsub()
         await pubsub.psubscribe("horde:chat:*")
-        trips = []
-        cpu = time.process_time()
-        for _ in range(SIGNALS):
-            sent_at = time.perf_counter()
-            await client.publish("horde:chat:r1", "end")
-            while True:
-                message = await pubsub.get_message(timeout=5)
-                if message is not None and message["type"] == "pmessage":
-                    trips.append(time.perf_counter() - sent_at)
-                    break
-        signal_cpu = (time.process_time() - cpu) / SIGNALS * 1e6
+        signals = await signal_trips(listen, lambda: client.publish("horde:chat:r1", "end"))
         await pubsub.aclose()
         await client.flushdb()
     finally:
         await client.aclose()
-    return figures(round_trip, (trips, signal_cpu))
+    return figures(round_trip, signals)
 
 
 def main() -> int:

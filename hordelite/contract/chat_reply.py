@@ -121,6 +121,12 @@ class ChatSubmit:
     fault_reason: str | None
 
 
+def answer_kind(sub: object) -> str:
+    """A submit's kind of answer, as submit_refusal takes it: "chat" for a
+    parsed chat submit, "text" for a generation or a text-shaped fault."""
+    return "chat" if isinstance(sub, ChatSubmit) else "text"
+
+
 # Errors ----------------------------------------------------------------------
 
 

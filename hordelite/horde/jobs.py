@@ -12,6 +12,7 @@ from hordelite.contract.chat_reply import (
     FAULT_REASONS,
     ChatSubmit,
     Verdict,
+    answer_kind,
     build_worker_chat_extras,
     heavy_to_judge,
     is_chat_submit,
@@ -248,8 +249,7 @@ class Jobs:
         core = self._core
         key_hash = hash_key(api_key)
         sub = await self._parse_submit(api_key, body)
-        answer_kind = "chat" if isinstance(sub, ChatSubmit) else "text"
-        text_only = answers_only_a_text_job(answer_kind, sub.state == "faulted")
+        text_only = answers_only_a_text_job(answer_kind(sub), sub.state == "faulted")
         lease = None if text_only else await core.signals.lease(sub.id)
         now = core.clock.now()
         result = await self._store_answer(key_hash, sub, now, lease.expires if lease else None)

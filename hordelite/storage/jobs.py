@@ -13,6 +13,7 @@ from hordelite.contract import refusals
 from hordelite.contract.chat_reply import (
     ChatSubmit,
     Verdict,
+    answer_kind,
     output_estimate_chars,
 )
 from hordelite.contract.text import JobSubmit
@@ -108,14 +109,13 @@ def submit_job(
     job = conn.execute(JOB_WITH_REQUEST_LOCKED, {"job_id": sub.id}).mappings().first()
     if job is None:
         raise refusals.unknown_job(sub.id)
-    chat = isinstance(sub, ChatSubmit)
     refusal = refusals.submit_refusal(
         job["state"],
         job["kind"],
         job["owner_id"] == user["id"],
         max(job["lease_expires"], lease_until or 0),
         now,
-        "chat" if chat else "text",
+        answer_kind(sub),
         sub.state == "faulted",
     )
     if refusal is not None:

@@ -211,15 +211,15 @@ def popper(conn: Tx, key_hash: str, pop: PopRequest, rules: Rules) -> Popper:
     user = admitted({column.name: row[column.name] for column in users.c}, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbiddenWorker)
-    queued = bool(row["owns_queued"]), bool(row["any_model_queued"])
+    owns_queued, any_model_queued = bool(row["owns_queued"]), bool(row["any_model_queued"])
     if row[_WORKER + "id"] is None:
-        return Popper(user, None, *queued)
+        return Popper(user, None, owns_queued, any_model_queued)
     worker = {column.name: row[_WORKER + column.name] for column in workers.c}
     if worker["user_id"] != user["id"]:
         raise refusals.worker_name_taken(pop.name, worker["name"])
     if worker["maintenance"]:
         raise refusals.worker_in_maintenance(pop.name, worker["id"])
-    return Popper(user, worker, *queued)
+    return Popper(user, worker, owns_queued, any_model_queued)
 
 
 def worker_cap(user: Mapping[str, Any], rules: Rules) -> WorkerCap:

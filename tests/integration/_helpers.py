@@ -149,6 +149,23 @@ class RedisServer:
             self.process = None
 
 
+def redis_info(url: str, section: str) -> dict[str, str]:
+    """One section of the Redis server's INFO (its fields by name), read on
+    a connection of its own with a blocking socket; the INFO itself counts
+    as one command processed."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379)) as sock:
+        sock.sendall(b"*2\r\n$4\r\nINFO\r\n$%d\r\n%s\r\n" % (len(section), section.encode()))
+        data = b""
+        while b"\r\n" not in data:
+            data += sock.recv(65536)
+        header, _, body = data.partition(b"\r\n")  # a bulk string: $<length>
+        while len(body) < int(header[1:]):
+            body += sock.recv(65536)
+    fields = (line.partition(":") for line in body.decode().splitlines())
+    return {name: value for name, sep, value in fields if sep and not name.startswith("#")}
+
+
 class Relay:
     """A TCP relay to PostgreSQL that the test can cut: every connection
     through it is closed, and new ones are refused."""

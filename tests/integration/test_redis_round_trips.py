@@ -10,17 +10,15 @@ sends to it.
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from hordelite.config import Config
 from hordelite.testing import FakeTextWorker, TestHorde, open_horde
-from tests.integration._helpers import RedisServer, submit_text
+from tests.integration._helpers import RedisServer, redis_info, submit_text
 
 pytestmark = pytest.mark.anyio
 
@@ -28,26 +26,14 @@ MODEL = "fake-model"
 
 
 def command_counts(url: str) -> Counter[str]:
-    """Redis's count of each command it processed (read on a connection of its own)."""
-    parts = urlsplit(url)
-    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379)) as sock:
-        sock.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
-        data = b""
-        while not data.endswith(b"\r\n\r\n") and not (data.startswith(b"$") and _whole(data)):
-            data += sock.recv(65536)
-    counts: Counter[str] = Counter()
-    for line in data.decode().splitlines():
-        if line.startswith("cmdstat_"):
-            name, _, stats = line[len("cmdstat_") :].partition(":")
-            calls = dict(field.split("=") for field in stats.split(","))["calls"]
-            counts[name] = int(calls)
-    return counts
-
-
-def _whole(data: bytes) -> bool:
-    """Whether ``data`` holds the whole bulk reply it starts with."""
-    header, _, body = data.partition(b"\r\n")
-    return len(body) >= int(header[1:]) + 2
+    """Redis's count of each command it processed."""
+    stats = redis_info(url, "commandstats")  # cmdstat_<name>: calls=N,usec=...
+    return Counter(
+        {
+            name.removeprefix("cmdstat_"): int(dict(f.split("=") for f in v.split(","))["calls"])
+            for name, v in stats.items()
+        }
+    )
 
 
 @pytest.fixture

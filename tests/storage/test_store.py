@@ -215,19 +215,16 @@ async def test_a_pop_walks_the_any_model_class_only_while_a_request_naming_no_mo
     owner, _ = await _user(store, "owner")
     named = await _submit(store, alice, _new(["m1"]))
 
-    with heard_statements(database) as heard:
-        popped = await store.pop_job(
-            key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW, poll_left=None
-        )
-    assert popped.job is not None
-    assert popped.job.request_id == named.request_id
-    assert len(_walks(heard)) == 1  # m1's class; none for requests naming no model
+    async def pop(now: float) -> tuple[str | None, int]:
+        """The popped job's request, and how many candidate walks the pop read."""
+        with heard_statements(database) as heard:
+            popped = await store.pop_job(
+                key_hash=owner, pop=pop_request("w1", ["m1"]), now=now, poll_left=None
+            )
+        return (popped.job.request_id if popped.job else None), len(_walks(heard))
 
+    # m1's class; none for requests naming no model
+    assert await pop(NOW) == (named.request_id, 1)
     anything = await _submit(store, alice, _new([]))
-    with heard_statements(database) as heard:
-        popped = await store.pop_job(
-            key_hash=owner, pop=pop_request("w1", ["m1"]), now=NOW + 1, poll_left=None
-        )
-    assert popped.job is not None
-    assert popped.job.request_id == anything.request_id
-    assert len(_walks(heard)) == 2  # m1's class, then the class of requests naming no model
+    # m1's class, then the class of requests naming no model
+    assert await pop(NOW + 1) == (anything.request_id, 2)

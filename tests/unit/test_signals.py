@@ -180,18 +180,10 @@ async def test_a_status_read_on_redis_signals_sends_nothing_to_redis() -> None:
 
 
 def _commands_processed(url: str) -> int:
-    """Redis's count of the commands it processed (read on a connection of its own)."""
-    import socket
-    from urllib.parse import urlsplit
+    """Redis's count of the commands it processed."""
+    from tests.integration._helpers import redis_info
 
-    parts = urlsplit(url)
-    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379)) as sock:
-        sock.sendall(b"*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")
-        data = b""
-        while b"total_commands_processed:" not in data or not data.endswith(b"\r\n"):
-            data += sock.recv(65536)
-    line = data.split(b"total_commands_processed:", 1)[1].split(b"\r\n", 1)[0]
-    return int(line)
+    return int(redis_info(url, "stats")["total_commands_processed"])
 
 
 async def test_a_change_moves_its_version_here_at_once_there_when_heard_and_once_only() -> None:
