@@ -22,6 +22,7 @@ thread) the connection blocks as psycopg's own does.
 
 from __future__ import annotations
 
+import functools
 import select
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
@@ -32,6 +33,8 @@ import greenlet
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_RW, WAIT_W
+
+from hordelite.storage._libpq import Statements
 
 T = TypeVar("T")
 
@@ -79,6 +82,11 @@ async def run_on_loop(fn: Callable[..., T], *args: Any) -> T:
 class LoopConnection(psycopg.Connection[Any]):
     """psycopg's synchronous connection, its socket waits awaited on the
     event loop when it runs under ``run_on_loop``."""
+
+    @functools.cached_property
+    def statements(self) -> Statements:
+        """This connection's prepared plans on libpq (``Tx``'s fast path)."""
+        return Statements(self)
 
     def wait(self, gen: Generator[Any, Any, T], *args: Any, **kwargs: Any) -> T:
         if not on_loop():

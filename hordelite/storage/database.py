@@ -321,6 +321,10 @@ def _postgresql_engine(url: str, pool_size: int) -> Engine:
         #    trip, and its COMMIT with its last writes.
         dbapi_conn.autocommit = True
         dbapi_conn.execute("SET default_transaction_read_only = on")
+        # hordelite prepares its plans itself (_libpq). psycopg's own
+        # prepared statements would cost them theirs: a rollback, once
+        # psycopg has prepared any, sends DEALLOCATE ALL.
+        dbapi_conn.prepare_threshold = None
 
     return engine
 

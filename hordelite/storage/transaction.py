@@ -9,9 +9,10 @@ more server CPU than SQLite itself (docs/performance.md, "The fast path").
 A statement built once, at import, and marked ``prepared`` is compiled once
 per database (its SQL, the order of its parameters, their bind processors,
 the Python-side column defaults an insert or update fills in, its result
-processors) and then run straight on the driver's cursor: the SQL is still
-the one SQLAlchemy writes from the Core statement, only the per-call
-machinery is skipped. Any other statement, and a prepared one whose
+processors) and then run straight on the driver: on SQLite its cursor, on
+PostgreSQL libpq itself, the statement prepared once per connection
+(``_libpq``, decision 0068). The SQL is still the one SQLAlchemy writes
+from the Core statement, only the per-call machinery is skipped. Any other statement, and a prepared one whose
 compiled form needs what the fast path does not do (expanding ``IN``
 lists, callable defaults), runs through SQLAlchemy as before, in the same
 transaction; ``tests/storage/test_transaction.py`` holds every prepared
@@ -20,7 +21,7 @@ a plan reads fails a test instead of quietly slowing the horde.
 
 A write whose result nobody reads (no rows, no row count) can be deferred
 (``Tx.defer``): on PostgreSQL it is held and sent with the transaction's
-next statement, or with its COMMIT, in one round trip (psycopg's pipeline
+next statement, or with its COMMIT, in one round trip (libpq's pipeline
 mode), so that a transaction's trailing writes cost one wait for the server
 instead of one each. The statements still run in the order they were
 given, in the same transaction; a deferred write that fails raises at the
@@ -44,6 +45,9 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.schema import ColumnDefault
+
+from hordelite.storage import _libpq
+from hordelite.storage._libpq import Statement
 
 S = TypeVar("S", bound=ClauseElement)
 
@@ -159,11 +163,13 @@ class Tx:
             self._deferred = []
         if not self._deferred:
             return
+        if _PIPELINES:
+            self._send_deferred_with(Statement("COMMIT", None, False), "COMMIT")
+            return
         cursor = psycopg.RawCursor(self._driver)
         try:
-            with self._together():
-                self._send_deferred_on_pipeline()
-                cursor.execute("COMMIT")
+            self._send_deferred_on_cursors()
+            cursor.execute("COMMIT")
         except self.dialect.loaded_dbapi.Error as exc:
             raise self.translated(exc, cursor, "COMMIT", None) from exc
 
@@ -187,13 +193,41 @@ class Tx:
         that cannot go with them)."""
         if not self._deferred:
             return
+        if _PIPELINES:
+            self._send_deferred_with(None, "(deferred writes)")
+            return
         try:
-            with self._together():
-                self._send_deferred_on_pipeline()
+            self._send_deferred_on_cursors()
         except self.dialect.loaded_dbapi.Error as exc:
             raise self.translated(exc, None, "(deferred writes)", None) from exc
 
-    def _send_deferred_on_pipeline(self) -> None:
+    def _send_deferred_with(self, last: Statement | None, described: str) -> _libpq.Fetched:
+        """The deferred writes and ``last`` (if any) in one pipeline on
+        libpq (``_libpq``): one round trip; ``last``'s rows."""
+        batch = self._deferred_batch()
+        if last is not None:
+            batch.append(last)
+        try:
+            return cast(_libpq.Fetched, self._driver.statements.run(batch))
+        except self.dialect.loaded_dbapi.Error as exc:
+            raise self.translated(exc, None, described, None) from exc
+
+    def _deferred_batch(self) -> list[Statement]:
+        """What was deferred, as statements for ``_libpq``, each heard by
+        SQLAlchemy's listeners as it is taken; nothing is left deferred."""
+        deferred, self._deferred = self._deferred, []
+        batch = []
+        for item in deferred:
+            if isinstance(item, str):
+                batch.append(Statement(item, None, False))
+                continue
+            plan, values, many = item
+            self._heard(None, plan.sql, values, many)
+            batch.append(Statement(plan.sql, values, many))
+        return batch
+
+    def _send_deferred_on_cursors(self) -> None:
+        """Without pipeline mode (libpq before 14): one statement at a time."""
         deferred, self._deferred = self._deferred, []
         for item in deferred:
             cursor = psycopg.RawCursor(self._driver)
@@ -211,12 +245,6 @@ class Tx:
             # count them) hears these too.
             conn.dispatch.before_cursor_execute(conn, cursor, sql, values, None, many)
 
-    def _together(self) -> contextlib.AbstractContextManager[Any]:
-        """Where statements sent go to the server together: psycopg's
-        pipeline, which needs libpq 14 or later (psycopg[binary] bundles
-        one); with an older libpq they go one at a time, as before."""
-        return self._driver.pipeline() if _PIPELINES else contextlib.nullcontext()
-
     @staticmethod
     def _send(cursor: Any, sql: str, values: Any, many: bool) -> None:
         if many:
@@ -228,21 +256,30 @@ class Tx:
         """Send a plan's SQL with its values on a cursor of the driver's own."""
         if self._driver is None:
             self._driver = self._conn.connection.driver_connection
+        if _PIPELINES and not self._sqlite:
+            # The deferred writes go first, in the same round trip.
+            batch = self._deferred_batch()
+            self._heard(None, plan.sql, values, many)
+            batch.append(Statement(plan.sql, values, many))
+            try:
+                fetched = self._driver.statements.run(batch)
+            except self.dialect.loaded_dbapi.Error as exc:
+                raise self.translated(exc, None, plan.sql, values) from exc
+            return self._result(fetched, plan)
         cursor = self._driver.cursor() if self._sqlite else psycopg.RawCursor(self._driver)
         try:
-            if self._deferred:
-                # The deferred writes go first, in the same round trip.
-                with self._together():
-                    self._send_deferred_on_pipeline()
-                    self._heard(cursor, plan.sql, values, many)
-                    self._send(cursor, plan.sql, values, many)
-            else:
-                self._heard(cursor, plan.sql, values, many)
-                self._send(cursor, plan.sql, values, many)
-            if plan.make_row == plan._first_row:
-                plan.read_description(cursor.description, self.dialect)
+            self._send_deferred_on_cursors()
+            self._heard(cursor, plan.sql, values, many)
+            self._send(cursor, plan.sql, values, many)
         except self.dialect.loaded_dbapi.Error as exc:
             raise self.translated(exc, cursor, plan.sql, values) from exc
+        return self._result(cursor, plan)
+
+    def _result(self, cursor: Any, plan: _Plan) -> Result:
+        """The rows of ``cursor`` (a DBAPI cursor, or ``_libpq``'s replies),
+        the plan's result processors read at its first run."""
+        if plan.make_row == plan._first_row:
+            plan.read_description(cursor.description, self.dialect)
         return Result(cursor, plan, self)
 
     def translated(self, exc: Exception, cursor: Any, sql: str, values: Any) -> Exception:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, event, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError, MultipleResultsFound, NoResultFound
 
-from hordelite.storage import queries, transaction
+from hordelite.storage import _libpq, queries, transaction
 from hordelite.storage.accounts import USER_BY_KEY
 from hordelite.storage.database import Database
 from hordelite.storage.schema import requests, users
@@ -244,16 +244,17 @@ async def test_a_deferred_write_that_fails_fails_its_transaction_whole(
 
 @pytest.mark.postgres
 async def test_on_postgresql_deferred_writes_go_with_the_next_statement_or_the_commit(
-    postgresql_database: Database,
+    postgresql_database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The point of deferring: on PostgreSQL the writes are sent in one
-    pipeline with what follows them (psycopg's pipeline mode, one round
-    trip), the last ones with the COMMIT, which ends the transaction."""
-    heard: list[tuple[str, bool]] = []
+    pipeline with what follows them (one batch on libpq, one round trip),
+    the last ones with the COMMIT, which ends the transaction."""
+    batches: list[list[str]] = []
+    run = _libpq.Statements.run
 
-    def listen(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        in_pipeline = cursor.connection.pgconn.pipeline_status != 0
-        heard.append((statement.split()[0], in_pipeline))
+    def recorded(self: _libpq.Statements, batch: list[_libpq.Statement]) -> Any:
+        batches.append([statement.sql.split()[0] for statement in batch])
+        return run(self, batch)
 
     def work(conn: Tx) -> None:
         _grant_and_add(conn)
@@ -261,12 +262,12 @@ async def test_on_postgresql_deferred_writes_go_with_the_next_statement_or_the_c
         conn.defer(_GRANT, {"least": 0})
         conn.defer(_GRANT, {"least": 1})
 
-    event.listen(postgresql_database.engine, "before_cursor_execute", listen)
-    try:
-        await postgresql_database.write(work)
-    finally:
-        event.remove(postgresql_database.engine, "before_cursor_execute", listen)
-    assert heard == [("INSERT", True), ("UPDATE", True), ("SELECT", True)] + [("UPDATE", True)] * 2
+    monkeypatch.setattr(_libpq.Statements, "run", recorded)
+    await postgresql_database.write(work)
+    assert batches == [
+        ["BEGIN", "INSERT", "UPDATE", "SELECT"],
+        ["UPDATE", "UPDATE", "COMMIT"],
+    ]
     kudos = await postgresql_database.read(
         lambda conn: conn.execute(_USERS_ABOVE, {"least": 0}).all()
     )
