@@ -12,12 +12,13 @@ the Python-side column defaults an insert or update fills in, its result
 processors) and then run straight on the driver: on SQLite its cursor, on
 PostgreSQL libpq itself, the statement prepared once per connection
 (``_libpq``, decision 0068). The SQL is still the one SQLAlchemy writes
-from the Core statement, only the per-call machinery is skipped. Any other statement, and a prepared one whose
-compiled form needs what the fast path does not do (expanding ``IN``
-lists, callable defaults), runs through SQLAlchemy as before, in the same
-transaction; ``tests/storage/test_transaction.py`` holds every prepared
-statement to having a plan, so that a SQLAlchemy release that changes what
-a plan reads fails a test instead of quietly slowing the horde.
+from the Core statement, only the per-call machinery is skipped. Any other
+statement, and a prepared one whose compiled form needs what the fast path
+does not do (expanding ``IN`` lists, callable defaults), runs through
+SQLAlchemy as before, in the same transaction;
+``tests/storage/test_transaction.py`` holds every prepared statement to
+having a plan, so that a SQLAlchemy release that changes what a plan reads
+fails a test instead of quietly slowing the horde.
 
 A write whose result nobody reads (no rows, no row count) can be deferred
 (``Tx.defer``): on PostgreSQL it is held and sent with the transaction's
@@ -268,7 +269,8 @@ class Tx:
             return self._result(fetched, plan)
         cursor = self._driver.cursor() if self._sqlite else psycopg.RawCursor(self._driver)
         try:
-            self._send_deferred_on_cursors()
+            if self._deferred:
+                self._send_deferred_on_cursors()
             self._heard(cursor, plan.sql, values, many)
             self._send(cursor, plan.sql, values, many)
         except self.dialect.loaded_dbapi.Error as exc:
