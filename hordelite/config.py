@@ -269,6 +269,10 @@ class StorageConfig:
     # once; PostgreSQL in a greenlet whose waits the loop awaits, decision
     # 0059), "threads" hands each to a thread.
     executor: str = bounded("inline", one_of=("inline", "threads"))
+    # PostgreSQL: each statement prepared once per connection (decision
+    # 0068). false for a pooler in transaction mode that does not track
+    # prepared statements: every statement then goes with its SQL.
+    prepared_statements: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -198,7 +198,12 @@ async def _open_horde(
     migrate: bool,
     slot: int,
 ) -> AsyncIterator[RunningHorde]:
-    db = Database(config.storage.database, config.storage.pool_size, config.storage.executor)
+    db = Database(
+        config.storage.database,
+        config.storage.pool_size,
+        config.storage.executor,
+        prepare=config.storage.prepared_statements,
+    )
     s3: S3Store | None = None
     try:
         blobs: BlobStore

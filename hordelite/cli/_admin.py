@@ -107,7 +107,7 @@ def open_existing(config: Config, where: Target) -> Store:
     file = _sqlite_file(where.database)
     if file is not None and not file.is_file():
         raise Refused(f"no database at {where.shown} ({where.source}); {_HINT}")
-    db = Database(where.database, 1)
+    db = Database(where.database, 1, prepare=config.storage.prepared_statements)
     try:
         if db.run_sync(current_version, False) == 0:
             raise Refused(f"{where.shown} holds no hordelite database ({where.source}); {_HINT}")
@@ -325,7 +325,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def db_upgrade(config: Config, where: Target) -> list[str]:
-    db = Database(where.database, 1)
+    db = Database(where.database, 1, prepare=config.storage.prepared_statements)
     try:
         _, (before, after) = _migrate(config, db, where)
     finally:

@@ -272,7 +272,7 @@ def _serve_processes(config: Config) -> int:
 
 
 def _migrate(config: Config) -> None:
-    db = Database(config.storage.database, 1)
+    db = Database(config.storage.database, 1, prepare=config.storage.prepared_statements)
     try:
         Horde(config, db).migrate()
     except RuntimeError as exc:  # a schema newer than this hordelite

@@ -109,8 +109,11 @@ class _Command(NamedTuple):
 class Statements:
     """One connection's prepared statements and transformer (see the module)."""
 
-    def __init__(self, driver: Any) -> None:
+    def __init__(self, driver: Any, prepared_max: int = PREPARED_MAX) -> None:
         self._driver = driver
+        # Statements prepared at most (0: none, storage.prepared_statements
+        # false); past it, new ones go unprepared.
+        self.prepared_max = prepared_max
         self._transformer = Transformer(driver)
         self._names: dict[tuple[str, tuple[int, ...]], bytes] = {}
         # Names are never reused on a connection: one dropped by hand while
@@ -153,7 +156,7 @@ class Statements:
                 types, formats = tx.types or (), tx.formats
                 key = (sql, types)
                 name = self._names.get(key) or preparing.get(key)
-                if name is None and len(self._names) + len(preparing) < PREPARED_MAX:
+                if name is None and len(self._names) + len(preparing) < self.prepared_max:
                     name = preparing[key] = b"hl_%d" % next(self._numbers)
                     commands.append(_Command(True, key, name, encoded, None, types, None, item))
                 commands.append(

@@ -34,7 +34,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_RW, WAIT_W
 
-from hordelite.storage._libpq import Statements
+from hordelite.storage._libpq import PREPARED_MAX, Statements
 
 T = TypeVar("T")
 
@@ -83,10 +83,14 @@ class LoopConnection(psycopg.Connection[Any]):
     """psycopg's synchronous connection, its socket waits awaited on the
     event loop when it runs under ``run_on_loop``."""
 
+    # How many statements it prepares at most (0 with
+    # storage.prepared_statements false, set when it connects).
+    prepared_max = PREPARED_MAX
+
     @functools.cached_property
     def statements(self) -> Statements:
         """This connection's prepared plans on libpq (``Tx``'s fast path)."""
-        return Statements(self)
+        return Statements(self, self.prepared_max)
 
     def wait(self, gen: Generator[Any, Any, T], *args: Any, **kwargs: Any) -> T:
         if not on_loop():

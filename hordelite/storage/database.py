@@ -106,7 +106,9 @@ class Database:
     database.
     """
 
-    def __init__(self, database: str, pool_size: int = 4, executor: str = "inline") -> None:
+    def __init__(
+        self, database: str, pool_size: int = 4, executor: str = "inline", prepare: bool = True
+    ) -> None:
         self.url = database_url(database)
         self.is_sqlite = self.url.startswith("sqlite")
         problem = sqlite_path_problem(self.url) if self.is_sqlite else None
@@ -118,7 +120,7 @@ class Database:
             self.engine = _sqlite_engine(self.url, pool_size)
             self._inline_engine = _sqlite_engine(self.url, 0, busy_timeout_ms=0)
         else:
-            self.engine = _postgresql_engine(self.url, pool_size)
+            self.engine = _postgresql_engine(self.url, pool_size, prepare)
         # On the loop: one slot per pooled connection, for reads and writes
         # together, so that a checkout never waits (it would block the loop).
         self._slots = anyio.CapacityLimiter(pool_size)
@@ -290,7 +292,7 @@ def _retryable(exc: DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
 
 
-def _postgresql_engine(url: str, pool_size: int) -> Engine:
+def _postgresql_engine(url: str, pool_size: int, prepare: bool) -> Engine:
     engine = create_engine(
         url,
         pool_size=pool_size,
@@ -325,6 +327,8 @@ def _postgresql_engine(url: str, pool_size: int) -> Engine:
         # prepared statements would cost them theirs: a rollback, once
         # psycopg has prepared any, sends DEALLOCATE ALL.
         dbapi_conn.prepare_threshold = None
+        if not prepare:
+            dbapi_conn.prepared_max = 0
 
     return engine
 

@@ -16,7 +16,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.exc import ProgrammingError
 
 from hordelite.errors import RC, HordeError
-from hordelite.storage import _libpq, queries
+from hordelite.storage import queries
 from hordelite.storage.accounts import USER_BY_KEY
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import upgrade
@@ -93,18 +93,38 @@ async def test_a_rolled_back_transaction_leaves_the_prepared_statements(
     assert any("users.key_hash = $1" in sql for sql in await one_session.read(_ours))
 
 
-async def test_past_the_bound_statements_run_unprepared(
-    one_session: Database, monkeypatch: pytest.MonkeyPatch
+async def test_without_prepared_statements_every_statement_goes_with_its_sql(
+    postgres_schema_url: str,
 ) -> None:
-    monkeypatch.setattr(_libpq, "PREPARED_MAX", 0)
+    """storage.prepared_statements = false (a pooler in transaction mode):
+    the same answers, writes included, and nothing prepared on the server."""
+    db = Database(postgres_schema_url, pool_size=1, prepare=False)
+    try:
+        db.run_sync(upgrade, True)
+        db.run_sync(queries.ensure_anonymous, True, ANONYMOUS_HASH, NOW)
+        found = await db.read(_anonymous)
+        named = await db.read(lambda conn: conn.execute(_NAMED, {"name": "Anonymous"}).all())
 
-    found = await one_session.read(_anonymous)
-    named = await one_session.read(lambda conn: conn.execute(_NAMED, {"name": "Anonymous"}).all())
+        assert found is not None
+        assert found.anonymous
+        assert [row.username for row in named] == ["Anonymous"]
+        assert await db.read(_ours) == []
+    finally:
+        db.dispose()
 
-    assert found is not None
-    assert found.anonymous
+
+async def test_past_the_bound_statements_run_unprepared(one_session: Database) -> None:
+    def bounded(conn: Tx) -> list[Any]:
+        conn.connection.connection.driver_connection.statements.prepared_max = 1
+        conn.execute(USER_BY_KEY, {"key_hash": ANONYMOUS_HASH}).first()
+        return conn.execute(_NAMED, {"name": "Anonymous"}).all()
+
+    named = await one_session.read(bounded)
+
     assert [row.username for row in named] == ["Anonymous"]
-    assert await one_session.read(_ours) == []
+    prepared_sql = await one_session.read(_ours)
+    assert len(prepared_sql) <= 1
+    assert not any("users.username = $1" in sql for sql in prepared_sql)
 
 
 async def test_a_value_the_driver_cannot_send_fails_before_anything_is_sent(

@@ -268,6 +268,7 @@ UNBOUNDED = {
     "server.h2c",
     "horde.allow_anonymous",
     "front.pace_progress",
+    "storage.prepared_statements",
     "signals.ready_when_degraded",
     "images.fetch_private",
     "webhooks.call_private",
