@@ -980,6 +980,7 @@ def run_cycle_phase(workdir: Path, args: argparse.Namespace, report: Report) -> 
     )
     report.add("(a) submit-to-done p50 / p95", f"{ms(p50)} / {ms(p95)}")
     report.add("(a) submit-to-seen-done p50 / p95", f"{ms(seen50)} / {ms(seen95)}")
+    pacing = add_pacing(report, "(a)", args, rate, cycle.pauses / cycles, cpu[1].server)
     report.figures["cycle"] = {
         "noop_rps": noop_rate,
         "cycles_per_s": rate,
@@ -990,6 +991,7 @@ def run_cycle_phase(workdir: Path, args: argparse.Namespace, report: Report) -> 
         "latency_p95_ms": p95 * 1000,
         "seen_done_p50_ms": seen50 * 1000,
         "seen_done_p95_ms": seen95 * 1000,
+        **pacing,
     }
 
 
@@ -1141,22 +1143,7 @@ def run_horde_phase(workdir: Path, args: argparse.Namespace, report: Report) -> 
         f"< {TARGET_HORDE_CPU:.2f}",
         use.server < TARGET_HORDE_CPU,
     )
-    pacing = None if args.status_wait else args.requesters / args.poll_interval
-    if pacing is not None:
-        report.add(
-            "(e) requesters' pacing allows",
-            f"<= {pacing:.0f} /s ({args.requesters} x one {ms(args.poll_interval)} poll "
-            f"per cycle); measured {rate / pacing:.0%} of it",
-        )
-    # Little's law: every requester is always in a cycle.
-    cycle_time = args.requesters / rate
-    paused = cycle.pauses * args.poll_interval / cycles
-    report.add(
-        "(e) requester's cycle time",
-        f"{ms(cycle_time)}: {ms(paused)} poll pauses, {ms(cycle_time - paused)} answers "
-        "and waits for a pop",
-    )
-    report.add("(e) rate limited by", horde_limit(use.server, paused / cycle_time))
+    pacing = add_pacing(report, "(e)", args, rate, cycle.pauses / cycles, use.server)
     report.figures["horde_style"] = {
         "cycles_per_s": rate,
         "requests_by_kind": cycle.requests,
@@ -1165,9 +1152,7 @@ def run_horde_phase(workdir: Path, args: argparse.Namespace, report: Report) -> 
         "submitted_p50_ms": done50 * 1000,
         "submitted_p95_ms": done95 * 1000,
         "server_cores": use.server,
-        "pacing_bound_per_s": pacing,
-        "cycle_time_ms": cycle_time * 1000,
-        "poll_pauses_ms": paused * 1000,
+        **pacing,
         "status_wait": args.status_wait,
     }
 
@@ -1178,11 +1163,52 @@ def status_reads(args: argparse.Namespace) -> str:
     return f"GET .../status/{{id}} every {ms(args.poll_interval)}"
 
 
+def add_pacing(
+    report: Report,
+    phase: str,
+    args: argparse.Namespace,
+    rate: float,
+    pauses_per_cycle: float,
+    server_cores: float,
+) -> dict[str, float | None]:
+    """What the requesters' own pauses allow, the cycle time split into
+    them and the rest, and which holds the rate down: the server, or the
+    pacing (a fast server's cycle rate then stays put whatever it saves).
+    Returns those figures for the JSON report."""
+    pacing = None if args.status_wait else args.requesters / args.poll_interval
+    if pacing is not None:
+        report.add(
+            f"{phase} requesters' pacing allows",
+            f"<= {pacing:.0f} /s ({args.requesters} x one {ms(args.poll_interval)} poll "
+            f"per cycle); measured {rate / pacing:.0%} of it",
+        )
+    # Little's law: every requester is always in a cycle.
+    cycle_time = args.requesters / rate
+    paused = pauses_per_cycle * args.poll_interval
+    report.add(
+        f"{phase} requester's cycle time",
+        f"{ms(cycle_time)}: {ms(paused)} poll pauses, {ms(cycle_time - paused)} answers "
+        "and waits for a pop",
+    )
+    report.add(f"{phase} rate limited by", horde_limit(server_cores, paused / cycle_time))
+    return {
+        "pacing_bound_per_s": pacing,
+        "cycle_time_ms": cycle_time * 1000,
+        "poll_pauses_ms": paused * 1000,
+    }
+
+
 def horde_limit(server_cores: float, paused_share: float) -> str:
-    """What most likely holds (e)'s rate down, read from its figures."""
+    """What most likely holds a cycle's rate down, read from its figures."""
+    paced = paused_share >= PACED_SHARE
+    if server_cores >= TARGET_HORDE_CPU and paced:
+        return (
+            f"both: the server (saturated) and the requesters' pacing ({paused_share:.0%} "
+            "of a cycle in poll pauses): a cheaper server shows little in the rate"
+        )
     if server_cores >= TARGET_HORDE_CPU:
         return "the server (saturated)"
-    if paused_share >= PACED_SHARE:
+    if paced:
         return f"the requesters' pacing ({paused_share:.0%} of a cycle in poll pauses)"
     return f"neither alone: {paused_share:.0%} of a cycle in poll pauses, the rest answers and pops"
 
