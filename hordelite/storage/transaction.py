@@ -165,7 +165,7 @@ class Tx:
         if not self._deferred:
             return
         if _PIPELINES:
-            self._send_deferred_with(Statement("COMMIT", None, False), "COMMIT")
+            self._on_libpq([*self._deferred_batch(), Statement("COMMIT", None, False)], "COMMIT")
             return
         cursor = psycopg.RawCursor(self._driver)
         try:
@@ -195,23 +195,21 @@ class Tx:
         if not self._deferred:
             return
         if _PIPELINES:
-            self._send_deferred_with(None, "(deferred writes)")
+            self._on_libpq(self._deferred_batch(), "(deferred writes)")
             return
         try:
             self._send_deferred_on_cursors()
         except self.dialect.loaded_dbapi.Error as exc:
             raise self.translated(exc, None, "(deferred writes)", None) from exc
 
-    def _send_deferred_with(self, last: Statement | None, described: str) -> _libpq.Fetched:
-        """The deferred writes and ``last`` (if any) in one pipeline on
-        libpq (``_libpq``): one round trip; ``last``'s rows."""
-        batch = self._deferred_batch()
-        if last is not None:
-            batch.append(last)
+    def _on_libpq(self, batch: list[Statement], sql: str, values: Any = None) -> _libpq.Fetched:
+        """``batch`` in one pipeline on libpq (``_libpq``): one round trip;
+        its last statement's rows. A driver error is raised as SQLAlchemy's,
+        naming ``sql`` and ``values``."""
         try:
             return cast(_libpq.Fetched, self._driver.statements.run(batch))
         except self.dialect.loaded_dbapi.Error as exc:
-            raise self.translated(exc, None, described, None) from exc
+            raise self.translated(exc, None, sql, values) from exc
 
     def _deferred_batch(self) -> list[Statement]:
         """What was deferred, as statements for ``_libpq``, each heard by
@@ -262,11 +260,7 @@ class Tx:
             batch = self._deferred_batch()
             self._heard(None, plan.sql, values, many)
             batch.append(Statement(plan.sql, values, many))
-            try:
-                fetched = self._driver.statements.run(batch)
-            except self.dialect.loaded_dbapi.Error as exc:
-                raise self.translated(exc, None, plan.sql, values) from exc
-            return self._result(fetched, plan)
+            return self._result(self._on_libpq(batch, plan.sql, values), plan)
         cursor = self._driver.cursor() if self._sqlite else psycopg.RawCursor(self._driver)
         try:
             if self._deferred:

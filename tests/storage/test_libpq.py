@@ -8,11 +8,12 @@ on the same session.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import ProgrammingError
 
 from hordelite.errors import RC, HordeError
@@ -27,18 +28,27 @@ from tests.storage.helpers import ANONYMOUS_HASH, NOW
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 _NAMED = prepared(select(users.c.username).where(users.c.username == bindparam("name")))
+_GIVE = prepared(
+    update(users).where(users.c.username == bindparam("name")).values(kudos=users.c.kudos + 1)
+)
+
+
+@contextlib.contextmanager
+def _session(url: str, prepare: bool = True) -> Iterator[Database]:
+    """A migrated PostgreSQL Database whose pool holds one connection."""
+    db = Database(url, pool_size=1, prepare=prepare)
+    try:
+        db.run_sync(upgrade, True)
+        db.run_sync(queries.ensure_anonymous, True, ANONYMOUS_HASH, NOW)
+        yield db
+    finally:
+        db.dispose()
 
 
 @pytest.fixture
 def one_session(postgres_schema_url: str) -> Iterator[Database]:
-    """A migrated PostgreSQL Database whose pool holds one connection."""
-    db = Database(postgres_schema_url, pool_size=1)
-    db.run_sync(upgrade, True)
-    db.run_sync(queries.ensure_anonymous, True, ANONYMOUS_HASH, NOW)
-    try:
+    with _session(postgres_schema_url) as db:
         yield db
-    finally:
-        db.dispose()
 
 
 def _ours(conn: Tx) -> list[str]:
@@ -98,10 +108,7 @@ async def test_without_prepared_statements_every_statement_goes_with_its_sql(
 ) -> None:
     """storage.prepared_statements = false (a pooler in transaction mode):
     the same answers, writes included, and nothing prepared on the server."""
-    db = Database(postgres_schema_url, pool_size=1, prepare=False)
-    try:
-        db.run_sync(upgrade, True)
-        db.run_sync(queries.ensure_anonymous, True, ANONYMOUS_HASH, NOW)
+    with _session(postgres_schema_url, prepare=False) as db:
         found = await db.read(_anonymous)
         named = await db.read(lambda conn: conn.execute(_NAMED, {"name": "Anonymous"}).all())
 
@@ -109,8 +116,6 @@ async def test_without_prepared_statements_every_statement_goes_with_its_sql(
         assert found.anonymous
         assert [row.username for row in named] == ["Anonymous"]
         assert await db.read(_ours) == []
-    finally:
-        db.dispose()
 
 
 async def test_past_the_bound_statements_run_unprepared(one_session: Database) -> None:
@@ -175,3 +180,21 @@ async def test_one_statement_dropped_by_hand_is_prepared_again_under_a_new_name(
             lambda conn: conn.execute(_NAMED, {"name": "Anonymous"}).all()
         )
         assert [row.username for row in named] == ["Anonymous"]
+
+
+async def test_a_statement_run_for_many_values_runs_once_each_and_counts_every_row(
+    one_session: Database,
+) -> None:
+    """One statement, several parameter sets (an ``executemany``): each set
+    is a run by name in the same pipeline, and the row count is their sum,
+    as psycopg's ``executemany`` answers it."""
+
+    def give_twice(conn: Tx) -> tuple[int, float]:
+        given = conn.execute(_GIVE, [{"name": "Anonymous"}, {"name": "Anonymous"}]).rowcount
+        return given, conn.execute(USER_BY_KEY, {"key_hash": ANONYMOUS_HASH}).one().kudos
+
+    before = await one_session.read(_anonymous)
+    given, kudos = await one_session.write(give_twice)
+
+    assert given == 2
+    assert kudos == before.kudos + 2
