@@ -10,7 +10,8 @@ workers that pop and submit at once, and receivers of its own:
     ``--hang-per-minute`` requests a minute with webhooks to the hanging
     receiver, while ``--good-users`` registered users post
     ``--good-per-second`` requests a second in all with webhooks to the good
-    one, for ``--duration`` seconds. Figure: the delay of each good webhook,
+    one (of them ``--hang-share`` to the hanging one), for ``--duration``
+    seconds. Figure: the delay of each good webhook,
     from its request's end (the worker's submit answered) to its arrival,
     p50 and p99, in all and per 30 s of the run (a delay that grows without
     limit shows as a rising median). Target: p99 under 5 s.
@@ -184,15 +185,22 @@ async def run_fair(server: tc.Server, args: argparse.Namespace) -> list[tuple[fl
         until = start + args.duration
         turn = iter(range(10**9))
 
+        every = round(1 / args.hang_share) if args.hang_share else 0
+
         async def good_one() -> None:
+            n = next(turn)
+            if every and n % every == every - 1:  # one of theirs that hangs
+                await submit(client, good_keys[n % len(good_keys)], hanging.url)
+                return
             sent[0] += 1
-            await submit(client, good_keys[next(turn) % len(good_keys)], good.url)
+            await submit(client, good_keys[n % len(good_keys)], good.url)
 
         async def hanging_one() -> None:
             await submit(client, ANONYMOUS, hanging.url)
 
         async with anyio.create_task_group() as senders:
-            senders.start_soon(paced, 60 / args.hang_per_minute, until, hanging_one)
+            if args.hang_per_minute:
+                senders.start_soon(paced, 60 / args.hang_per_minute, until, hanging_one)
             senders.start_soon(paced, 1 / args.good_per_second, until, good_one)
         # The good webhooks still owed once the senders stop: waited for a while.
         with anyio.move_on_after(args.drain):
@@ -275,6 +283,9 @@ def main() -> None:
     parser.add_argument("--hang-per-minute", type=float, default=10.0)
     parser.add_argument("--good-per-second", type=float, default=2.0)
     parser.add_argument("--good-users", type=int, default=4)
+    parser.add_argument(
+        "--hang-share", type=float, default=0.0, help="of the users' own webhooks, hanging"
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--count", type=int, default=1000)
     args = parser.parse_args()
@@ -283,7 +294,8 @@ def main() -> None:
         if args.phase in ("fair", "both"):
             print(
                 f"(a) good webhooks ({args.good_per_second}/s from {args.good_users} users) "
-                f"while an anonymous sender's {args.hang_per_minute}/min hang, {args.duration} s"
+                f"while an anonymous sender's {args.hang_per_minute}/min hang and "
+                f"{args.hang_share:.0%} of the users' own, {args.duration} s"
             )
             p99s = {}
             for name, source in trees(args):

@@ -330,8 +330,8 @@ WEBHOOK_CLAIM_SECONDS: Final = WEBHOOK_TIMEOUT + 20.0
 # every other requester's are made. Each call is made on its own as a slot
 # frees; a claim takes at most WEBHOOK_CLAIM_BATCH of the calls due, those
 # of requesters at their bound left due for a later claim.
-WEBHOOK_CALLS_IN_FLIGHT: Final = 64
-WEBHOOK_CALLS_PER_REQUESTER: Final = 4
+WEBHOOK_CALLS_IN_FLIGHT: Final = 128
+WEBHOOK_CALLS_PER_REQUESTER: Final = 8
 WEBHOOK_CLAIM_BATCH: Final = 16
 # A receiver's answer is read (and dropped) up to this many bytes, so that
 # its connection can carry the next call; a longer one is closed unread.
