@@ -30,6 +30,7 @@ from hordelite.contract.limits import (
     WEBHOOK_CLAIM_BATCH,
     WEBHOOK_TRIES,
 )
+from hordelite.guarded_fetch import open_call_client, post_json
 from hordelite.testing import FakeTextWorker, TestHorde, open_horde
 from tests.integration._helpers import assert_refused, eventually
 
@@ -304,6 +305,22 @@ async def test_calls_share_one_client_and_its_connections() -> None:
                 await worker.serve_one()
                 await eventually(lambda calls=calls: len(hook.calls) == calls)  # type: ignore[misc]
         assert hook.connections == 1
+
+
+async def test_a_connection_the_shared_client_holds_is_no_way_past_the_address_policy() -> None:
+    """The client's pool holds a connection to the receiver's address, made
+    by a call the policy allowed: a call there that the policy refuses is
+    still refused, before anything is sent."""
+    async with receiver(keep_alive=True) as hook, open_call_client(4) as client:
+        allowed = await post_json(
+            client, hook.url, b"{}", allow_private=True, time_limit=5, headers={}
+        )
+        assert allowed.answered
+        refused = await post_json(
+            client, hook.url, b"{}", allow_private=False, time_limit=5, headers={}
+        )
+        assert (refused.answered, refused.reason, refused.final) == (False, "address", True)
+        assert (len(hook.calls), hook.connections) == (1, 1)
 
 
 async def test_a_webhook_at_a_private_address_is_never_called_unless_allowed() -> None:
