@@ -18,7 +18,8 @@ workers that pop and submit at once, and receivers of its own:
 (b) ``cpu``: ``--count`` requests with webhooks to the good receiver, and
     as many without, on servers of their own; figure: the server's CPU
     seconds from the first submit until every webhook arrived (or every
-    request ended, without), and what one call costs.
+    request ended, without), what one call costs, and the p99 of a
+    heartbeat probed every 50 ms meanwhile.
 
 With ``--baseline DIR`` (another hordelite tree, e.g. ``git archive`` of
 main) each figure is measured on both trees in the same run, and their ratio
@@ -252,6 +253,8 @@ async def run_cpu(server: tc.Server, args: argparse.Namespace, webhooks: bool) -
         anyio.create_task_group() as tg,
     ):
         cpu = process_cpu(server.pid)
+        beats: list[float] = []
+        tg.start_soon(heartbeats, server.url, beats)
         for i in range(args.workers):
             tg.start_soon(workers.run, client, worker_key, f"w{i}")
         for start in range(0, args.count, 25):
@@ -268,8 +271,24 @@ async def run_cpu(server: tc.Server, args: argparse.Namespace, webhooks: bool) -
         cpu = process_cpu(server.pid) - cpu
         tg.cancel_scope.cancel()
     done = len(good.arrived) if webhooks else len(workers.ended)
-    print(f"  {server.name}: {done} of {args.count} {'webhooks' if webhooks else 'requests'}")
+    beat = tc.percentile(sorted(beats), 99) * 1000 if beats else float("nan")
+    print(
+        f"  {server.name}: {done} of {args.count} {'webhooks' if webhooks else 'requests'}, "
+        f"{cpu:.1f} s of server CPU, heartbeat p99 {beat:.0f} ms ({len(beats)} probes)"
+    )
     return cpu
+
+
+async def heartbeats(url: str, into: list[float]) -> None:
+    """The time of a heartbeat every 50 ms, on a connection of its own: how
+    long the server's loop keeps a cheap request waiting."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as probe:
+        while True:
+            start = time.perf_counter()
+            with contextlib.suppress(httpx.TransportError):
+                await probe.get("/api/v2/status/heartbeat")
+                into.append(time.perf_counter() - start)
+            await anyio.sleep(0.05)
 
 
 def trees(args: argparse.Namespace) -> list[tuple[str, Path | None]]:

@@ -323,6 +323,41 @@ async def test_a_connection_the_shared_client_holds_is_no_way_past_the_address_p
         assert (len(hook.calls), hook.connections) == (1, 1)
 
 
+@pytest.mark.parametrize(
+    ("scheme", "closes"), [("https", True), ("http", False)], ids=["https", "http"]
+)
+async def test_a_call_goes_to_the_checked_address_and_an_https_one_to_a_name_is_not_pooled(
+    scheme: str, closes: bool
+) -> None:
+    """The request names the checked address (the pool is keyed by it), the
+    host's name goes as Host (and SNI); an https connection made for a name
+    is closed after its answer, as its certificate was verified for that name
+    only. The transport stands for the network: it records what would be sent."""
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(204, stream=httpx.ByteStream(b""))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        outcome = await post_json(
+            client,
+            f"{scheme}://localhost:8443/hook",
+            b"{}",
+            allow_private=True,
+            time_limit=5,
+            headers={"Webhook-Id": "r1"},
+        )
+    assert outcome.answered
+    [request] = sent
+    assert request.url.host in ("127.0.0.1", "::1")
+    assert request.headers["host"] == "localhost:8443"
+    assert request.headers["webhook-id"] == "r1"
+    assert (request.headers.get("connection") == "close") is closes
+    if scheme == "https":
+        assert request.extensions["sni_hostname"] == "localhost"
+
+
 async def test_a_webhook_at_a_private_address_is_never_called_unless_allowed() -> None:
     async with receiver() as hook, open_horde() as horde:
         key = await horde.create_key("alice", kudos=100)
