@@ -13,7 +13,9 @@ public one, unless the operator allows private addresses
 (``[images] fetch_private``, for a horde whose clients are its own).
 
 A webhook call (``post_json``) is checked the same way and follows no
-redirect: it is one POST to the address checked.
+redirect: it is one POST to the address checked. Webhook calls share one
+client (``open_call_client``), opened by the task that makes them: building
+a client loads the certificate store, which cost more CPU than the call.
 
 The check covers the address actually connected to: the fetch connects to
 the checked address itself, so a name that resolves to a public address
@@ -22,9 +24,11 @@ when checked and to 127.0.0.1 a moment later (DNS rebinding) gains nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import socket
+from collections.abc import AsyncIterator, Mapping
 from typing import Literal
 
 import anyio
@@ -34,6 +38,7 @@ from hordelite.contract.limits import (
     IMAGE_FETCH_TIMEOUT,
     MAX_IMAGE_FETCH_BYTES,
     MAX_IMAGE_FETCH_REDIRECTS,
+    WEBHOOK_ANSWER_BYTES,
 )
 from hordelite.errors import HordeliteError
 
@@ -303,12 +308,42 @@ class CallOutcome:
     status: int = 0
 
 
+@contextlib.asynccontextmanager
+async def open_call_client(max_connections: int) -> AsyncIterator[httpx.AsyncClient]:
+    """The client webhook calls share (``post_json``), with at most
+    ``max_connections`` open at once, closed when the block exits.
+
+    Sharing it keeps the address policy: each call resolves and checks its
+    host itself, and names the checked address in the request's URL, so the
+    pool (keyed by scheme, address and port) only ever connects to, or
+    reuses a connection to, an address that was checked. A connection made
+    for one name is not reused for another at the same address over https
+    (``_post`` asks such a connection to close after its answer): its
+    certificate was verified for the first name only.
+    """
+    # trust_env=False, follow_redirects=False and timeout=None as in _fetch.
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
+    async with httpx.AsyncClient(
+        trust_env=False, follow_redirects=False, timeout=None, limits=limits
+    ) as client:
+        yield client
+
+
 async def post_json(
-    url: str, body: bytes, *, allow_private: bool, time_limit: float, user_agent: str
+    client: httpx.AsyncClient,
+    url: str,
+    body: bytes,
+    *,
+    allow_private: bool,
+    time_limit: float,
+    headers: Mapping[str, str],
 ) -> CallOutcome:
-    """POST ``body`` (JSON) to ``url`` under the address policy above, within
-    ``time_limit`` seconds in all; the answer's body is not read. Runs on
-    trio and on asyncio."""
+    """POST ``body`` (JSON) to ``url`` with ``client`` (``open_call_client``)
+    under the address policy above, within ``time_limit`` seconds in all,
+    with ``headers`` besides the policy's own; the answer's body is not
+    read. Runs on trio and on asyncio."""
     try:
         shown = parse_target(url).host
     except ImageFetchRefused:
@@ -318,10 +353,7 @@ async def post_json(
             target, addresses = await resolve_target(
                 url, allow_private=allow_private, reported_host=shown
             )
-            async with httpx.AsyncClient(
-                trust_env=False, follow_redirects=False, timeout=None
-            ) as client:
-                return await _post(client, target, addresses, body, user_agent)
+            return await _post(client, target, addresses, body, headers)
     except ImageFetchRefused as refused:
         return CallOutcome(False, refused.reason, final=refused.reason in ("scheme", "address"))
     except TimeoutError:
@@ -333,28 +365,30 @@ async def _post(
     target: Target,
     addresses: list[IPAddress],
     body: bytes,
-    user_agent: str,
+    headers: Mapping[str, str],
 ) -> CallOutcome:
     """One POST: the first checked address that accepts a connection takes it
     (connected to as ``_exchange`` explains)."""
     for address in addresses:
-        extensions = {} if str(address) == target.host else {"sni_hostname": target.host}
+        named = str(address) != target.host
+        extensions = {"sni_hostname": target.host} if named else {}
         request = client.build_request(
             "POST",
             target.url.copy_with(host=str(address)),
             headers={
+                **headers,
                 "Host": target.url.netloc.decode("ascii"),
                 "Content-Type": "application/json",
-                "User-Agent": user_agent,
+                # The pool is keyed by address: a TLS connection verified for
+                # this name must not carry a later call to another name.
+                **({"Connection": "close"} if named and target.url.scheme == "https" else {}),
             },
             content=body,
             extensions=extensions,
         )
         try:
-            # Streamed and closed unread: the receiver's answer body is not
-            # the horde's to hold.
             response = await client.send(request, stream=True)
-            await response.aclose()
+            await _discard(response)
         except httpx.ConnectError:
             continue
         except httpx.TimeoutException:
@@ -365,3 +399,19 @@ async def _post(
             return CallOutcome(True, status=response.status_code)
         return CallOutcome(False, "status", status=response.status_code)
     return CallOutcome(False, "unreachable")
+
+
+async def _discard(response: httpx.Response) -> None:
+    """Read and drop the answer's body, up to WEBHOOK_ANSWER_BYTES: the
+    receiver's answer is not the horde's to hold, and a connection whose
+    answer was read to its end can carry the next call; past them it is
+    closed unread."""
+    seen = 0
+    try:
+        with anyio.CancelScope() as reading:
+            async for chunk in response.aiter_raw():
+                seen += len(chunk)
+                if seen > WEBHOOK_ANSWER_BYTES:
+                    reading.cancel()  # not break: as in _exchange
+    finally:
+        await response.aclose()

@@ -112,23 +112,26 @@ async def serve_webhooks(
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Make the webhook calls owed (decision 0056) until ``stop``: at once
-    when a request ends in this process, else every WEBHOOK_POLL_SECONDS
-    (another process's ends, retries), so ``stop`` is seen within that. A
-    call cut off by the shutdown stays owed in storage, and is made once its
-    claim lapses."""
-    task_status.started()
-    while not stop.is_set():
-        ended = horde.webhooks.arm()
-        try:
-            if await horde.webhooks.call_due(_render.webhook):
-                continue  # more may be due: look again at once
-        except StorageUnavailable as exc:
-            log.warning("webhooks not called, storage unavailable: %s", exc)
-        except Exception:
-            # As a failing sweep: the horde goes on, the next round tries again.
-            log.exception("webhook round failed")
-        with anyio.move_on_after(WEBHOOK_POLL_SECONDS):
-            await ended.wait()
+    when a request ends in this process or a call that held others back
+    ends, else every WEBHOOK_POLL_SECONDS (another process's ends, retries),
+    so ``stop`` is seen within that. Each call runs on its own in this
+    task's ``calling`` block, which waits for the calls started; a call cut
+    off by the shutdown stays owed in storage, and is made once its claim
+    lapses."""
+    async with horde.webhooks.calling():
+        task_status.started()
+        while not stop.is_set():
+            woken = horde.webhooks.arm()
+            try:
+                if await horde.webhooks.call_due(_render.webhook):
+                    continue  # more may be due: look again at once
+            except StorageUnavailable as exc:
+                log.warning("webhooks not called, storage unavailable: %s", exc)
+            except Exception:
+                # As a failing sweep: the horde goes on, the next round tries again.
+                log.exception("webhook round failed")
+            with anyio.move_on_after(WEBHOOK_POLL_SECONDS):
+                await woken.wait()
 
 
 async def _serve_http_until(

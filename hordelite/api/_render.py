@@ -111,25 +111,30 @@ def shared_key(k: SharedKeyAnswer) -> dict[str, Any]:
     }
 
 
-# A request's end as its webhook's body says it: an expired request reads as
-# faulted, as its status does (decision 0007).
+# A request's end as its webhook's body says it (``ended``): an expired
+# request reads as faulted, as its status does (decision 0007).
 _ENDED_AS = {"done": "done", "faulted": "faulted", "expired": "faulted", "cancelled": "cancelled"}
 
 
 def webhook(request_id: str, state: str, s: RequestStatus) -> dict[str, Any]:
     """The body of a text request's webhook call (decision 0056): the AI
     Horde's body for a generation (``text``, ``seed``, ``worker_id``,
-    ``worker_name``, ``model``, ``id``, ``request``, ``kudos``), of the
-    request's first generation when it has one, with how the request ended
-    (``state``), its status flags and every generation as its status lists
-    them."""
-    body: dict[str, Any] = {}
+    ``worker_name``, ``model``, ``state``, ``gen_metadata``, ``id``,
+    ``request``, ``kudos``), of the request's first generation when it has
+    one, with how the request ended (``ended``), its status flags and every
+    generation as its status lists them. ``state`` is the AI Horde's, the
+    generation's (``ok``, ``censored``); a request that ended with no
+    generation, which the AI Horde never calls for, says how it ended
+    (``faulted``, ``cancelled``)."""
+    ended = _ENDED_AS.get(state, state)
+    body: dict[str, Any] = {"state": ended}
     if s.generations:
         first = s.generations[0]
         body.update(generation(first), id=first.id)
+        body["state"] = first.state or "ok"
     body.update(
         request=request_id,
-        state=_ENDED_AS.get(state, state),
+        ended=ended,
         kudos=s.kudos,
         done=s.done,
         faulted=s.faulted,

@@ -323,9 +323,19 @@ WEBHOOK_TRIES: Final = len(WEBHOOK_BACKOFF) + 1
 # while calling) is due again: a process restarting, or another one, makes
 # it. The claim outlasts one call's whole time limit.
 WEBHOOK_CLAIM_SECONDS: Final = WEBHOOK_TIMEOUT + 20.0
-# Calls one process makes at once (each holds a socket while it waits); the
-# due calls past them wait for the next round.
-WEBHOOK_CALLS_AT_ONCE: Final = 16
+# Calls one process makes at once (each holds a socket while it waits), and
+# of them at most WEBHOOK_CALLS_PER_REQUESTER for one requester's requests
+# (per user: the anonymous user is one requester), so that one requester's
+# receivers that hang hold at most that many of the process's calls while
+# every other requester's are made. Each call is made on its own as a slot
+# frees; a claim takes at most WEBHOOK_CLAIM_BATCH of the calls due, those
+# of requesters at their bound left due for a later claim.
+WEBHOOK_CALLS_IN_FLIGHT: Final = 128
+WEBHOOK_CALLS_PER_REQUESTER: Final = 8
+WEBHOOK_CLAIM_BATCH: Final = 16
+# A receiver's answer is read (and dropped) up to this many bytes, so that
+# its connection can carry the next call; a longer one is closed unread.
+WEBHOOK_ANSWER_BYTES: Final = 64 * 1024
 # How often each process looks for calls due that no ending in this process
 # announced: another process's ends, retries, claims of a process gone.
 WEBHOOK_POLL_SECONDS: Final = 1.0

@@ -15,7 +15,7 @@ are synchronous: the CLI runs them in its own thread, as it runs ``migrate``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
@@ -387,10 +387,13 @@ class Store:
         """Whether a webhook call is owed and due at ``now`` (a read)."""
         return await self.db.read(webhooks.any_due, now)
 
-    async def claim_webhooks(self, *, now: float, limit: int) -> list[OwedCall]:
-        """Claim at most ``limit`` of the webhook calls due at ``now``
-        (another process's claims are skipped, not waited for)."""
-        return await self.db.write(webhooks.claim_calls, now, limit)
+    async def claim_webhooks(
+        self, *, now: float, limit: int, busy: Mapping[int, int], per_user: int
+    ) -> list[OwedCall]:
+        """Claim at most ``limit`` of the webhook calls due at ``now``, at
+        most ``per_user`` less ``busy[user]`` for each requester (another
+        process's claims are skipped, not waited for)."""
+        return await self.db.write(webhooks.claim_calls, now, limit, busy, per_user)
 
     async def settle_webhook(self, *, call: OwedCall, done: bool, now: float) -> float | None:
         """Record a claimed call's outcome; when it is due again, or None."""

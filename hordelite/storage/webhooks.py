@@ -12,6 +12,7 @@ never claim the same call at once; SQLite's writes run one at a time.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from sqlalchemy import bindparam, select, update
 
@@ -26,10 +27,12 @@ _ANY_DUE = prepared(_DUE.where(requests.c.hook_due <= bindparam("now")).limit(1)
 
 @dataclasses.dataclass(frozen=True)
 class OwedCall:
-    """A webhook call claimed: the request, how it ended, where to call, and
-    the how-manieth try this one is (1 for the first)."""
+    """A webhook call claimed: the request, its requester (user id), how it
+    ended, where to call, and the how-manieth try this one is (1 for the
+    first)."""
 
     request_id: str
+    user_id: int
     kind: str
     state: str
     url: str
@@ -42,13 +45,21 @@ def any_due(conn: Tx, now: float) -> bool:
     return conn.execute(_ANY_DUE, {"now": now}).first() is not None
 
 
-def claim_calls(conn: Tx, now: float, limit: int) -> list[OwedCall]:
+def claim_calls(
+    conn: Tx, now: float, limit: int, busy: Mapping[int, int], per_user: int
+) -> list[OwedCall]:
     """Claim at most ``limit`` of the calls due at ``now``, the longest due
-    first: each is counted as tried and owed again only after
-    WEBHOOK_CLAIM_SECONDS (when its caller settles it first, it is not)."""
-    rows = conn.execute(
+    first, and of them at most ``per_user`` less ``busy[user]`` (the calls
+    its caller is making for that user) for each requester: a requester at
+    its bound is passed over, its calls left due, so that the calls behind
+    them are claimed. Each claimed call is counted as tried and owed again
+    only after WEBHOOK_CLAIM_SECONDS (when its caller settles it first, it
+    is not)."""
+    full = sorted(user for user, calls in busy.items() if calls >= per_user)
+    query = (
         select(
             requests.c.id,
+            requests.c.user_id,
             requests.c.kind,
             requests.c.state,
             requests.c.webhook,
@@ -58,18 +69,26 @@ def claim_calls(conn: Tx, now: float, limit: int) -> list[OwedCall]:
         .order_by(requests.c.hook_due)
         .limit(limit)
         .with_for_update(skip_locked=True)
-    ).all()
+    )
+    if full:  # at most WEBHOOK_CALLS_IN_FLIGHT / per_user ids
+        query = query.where(requests.c.user_id.not_in(full))
+    taken = dict(busy)
     claimed: list[OwedCall] = []
-    for row in rows:
+    for row in conn.execute(query).all():
         if row.webhook is None:  # cannot be set so; settled rather than kept owed
             conn.execute(update(requests).where(requests.c.id == row.id).values(hook_due=None))
             continue
+        if taken.get(row.user_id, 0) >= per_user:
+            continue  # this requester's bound reached within this claim
+        taken[row.user_id] = taken.get(row.user_id, 0) + 1
         conn.execute(
             update(requests)
             .where(requests.c.id == row.id)
             .values(hook_due=now + WEBHOOK_CLAIM_SECONDS, hook_tries=row.hook_tries + 1)
         )
-        claimed.append(OwedCall(row.id, row.kind, row.state, row.webhook, row.hook_tries + 1))
+        claimed.append(
+            OwedCall(row.id, row.user_id, row.kind, row.state, row.webhook, row.hook_tries + 1)
+        )
     return claimed
 
 

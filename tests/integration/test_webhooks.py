@@ -24,7 +24,13 @@ import pytest
 from hordelite.api import _render
 from hordelite.clock import ManualClock
 from hordelite.config import Config
-from hordelite.contract.limits import WEBHOOK_BACKOFF, WEBHOOK_TRIES
+from hordelite.contract.limits import (
+    WEBHOOK_BACKOFF,
+    WEBHOOK_CALLS_PER_REQUESTER,
+    WEBHOOK_CLAIM_BATCH,
+    WEBHOOK_TRIES,
+)
+from hordelite.guarded_fetch import open_call_client, post_json
 from hordelite.testing import FakeTextWorker, TestHorde, open_horde
 from tests.integration._helpers import assert_refused, eventually
 
@@ -35,39 +41,67 @@ CALL_PRIVATE = Config().replace(webhooks={"call_private": True})
 
 class Receiver:
     """A webhook receiver on 127.0.0.1: ``calls`` holds each call's body;
-    ``statuses`` the statuses to answer, in turn (200 once they run out)."""
+    ``statuses`` the statuses to answer, in turn (200 once they run out).
+    ``keep_alive``: connections are kept open for further calls
+    (``connections`` counts those made); ``hang``: each call is read and
+    never answered (``held`` counts those waiting, ``dropped`` those the
+    horde gave up on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_alive: bool = False, hang: bool = False) -> None:
         self.calls: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.statuses: list[int] = []
         self.url = ""
+        self.keep_alive = keep_alive
+        self.hang = hang
+        self.connections = 0
+        self.held = 0
+        self.most_held = 0
+        self.dropped = 0
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        self.connections += 1
         async with stream:
             data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = await stream.receive()
-                data += chunk
-            head, _, body = data.partition(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            headers = {
-                k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])
-            }
-            length = int(headers.get("content-length", "0"))
-            while len(body) < length:
-                body += await stream.receive()
-            self.headers.append(headers)
-            self.calls.append(json.loads(body))
-            status = self.statuses.pop(0) if self.statuses else 200
-            await stream.send(
-                f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
-            )
+            while True:
+                while b"\r\n\r\n" not in data:
+                    try:
+                        data += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        return
+                data = await self._answer(stream, data)
+                if not self.keep_alive:
+                    return
+
+    async def _answer(self, stream: anyio.abc.SocketStream, data: bytes) -> bytes:
+        """Read one call from ``data`` and ``stream`` and answer it; the bytes past it."""
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        while len(body) < length:
+            body += await stream.receive()
+        self.headers.append(headers)
+        self.calls.append(json.loads(body[:length]))
+        if self.hang:
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await stream.receive()  # until the horde gives up and closes it
+            self.held -= 1
+            self.dropped += 1
+            return b""
+        status = self.statuses.pop(0) if self.statuses else 200
+        close = "keep-alive" if self.keep_alive else "close"
+        await stream.send(
+            f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: {close}\r\n\r\n".encode()
+        )
+        return body[length:]
 
 
 @contextlib.asynccontextmanager
-async def receiver(port: int = 0) -> AsyncIterator[Receiver]:
-    r = Receiver()
+async def receiver(port: int = 0, **options: bool) -> AsyncIterator[Receiver]:
+    r = Receiver(**options)
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
     r.url = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/hook"
     async with listener, anyio.create_task_group() as tg:
@@ -87,6 +121,12 @@ async def failed_once(horde: TestHorde, clock: ManualClock) -> bool:
     """A call was tried and failed: owed again after its first back-off, not now."""
     now = clock.now()
     return not await owed(horde, now) and await owed(horde, now + WEBHOOK_BACKOFF[0])
+
+
+async def due_after(horde: TestHorde, clock: ManualClock, delay: float) -> bool:
+    """A call was tried and failed: owed again after ``delay``, not now."""
+    now = clock.now()
+    return not await owed(horde, now) and await owed(horde, now + delay)
 
 
 async def not_(check: Any) -> bool:
@@ -120,7 +160,9 @@ async def test_a_done_requests_webhook_is_called_once_with_the_ai_hordes_body(
             await eventually(lambda: hook.calls)
             call = hook.calls[0]
             assert call["request"] == request_id
-            assert call["state"] == "done"
+            # The AI Horde's state is the generation's; how the request
+            # ended is told apart.
+            assert (call["state"], call["ended"]) == ("ok", "done")
             assert call["done"] is True
             assert call["id"] == job["id"]
             assert call["text"] == worker.generate(job["payload"]["prompt"])
@@ -128,6 +170,8 @@ async def test_a_done_requests_webhook_is_called_once_with_the_ai_hordes_body(
             assert call["kudos"] > 0
             assert [g["text"] for g in call["generations"]] == [call["text"]]
             assert hook.headers[0]["content-type"] == "application/json"
+            assert hook.headers[0]["webhook-id"] == request_id
+            assert hook.headers[0]["webhook-attempt"] == "1"
             # Nothing more is owed: further rounds and sweeps call nothing.
             for _ in range(3):
                 await horde.sweep()
@@ -149,8 +193,14 @@ async def test_a_cancelled_and_a_faulted_request_each_call_their_webhook_once() 
             job = await worker.pop()
             await worker.submit(job["id"], "faulted", state="faulted", seed=-1)
             await eventually(lambda: len(hook.calls) == 2)
-        ends = {c["request"]: (c["state"], c["faulted"], c["generations"]) for c in hook.calls}
-        assert ends == {cancelled: ("cancelled", False, []), faulted: ("faulted", True, [])}
+        ends = {
+            c["request"]: (c["state"], c["ended"], c["faulted"], c["generations"])
+            for c in hook.calls
+        }
+        assert ends == {
+            cancelled: ("cancelled", "cancelled", False, []),
+            faulted: ("faulted", "faulted", True, []),
+        }
 
 
 async def test_a_failed_call_is_tried_again_after_its_back_off_then_given_up() -> None:
@@ -160,21 +210,30 @@ async def test_a_failed_call_is_tried_again_after_its_back_off_then_given_up() -
         key = await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
         async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
-            await submit(horde, key, hook.url)
+            request_id = await submit(horde, key, hook.url)
             await worker.serve_one()
             await eventually(lambda: len(hook.calls) == 1)
             for tries, delay in enumerate(WEBHOOK_BACKOFF, start=1):
-                # Not before its back-off: a round now calls nothing.
+                # Once the try is settled (the receiver hears it first),
+                # not before its back-off: a round now calls nothing.
+                await eventually(lambda delay=delay: due_after(horde, clock, delay))  # type: ignore[misc]
                 clock.advance(delay - 0.5)
                 horde.horde.core.webhooks_due.set()
                 assert await horde.horde.webhooks.call_due(lambda *a: {}) == 0
                 assert len(hook.calls) == tries
                 clock.advance(0.5)
                 await eventually(lambda tries=tries: len(hook.calls) == tries + 1)  # type: ignore[misc]
-            # Given up after WEBHOOK_TRIES: no later round calls it again.
+            # Given up after WEBHOOK_TRIES (once its last try is settled): no
+            # later round calls it again.
+            await eventually(lambda: not_(owed(horde, clock.now() + 3600)))
             clock.advance(3600)
             assert await horde.horde.webhooks.call_due(lambda *a: {}) == 0
             assert len(hook.calls) == WEBHOOK_TRIES
+        # Every try carries the same delivery id, and which try it is.
+        assert {h["webhook-id"] for h in hook.headers} == {request_id}
+        assert [h["webhook-attempt"] for h in hook.headers] == [
+            str(n) for n in range(1, WEBHOOK_TRIES + 1)
+        ]
 
 
 async def test_an_owed_call_survives_a_restart_and_is_made_by_the_next_process() -> None:
@@ -199,6 +258,104 @@ async def test_an_owed_call_survives_a_restart_and_is_made_by_the_next_process()
         ):
             await eventually(lambda: hook.calls)
         assert [c["request"] for c in hook.calls] == [request_id]
+
+
+async def test_one_requesters_hanging_receivers_delay_no_other_requesters_webhook() -> None:
+    """Calls are made each on its own, at most WEBHOOK_CALLS_PER_REQUESTER of
+    one requester's at once: the calls of a requester whose receiver never
+    answers hold those few, and another requester's webhook is called at
+    once, not after they time out (WEBHOOK_TIMEOUT)."""
+    async with (
+        receiver(hang=True) as hanging,
+        receiver() as good,
+        open_horde(config=CALL_PRIVATE) as horde,
+    ):
+        mallory = await horde.create_key("mallory", kudos=1000)
+        alice = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        many = WEBHOOK_CLAIM_BATCH + WEBHOOK_CALLS_PER_REQUESTER
+        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
+            for _ in range(many):
+                await submit(horde, mallory, hanging.url)
+            for _ in range(many):
+                await worker.serve_one()
+            await eventually(lambda: hanging.held == WEBHOOK_CALLS_PER_REQUESTER)
+            request_id = await submit(horde, alice, good.url)
+            await worker.serve_one()
+            await eventually(lambda: good.calls)
+        assert [c["request"] for c in good.calls] == [request_id]
+        # Called while every hanging call was still waiting for its answer.
+        assert hanging.dropped == 0
+        assert hanging.most_held == WEBHOOK_CALLS_PER_REQUESTER
+
+
+async def test_calls_share_one_client_and_its_connections() -> None:
+    """One client for every call: consecutive calls to a receiver that keeps
+    its connections open reuse one, where a client built per call opened a
+    connection (and loaded the certificate store) for each."""
+    async with (
+        receiver(keep_alive=True) as hook,
+        open_horde(config=CALL_PRIVATE) as horde,
+    ):
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
+            for calls in (1, 2, 3):
+                await submit(horde, key, hook.url)
+                await worker.serve_one()
+                await eventually(lambda calls=calls: len(hook.calls) == calls)  # type: ignore[misc]
+        assert hook.connections == 1
+
+
+async def test_a_connection_the_shared_client_holds_is_no_way_past_the_address_policy() -> None:
+    """The client's pool holds a connection to the receiver's address, made
+    by a call the policy allowed: a call there that the policy refuses is
+    still refused, before anything is sent."""
+    async with receiver(keep_alive=True) as hook, open_call_client(4) as client:
+        allowed = await post_json(
+            client, hook.url, b"{}", allow_private=True, time_limit=5, headers={}
+        )
+        assert allowed.answered
+        refused = await post_json(
+            client, hook.url, b"{}", allow_private=False, time_limit=5, headers={}
+        )
+        assert (refused.answered, refused.reason, refused.final) == (False, "address", True)
+        assert (len(hook.calls), hook.connections) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "closes"), [("https", True), ("http", False)], ids=["https", "http"]
+)
+async def test_a_call_goes_to_the_checked_address_and_an_https_one_to_a_name_is_not_pooled(
+    scheme: str, closes: bool
+) -> None:
+    """The request names the checked address (the pool is keyed by it), the
+    host's name goes as Host (and SNI); an https connection made for a name
+    is closed after its answer, as its certificate was verified for that name
+    only. The transport stands for the network: it records what would be sent."""
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(204, stream=httpx.ByteStream(b""))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        outcome = await post_json(
+            client,
+            f"{scheme}://localhost:8443/hook",
+            b"{}",
+            allow_private=True,
+            time_limit=5,
+            headers={"Webhook-Id": "r1"},
+        )
+    assert outcome.answered
+    [request] = sent
+    assert request.url.host in ("127.0.0.1", "::1")
+    assert request.headers["host"] == "localhost:8443"
+    assert request.headers["webhook-id"] == "r1"
+    assert (request.headers.get("connection") == "close") is closes
+    if scheme == "https":
+        assert request.extensions["sni_hostname"] == "localhost"
 
 
 async def test_a_webhook_at_a_private_address_is_never_called_unless_allowed() -> None:
