@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from hordelite.horde.fair_turns import FairTurns
@@ -14,11 +15,11 @@ from hordelite.horde.fair_turns import FairTurns
 pytestmark = pytest.mark.anyio
 
 
-async def until(condition: Callable[[], bool]) -> None:
+async def until(condition: Callable[[], bool], seconds: float = 5) -> None:
     """Checkpoints until ``condition`` holds, within a deadline."""
-    with anyio.fail_after(5):
+    with anyio.fail_after(seconds):
         while not condition():
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
 
 class Turns:
@@ -94,7 +95,9 @@ async def test_no_more_turns_at_once_than_the_capacity() -> None:
         for name in list(t.go):
             t.go[name].set()
     assert sorted(t.order) == [f"w{n}" for n in range(5)]
-    assert not t.turns._served and not t.turns._holding  # every account forgotten
+    # Every account forgotten.
+    assert not t.turns._served
+    assert not t.turns._holding
 
 
 async def test_a_cancelled_waiter_gives_up_its_place() -> None:
@@ -108,7 +111,9 @@ async def test_a_cancelled_waiter_gives_up_its_place() -> None:
         assert await t.let_go("a0") == "c0"
         assert await t.let_go("c0") is None
     assert t.order == ["a0", "c0"]
-    assert not t.turns._served and not t.turns._holding and t.turns._free == 1
+    assert not t.turns._served
+    assert not t.turns._holding
+    assert t.turns._free == 1
 
 
 async def test_a_turn_granted_as_its_waiter_is_cancelled_passes_on() -> None:
@@ -125,4 +130,6 @@ async def test_a_turn_granted_as_its_waiter_is_cancelled_passes_on() -> None:
         await until(lambda: "c0" in t.order)
         t.go["c0"].set()
     assert t.order[-1] == "c0"
-    assert turns._free == 1 and not turns._holding and not turns._served
+    assert turns._free == 1
+    assert not turns._holding
+    assert not turns._served
