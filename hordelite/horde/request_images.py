@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -115,8 +115,8 @@ class _Intake:
     # The normalising threads, shared round robin by account (unbounded for
     # a caller with none).
     turns: FairTurns | None
-    account: Hashable
-    # The account's image budget (no limit for a caller with none).
+    # The account's image budget (no limit for a caller with none); its
+    # account takes the turns.
     allowance: ImageAllowance | None
     # Fetches in flight in the process (unbounded for a caller with none).
     fetches: anyio.CapacityLimiter
@@ -149,7 +149,6 @@ async def take_images(
     *,
     fetch_private: bool,
     turns: FairTurns | None = None,
-    account: Hashable = None,
     allowance: ImageAllowance | None = None,
     fetches: anyio.CapacityLimiter | None = None,
     deadline: float | None = None,
@@ -166,13 +165,9 @@ async def take_images(
     ChatRequestInvalid naming the part (the first in message order of
     those that failed); the parts still in progress are then cancelled, and
     on any failure or cancellation what was stored of the request is
-    deleted. ``turns`` bounds the normalising threads, ``account``'s
-    turn taken for each image. ``allowance`` counts each image's bytes
-    against the account's image budget before it is decoded (a data URL's
-    from its length; a fetch stops once its bytes cannot fit) and its JPEG's
-    before it is stored; one that does not fit refuses the request as the
-    budget does (429 StoredBytesExceeded). The caller releases the
-    allowance once the request is queued or refused."""
+    deleted. ``turns`` bounds the normalising threads, a turn taken for
+    each image by ``allowance``'s account, which counts each image against
+    its image budget as it arrives and as stored (``_read``)."""
     if not req.has_images:
         return req
     messages = _copied(req.messages)
@@ -188,7 +183,6 @@ async def take_images(
         store,
         fetch_private,
         turns,
-        account,
         allowance,
         anyio.CapacityLimiter(math.inf) if fetches is None else fetches,
         anyio.Semaphore(IMAGE_FETCHES_PER_REQUEST if at_once is None else at_once),
@@ -285,7 +279,8 @@ async def _turn(intake: _Intake) -> AsyncIterator[None]:
     if intake.turns is None:
         yield
     else:
-        async with intake.turns.turn(intake.account):
+        account = None if intake.allowance is None else intake.allowance.account
+        async with intake.turns.turn(account):
             yield
 
 

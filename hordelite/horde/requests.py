@@ -254,7 +254,6 @@ class Requests:
             request_id,
             fetch_private=self._core.config.images.fetch_private,
             turns=self._normalising,
-            account=None if allowance is None else allowance.account,
             allowance=allowance,
             fetches=self._fetching,
         )
