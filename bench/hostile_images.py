@@ -226,8 +226,13 @@ async def flood(
             payload = body([small])
             while time.monotonic() < end:
                 start = time.perf_counter()
-                status, answer = await submit(client, key, payload)
-                latencies.append(time.perf_counter() - start)
+                try:
+                    status, answer = await submit(client, key, payload)
+                except httpx.HTTPError as error:
+                    statuses[f"registered {type(error).__name__}"] += 1
+                    continue
+                finally:
+                    latencies.append(time.perf_counter() - start)
                 if status != 202:
                     statuses[f"registered {status} {answer}"] += 1
                 else:  # cancelled, so that its holdings stay below its own budgets

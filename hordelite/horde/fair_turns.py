@@ -55,7 +55,9 @@ class FairTurns:
         if self._free > 0 and not self._waiting:
             self._free -= 1
             self._give(account)
-            await anyio.lowlevel.checkpoint()
+            # Shielded: a cancellation here would leave the slot taken for good
+            # (the caller's release is only armed once this returns).
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             return
         given = anyio.Event()
         self._waiting.setdefault(account, collections.deque()).append(given)

@@ -133,3 +133,14 @@ async def test_a_turn_granted_as_its_waiter_is_cancelled_passes_on() -> None:
     assert turns._free == 1
     assert not turns._holding
     assert not turns._served
+
+
+async def test_a_free_slot_taken_by_a_cancelled_caller_is_not_lost() -> None:
+    turns = FairTurns(1)
+    for _ in range(3):
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            async with turns.turn("a"):
+                await anyio.lowlevel.checkpoint()
+    assert turns._free == 1
+    assert not turns._holding
