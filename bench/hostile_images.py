@@ -239,7 +239,7 @@ async def flood(
                     await client.delete(
                         f"/api/v2/generate/chat/status/{answer['id']}", headers={"apikey": key}
                     )
-                await anyio.sleep(0.2)
+                await anyio.sleep(1.0)  # within budgets.requests_per_minute
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -269,7 +269,8 @@ def report(
     refusals = sum(v for k, v in statuses.items() if k.startswith("429"))
     print(f"{args.senders} senders for {args.seconds:g} s: {dict(statuses)}")
     print(f"refusals a minute: {refusals * 60 / args.seconds:,.0f}")
-    print(f"server CPU: {cpu * 100:.0f}% of a core")
+    per = cpu * args.seconds / refusals * 1000 if refusals else 0.0
+    print(f"server CPU: {cpu * 100:.0f}% of a core, {per:.0f} ms a refusal")
     print(
         f"blob folder: held {held:,} after the fill, peak {peak:,} "
         f"({peak / BUDGET:.2f}x the budget), {left:,} after the flood"
