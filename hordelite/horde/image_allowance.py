@@ -79,11 +79,14 @@ class ImageAllowance:
 
     def refuse_past(self, received: int) -> None:
         """Raise the refusal of an image whose fetch stopped past
-        ``received`` bytes, the room there was when it started. Should the
-        room have grown since (another intake ended), the image is refused
-        all the same: its bytes were not all read."""
-        self._refuse(received + 1)
-        self._refuse(max(received, self.room() or 0) + 1)
+        ``received`` bytes, the room there was when it started: counted as
+        the account's intakes stood then, should another have ended since
+        (the image was not read to its end, so it is refused all the same)."""
+        limit = self.budget.image_bytes if self.budget is not None else 0
+        then = max(self.ledger.taking(self.account), limit - self.held - received)
+        refusal = budgets.intake_refusal(self.budget, self.role, self.held, then, received + 1)
+        if refusal is not None:
+            raise refusal
 
     def release(self) -> None:
         """The request is queued (its images now held in storage) or refused."""
