@@ -72,6 +72,15 @@ async def held_image_bytes(horde: TestHorde) -> int:
     return await horde.horde.db.read(read)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> str | None:
+    """A temporary SQLite file (None: open_horde's own), or a fresh
+    PostgreSQL schema: the read before the intake runs on both."""
+    if request.param == "sqlite":
+        return None
+    return str(request.getfixturevalue("postgres_schema_url"))
+
+
 def assert_budget_refused(r: httpx.Response, status: int, rc: str) -> None:
     assert r.status_code == status, r.text
     assert (r.json()["rc"], r.json()["limit"]) == (rc, LIMIT)
@@ -91,9 +100,11 @@ async def fill(http: httpx.AsyncClient, key: str) -> list[str]:
         assert len(accepted) < 50, "the image budget never refused"
 
 
-async def test_a_full_image_budget_refuses_before_any_image_is_fetched_or_decoded() -> None:
+async def test_a_full_image_budget_refuses_before_any_image_is_fetched_or_decoded(
+    database: str | None,
+) -> None:
     async with (
-        open_horde(config=config(2 * JPEG_BYTES)) as horde,
+        open_horde(config=config(2 * JPEG_BYTES), database=database) as horde,
         client_for(horde) as http,
         serve() as host,
     ):
