@@ -204,3 +204,39 @@ async def test_an_image_waits_for_no_other_accounts_queue_to_be_normalised() -> 
             assert turns.waiting == 2
             for event in flood.go.values():
                 event.set()
+
+
+async def test_images_being_taken_in_count_toward_the_budget_before_any_is_stored() -> None:
+    limit = JPEG_BYTES + JPEG_BYTES // 2  # room for one image, not two
+    async with open_horde(config=config(limit)) as horde, client_for(horde) as http:
+        key = await horde.create_key("alice", kudos=100)
+        turns = horde.horde.requests._normalising
+        async with (
+            online_vision_worker(horde, await horde.create_key("bob")),
+            anyio.create_task_group() as tg,
+        ):
+            # Another account holds the normalising slot: alice's first
+            # image is counted as received, then waits for its turn.
+            busy = Turns(turns, tg)
+            await busy.ask("elsewhere", "someone else")
+            answers: list[httpx.Response] = []
+
+            async def first() -> None:
+                body = image_body(data_url(IMAGE))
+                answers.append(await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body))
+
+            tg.start_soon(first)
+            await until(lambda: turns.waiting == 1)
+            # Her second does not fit beside the first: refused at once,
+            # though nothing of hers is stored yet.
+            with anyio.fail_after(10):
+                r = await http.post(
+                    CHAT_ASYNC, headers={"apikey": key}, json=image_body(data_url(IMAGE))
+                )
+            assert_budget_refused(r, 429, "StoredBytesExceeded")
+            assert "being taken in" in r.json()["message"]
+            assert blob_files(horde) == []
+            busy.go["elsewhere"].set()
+            await until(lambda: bool(answers), seconds=30)
+            assert answers[0].status_code == 202, answers[0].text
+            assert len(blob_files(horde)) == 1
