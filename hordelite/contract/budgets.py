@@ -191,6 +191,41 @@ def _held(budget: Budget, role: Role, held: Holdings, cost: Cost) -> HordeError 
     return None
 
 
+def intake_refusal(
+    budget: Budget | None, role: Role, held: int, taking: int, adding: int
+) -> HordeError | None:
+    """Why an image of ``adding`` bytes may not be taken in now, or None
+    (decision 0070): checked before it is fetched further, decoded or
+    stored. ``held``: the image bytes the account's requests hold, as read
+    before the intake; ``taking``: its images being taken in meanwhile (the
+    bytes received, or once normalised the JPEG's). ``adding`` 1 asks
+    whether any image fits. An image larger than the whole budget is 413
+    RequestTooLarge, one that does not fit beside the rest 429
+    StoredBytesExceeded: its bytes free up as the account's requests end."""
+    if budget is None or not budget.image_bytes:
+        return None
+    limit = budget.image_bytes
+    key = role_key(role, "image_bytes")
+    if adding > limit:
+        return HordeError(
+            RC.RequestTooLarge,
+            f"An image of {adding} bytes or more does not fit in {key}, which allows "
+            f"{limit} bytes of images for one account.",
+            limit=key,
+        )
+    if held + taking + adding <= limit:
+        return None
+    arriving = f", {taking} more are being taken in" if taking else ""
+    need = "another image" if adding <= 1 else f"an image of {adding} bytes or more"
+    return HordeError(
+        RC.StoredBytesExceeded,
+        f"This account's requests hold {held} bytes of images{arriving}; {key} allows "
+        f"{limit}: no room for {need}. Nothing of this request is kept.",
+        limit=key,
+        retry_after=HELD_RETRY_SECONDS,
+    )
+
+
 def role_of(*, anonymous: bool, trusted: bool) -> Role:
     if anonymous:
         return "anonymous"

@@ -118,6 +118,12 @@ def data_url(jpeg: bytes) -> str:
     return DATA_URL_PREFIX + base64.b64encode(jpeg).decode("ascii")
 
 
+def data_url_bytes(url: str) -> int:
+    """The bytes a base64 data URL holds at most, known from its length
+    before anything is decoded (3 bytes per 4 characters, padding counted)."""
+    return (len(url) - url.find(",") - 1) * 3 // 4
+
+
 def parse_data_url(url: str) -> bytes:
     """The bytes of a base64 ``data:image/...`` URL.
 

@@ -83,7 +83,8 @@ MAX_IMAGE_PIXELS: Final = 50_000_000
 MAX_IMAGE_SIDE: Final = 2048
 # Images normalised at once in a process: each decode and encode holds the
 # GIL for long stretches, so more threads than this take the event loop's
-# core from every other request (bench/images.py (b)).
+# core from every other request (bench/images.py (b)). The turns go round
+# robin between the accounts waiting (horde/fair_turns.py, decision 0070).
 IMAGES_NORMALISED_AT_ONCE: Final = 1
 # A signed image URL handed to a worker at pop is valid for the job's TTL,
 # and at least this many seconds (the specification's floor).

@@ -7,7 +7,9 @@ to JPEG (contract/image_normalise.py, in a thread), and stored in the blob store
 stored request keeps only a reference (``hordelite-blob:<key>/<jpeg bytes>``).
 A request's parts are taken in together, a few at a time, its fetches under
 one deadline, so that slow hosts cost a submit about one image's time, not
-the sum of theirs (decision 0042). At pop,
+the sum of theirs (decision 0042). Each image's bytes count against its
+account's image budget as they arrive, and the normalising threads are
+shared round robin between accounts (decision 0070). At pop,
 after the transaction, each reference becomes what the worker declared: a
 signed URL for a ``url`` worker, an inline ``data:image/jpeg`` URL for a
 ``base64``-only one. A large request (``images.offload_bytes``) goes to a
@@ -17,10 +19,11 @@ images inlined, stored at its first such pop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -35,18 +38,22 @@ from hordelite.contract.image_normalise import (
     ImageRefused,
     NormalisedImage,
     data_url,
+    data_url_bytes,
     normalise,
     parse_data_url,
 )
 from hordelite.contract.limits import (
     IMAGE_FETCH_DEADLINE,
     IMAGE_FETCHES_PER_REQUEST,
+    MAX_IMAGE_FETCH_BYTES,
     MAX_LATE_IMAGES_NAMED,
     MESSAGES_URL_SECONDS,
     MIN_IMAGE_URL_SECONDS,
 )
 from hordelite.errors import RC, HordeError
 from hordelite.guarded_fetch import ImageFetchRefused, fetch_image, parse_target
+from hordelite.horde.fair_turns import FairTurns
+from hordelite.horde.image_allowance import ImageAllowance
 
 JPEG = "image/jpeg"
 JSON = "application/json"
@@ -86,6 +93,9 @@ class _Part:
     refusal: str | None = None
     error: Exception | None = None
     jpeg_bytes: int = 0
+    # Its bytes counted against the account's image budget: as received,
+    # then the JPEG's.
+    counted: int = 0
 
     @property
     def url(self) -> str:
@@ -102,7 +112,12 @@ class _Intake:
 
     store: BlobStore
     fetch_private: bool
-    normalising: anyio.CapacityLimiter | None
+    # The normalising threads, shared round robin by account (unbounded for
+    # a caller with none).
+    turns: FairTurns | None
+    # The account's image budget (no limit for a caller with none); its
+    # account takes the turns.
+    allowance: ImageAllowance | None
     # Fetches in flight in the process (unbounded for a caller with none).
     fetches: anyio.CapacityLimiter
     # Parts of this request in progress at once, taken in message order.
@@ -133,7 +148,8 @@ async def take_images(
     request_id: str,
     *,
     fetch_private: bool,
-    limiter: anyio.CapacityLimiter | None = None,
+    turns: FairTurns | None = None,
+    allowance: ImageAllowance | None = None,
     fetches: anyio.CapacityLimiter | None = None,
     deadline: float | None = None,
     at_once: int | None = None,
@@ -149,7 +165,9 @@ async def take_images(
     ChatRequestInvalid naming the part (the first in message order of
     those that failed); the parts still in progress are then cancelled, and
     on any failure or cancellation what was stored of the request is
-    deleted. ``limiter`` bounds the normalising threads."""
+    deleted. ``turns`` bounds the normalising threads, a turn taken for
+    each image by ``allowance``'s account, which counts each image against
+    its image budget as it arrives and as stored (``_read``)."""
     if not req.has_images:
         return req
     messages = _copied(req.messages)
@@ -164,7 +182,8 @@ async def take_images(
     intake = _Intake(
         store,
         fetch_private,
-        limiter,
+        turns,
+        allowance,
         anyio.CapacityLimiter(math.inf) if fetches is None else fetches,
         anyio.Semaphore(IMAGE_FETCHES_PER_REQUEST if at_once is None else at_once),
         anyio.current_time() + seconds,
@@ -212,6 +231,9 @@ async def _take_part(p: _Part, intake: _Intake, group: anyio.CancelScope) -> Non
             intake.late = True
             group.cancel()
             return
+        # Counted before it is stored: the blob store never holds more than
+        # the budget allows (but for the races named in image_allowance).
+        _count(p, intake, len(image.jpeg))
         # Listed before the put: a put cut short may still have written it.
         intake.stored.append(p.key)
         await intake.store.put(p.key, image.jpeg, JPEG)
@@ -226,28 +248,62 @@ async def _take_part(p: _Part, intake: _Intake, group: anyio.CancelScope) -> Non
         intake.slots.release()
 
 
+def _count(p: _Part, intake: _Intake, size: int) -> None:
+    """Count the part at ``size`` bytes against the account's image budget
+    in place of what was counted; raises the budget's refusal."""
+    if intake.allowance is not None:
+        p.counted = intake.allowance.change(p.counted, size)
+
+
 async def _read(p: _Part, intake: _Intake) -> NormalisedImage | None:
     """The part's image normalised, or None when its fetch was not done by
     the deadline."""
     # Decoding (base64, then the image) and encoding take a while: in a
-    # thread, ``normalising`` bounding how many at once in the process, since
-    # the threads share its core with the event loop.
+    # thread, the account's turn held (``turns`` bounds how many at once in
+    # the process, since the threads share its core with the event loop).
     if p.in_hand:
-        return await anyio.to_thread.run_sync(_from_data_url, p.url, limiter=intake.normalising)
+        _count(p, intake, data_url_bytes(p.url))
+        async with _turn(intake):
+            return await anyio.to_thread.run_sync(_from_data_url, p.url)
     data = await _fetch(p.url, intake)
     if data is None:
         return None
     p.in_hand = True
-    return await anyio.to_thread.run_sync(normalise, data, limiter=intake.normalising)
+    _count(p, intake, len(data))
+    async with _turn(intake):
+        return await anyio.to_thread.run_sync(normalise, data)
+
+
+@contextlib.asynccontextmanager
+async def _turn(intake: _Intake) -> AsyncIterator[None]:
+    if intake.turns is None:
+        yield
+    else:
+        account = None if intake.allowance is None else intake.allowance.account
+        async with intake.turns.turn(account):
+            yield
 
 
 async def _fetch(url: str, intake: _Intake) -> bytes | None:
     """The bytes at ``url`` (guarded_fetch, its own time limit kept), or None
     when the request's deadline passed first, a wait for one of the process's
-    fetches included. Any other cancellation goes on up."""
+    fetches included. Any other cancellation goes on up. The fetch stops
+    once its bytes cannot fit in the account's image budget (the budget's
+    refusal)."""
+    allowance = intake.allowance
+    room = None if allowance is None else allowance.room()
+    cap = MAX_IMAGE_FETCH_BYTES if room is None else min(room, MAX_IMAGE_FETCH_BYTES)
+    if allowance is not None and cap < MAX_IMAGE_FETCH_BYTES:
+        allowance.check_open()  # no room at all: refused before connecting
     with anyio.CancelScope(deadline=intake.fetch_by):
         async with intake.fetches:
-            return await fetch_image(url, allow_private=intake.fetch_private)
+            try:
+                return await fetch_image(url, allow_private=intake.fetch_private, max_bytes=cap)
+            except ImageFetchRefused as refused:
+                if allowance is not None and refused.reason == "too_large":
+                    if cap < MAX_IMAGE_FETCH_BYTES:
+                        allowance.refuse_past(cap)
+                raise
     return None
 
 

@@ -29,6 +29,8 @@ from hordelite.errors import RC, HordeError
 from hordelite.horde import chat, request_images
 from hordelite.horde._core import HordeCore
 from hordelite.horde.admission import ChatAdmission, new_text_request, text_quote
+from hordelite.horde.fair_turns import FairTurns
+from hordelite.horde.image_allowance import ImageAllowance, IntakeLedger
 from hordelite.horde.keys import hash_key, scoped_operation_key
 from hordelite.horde.results import (
     Queued,
@@ -50,7 +52,10 @@ class Requests:
     def __init__(self, core: HordeCore) -> None:
         self._core = core
         self._admission = ChatAdmission(core)
-        self._normalising: anyio.CapacityLimiter | None = None
+        # The normalising threads, shared round robin by account, and the
+        # image bytes each account is taking in (decision 0070).
+        self._normalising = FairTurns(IMAGES_NORMALISED_AT_ONCE)
+        self._intakes = IntakeLedger()
         self._fetching: anyio.CapacityLimiter | None = None
 
     # Queueing ----------------------------------------------------------
@@ -166,10 +171,28 @@ class Requests:
             )
             if first is not None:
                 return self._first_again(first)
-        if req.has_images:
-            await self._check_image_count(key_hash, req)
+        allowance = await self._image_allowance(key_hash, req) if req.has_images else None
+        try:
+            return await self._queue_taken(
+                key_hash, req, client_agent, operation_key, fingerprint, reader, allowance
+            )
+        finally:
+            if allowance is not None:  # its images are held in storage now, or gone
+                allowance.release()
+
+    async def _queue_taken(
+        self,
+        key_hash: str,
+        req: ChatRequest,
+        client_agent: str,
+        operation_key: str | None,
+        fingerprint: str | None,
+        reader: str | None,
+        allowance: ImageAllowance | None,
+    ) -> Queued:
+        """queue_chat's intake of the images and admission."""
         request_id = str(uuid.uuid4())
-        taken = await self._take_images(req, request_id)
+        taken = await self._take_images(req, request_id, allowance)
         try:
             outcome = await self._admission.queue(
                 key_hash=key_hash,
@@ -194,11 +217,14 @@ class Requests:
         billions = max(self._core.models.billions(m) for m in first.models)
         return Queued(first.id, kudos_rules.request_quote(first.max_length, 1, billions))
 
-    async def _check_image_count(self, key_hash: str, req: ChatRequest) -> None:
-        """413 TooManyImages before any image is fetched, decoded or stored,
-        when the request has more than its user's role may send in one. The
-        other budgets are checked where the request is stored."""
-        user = await self._core.store.user_by_key(key_hash=key_hash)
+    async def _image_allowance(self, key_hash: str, req: ChatRequest) -> ImageAllowance:
+        """Before any image is fetched, decoded or stored: 413 TooManyImages
+        when the request has more than its user's role may send in one, 429
+        StoredBytesExceeded when the user's image budget has no room left
+        (what its requests hold, read now, and what it is taking in); else
+        the allowance its intake counts its images against (decision 0070).
+        The other budgets are checked where the request is stored."""
+        user = await self._core.store.image_holdings(key_hash=key_hash)
         budget = self._core.store.rules.budgets.of(
             anonymous=user.anonymous, trusted=user.trusted, admin=user.admin
         )
@@ -206,16 +232,20 @@ class Requests:
         refusal = budgets.too_many_images(budget, role, image_count(req.messages)[0])
         if refusal is not None:
             raise refusal
+        allowance = ImageAllowance(self._intakes, user.user_id, budget, role, user.image_bytes)
+        allowance.check_open()
+        return allowance
 
-    async def _take_images(self, req: ChatRequest, request_id: str) -> ChatRequest:
-        """``req`` with its images fetched, checked and stored under ``request_id``."""
+    async def _take_images(
+        self, req: ChatRequest, request_id: str, allowance: ImageAllowance | None
+    ) -> ChatRequest:
+        """``req`` with its images fetched, checked and stored under
+        ``request_id``, counted against ``allowance``."""
         if not req.has_images:
             return req
         blobs = self._core.blobs
         if blobs is None:
             raise HordeError(RC.ChatRequestInvalid, "This horde keeps no images.", param="messages")
-        if self._normalising is None:  # made on the loop that runs the horde
-            self._normalising = anyio.CapacityLimiter(IMAGES_NORMALISED_AT_ONCE)
         if self._fetching is None:  # the same; shared by every request's fetches
             self._fetching = anyio.CapacityLimiter(IMAGE_FETCHES_PER_PROCESS)
         return await request_images.take_images(
@@ -223,7 +253,8 @@ class Requests:
             blobs,
             request_id,
             fetch_private=self._core.config.images.fetch_private,
-            limiter=self._normalising,
+            turns=self._normalising,
+            allowance=allowance,
             fetches=self._fetching,
         )
 

@@ -85,6 +85,15 @@ _RECENT_AND_HOLDINGS = prepared(
     select(_recent, _holdings).select_from(_recent.join(_holdings, true()))
 )
 
+# The image bytes a user's requests hold, alone (an image intake's first
+# read, decision 0070), along the same partial index as _HOLDINGS.
+_HELD_IMAGE_BYTES = prepared(
+    select(func.coalesce(func.sum(requests.c.image_bytes), 0)).where(
+        requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD
+    )
+)
+
+
 # What a status reads of a request: not its prompt or conversation.
 _STATUS_FIELDS = (
     "id",
@@ -442,6 +451,33 @@ def _check_budgets(
         raise refusal
     if admission.over_limit(in_flight, new.n, limit):
         raise refusals.too_many_in_flight(in_flight, limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageHoldings:
+    """Who a request with images is queued for, and the image bytes its
+    requests hold now (0 when its budget sets no image limit: not read)."""
+
+    user_id: int
+    anonymous: bool
+    trusted: bool
+    admin: bool
+    image_bytes: int
+
+
+def image_holdings(conn: Tx, key_hash: str, rules: Rules) -> ImageHoldings:
+    """The key's user (a shared key's lender) and its held image bytes,
+    read before an image is taken in; raises as ``requester``."""
+    user, _ = requester(conn, key_hash, rules, None)
+    budget = rules.budgets.of(
+        anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
+    )
+    held = 0
+    if budget is not None and budget.image_bytes:
+        held = int(conn.execute(_HELD_IMAGE_BYTES, {"user_id": user["id"]}).scalar_one())
+    return ImageHoldings(
+        user["id"], bool(user["anonymous"]), bool(user["trusted"]), bool(user["admin"]), held
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,12 @@ from hordelite.storage.database import Database
 from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.messages import MessageRecord
 from hordelite.storage.migrations import upgrade
-from hordelite.storage.requests import SubmittedText, submitted_text
+from hordelite.storage.requests import (
+    ImageHoldings,
+    SubmittedText,
+    image_holdings,
+    submitted_text,
+)
 from hordelite.storage.shared_keys import SharedKeyRecord
 from hordelite.storage.stats import HordeLoad, TextStats, horde_load, text_stats
 from hordelite.storage.webhooks import OwedCall
@@ -75,6 +80,11 @@ class Store:
     async def user_by_key(self, *, key_hash: str) -> q.UserRecord:
         """The key's user; raises InvalidAPIKey (AnonymousDisabled for the anonymous key when off)."""
         return await self.db.read(q.user_by_key, key_hash, self.rules)
+
+    async def image_holdings(self, *, key_hash: str) -> ImageHoldings:
+        """The key's user and the image bytes its requests hold (decision
+        0070); raises InvalidAPIKey, AnonymousDisabled."""
+        return await self.db.read(image_holdings, key_hash, self.rules)
 
     async def user_by_id(self, *, user_id: int) -> q.UserRecord:
         """The user with this id; raises UserNotFound."""
