@@ -209,7 +209,11 @@ def test_run_from_another_directory_keys_create_makes_no_new_hordelite_db(
     assert f"database: {home / 'hordelite.db'}" in out.splitlines()
 
 
-@pytest.mark.parametrize("again", ["alice", "ALICE", " alice "])
+@pytest.mark.parametrize(
+    "again",
+    ["alice", "ALICE", " alice ", "\uff41\uff4c\uff49\uff43\uff45", "ali\u034fce"],
+    ids=["same", "case", "spaces", "full-width", "ignorable"],
+)
 def test_a_name_created_twice_is_refused_in_one_line_and_nothing_is_created(
     database: str, capsys: pytest.CaptureFixture[str], again: str
 ) -> None:
@@ -221,6 +225,15 @@ def test_a_name_created_twice_is_refused_in_one_line_and_nothing_is_created(
     code, out, _ = cli(capsys, "keys", "list", "--database", database)
     assert code == 0
     assert [line.split()[1] for line in out.splitlines()[2:]] == ["Anonymous#0", f"alice#{user_id}"]
+
+
+@pytest.mark.parametrize("name", ["ali\u200bce", "\u202egnp.exe", "a\u2028b"])
+def test_a_name_with_a_format_control_or_separator_is_refused_in_one_line(
+    database: str, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    code, out, err = cli(capsys, "keys", "create", name, "--database", database)
+    assert_one_line_refusal(code, err, "a user name must not hold", "U+")
+    assert "API key" not in out
 
 
 def test_keys_list_shows_ids_names_kudos_and_whether_each_key_is_active(
@@ -335,9 +348,7 @@ def test_kudos_grant_refuses_an_unknown_or_ambiguous_user_and_a_non_number(
     db = Database(database, 1)
     try:
         ids = [
-            db.run_sync(
-                queries.create_user, True, name, hash_key(f"k{i}"), 1.0, False, False, 0.0
-            )
+            db.run_sync(queries.create_user, True, name, hash_key(f"k{i}"), 1.0, False, False, 0.0)
             for i, name in enumerate(("alice", "alice-to-be"))
         ]
 
