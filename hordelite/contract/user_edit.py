@@ -15,7 +15,7 @@ from typing import Any
 
 from hordelite.contract import _fields as f
 from hordelite.contract.limits import MAX_CONCURRENCY, MAX_USERNAME
-from hordelite.contract.unicode_rules import fold_name, user_name_refusal
+from hordelite.contract.unicode_rules import user_name_refusal
 from hordelite.errors import RC, HordeError, bad_request
 
 # The AI Horde's user fields this horde keeps no value of.
@@ -56,12 +56,6 @@ class UserEdit:
         return any(
             v is not None for v in (self.kudos, self.concurrency, self.trusted, self.moderator)
         )
-
-    @property
-    def username_key(self) -> str | None:
-        """The key the new name is compared by (unicode_rules.fold_name): no
-        two users have one (decision 0073)."""
-        return None if self.username is None else fold_name(self.username)
 
 
 def username_problem(name: str) -> str | None:

@@ -39,8 +39,8 @@ _USER_BY_NAME_KEY = prepared(select(users.c.id).where(users.c.name_key == bindpa
 # check added to the authentication path, and the column stays unique.
 REVOKED_PREFIX = "revoked:"
 
-# The name key of the anonymous user (its name, "Anonymous", folded): no
-# registered user can take the name.
+# The anonymous user's name: its key is held like any user's, so no
+# registered user can take the name (decision 0073).
 ANONYMOUS_NAME = "Anonymous"
 
 

@@ -186,7 +186,7 @@ def _v12_names_and_moderation_that_hold(conn: Connection) -> None:
     # User names compared by a key, as worker names are (decision 0073), with
     # a unique index; and the pauses and maintenance that deleted workers
     # leave to their owners' names. Names stored before may share a key
-    # ("req2" and a full-width "req2" taken by a rename): the oldest user
+    # ("req2", and "REQ2" taken by a rename): the oldest user
     # (lowest id; the anonymous user is 0) keeps it, and each later one gets
     # a key no name folds to (a control character before its id). Nothing
     # is renamed or dropped: every user keeps its name, key, kudos and
