@@ -60,6 +60,8 @@ class RC(enum.Enum):
     NoWorkerModSelected = (400, "No worker modification selected.")
     NoSharedKeyModSelected = (400, "No shared key modification selected.")
     NoValidActions = (400, "No usermod operations selected!")
+    # A user's name is another's under Unicode normalisation (decision 0073).
+    UsernameAlreadyExists = (400, "Another user already has this name.")
     # Kudos transfers, with the AI Horde's codes.
     InvalidTargetUsername = (400, "No user has this username.")
     KudosTransferToAnon = (400, "Kudos cannot be sent to the anonymous user.")

@@ -25,6 +25,7 @@ from sqlalchemy.exc import ArgumentError
 
 from hordelite.config import Config, StorageConfig
 from hordelite.contract.presence import is_online
+from hordelite.contract.unicode_rules import fold_name
 from hordelite.contract.user_edit import username_problem
 from hordelite.errors import HordeliteError
 from hordelite.horde.service import Horde, hash_key, new_api_key
@@ -138,14 +139,15 @@ def check_username(name: str) -> str:
 
 
 def resolve_user(store: Store, user: str) -> UserRecord:
-    """A user given as its id, as NAME#ID, or by its name (compared
-    case-insensitively; refused when several users have it)."""
+    """A user given as its id, as NAME#ID, or by its name (compared by key:
+    unicode_rules.fold_name; refused when several users have it, which only
+    names stored before keys were can, decision 0073)."""
     text = user.strip()
     if text.isdigit() or _HANDLE.match(text):
         match = _HANDLE.match(text)
         user_id = int(match.group(2) if match else text)
         entry = store.find_user(user_id=user_id)
-        if entry is None or (match and entry.username.casefold() != match.group(1).casefold()):
+        if entry is None or (match and fold_name(entry.username) != fold_name(match.group(1))):
             raise Refused(f"no user {text}; `hordelite keys list` shows them")
         return entry
     named = store.users_named(name=text)

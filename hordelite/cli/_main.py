@@ -79,7 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     create = key_commands.add_parser(
         "create", help="create a user and print its new API key once", parents=[database]
     )
-    create.add_argument("name", help="a name no other user has (compared ignoring case)")
+    create.add_argument(
+        "name", help="a name no other user has (compared ignoring case and look-alikes)"
+    )
     create.add_argument("--kudos", type=float, default=0.0)
     create.add_argument("--admin", action="store_true")
     create.add_argument("--trusted", action="store_true")

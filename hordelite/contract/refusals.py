@@ -16,6 +16,15 @@ def unknown_user(user_id: int) -> HordeError:
     return HordeError(RC.UserNotFound, f"No user with id {user_id}.")
 
 
+def username_exists(name: str) -> HordeError:
+    """A user's new name is another user's, compared by key (decision 0073)."""
+    return HordeError(
+        RC.UsernameAlreadyExists,
+        f"username: another user is already named {name[:64]!r} (or a look-alike of it).",
+        errors={"username": "another user has this name"},
+    )
+
+
 def operation_key_reused() -> HordeError:
     """An Idempotency-Key sent again with a different request."""
     return HordeError(

@@ -1,5 +1,6 @@
-"""Two Unicode rules the horde applies to what it stores: the key under
-which worker names are compared, and the text no worker can send on.
+"""The Unicode rules the horde applies to what it stores: the key under
+which worker and user names are compared, the characters a user's name may
+not carry, and the text no worker can send on.
 
 Pure functions, no I/O; the storage queries and the service both use them.
 
@@ -8,6 +9,13 @@ Pure functions, no I/O; the storage queries and the service both use them.
   one key are one worker, so "Alice", "ALICE" and full-width "Alice" cannot be
   three workers of three owners. Control characters and lone surrogates
   are refused (400 naming the field): no display could show them.
+- ``user_name_refusal``: why a user's name cannot be stored. A user's name
+  is shown as ``name#id`` wherever the horde names a user, and looked up by
+  its key (``fold_name``) as a worker's is: beyond the control characters
+  refused in worker names, it may not hold a format character (bidi
+  overrides, zero-width spaces and joiners: category Cf) nor a line or
+  paragraph separator, which would let it read as another name or break
+  the line it is shown on (decision 0073).
 - ``unsendable``: where a stored JSON value holds something a worker cannot
   encode as UTF-8 JSON for its backend (a lone surrogate, or a number JSON
   cannot carry). A job holding one is faulted by any worker, through no
@@ -93,6 +101,35 @@ def worker_name_key(name: str, field: str = "name") -> str:
     if len(key) > MAX_NAME_KEY:
         raise bad_request(field, f"is longer than {MAX_NAME_KEY} characters once normalised (NFKC)")
     return key
+
+
+# What a user's name may not hold besides controls and surrogates: Unicode
+# categories Cf (format: bidi embeddings, overrides and isolates, zero-width
+# space, joiners, BOM, soft hyphen), Zl and Zp (line and paragraph separators).
+_USER_NAME_REFUSED: Final = {
+    "Cc": "a control character",
+    "Cs": "a lone surrogate",
+    "Cf": "a format or bidi control character",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+}
+
+
+def user_name_refusal(name: str) -> str | None:
+    """Why ``name`` (stripped) cannot be a user's name by its characters
+    (its length and ``#`` are user_edit's rules), or None: a control or
+    format character, a line or paragraph separator, or a key (``fold_name``)
+    empty or longer than MAX_NAME_KEY characters."""
+    for char in name:
+        kind = unicodedata.category(char)
+        if kind in _USER_NAME_REFUSED:
+            return f"must not hold {_USER_NAME_REFUSED[kind]} (U+{ord(char):04X})"
+    key = fold_name(name)
+    if not key:
+        return "must hold a visible character"
+    if len(key) > MAX_NAME_KEY:
+        return f"is longer than {MAX_NAME_KEY} characters once normalised (NFKC)"
+    return None
 
 
 def unsendable(value: Any) -> str | None:

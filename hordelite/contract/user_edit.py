@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import unicodedata
 from typing import Any
 
 from hordelite.contract import _fields as f
 from hordelite.contract.limits import MAX_CONCURRENCY, MAX_USERNAME
+from hordelite.contract.unicode_rules import user_name_refusal
 from hordelite.errors import RC, HordeError, bad_request
 
 # The AI Horde's user fields this horde keeps no value of.
@@ -59,16 +59,15 @@ class UserEdit:
 
 
 def username_problem(name: str) -> str | None:
-    """Why ``name`` (stripped) cannot be a user's name, or None."""
+    """Why ``name`` (stripped) cannot be a user's name, or None. Whether
+    another user has it already (by key) is storage's to tell."""
     if not name:
         return "must not be empty"
     if len(name) > MAX_USERNAME:
         return f"is at most {MAX_USERNAME} characters"
     if "#" in name:
         return "must not hold '#' (users are shown as name#id)"
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
-        return "must not hold control characters"
-    return None
+    return user_name_refusal(name)
 
 
 def parse_user_edit(body: Any) -> UserEdit:

@@ -5,6 +5,8 @@ directly: hordelite.cli._admin.)"""
 from __future__ import annotations
 
 from hordelite.contract.limits import ANONYMOUS_API_KEY
+from hordelite.contract.user_edit import username_problem
+from hordelite.errors import bad_request
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key, new_api_key
 
@@ -24,7 +26,13 @@ class Operator:
     async def create_user(
         self, username: str, *, kudos: float = 0.0, admin: bool = False, trusted: bool = False
     ) -> tuple[int, str]:
-        """A new user and its API key (shown once: only its hash is stored)."""
+        """A new user and its API key (shown once: only its hash is stored).
+        Refused naming ``username`` when the name cannot be a user's or is
+        another user's (compared by key, decision 0073)."""
+        username = username.strip()
+        problem = username_problem(username)
+        if problem:
+            raise bad_request("username", problem)
         key = new_api_key()
         user_id = await self._core.store.create_user(
             username=username,

@@ -83,4 +83,7 @@ class Readers:
 
     async def _abandon(self, held: list[tuple[str, str]]) -> None:
         for request_id, kind in held:
-            await self._requests.abandon(request_id, kind)
+            # Orphaned: the process that streamed to the call is gone, so its
+            # streamed jobs charge nothing, whether or not Redis kept their
+            # leases (decision 0073).
+            await self._requests.abandon(request_id, kind, orphaned=True)

@@ -367,13 +367,20 @@ class Requests:
         """
         return await self._cancel(kind, _canonical(kind, request_id), unread=False)
 
-    async def abandon(self, request_id: str, kind: str = "chat") -> RequestStatus:
+    async def abandon(
+        self, request_id: str, kind: str = "chat", *, orphaned: bool = False
+    ) -> RequestStatus:
         """Cancel a request whose only reader, an OpenAI call, is gone
         without its answer (decision 0051): as ``cancel``, and a job still
-        out that settles later charges the requester nothing."""
-        return await self._cancel(kind, _canonical(kind, request_id), unread=True)
+        out that settles later charges the requester nothing. ``orphaned``:
+        the call's process is gone (a take-over or a lapsed reader lease):
+        its streamed jobs are settled charging nothing too (decision 0073)."""
+        canonical = _canonical(kind, request_id)
+        return await self._cancel(kind, canonical, unread=True, orphaned=orphaned)
 
-    async def _cancel(self, kind: str, canonical: str, *, unread: bool) -> RequestStatus:
+    async def _cancel(
+        self, kind: str, canonical: str, *, unread: bool, orphaned: bool = False
+    ) -> RequestStatus:
         core = self._core
         now = core.clock.now()
         leases = await core.signals.request_leases(canonical)
@@ -382,7 +389,12 @@ class Requests:
             await core.signals.save_lease(lease)
         posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
         parts = await core.store.cancel_request(
-            request_id=canonical, kind=kind, now=now, posted=posted, unread=unread
+            request_id=canonical,
+            kind=kind,
+            now=now,
+            posted=posted,
+            unread=unread,
+            orphaned=orphaned,
         )
         if parts.request.image_bytes and core.blobs is not None:
             # Its images go now, not at the retention's purge: whatever a

@@ -14,9 +14,11 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import IntegrityError
 
 from hordelite.contract import refusals
 from hordelite.contract.transfers import Transfer
+from hordelite.contract.unicode_rules import fold_name
 from hordelite.contract.user_edit import UserEdit
 from hordelite.errors import RC, HordeError
 from hordelite.storage.rules import Rules
@@ -30,11 +32,16 @@ from hordelite.storage.transaction import Tx, prepared
 # with bind parameters: SQLAlchemy then only binds values, which halves the
 # cost of each statement against building it anew.
 USER_BY_KEY = prepared(select(users).where(users.c.key_hash == bindparam("key_hash")))
+_USER_BY_NAME_KEY = prepared(select(users.c.id).where(users.c.name_key == bindparam("name_key")))
 
 # A revoked key's hash is replaced by ``revoked:<user id>``: no key hashes to
 # that (a sha256 is 64 hex digits), so the key stops authenticating with no
 # check added to the authentication path, and the column stays unique.
 REVOKED_PREFIX = "revoked:"
+
+# The anonymous user's name: its key is held like any user's, so no
+# registered user can take the name (decision 0073).
+ANONYMOUS_NAME = "Anonymous"
 
 
 def ensure_anonymous(conn: Tx, key_hash: str, now: float) -> None:
@@ -42,7 +49,12 @@ def ensure_anonymous(conn: Tx, key_hash: str, now: float) -> None:
     if conn.execute(select(users.c.id).where(users.c.id == 0)).first() is None:
         conn.execute(
             insert(users).values(
-                id=0, username="Anonymous", key_hash=key_hash, anonymous=True, created=now
+                id=0,
+                username=ANONYMOUS_NAME,
+                name_key=fold_name(ANONYMOUS_NAME),
+                key_hash=key_hash,
+                anonymous=True,
+                created=now,
             )
         )
 
@@ -56,10 +68,15 @@ def create_user(
     trusted: bool,
     now: float,
 ) -> int:
+    """Insert a user; refused (UsernameAlreadyExists) when another user's
+    name has its name's key (decision 0073)."""
+    if conn.execute(_USER_BY_NAME_KEY, {"name_key": fold_name(username)}).first() is not None:
+        raise refusals.username_exists(username)
     result = conn.execute(
         insert(users)
         .values(
             username=username,
+            name_key=fold_name(username),
             key_hash=key_hash,
             kudos=kudos,
             admin=admin,
@@ -237,7 +254,7 @@ def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Ru
         raise HordeError(RC.AnonForbiddenUserMod, "The anonymous user cannot be changed.")
     values: dict[str, Any] = {}
     if edit.username is not None:
-        values["username"] = edit.username
+        values.update(_renamed(conn, target, edit.username))
     if edit.kudos is not None:
         values["kudos"] = users.c.kudos + edit.kudos
     if edit.concurrency is not None:
@@ -246,5 +263,22 @@ def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Ru
         values["trusted"] = edit.trusted
     if edit.moderator is not None:
         values["admin"] = edit.moderator
-    conn.execute(update(users).where(users.c.id == user_id).values(**values))
+    try:
+        # A savepoint: a rename racing another onto the same key (two
+        # transactions on PostgreSQL) is refused, not a failed transaction.
+        with conn.begin_nested():
+            conn.execute(update(users).where(users.c.id == user_id).values(**values))
+    except IntegrityError:
+        raise refusals.username_exists(edit.username or "") from None
     return user_by_id(conn, user_id)
+
+
+def _renamed(conn: Tx, target: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The columns of a user's new name: refused when another user's name
+    has its key (decision 0073); the same key spelt anew is the user's own."""
+    key = fold_name(name)
+    if key != target["name_key"]:
+        taken = conn.execute(_USER_BY_NAME_KEY, {"name_key": key}).first()
+        if taken is not None and taken.id != target["id"]:
+            raise refusals.username_exists(name)
+    return {"username": name, "name_key": key}

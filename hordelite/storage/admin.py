@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import false, select, update
+from sqlalchemy import false, or_, select, update
 
+from hordelite.contract.unicode_rules import fold_name
 from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
 from hordelite.storage.accounts import create_user as _create_user
 from hordelite.storage.accounts import user_by_id as _user_by_id
-from hordelite.storage.schema import users, workers
+from hordelite.storage.schema import RETIRED_USER_KEY, users, workers
 from hordelite.storage.transaction import Tx
 
 
@@ -33,10 +34,27 @@ def list_users(conn: Tx) -> list[UserRecord]:
 
 
 def users_named(conn: Tx, name: str) -> list[UserRecord]:
-    """The users whose name is ``name`` compared case-insensitively (Unicode
-    case folding, done here: SQLite's lower() folds only ASCII)."""
-    folded = name.casefold()
-    return [u for u in list_users(conn) if u.username.casefold() == folded]
+    """The users whose name is ``name`` compared by key (NFKC, case folded,
+    default-ignorables removed: unicode_rules.fold_name), by id: the one
+    that holds the key, and the users a migration found sharing it
+    (decision 0073), whose keys are retired: a lookup of their name stays
+    ambiguous, never silently one of them."""
+    key = fold_name(name)
+    rows = conn.execute(
+        select(users)
+        .where(or_(users.c.name_key == key, users.c.name_key.startswith(RETIRED_USER_KEY)))
+        .order_by(users.c.id)
+    ).mappings()
+    found = [r for r in rows if r["name_key"] == key or fold_name(r["username"]) == key]
+    owned: defaultdict[int, list[str]] = defaultdict(list)
+    if found:
+        for worker_id, user_id in conn.execute(
+            select(workers.c.id, workers.c.user_id)
+            .where(workers.c.deleted == false(), workers.c.user_id.in_([r["id"] for r in found]))
+            .order_by(workers.c.id)
+        ):
+            owned[user_id].append(worker_id)
+    return [user_record(r, owned[r["id"]]) for r in found]
 
 
 def create_named_user(

@@ -182,6 +182,35 @@ def _v11(conn: Connection) -> None:
     schema.shared_keys.create(conn, checkfirst=True)
 
 
+def _v12_names_and_moderation_that_hold(conn: Connection) -> None:
+    # User names compared by a key, as worker names are (decision 0073), with
+    # a unique index; and the pauses and maintenance that deleted workers
+    # leave to their owners' names. Names stored before may share a key
+    # ("req2", and "REQ2" taken by a rename): the oldest user
+    # (lowest id; the anonymous user is 0) keeps it, and each later one gets
+    # a key no name folds to (a control character before its id). Nothing
+    # is renamed or dropped: every user keeps its name, key, kudos and
+    # workers, is reachable as NAME#ID, and a lookup by the shared name
+    # lists them all (admin.users_named) rather than picking one. Deleted
+    # workers from before hold nothing: their names were not kept.
+    _add_missing_columns(conn)
+    schema.worker_holds.create(conn, checkfirst=True)
+    users = schema.users
+    rows = conn.execute(
+        select(users.c.id, users.c.username).where(users.c.name_key.is_(None)).order_by(users.c.id)
+    ).all()
+    taken = set(
+        conn.execute(select(users.c.name_key).where(users.c.name_key.is_not(None))).scalars()
+    )
+    for user_id, name in rows:
+        key = fold_name(name)
+        if key in taken or not key or len(key) > MAX_NAME_KEY:
+            key = f"{schema.RETIRED_USER_KEY}{user_id}"
+        taken.add(key)
+        conn.execute(update(users).where(users.c.id == user_id).values(name_key=key))
+    conn.exec_driver_sql("CREATE UNIQUE INDEX IF NOT EXISTS ux_users_name_key ON users (name_key)")
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
@@ -198,6 +227,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v9,
     _v10,
     _v11,
+    _v12_names_and_moderation_that_hold,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import (
     bindparam,
     case,
+    delete,
     exists,
     false,
     func,
@@ -46,6 +47,7 @@ from hordelite.storage.schema import (
     queue,
     requests,
     users,
+    worker_holds,
     workers,
 )
 from hordelite.storage.transaction import Tx, prepared
@@ -260,9 +262,52 @@ def register_worker(
         "user_id": user["id"],
         "created": now,
         "online_until": now + rules.worker_online,
+        **take_hold(conn, user["id"], pop.name_key),
     }
     insert_worker = insert(workers).values(**values, **declared).returning(workers)
     return conn.execute(insert_worker).mappings().one()
+
+
+_HOLD = prepared(
+    select(worker_holds.c.paused, worker_holds.c.maintenance).where(
+        worker_holds.c.user_id == bindparam("user_id"),
+        worker_holds.c.name_key == bindparam("name_key"),
+    )
+)
+
+
+def take_hold(conn: Tx, user_id: int, name_key: str) -> dict[str, bool]:
+    """The pause and maintenance a deleted worker of this owner left to the
+    name (``leave_hold``), as columns of the worker that now takes the name;
+    the hold goes with it (decision 0073). Empty when there is none."""
+    params = {"user_id": user_id, "name_key": name_key}
+    hold = conn.execute(_HOLD, params).first()
+    if hold is None:
+        return {}
+    conn.execute(
+        delete(worker_holds).where(
+            worker_holds.c.user_id == user_id, worker_holds.c.name_key == name_key
+        )
+    )
+    return {"paused": bool(hold.paused), "maintenance": bool(hold.maintenance)}
+
+
+def leave_hold(conn: Tx, row: Mapping[str, Any]) -> None:
+    """A worker deleted while paused or in maintenance leaves that to its
+    owner and name key: the next worker its owner pops or renames under the
+    name has it, so deleting a worker does not lift an admin's pause."""
+    if not (row["paused"] or row["maintenance"]):
+        return
+    where = (worker_holds.c.user_id == row["user_id"], worker_holds.c.name_key == row["name_key"])
+    conn.execute(delete(worker_holds).where(*where))
+    conn.execute(
+        insert(worker_holds).values(
+            user_id=row["user_id"],
+            name_key=row["name_key"],
+            paused=bool(row["paused"]),
+            maintenance=bool(row["maintenance"]),
+        )
+    )
 
 
 def hold_worker_cap(conn: Tx, user: Mapping[str, Any], name: str, rules: Rules) -> None:
@@ -394,13 +439,27 @@ def _edited_values(
         values["info"] = edit.info or None
     if edit.paused is not None:
         values["paused"] = edit.paused
-    if edit.name is not None:
+    if edit.name is not None and edit.name_key is not None:
         if edit.name_key != row["name_key"]:
-            if conn.execute(WORKER_BY_KEY, {"name_key": edit.name_key}).first() is not None:
-                raise refusals.worker_name_exists(edit.name)
-            values["name_key"] = edit.name_key
+            values.update(_renamed(conn, row, edit.name, edit.name_key, values))
         values["name"] = edit.name  # or the same name, spelt anew
     return values
+
+
+def _renamed(
+    conn: Tx, row: Mapping[str, Any], name: str, key: str, values: dict[str, Any]
+) -> dict[str, Any]:
+    """The columns of a worker's new name key: refused when it is another
+    worker's; a pause or maintenance its owner's deleted worker left to the
+    name comes with it (``take_hold``): a rename does not lift them either,
+    unless this edit sets them."""
+    if conn.execute(WORKER_BY_KEY, {"name_key": key}).first() is not None:
+        raise refusals.worker_name_exists(name)
+    changed: dict[str, Any] = {"name_key": key}
+    for column, held in take_hold(conn, row["user_id"], key).items():
+        if column not in values:
+            changed[column] = bool(row[column]) or held
+    return changed
 
 
 def _worker_to_change(conn: Tx, user: Mapping[str, Any], worker_id: str) -> Mapping[str, Any]:
@@ -465,6 +524,7 @@ def delete_worker(
         was_requeued, was_ended = lapse_job(conn, job, now, rules)
         (requeued if was_requeued else ended if was_ended else []).append(job["request_id"])
     row = _worker_to_change(conn, user, worker_id)
+    leave_hold(conn, row)
     retired = f"{RETIRED_NAME}{worker_id}"
     conn.execute(
         update(workers)

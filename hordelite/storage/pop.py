@@ -163,9 +163,11 @@ def pop_job(
         row = register_worker(conn, user, pop, declared, now, rules)
     pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
     worker = worker_view({**row, **declared, "trusted": user["trusted"]})
-    # A paused worker checks in and is handed nothing (the AI Horde's pause).
+    # A paused worker checks in and is handed nothing (the AI Horde's pause);
+    # so does one registered in the maintenance a deleted worker of its name
+    # left (pool.take_hold): its next pop is refused as in maintenance.
     job = None
-    if not row["paused"]:
+    if not (row["paused"] or row["maintenance"]):
         classes = _classes(conn, worker, found.any_model_queued)
         walks = _Walks(classes, (True, False) if found.owns_queued else (False,))
         job = _claim(conn, worker, user["id"], now, rules, skip_locked, walks)

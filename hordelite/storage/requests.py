@@ -671,6 +671,7 @@ def cancel_request(
     posted: dict[str, int] | None = None,
     billions: Callable[[str], float] | None = None,
     unread: bool = False,
+    orphaned: bool = False,
 ) -> StatusSnapshot:
     """End a waiting request; returns its status parts as they were before.
 
@@ -679,13 +680,20 @@ def cancel_request(
     rewarded, the requester charged, no dropped job). A job that does not
     stream is not settled. ``unread``: nobody can read the reply (its
     OpenAI call is gone): a job still out that settles later charges the
-    requester nothing (decision 0051).
+    requester nothing (decision 0051). ``orphaned`` (implies ``unread``):
+    the process that held the call is gone (killed, or its reader lease
+    lapsed), so nothing says its client got the text posted: the streamed
+    jobs too are settled as an unread request's, charging nothing, as a
+    horde whose leases died with the process settles them (decision 0073).
     """
     status = request_status(conn, request_id, kind, now, rules)
     req = status.request
     rewarded = charged = 0.0
     settled_ids: set[str] = set()
     if req.state == "waiting":
+        if orphaned:
+            # Marked before the settlements below, which read it (ledger.settlement).
+            conn.execute(update(requests).where(requests.c.id == req.id).values(unread=True))
         for job_id, chars in (posted or {}).items():
             job = conn.execute(JOB_WITH_REQUEST_LOCKED, {"job_id": job_id}).mappings().first()
             if job is None or job["state"] != "processing" or billions is None:
@@ -696,7 +704,7 @@ def cancel_request(
             charged += settled.cost
             settled_ids.add(job_id)
         end_request(conn, req.id, "cancelled", now, abort_jobs=False)
-        if unread:
+        if unread and not orphaned:
             conn.execute(update(requests).where(requests.c.id == req.id).values(unread=True))
         if not any(j.state == "processing" and j.id not in settled_ids for j in status.jobs):
             # No job still out needs its content: released at once (a job

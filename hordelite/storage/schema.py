@@ -41,6 +41,11 @@ from hordelite.contract.limits import (
 
 metadata = MetaData()
 
+# The prefix of the name key of a user a migration found sharing its name's
+# key with an older user (decision 0073): followed by its id, a key no name
+# folds to (names refuse control characters).
+RETIRED_USER_KEY = "\x1f"
+
 schema_version = Table(
     "schema_version",
     metadata,
@@ -52,6 +57,10 @@ users = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("username", String(100), nullable=False),
+    # What names are compared by (unicode_rules.fold_name, as for workers):
+    # no two users have one (decision 0073). Set on every insert; nullable
+    # only because a migration added it to tables that had rows.
+    Column("name_key", String(MAX_NAME_KEY), nullable=True),
     # sha256 of the key: keys are 16 random bytes (22 characters), so a fast hash
     # cannot be brute-forced and keeps authentication cheap per request.
     Column("key_hash", String(64), nullable=False, unique=True),
@@ -67,6 +76,7 @@ users = Table(
     # null: the horde's default concurrency
     Column("concurrency", Integer, nullable=True),
     Column("created", Float, nullable=False),
+    Index("ux_users_name_key", "name_key", unique=True),
 )
 
 workers = Table(
@@ -117,6 +127,19 @@ workers = Table(
     # name it, its name and key retired so that the name can be popped anew.
     Column("deleted", Boolean, nullable=False, default=False, server_default=false()),
     Index("ux_workers_name_key", "name_key", unique=True),
+)
+
+# An admin's pause or a maintenance that a deleted worker had, kept for its
+# owner's worker name (by key) so that popping anew under that name does not
+# lift it: the next worker its owner registers under the name takes it, and
+# the row goes (decision 0073).
+worker_holds = Table(
+    "worker_holds",
+    metadata,
+    Column("user_id", Integer, ForeignKey("users.id"), primary_key=True),
+    Column("name_key", String(MAX_NAME_KEY), primary_key=True),
+    Column("paused", Boolean, nullable=False),
+    Column("maintenance", Boolean, nullable=False),
 )
 
 requests = Table(

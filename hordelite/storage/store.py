@@ -177,12 +177,23 @@ class Store:
         now: float,
         posted: dict[str, int],
         unread: bool = False,
+        orphaned: bool = False,
     ) -> q.StatusSnapshot:
         """The request's status parts before its cancel, with what settling its
         streamed jobs on ``posted`` moved; raises RequestNotFound. ``unread``:
-        nobody can read its reply, so a job settling later charges nothing."""
+        nobody can read its reply, so a job settling later charges nothing;
+        ``orphaned``: its reader's process is gone, so its streamed jobs
+        charge nothing either."""
         return await self.db.write(
-            q.cancel_request, request_id, kind, now, self.rules, posted, self.billions, unread
+            q.cancel_request,
+            request_id,
+            kind,
+            now,
+            self.rules,
+            posted,
+            self.billions,
+            unread,
+            orphaned,
         )
 
     async def submitted_text(self, *, key_hash: str, request_id: str) -> SubmittedText:

@@ -2,11 +2,16 @@
 (issue 20, decision 0051): nobody can read those replies any more, so the
 process restarted in its place (same host and port) cancels their requests
 before it serves, and the workers that hand in their jobs afterwards charge
-the requester nothing."""
+the requester nothing.
+
+On SQLite the streamed jobs' leases die with the process; on PostgreSQL with
+Redis signals they outlive it, and the take-over settles those jobs on the
+text they hold: charging nothing there too (issue 35, decision 0073)."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 from pathlib import Path
@@ -30,7 +35,19 @@ CALL_DEADLINE = 20.0
 WAITING, STREAMING, QUEUED = 2, 2, 1
 
 
-def write_config(path: Path, database: str, port: int) -> Path:
+@pytest.fixture(params=["sqlite", "postgresql+redis"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str | None]:
+    """The database, and the Redis signals URL (None: in-process signals)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "horde.db"), None
+    database: str = request.getfixturevalue("postgres_schema_url")
+    redis = os.environ.get("HORDELITE_TEST_REDIS_URL")
+    if not redis:
+        pytest.skip("HORDELITE_TEST_REDIS_URL is not set: the Redis variant is skipped")
+    return database, redis
+
+
+def write_config(path: Path, database: str, port: int, redis: str | None = None) -> Path:
     lines = [
         "[server]",
         'host = "127.0.0.1"',
@@ -42,6 +59,9 @@ def write_config(path: Path, database: str, port: int) -> Path:
         "sweep_interval = 0.2",
         "job_ttl = 120",  # the jobs in hand stay with their worker across the restart
     ]
+    if redis is not None:
+        # The streamed jobs' leases, with the text posted, outlive the kill.
+        lines += ["[signals]", f"url = {json.dumps(redis)}"]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -91,10 +111,10 @@ def stored(database: str) -> tuple[float, list[tuple[str, float, bool]]]:
 
 
 async def test_calls_cut_by_a_kill_end_cancelled_and_uncharged_after_the_restart(
-    tmp_path: Path,
+    tmp_path: Path, stores: tuple[str, str | None]
 ) -> None:
-    database = str(tmp_path / "horde.db")
-    config = write_config(tmp_path / "serve.toml", database, free_port())
+    database, redis = stores
+    config = write_config(tmp_path / "serve.toml", database, free_port(), redis)
     accounts = create_accounts(database, {"alice": 100.0, "bob": 0.0})
     alice, bob = accounts["alice"].key, accounts["bob"].key
     jobs: list[dict[str, Any]] = []
@@ -138,6 +158,12 @@ async def test_calls_cut_by_a_kill_end_cancelled_and_uncharged_after_the_restart
             for job in jobs:
                 reply = {"message": {"role": "assistant", "content": "Blue."}}
                 r = await worker.submit_reply(job, {**reply, "finish_reason": "stop"})
+                if redis is not None and job["payload"].get("stream_progress"):
+                    # Its lease outlived the kill: the take-over settled it
+                    # on the text it held, and it takes no submit after.
+                    assert r.status_code == 400, r.text
+                    assert r.json()["rc"] == "AbortedGen", r.text
+                    continue
                 assert r.status_code == 200, r.text
                 assert r.json()["reward"] > 0  # the volunteer is paid for its work
         served.process.send_signal(signal.SIGTERM)

@@ -7,6 +7,7 @@ SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import math
+import unicodedata
 
 import anyio
 import httpx
@@ -160,3 +161,80 @@ async def test_concurrent_transfers_never_overdraw_and_keep_the_sum(
             assert b >= 0
             assert math.isclose(a + b, 110)
             assert answers.count(200) >= 14  # alice alone could send 14 times
+
+
+# Issue 35: each of these renames was accepted (decision 0073).
+TAKEN_NAMES = {
+    "another user's exact name": "req2",
+    "the admin's name": "root",
+    "the anonymous user's name": "Anonymous",
+    "a case variant": "REQ2",
+    "a full-width look-alike": "\uff52\uff45\uff51\uff12",
+    "a compatibility ligature": "\ufb01ve",  # "five" with the fi ligature
+}
+REFUSED_CHARACTERS = {
+    "a zero-width space": "req\u200b2",
+    "a right-to-left override": "\u202egnp.exe",
+    "a line separator": "a\u2028b",
+    "a paragraph separator": "a\u2029b",
+    "a bidi isolate": "\u2066root\u2069",
+    "a soft hyphen": "ro\u00adot",
+}
+
+
+async def test_a_rename_onto_another_users_name_or_with_format_characters_is_refused(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        await horde.create_key("req2")
+        await horde.create_key("root", admin=True)
+        await horde.create_key("five")
+        mallory = await horde.create_key("mallory")
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            me = (await client.get("/api/v2/find_user", headers={"apikey": mallory})).json()
+            url = f"/api/v2/users/{me['id']}"
+            for what, name in {**TAKEN_NAMES, **REFUSED_CHARACTERS}.items():
+                r = await client.put(url, headers={"apikey": mallory}, json={"username": name})
+                rc = "UsernameAlreadyExists" if what in TAKEN_NAMES else "BadRequest"
+                assert_refused(r, 400, rc)
+                assert "username" in r.json()["errors"], (what, r.text)
+            # Nothing refused was stored; every name still leads to one user.
+            assert await handle(client, mallory) == f"mallory#{me['id']}"
+            listed = (await client.get("/api/v2/users")).json()
+            names = [u["username"].rpartition("#")[0].casefold() for u in listed]
+            assert sorted(names) == ["anonymous", "five", "mallory", "req2", "root"]
+            # A user's own name spelt anew is its own.
+            r = await client.put(url, headers={"apikey": mallory}, json={"username": "MALLORY"})
+            assert r.status_code == 200, r.text
+            assert await handle(client, mallory) == f"MALLORY#{me['id']}"
+
+
+async def test_two_renames_onto_one_name_at_once_leave_it_to_one_user(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        keys = [await horde.create_key(name) for name in ("ann", "ben", "cid", "dot")]
+        answers: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            ids = [
+                (await client.get("/api/v2/find_user", headers={"apikey": k})).json()["id"]
+                for k in keys
+            ]
+
+            async def rename(user_id: int, key: str, name: str) -> None:
+                answers.append(
+                    await client.put(
+                        f"/api/v2/users/{user_id}", headers={"apikey": key}, json={"username": name}
+                    )
+                )
+
+            async with anyio.create_task_group() as tg:
+                spellings = ("Prize", "PRIZE", "prize", "\uff50\uff52\uff49\uff5a\uff45")
+                for user_id, key, name in zip(ids, keys, spellings, strict=True):
+                    tg.start_soon(rename, user_id, key, name)
+            assert sorted(r.status_code for r in answers) == [200, 400, 400, 400]
+            for refused in (r for r in answers if r.status_code == 400):
+                assert_refused(refused, 400, "UsernameAlreadyExists")
+            listed = (await client.get("/api/v2/users")).json()
+            named = [unicodedata.normalize("NFKC", u["username"]).casefold() for u in listed]
+            assert len([n for n in named if n.startswith("prize#")]) == 1

@@ -105,6 +105,71 @@ async def test_paused_is_an_admins_and_a_paused_worker_checks_in_and_gets_no_job
             assert (await text_status(client, request_id))["done"] is True
 
 
+async def test_an_admins_pause_and_maintenance_survive_a_delete_and_a_pop_anew(
+    chat_database: str | None,
+) -> None:
+    """Issue 35: an owner whose worker an admin paused deleted it and popped
+    again under its name; the new worker was not paused and took the job.
+    The pause (and maintenance) stays with the owner's name (decision 0073),
+    under any spelling of it, and through a rename onto it; another user
+    popping the name once it is free gets a worker of its own, unpaused."""
+    async with open_horde(database=chat_database) as horde:
+        requester = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        other = await horde.create_key("eve")
+        admin = await horde.create_key("root", admin=True)
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+
+            async def delete(name: str, key: str) -> None:
+                gone = await client.delete(
+                    f"/api/v2/workers/{await worker_id(client, name)}", headers={"apikey": key}
+                )
+                assert gone.status_code == 200, gone.text
+
+            async with FakeTextWorker(horde.url, owner, name="Held", models=["m1"]) as worker:
+                await worker.pop()
+                url = f"/api/v2/workers/{await worker_id(client, 'Held')}"
+                put = await client.put(url, headers={"apikey": admin}, json={"paused": True})
+                assert put.json() == {"paused": True}
+                request_id = await submit_text(client, requester, "wait for me", models=["m1"])
+                await delete("Held", owner)
+            # Popped anew under another spelling of the name: paused, no job.
+            async with FakeTextWorker(horde.url, owner, name="HELD", models=["m1"]) as again:
+                assert (await again.pop())["id"] is None
+                assert (await again.pop())["id"] is None
+                url = f"/api/v2/workers/{await worker_id(client, 'HELD')}"
+                assert (await client.get(url)).json()["paused"] is True
+                await delete("HELD", owner)
+            # A rename of another of the owner's workers onto the name takes the pause.
+            async with FakeTextWorker(horde.url, owner, name="spare", models=["m1"]) as spare:
+                await spare.pop()
+                url = f"/api/v2/workers/{await worker_id(client, 'spare')}"
+                put = await client.put(url, headers={"apikey": owner}, json={"name": "held"})
+                assert put.json() == {"name": "held"}
+                assert (await client.get(url)).json()["paused"] is True
+                assert (await spare.pop())["id"] is None
+                # Lifted by an admin only, as any pause.
+                await client.put(url, headers={"apikey": admin}, json={"paused": False})
+                await client.put(url, headers={"apikey": owner}, json={"maintenance": True})
+                await delete("held", owner)
+            # Maintenance stays too: the first pop registers and gets nothing,
+            # the next is refused until the owner clears it.
+            async with FakeTextWorker(horde.url, owner, name="held", models=["m1"]) as back:
+                assert (await back.pop())["id"] is None
+                refused = await back.client.post("/generate/text/pop", json=back.pop_body())
+                assert_refused(refused, 403, "WorkerMaintenance")
+                url = f"/api/v2/workers/{await worker_id(client, 'held')}"
+                details = (await client.get(url)).json()
+                assert (details["maintenance_mode"], details["paused"]) == (True, False)
+                await delete("held", owner)
+            # Another user's pop of the free name is no heir to bob's holds.
+            async with FakeTextWorker(horde.url, other, name="held", models=["m1"]) as eve:
+                job = await eve.pop()
+                assert job["id"] is not None
+                await eve.submit(job["id"], "done")
+            assert (await text_status(client, request_id))["done"] is True
+
+
 async def test_delete_gives_back_the_workers_job_and_frees_its_name(
     chat_database: str | None,
 ) -> None:

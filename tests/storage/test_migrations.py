@@ -8,9 +8,17 @@ import pytest
 from sqlalchemy import func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
+from hordelite.errors import RC, HordeError
 from hordelite.storage import queries, schema
+from hordelite.storage.admin import users_named
 from hordelite.storage.database import Database
-from hordelite.storage.migrations import LATEST, current_version, upgrade
+from hordelite.storage.migrations import (
+    LATEST,
+    MIGRATIONS,
+    _v12_names_and_moderation_that_hold,
+    current_version,
+    upgrade,
+)
 from hordelite.storage.transaction import Tx
 from tests.storage.helpers import NOW, RULES, activity_rows, new_key_hash, pop_request
 
@@ -237,3 +245,90 @@ def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
     # A process takes its reader over, and nothing stored before is its.
     assert db.run_sync(queries.take_over, True, "host:7001/0", NOW + 30) == []
     assert db.run_sync(queries.lapsed_requests, True, NOW + 60, "other:1/0") == []
+
+
+# The version before user names were keyed (decision 0073), wherever the
+# migration stands in the list.
+_BEFORE_USER_KEYS = MIGRATIONS.index(_v12_names_and_moderation_that_hold)
+
+
+def _as_before_user_keys(conn: Tx) -> None:
+    """Put the database back in the shape before user name keys: no
+    users.name_key, no worker_holds."""
+    conn.exec_driver_sql("DROP INDEX ux_users_name_key")
+    conn.exec_driver_sql("ALTER TABLE users DROP COLUMN name_key")
+    conn.exec_driver_sql("DROP TABLE worker_holds")
+    conn.execute(update(schema.schema_version).values(version=_BEFORE_USER_KEYS))
+
+
+def _add_user(conn: Tx, name: str, kudos: float) -> int:
+    # Without name_key: the column is not there yet.
+    row = conn.execute(
+        insert(schema.users)
+        .values(username=name, key_hash=new_key_hash(), kudos=kudos, created=NOW)
+        .returning(schema.users.c.id)
+    )
+    return int(row.scalar_one())
+
+
+def _user_keys(conn: Tx) -> dict[int, tuple[str, str, float]]:
+    rows = conn.execute(
+        select(
+            schema.users.c.id,
+            schema.users.c.username,
+            schema.users.c.name_key,
+            schema.users.c.kudos,
+        )
+    )
+    return {r.id: (r.username, r.name_key, r.kudos) for r in rows}
+
+
+def test_upgrading_keys_user_names_and_keeps_every_user_sharing_one(
+    empty_database: Database,
+) -> None:
+    db = empty_database
+    db.run_sync(upgrade, True)
+    db.run_sync(_as_before_user_keys, True)
+    db.run_sync(
+        lambda conn: conn.execute(
+            insert(schema.users).values(
+                id=0, username="Anonymous", key_hash="0", anonymous=True, created=NOW
+            )
+        ),
+        True,
+    )
+    # Stored while renames were not compared: look-alikes of one name, and
+    # of the anonymous user's.
+    first = db.run_sync(_add_user, True, "req2", 5.0)
+    look_alikes = [
+        db.run_sync(_add_user, True, name, float(i))
+        for i, name in enumerate(("REQ2", "\uff52\uff45\uff51\uff12", "anonymous"))
+    ]
+    other = db.run_sync(_add_user, True, "carol", 1.0)
+
+    before, after = db.run_sync(upgrade, True)
+
+    assert (before, after) == (_BEFORE_USER_KEYS, LATEST)
+    keys = db.run_sync(_user_keys, False)
+    # Every user kept, with its name and kudos; the oldest holds each key.
+    assert keys[0][1] == "anonymous"
+    assert keys[first] == ("req2", "req2", 5.0)
+    assert keys[other] == ("carol", "carol", 1.0)
+    for i, user_id in enumerate(look_alikes):
+        assert keys[user_id][1:] == (f"\x1f{user_id}", float(i))
+    # A lookup by the shared name lists every user it may mean, never one.
+    named = db.run_sync(users_named, False, "Req2")
+    assert [u.id for u in named] == [first, *look_alikes[:2]]
+    assert [u.id for u in db.run_sync(users_named, False, "carol")] == [other]
+    # The key is unique from now on, and deleted workers' holds have a table.
+    with pytest.raises(HordeError) as refused:
+        db.run_sync(queries.create_user, True, "CAROL", new_key_hash(), 0, False, False, NOW)
+    assert refused.value.rc is RC.UsernameAlreadyExists
+    with pytest.raises(IntegrityError):
+        db.run_sync(
+            lambda conn: conn.execute(
+                update(schema.users).where(schema.users.c.id == other).values(name_key="req2")
+            ),
+            True,
+        )
+    assert "worker_holds" in db.run_sync(_tables, False)

@@ -16,7 +16,7 @@ from typing import IO
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from hordelite import __version__
 from hordelite.cli import main
@@ -26,7 +26,8 @@ from hordelite.horde.service import Horde, hash_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version
-from hordelite.storage.schema import users
+from hordelite.storage.schema import RETIRED_USER_KEY, users
+from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, open_horde
 from hordelite.worker._horde import horde_base_url
 
@@ -208,7 +209,11 @@ def test_run_from_another_directory_keys_create_makes_no_new_hordelite_db(
     assert f"database: {home / 'hordelite.db'}" in out.splitlines()
 
 
-@pytest.mark.parametrize("again", ["alice", "ALICE", " alice "])
+@pytest.mark.parametrize(
+    "again",
+    ["alice", "ALICE", " alice ", "\uff41\uff4c\uff49\uff43\uff45", "ali\u034fce"],
+    ids=["same", "case", "spaces", "full-width", "ignorable"],
+)
 def test_a_name_created_twice_is_refused_in_one_line_and_nothing_is_created(
     database: str, capsys: pytest.CaptureFixture[str], again: str
 ) -> None:
@@ -220,6 +225,15 @@ def test_a_name_created_twice_is_refused_in_one_line_and_nothing_is_created(
     code, out, _ = cli(capsys, "keys", "list", "--database", database)
     assert code == 0
     assert [line.split()[1] for line in out.splitlines()[2:]] == ["Anonymous#0", f"alice#{user_id}"]
+
+
+@pytest.mark.parametrize("name", ["ali\u200bce", "\u202egnp.exe", "a\u2028b"])
+def test_a_name_with_a_format_control_or_separator_is_refused_in_one_line(
+    database: str, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    code, out, err = cli(capsys, "keys", "create", name, "--database", database)
+    assert_one_line_refusal(code, err, "a user name must not hold", "U+")
+    assert "API key" not in out
 
 
 def test_keys_list_shows_ids_names_kudos_and_whether_each_key_is_active(
@@ -329,20 +343,28 @@ def test_kudos_grant_adds_kudos_to_a_user_given_by_name_id_or_handle(
 def test_kudos_grant_refuses_an_unknown_or_ambiguous_user_and_a_non_number(
     database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Names were not unique before: a database may hold two users named alike.
+    # Names were not unique before: a database may hold two users named
+    # alike, the later one with a retired key as the migration leaves it.
     db = Database(database, 1)
     try:
         ids = [
-            db.run_sync(
-                queries.create_user, True, "alice", hash_key(f"k{i}"), 1.0, False, False, 0.0
-            )
-            for i in range(2)
+            db.run_sync(queries.create_user, True, name, hash_key(f"k{i}"), 1.0, False, False, 0.0)
+            for i, name in enumerate(("alice", "alice-to-be"))
         ]
+
+        def as_migrated(conn: Tx) -> None:
+            conn.execute(
+                update(users)
+                .where(users.c.id == ids[1])
+                .values(username="ALICE", name_key=f"{RETIRED_USER_KEY}{ids[1]}")
+            )
+
+        db.run_sync(as_migrated, True)
     finally:
         db.dispose()
     cases = [
         (["nobody", "5"], ["nobody", "keys list"]),
-        (["alice", "5"], [f"alice#{ids[0]}", f"alice#{ids[1]}", "NAME#ID"]),
+        (["alice", "5"], [f"alice#{ids[0]}", f"ALICE#{ids[1]}", "NAME#ID"]),
         ([f"bob#{ids[0]}", "5"], [f"bob#{ids[0]}"]),
         (["999", "5"], ["999"]),
         (["alice#" + str(ids[0]), "nan"], ["nan"]),

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hordelite.contract.unicode_rules import MAX_NAME_KEY, fold_name, unsendable, worker_name_key
+from hordelite.contract.unicode_rules import (
+    MAX_NAME_KEY,
+    fold_name,
+    unsendable,
+    user_name_refusal,
+    worker_name_key,
+)
 from hordelite.errors import RC, HordeError
 from hordelite.worker._reply import UnsendableJob, chat_completion_body, check_sendable
 
@@ -104,3 +110,44 @@ def test_an_ascii_name_folds_as_the_full_rule_folds_it(name: str) -> None:
     # folding and the removal of ignorables, which leave ASCII but its case.
     full = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
     assert fold_name(name) == full.strip()
+
+
+# User names (decision 0073) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("req\u200b2", "format or bidi control character (U+200B)"),
+        ("\u202egnp.exe", "format or bidi control character (U+202E)"),
+        ("\u2066root\u2069", "format or bidi control character (U+2066)"),
+        ("ro\u00adot", "format or bidi control character (U+00AD)"),
+        ("a\u2028b", "line separator (U+2028)"),
+        ("a\u2029b", "paragraph separator (U+2029)"),
+        ("a\u0007b", "control character (U+0007)"),
+        ("a\ud800b", "lone surrogate (U+D800)"),
+        ("\u3164", "visible character"),  # a Hangul filler: nothing left once folded
+        ("\ufdfa" * 15, "once normalised"),  # 15 characters, 270 once NFKC'd
+    ],
+)
+def test_a_user_name_with_a_control_format_or_separator_character_is_refused(
+    name: str, why: str
+) -> None:
+    refusal = user_name_refusal(name)
+    assert refusal is not None
+    assert why in refusal
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "req2",
+        "Zo\u00eb",
+        "\uff52\uff45\uff51\uff12",
+        "\u2764\ufe0f fan",
+        "Jos\u00e9",
+        "\u540d\u524d",
+    ],
+)
+def test_a_user_name_of_visible_characters_is_accepted(name: str) -> None:
+    assert user_name_refusal(name) is None
