@@ -126,10 +126,13 @@ async def _run(url: str, lender: str, worker_key: str, args: argparse.Namespace)
             tg.start_soon(serve)  # after the submits: the worst case, a busy horde
             with anyio.fail_after(120):
                 for rid in admitted:
-                    while not (
-                        await client.get(f"/api/v2/generate/text/status/{rid}")
-                    ).json()["done"]:
-                        await anyio.sleep(0.05)
+                    status: dict[str, Any] = {"done": False, "faulted": False}
+                    while not (status["done"] or status["faulted"]):
+                        status = (
+                            await client.get(
+                                f"/api/v2/generate/text/status/{rid}", params={"wait": 5}
+                            )
+                        ).json()
             tg.cancel_scope.cancel()
         after = await _kudos(client, lender)
         key = (await client.get(f"/api/v2/sharedkeys/{shared}")).json()
@@ -189,8 +192,10 @@ def main() -> int:
                 with fresh_schema(os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES)) as url:
                     results.append(_mode(url, args, workdir))
     worst = False
-    print(f"storage {args.storage}, a key of {args.cap} kudos, {args.requests} requests of "
-          f"max_length {args.max_length}")
+    print(
+        f"storage {args.storage}, a key of {args.cap} kudos, {args.requests} requests of "
+        f"max_length {args.max_length}"
+    )
     for r in results:
         over = r["charged"] > r["bound"]
         worst |= over

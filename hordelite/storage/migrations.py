@@ -182,6 +182,15 @@ def _v11(conn: Connection) -> None:
     schema.shared_keys.create(conn, checkfirst=True)
 
 
+def _v12_shared_key_reservations(conn: Connection) -> None:
+    # A shared key's requests hold their price reserved on it (decision
+    # 0058, amended): the price each job holds, and the index of a key's
+    # requests. A request queued before holds nothing (its price was not
+    # stored): it settles on the key as before.
+    _add_missing_columns(conn)
+    _recreate_index(conn, "ix_requests_shared_key")
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
@@ -198,6 +207,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v9,
     _v10,
     _v11,
+    _v12_shared_key_reservations,
 ]
 LATEST = len(MIGRATIONS)
 

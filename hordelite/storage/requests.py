@@ -49,7 +49,7 @@ from hordelite.storage.schema import (
     requests,
     workers,
 )
-from hordelite.storage.shared_keys import requester
+from hordelite.storage.shared_keys import requester, reserved
 from hordelite.storage.transaction import Tx, prepared
 
 _INSERT_REQUEST = prepared(insert(requests))
@@ -185,7 +185,8 @@ def submit_request(
     """
     user, shared = requester(conn, key_hash, rules, now)
     if new.operation_key is not None:
-        first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
+        operation_key = _scoped(shared, new.operation_key)
+        first = _first_request(conn, user, operation_key, new.kind, new.fingerprint)
         if first is not None:
             return Submitted(first.id, new, new.eligibility, True, True)
     held = None if online is None else list(online)
@@ -223,7 +224,8 @@ def submit_chat_request(
     """
     user, shared = requester(conn, key_hash, rules, now)
     if plan.operation_key is not None:
-        first = _first_request(conn, user, plan.operation_key, "chat", plan.fingerprint)
+        operation_key = _scoped(shared, plan.operation_key)
+        first = _first_request(conn, user, operation_key, "chat", plan.fingerprint)
         if first is not None:
             return first
     # Admission and the possible check read only chat workers: a chat
@@ -268,8 +270,16 @@ def first_request(
     """The request the key's user queued under ``operation_key``, None when
     there is none; raises InvalidAPIKey, and OperationKeyReused when that was
     a different request."""
-    user, _ = requester(conn, key_hash, rules, None)
-    return _first_request(conn, user, operation_key, kind, fingerprint)
+    user, shared = requester(conn, key_hash, rules, None)
+    return _first_request(conn, user, _scoped(shared, operation_key), kind, fingerprint)
+
+
+def _scoped(shared: Mapping[str, Any] | None, operation_key: str) -> str:
+    """The operation key a request is stored under: a shared key's own
+    (contract.shared_keys.operation_key_of), else the user's as sent."""
+    if shared is None:
+        return operation_key
+    return key_rules.operation_key_of(shared["key_hash"], operation_key)
 
 
 def _first_request(
@@ -322,13 +332,23 @@ def _store(
     new = _check_upfront(new, user, upfront_max_length)
     if shared is not None:
         key_rules.check_request(
-            shared["kudos"], shared["max_text_tokens"], new.max_length, new.quote
+            shared["kudos"],
+            reserved(conn, shared),
+            shared["max_text_tokens"],
+            new.max_length,
+            new.quote,
         )
     _check_budgets(conn, user, new, now, rules)
     view = new.eligibility
     row = _request_row(new, user, request_id, now, rules, client_agent)
     row["reader"] = reader
-    row["shared_key"] = None if shared is None else shared["key_hash"]
+    row["shared_key"] = row["shared_price"] = None
+    if shared is not None:
+        # Its price is held on the key from now on (contract.shared_keys).
+        row["shared_key"] = shared["key_hash"]
+        row["shared_price"] = key_rules.job_price(new.quote, new.n)
+        if new.operation_key is not None:
+            row["operation_key"] = _scoped(shared, new.operation_key)
     conn.defer(_INSERT_REQUEST, row)
     if listed:
         conn.execute(

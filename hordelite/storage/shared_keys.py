@@ -4,8 +4,9 @@ by their owner, and resolved when a request is sent with one.
 A key is stored by its hash, as users' keys are: the id its owner hands out
 is the credential, and the database never holds it. A request sent with a
 shared key is the owner's (``requester``): the owner's concurrency, budgets
-and kudos apply, and each job settled for it also spends the key's kudos
-(``spend``), in the settlement's transaction.
+and kudos apply, each request holds its price reserved on the key while it
+is in flight (``reserved``), and each job settled for it spends the key's
+kudos (``spend``), in the settlement's transaction.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, select, update
 
 from hordelite.contract import shared_keys as rules_of_keys
 from hordelite.contract.limits import SHARED_KEYS_PER_USER
@@ -22,10 +23,37 @@ from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import REVOKED_PREFIX, USER_BY_KEY, admitted, authenticate
 from hordelite.storage.rules import Rules
-from hordelite.storage.schema import shared_keys, users
+from hordelite.storage.schema import jobs, requests, shared_keys, users
 from hordelite.storage.transaction import Tx, prepared
 
 _KEY = prepared(select(shared_keys).where(shared_keys.c.key_hash == bindparam("key_hash")))
+_KEY_LOCKED = prepared(_KEY.with_for_update())
+
+# What a key's requests in flight hold reserved (contract.shared_keys): each
+# job not yet settled of its waiting requests, and each job still out of
+# its ended ones (a cancel leaves its jobs out: they settle, and charge, as
+# they come in; every other end aborts them). Read along
+# ix_requests_shared_key.
+_KEY_REQUESTS = and_(
+    requests.c.shared_key.is_not(None), requests.c.shared_key == bindparam("key_hash")
+)
+_RESERVED = prepared(
+    select(
+        select(
+            func.coalesce(
+                func.sum(requests.c.shared_price * (requests.c.n - requests.c.finished)), 0.0
+            )
+        )
+        .where(_KEY_REQUESTS, requests.c.state == "waiting")
+        .scalar_subquery()
+        .label("waiting"),
+        select(func.coalesce(func.sum(requests.c.shared_price), 0.0))
+        .select_from(jobs.join(requests, requests.c.id == jobs.c.request_id))
+        .where(_KEY_REQUESTS, requests.c.state != "waiting", jobs.c.state == "processing")
+        .scalar_subquery()
+        .label("out"),
+    )
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +181,16 @@ def requester(
     """Who a request sent with this key is queued for: the key's user, or
     for a shared key its owner, with the key (checked usable at ``now``: 403
     SharedKeyEmpty, SharedKeyExpired; None: not checked, for a lookup).
-    Raises as ``authenticate`` otherwise."""
+    Raises as ``authenticate`` otherwise.
+
+    With ``now`` the shared key's row is locked (PostgreSQL) for the rest of
+    the transaction: what its requests in flight hold (``reserved``) is
+    read, and a new one added, by one admission at a time."""
     user = conn.execute(USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
     if user is not None:  # the common case: one read, as authenticate's
         return admitted(user, rules), None
-    key = conn.execute(_KEY, {"key_hash": key_hash}).mappings().first()
+    read = _KEY if now is None else _KEY_LOCKED
+    key = conn.execute(read, {"key_hash": key_hash}).mappings().first()
     if key is None:
         raise HordeError(RC.InvalidAPIKey)
     owner = conn.execute(select(users).where(users.c.id == key["user_id"])).mappings().one()
@@ -166,6 +199,15 @@ def requester(
     if now is not None:
         rules_of_keys.check_usable(key["kudos"], key["expiry"], now)
     return owner, key
+
+
+def reserved(conn: Tx, key: Mapping[str, Any]) -> float:
+    """The kudos ``key``'s requests in flight hold reserved on it (0 for an
+    unlimited key, which reserves nothing)."""
+    if key["kudos"] == rules_of_keys.UNLIMITED:
+        return 0.0
+    row = conn.execute(_RESERVED, {"key_hash": key["key_hash"]}).one()
+    return float(row.waiting or 0.0) + float(row.out or 0.0)
 
 
 def spend(conn: Tx, key_hash: str, cost: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -164,3 +165,92 @@ async def test_a_shared_key_serves_as_a_bearer_key_on_the_openai_front() -> None
         )
         assert r.status_code == 400, r.text
         assert r.json()["error"]["message"].startswith("params.max_length")
+
+
+async def _send_at_once(
+    client: httpx.AsyncClient, key: str, count: int, **params: Any
+) -> list[httpx.Response]:
+    """``count`` text requests through ``key``, all in flight together."""
+    answers: list[httpx.Response] = []
+
+    async def send() -> None:
+        answers.append(
+            await client.post(
+                "/api/v2/generate/text/async", headers={"apikey": key}, json=text_body(**params)
+            )
+        )
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(send)
+    return answers
+
+
+async def test_a_shared_keys_cap_holds_under_concurrent_submits(
+    chat_database: str | None,
+) -> None:
+    # Each request's price is reserved on the key when it is queued: of 12
+    # requests sent at once, only as many as the key's kudos cover are
+    # queued, and the lender pays at most the key's kudos once a worker has
+    # answered them all in full.
+    async with (
+        open_horde(database=chat_database) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        params = {"max_length": 512, "max_context_length": 1024}
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": owner},
+            json={**text_body(**params), "dry_run": True},
+        )
+        price = r.json()["kudos"]
+        cap = 100
+        assert 1 < cap // price < 12
+        key = await lend(client, owner, kudos=cap)
+        answers = await _send_at_once(client, key["id"], 12, **params)
+        admitted = [a.json()["id"] for a in answers if a.status_code == 202]
+        assert len(admitted) == int(cap // price)
+        for refused in (a for a in answers if a.status_code != 202):
+            assert_refused(refused, 403, "SharedKeyInsufficientKudos")
+        before = await kudos_of(client, owner)
+        async with FakeTextWorker(
+            horde.url, worker_owner, models=["m1"], generate=lambda _: "word " * 512
+        ) as worker:
+            for _ in admitted:
+                assert await worker.serve_one() is not None
+        charged = before - await kudos_of(client, owner)
+        assert charged == pytest.approx(len(admitted) * price)
+        assert charged <= cap
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert left["kudos"] == int(cap - charged)
+
+
+async def test_a_request_that_ends_unsettled_releases_what_it_held_on_its_key() -> None:
+    clock = ManualClock()
+    async with (
+        open_horde(clock=clock, request_expiry=600) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        params = {"max_length": 512, "max_context_length": 1024}
+        key = await lend(client, owner, kudos=30)  # one such request at a time
+        sent = await _send_at_once(client, key["id"], 1, **params)
+        assert sent[0].status_code == 202, sent[0].text
+        held = sent[0].json()["id"]
+        again = (await _send_at_once(client, key["id"], 1, **params))[0]
+        assert_refused(again, 403, "SharedKeyInsufficientKudos")
+        assert "held by its requests in flight" in again.json()["message"]
+        # Cancelled: its price is free again.
+        r = await client.delete(f"/api/v2/generate/text/status/{held}")
+        assert r.status_code == 200, r.text
+        sent = await _send_at_once(client, key["id"], 1, **params)
+        assert sent[0].status_code == 202, sent[0].text
+        # Expired: the same.
+        clock.advance(601)
+        await horde.sweep()
+        sent = await _send_at_once(client, key["id"], 1, **params)
+        assert sent[0].status_code == 202, sent[0].text
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert (left["kudos"], left["utilized"]) == (30, 0)
