@@ -254,3 +254,34 @@ async def test_a_request_that_ends_unsettled_releases_what_it_held_on_its_key() 
         assert sent[0].status_code == 202, sent[0].text
         left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
         assert (left["kudos"], left["utilized"]) == (30, 0)
+
+
+async def test_each_shared_key_has_its_own_idempotency_keys() -> None:
+    # A key's holder cannot claim an Idempotency-Key of its lender's (the
+    # lender then got 409 for a request of its own), nor read the lender's
+    # request back with one; each resubmit answers its own first request.
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=10_000)
+        key = await lend(client, owner)
+        other = await lend(client, owner)
+
+        async def send(api_key: str, prompt: str) -> httpx.Response:
+            return await client.post(
+                "/api/v2/generate/text/async",
+                headers={"apikey": api_key, "Idempotency-Key": "k1"},
+                json={**text_body(), "prompt": prompt},
+            )
+
+        by_holder = await send(key["id"], "the holder's")
+        assert by_holder.status_code == 202, by_holder.text
+        by_owner = await send(owner, "the lender's")
+        assert by_owner.status_code == 202, by_owner.text
+        by_other = await send(other["id"], "another holder's")
+        assert by_other.status_code == 202, by_other.text
+        ids = {r.json()["id"] for r in (by_holder, by_owner, by_other)}
+        assert len(ids) == 3
+        assert (await send(key["id"], "the holder's")).json()["id"] == by_holder.json()["id"]
+        assert (await send(owner, "the lender's")).json()["id"] == by_owner.json()["id"]
+        assert_refused(await send(key["id"], "something else"), 409, "OperationKeyReused")
+        perf = (await client.get("/api/v2/status/performance")).json()
+        assert perf["queued_text_requests"] == 3
