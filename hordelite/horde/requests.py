@@ -66,8 +66,16 @@ class Requests:
         core = self._core
         req = parse_text_request(body, http_webhooks=core.config.webhooks.call_private)
         if req.dry_run:
-            await core.store.user_by_key(key_hash=hash_key(api_key))
-            return Quote(self.quote(req))
+            # A shared key is served as its lender's key, and checked as
+            # its request would be (the AI Horde's dry run checks it so).
+            quote = self.quote(req)
+            await core.store.requester_by_key(
+                key_hash=hash_key(api_key),
+                now=core.clock.now(),
+                max_length=req.max_length,
+                quote=quote,
+            )
+            return Quote(quote)
         return await self.queue_text(api_key, req, client_agent, operation_key)
 
     async def queue_text(
@@ -198,7 +206,9 @@ class Requests:
         """413 TooManyImages before any image is fetched, decoded or stored,
         when the request has more than its user's role may send in one. The
         other budgets are checked where the request is stored."""
-        user = await self._core.store.user_by_key(key_hash=key_hash)
+        user = await self._core.store.requester_by_key(
+            key_hash=key_hash, now=self._core.clock.now()
+        )
         budget = self._core.store.rules.budgets.of(
             anonymous=user.anonymous, trusted=user.trusted, admin=user.admin
         )

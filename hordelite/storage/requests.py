@@ -183,7 +183,7 @@ def submit_request(
     Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
     OperationKeyReused (the key was used for a different request).
     """
-    user, shared = requester(conn, key_hash, rules, now)
+    user, shared = requester(conn, key_hash, rules, now, lock=True)
     if new.operation_key is not None:
         operation_key = _scoped(shared, new.operation_key)
         first = _first_request(conn, user, operation_key, new.kind, new.fingerprint)
@@ -222,7 +222,7 @@ def submit_chat_request(
     A Capacity instead, with nothing written: the online workers are not the
     ones the plan was worked out for (``AdmissionPlan.under``).
     """
-    user, shared = requester(conn, key_hash, rules, now)
+    user, shared = requester(conn, key_hash, rules, now, lock=True)
     if plan.operation_key is not None:
         operation_key = _scoped(shared, plan.operation_key)
         first = _first_request(conn, user, operation_key, "chat", plan.fingerprint)

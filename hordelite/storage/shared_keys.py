@@ -21,7 +21,14 @@ from hordelite.contract import shared_keys as rules_of_keys
 from hordelite.contract.limits import SHARED_KEYS_PER_USER
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.errors import RC, HordeError
-from hordelite.storage.accounts import REVOKED_PREFIX, USER_BY_KEY, admitted, authenticate
+from hordelite.storage.accounts import (
+    REVOKED_PREFIX,
+    USER_BY_KEY,
+    UserRecord,
+    admitted,
+    authenticate,
+    user_by_id,
+)
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import jobs, requests, shared_keys, users
 from hordelite.storage.transaction import Tx, prepared
@@ -176,20 +183,20 @@ def delete_shared_key(conn: Tx, owner_hash: str, key_hash: str, rules: Rules) ->
 
 
 def requester(
-    conn: Tx, key_hash: str, rules: Rules, now: float | None
+    conn: Tx, key_hash: str, rules: Rules, now: float | None, lock: bool = False
 ) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
     """Who a request sent with this key is queued for: the key's user, or
     for a shared key its owner, with the key (checked usable at ``now``: 403
     SharedKeyEmpty, SharedKeyExpired; None: not checked, for a lookup).
     Raises as ``authenticate`` otherwise.
 
-    With ``now`` the shared key's row is locked (PostgreSQL) for the rest of
-    the transaction: what its requests in flight hold (``reserved``) is
-    read, and a new one added, by one admission at a time."""
+    ``lock``: an admission's. The shared key's row is locked (PostgreSQL)
+    for the rest of the transaction: what its requests in flight hold
+    (``reserved``) is read, and a new one added, by one admission at a time."""
     user = conn.execute(USER_BY_KEY, {"key_hash": key_hash}).mappings().first()
     if user is not None:  # the common case: one read, as authenticate's
         return admitted(user, rules), None
-    read = _KEY if now is None else _KEY_LOCKED
+    read = _KEY_LOCKED if lock else _KEY
     key = conn.execute(read, {"key_hash": key_hash}).mappings().first()
     if key is None:
         raise HordeError(RC.InvalidAPIKey)
@@ -199,6 +206,28 @@ def requester(
     if now is not None:
         rules_of_keys.check_usable(key["kudos"], key["expiry"], now)
     return owner, key
+
+
+def requester_by_key(
+    conn: Tx,
+    key_hash: str,
+    rules: Rules,
+    now: float,
+    max_length: int | None = None,
+    quote: float | None = None,
+) -> UserRecord:
+    """The user a request sent with this key would be queued for (a shared
+    key's lender), as ``user_by_key`` shows a user, for the routes that
+    check a request before it is queued (a dry run, a chat request's images).
+    A shared key is checked as its admission would check it: usable, and
+    with ``max_length`` and ``quote`` (a dry run, as the AI Horde checks
+    one), its limit and the kudos it has left. Nothing is written."""
+    user, shared = requester(conn, key_hash, rules, now)
+    if shared is not None and max_length is not None and quote is not None:
+        rules_of_keys.check_request(
+            shared["kudos"], reserved(conn, shared), shared["max_text_tokens"], max_length, quote
+        )
+    return user_by_id(conn, user["id"])
 
 
 def reserved(conn: Tx, key: Mapping[str, Any]) -> float:

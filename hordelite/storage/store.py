@@ -76,6 +76,21 @@ class Store:
         """The key's user; raises InvalidAPIKey (AnonymousDisabled for the anonymous key when off)."""
         return await self.db.read(q.user_by_key, key_hash, self.rules)
 
+    async def requester_by_key(
+        self,
+        *,
+        key_hash: str,
+        now: float,
+        max_length: int | None = None,
+        quote: float | None = None,
+    ) -> q.UserRecord:
+        """The user a request sent with this key is queued for: the key's
+        user, or a shared key's lender, the key checked as admission would
+        (storage.shared_keys.requester_by_key)."""
+        return await self.db.read(
+            shared_keys.requester_by_key, key_hash, self.rules, now, max_length, quote
+        )
+
     async def user_by_id(self, *, user_id: int) -> q.UserRecord:
         """The user with this id; raises UserNotFound."""
         return await self.db.read(q.user_by_id, user_id)

@@ -15,6 +15,12 @@ from hordelite.clock import ManualClock
 from hordelite.contract.limits import SHARED_KEYS_PER_USER
 from hordelite.testing import FakeTextWorker, open_horde
 from tests.integration._helpers import assert_refused, kudos_of, text_status
+from tests.integration.test_images import (
+    client_for,
+    image_body,
+    online_vision_worker,
+    png_data_url,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -285,3 +291,41 @@ async def test_each_shared_key_has_its_own_idempotency_keys() -> None:
         assert_refused(await send(key["id"], "something else"), 409, "OperationKeyReused")
         perf = (await client.get("/api/v2/status/performance")).json()
         assert perf["queued_text_requests"] == 3
+
+
+async def test_a_shared_key_is_served_where_its_lenders_key_is() -> None:
+    # A dry run (checked as the AI Horde checks one through a key) and a
+    # chat request with an image were 401 through a shared key.
+    async with open_horde() as horde, client_for(horde) as client:
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        key = await lend(client, owner, kudos=30, max_text_tokens=512)
+        dry = {**text_body(max_length=512, max_context_length=1024), "dry_run": True}
+        by_owner = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": owner}, json=dry
+        )
+        by_key = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=dry
+        )
+        assert by_key.status_code == by_owner.status_code == 200, by_key.text
+        assert by_key.json() == by_owner.json()
+        dry["params"]["max_length"] = 513
+        r = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=dry
+        )
+        assert_refused(r, 400, "BadRequest")
+        poor = await lend(client, owner, kudos=1)
+        dry["params"]["max_length"] = 512
+        r = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": poor["id"]}, json=dry
+        )
+        assert_refused(r, 403, "SharedKeyInsufficientKudos")
+        perf = (await client.get("/api/v2/status/performance")).json()
+        assert perf["queued_text_requests"] == 0  # the dry runs queued nothing
+        async with online_vision_worker(horde, worker_owner):
+            r = await client.post(
+                "/api/v2/generate/chat/async",
+                headers={"apikey": key["id"]},
+                json=image_body(png_data_url()),
+            )
+            assert r.status_code == 202, r.text
