@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
+import uuid
 from typing import Any
 
 from hordelite.contract import _fields as f
@@ -184,3 +186,19 @@ def operation_key_of(key_hash: str, operation_key: str) -> str:
     is stored under: unique to the key, at most 65 characters."""
     digest = hashlib.sha256(f"{key_hash}{_SCOPED}{operation_key}".encode()).hexdigest()
     return _SCOPED + digest
+
+
+# A key's id is derived from its lender's API key and a random nonce (the
+# only part stored, with the id's hash): the database holds no credential
+# (decision 0009), yet the lender, sending its own key, can be shown every
+# key it lent (``sharedkey_ids``, as the AI Horde lists them). A key made
+# with an API key can be listed only with that key, so a rotated or revoked
+# key takes the shared keys made with it along (decision 0058, amended).
+
+
+def key_id_of(lender_key: str, nonce: str) -> str:
+    """The id (a UUID, as the AI Horde's) of the key lent with ``lender_key``
+    and ``nonce``: 122 bits of HMAC-SHA256, not to be guessed without the
+    lender's key."""
+    digest = hmac.new(lender_key.encode("utf-8"), nonce.encode("ascii"), hashlib.sha256).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))

@@ -186,7 +186,10 @@ def _v12_shared_key_reservations(conn: Connection) -> None:
     # A shared key's requests hold their price reserved on it (decision
     # 0058, amended): the price each job holds, and the index of a key's
     # requests. A request queued before holds nothing (its price was not
-    # stored): it settles on the key as before.
+    # stored): it settles on the key as before. A key's id is derived from
+    # its lender's key and a nonce, so that the lender can list its keys:
+    # a key lent before has no nonce, and is not listed (its lender deletes
+    # it by its id, or a rotation of its key takes it along).
     _add_missing_columns(conn)
     _recreate_index(conn, "ix_requests_shared_key")
 

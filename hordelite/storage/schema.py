@@ -391,6 +391,10 @@ shared_keys = Table(
     metadata,
     Column("key_hash", String(64), primary_key=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False, index=True),
+    # What its id was derived from, with the lender's key
+    # (contract.shared_keys.key_id_of): the lender lists its keys with it.
+    # Null: lent before ids were derived (its id cannot be listed).
+    Column("id_nonce", String(32), nullable=True),
     Column("name", String(MAX_NAME), nullable=False, default=""),
     Column("kudos", Float, nullable=False),
     Column("utilized", Float, nullable=False, default=0.0),

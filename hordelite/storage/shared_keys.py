@@ -100,12 +100,14 @@ def create_shared_key(
     conn: Tx,
     owner_hash: str,
     key_hash: str,
+    nonce: str,
     terms: SharedKeyTerms,
     rules: Rules,
     now: float,
 ) -> SharedKeyRecord:
-    """A new key of the owner's; 403 AnonForbidden for the anonymous user,
-    403 Forbidden past SHARED_KEYS_PER_USER."""
+    """A new key of the owner's, its id derived from ``nonce`` (kept) and
+    the owner's key; 403 AnonForbidden for the anonymous user, 403
+    Forbidden past SHARED_KEYS_PER_USER."""
     user = authenticate(conn, owner_hash, rules)
     if user["anonymous"]:
         raise HordeError(RC.AnonForbidden, "The anonymous user cannot lend a shared key.")
@@ -120,6 +122,7 @@ def create_shared_key(
         insert(shared_keys).values(
             key_hash=key_hash,
             user_id=user["id"],
+            id_nonce=nonce,
             name=terms.name,
             kudos=float(terms.kudos),
             utilized=0.0,
@@ -176,6 +179,25 @@ def edit_shared_key(
     return _record(conn, conn.execute(_KEY, {"key_hash": key_hash}).mappings().one())
 
 
+def lent_keys(conn: Tx, user_id: int) -> list[tuple[str, str]]:
+    """The user's keys whose ids can be derived again: (hash, nonce) each,
+    oldest first."""
+    rows = conn.execute(
+        select(shared_keys.c.key_hash, shared_keys.c.id_nonce)
+        .where(shared_keys.c.user_id == user_id, shared_keys.c.id_nonce.is_not(None))
+        .order_by(shared_keys.c.created, shared_keys.c.key_hash)
+    )
+    return [(key_hash, nonce) for key_hash, nonce in rows]
+
+
+def delete_lent_keys(conn: Tx, user_id: int) -> int:
+    """Delete every key the user lent (its own key is rotated or revoked:
+    the keys made with it go too); how many. Requests sent with them stop
+    spending them, as after a delete."""
+    result = conn.execute(delete(shared_keys).where(shared_keys.c.user_id == user_id))
+    return int(result.rowcount)
+
+
 def delete_shared_key(conn: Tx, owner_hash: str, key_hash: str, rules: Rules) -> None:
     """Delete the owner's key: requests sent with it stop spending it."""
     _owned(conn, owner_hash, key_hash, rules)
@@ -212,7 +234,7 @@ def requester_by_key(
     conn: Tx,
     key_hash: str,
     rules: Rules,
-    now: float,
+    now: float | None,
     max_length: int | None = None,
     quote: float | None = None,
 ) -> UserRecord:
@@ -221,7 +243,8 @@ def requester_by_key(
     check a request before it is queued (a dry run, a chat request's images).
     A shared key is checked as its admission would check it: usable, and
     with ``max_length`` and ``quote`` (a dry run, as the AI Horde checks
-    one), its limit and the kudos it has left. Nothing is written."""
+    one), its limit and the kudos it has left; ``now`` None: not checked (a
+    lookup). Nothing is written."""
     user, shared = requester(conn, key_hash, rules, now)
     if shared is not None and max_length is not None and quote is not None:
         rules_of_keys.check_request(

@@ -329,3 +329,34 @@ async def test_a_shared_key_is_served_where_its_lenders_key_is() -> None:
                 json=image_body(png_data_url()),
             )
             assert r.status_code == 202, r.text
+
+
+async def test_a_lender_lists_its_keys_and_a_shared_key_finds_its_lender() -> None:
+    # As on the AI Horde: the lender sees its keys' ids (sharedkey_ids) in
+    # its own details (find_user, GET /users/{id}), nobody else does; a
+    # shared key's find_user answers its lender as anyone sees it.
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=100)
+        other = await horde.create_key("carol", kudos=100)
+        lent = {(await lend(client, owner, name=f"k{i}"))["id"] for i in range(3)}
+        mine = (await client.get("/api/v2/find_user", headers={"apikey": owner})).json()
+        assert set(mine["sharedkey_ids"]) == lent
+        user_url = f"/api/v2/users/{mine['id']}"
+        seen = (await client.get(user_url, headers={"apikey": owner})).json()
+        assert set(seen["sharedkey_ids"]) == lent
+        for headers in ({"apikey": other}, {}):
+            assert "sharedkey_ids" not in (await client.get(user_url, headers=headers)).json()
+        gone = lent.pop()
+        r = await client.delete(f"/api/v2/sharedkeys/{gone}", headers={"apikey": owner})
+        assert r.status_code == 200, r.text
+        mine = (await client.get("/api/v2/find_user", headers={"apikey": owner})).json()
+        assert set(mine["sharedkey_ids"]) == lent
+        key = (await client.get(f"/api/v2/sharedkeys/{sorted(lent)[0]}")).json()
+        found = (await client.get("/api/v2/find_user", headers={"apikey": key["id"]})).json()
+        assert found["id"] == mine["id"]
+        assert found["username"] == f"{mine['username']} (Shared Key: {key['name']})"
+        assert "sharedkey_ids" not in found
+        assert "worker_ids" not in found
+        assert_refused(
+            await client.get("/api/v2/find_user", headers={"apikey": gone}), 404, "UserNotFound"
+        )
