@@ -35,7 +35,6 @@ from hordelite.contract.limits import (
     MAX_AGENT_CHARS,
 )
 from hordelite.errors import RC, HordeError
-from hordelite.storage.accounts import authenticate
 from hordelite.storage.arrays import one_of
 from hordelite.storage.ledger import JOB_WITH_REQUEST_LOCKED, settle, settlement
 from hordelite.storage.pool import online_now
@@ -708,10 +707,16 @@ class SubmittedText:
 
 def submitted_text(conn: Tx, key_hash: str, request_id: str, rules: Rules) -> SubmittedText:
     """The text request ``request_id`` as queued, for the user who queued it
-    (or an admin): its prompt is the requester's, not every reader's."""
-    user = authenticate(conn, key_hash, rules)
+    (or an admin): its prompt is the requester's, not every reader's. A
+    shared key reads the requests queued through it, and no other of its
+    lender's."""
+    user, shared = requester(conn, key_hash, rules, None)
     row = get_request(conn, request_id, "text")
-    if row["user_id"] != user["id"] and not user["admin"]:
+    if shared is not None:
+        allowed = row["shared_key"] == shared["key_hash"]
+    else:
+        allowed = row["user_id"] == user["id"] or bool(user["admin"])
+    if not allowed:
         raise HordeError(RC.WrongCredentials, "Only the user who queued this request can read it.")
     return SubmittedText(
         prompt=row["prompt"],

@@ -360,3 +360,27 @@ async def test_a_lender_lists_its_keys_and_a_shared_key_finds_its_lender() -> No
         assert_refused(
             await client.get("/api/v2/find_user", headers={"apikey": gone}), 404, "UserNotFound"
         )
+
+
+async def test_a_shared_key_reads_back_the_requests_sent_through_it_and_no_other() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=100)
+        key, other = await lend(client, owner), await lend(client, owner)
+        sent = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=text_body()
+        )
+        by_owner = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": owner}, json=text_body()
+        )
+        url = "/api/v2/generate/text/request/{}"
+        mine = await client.get(url.format(sent.json()["id"]), headers={"apikey": key["id"]})
+        assert mine.status_code == 200, mine.text
+        assert mine.json()["prompt"] == "Hello"
+        lender = await client.get(url.format(sent.json()["id"]), headers={"apikey": owner})
+        assert lender.status_code == 200, lender.text
+        for request_id, api_key in (
+            (sent.json()["id"], other["id"]),
+            (by_owner.json()["id"], key["id"]),
+        ):
+            r = await client.get(url.format(request_id), headers={"apikey": api_key})
+            assert_refused(r, 403, "WrongCredentials")
