@@ -138,7 +138,8 @@ def check_request(
         held = f" ({reserved:.2f} held by its requests in flight)" if reserved > 0 else ""
         raise HordeError(
             RC.SharedKeyInsufficientKudos,
-            f"This request costs {quote:.2f} kudos; this shared key has {free:.2f} left{held}.",
+            f"This request may cost up to {quote:.2f} kudos; "
+            f"this shared key has {free:.2f} left{held}.",
         )
 
 

@@ -335,7 +335,7 @@ def _store(
             reserved(conn, shared),
             shared["max_text_tokens"],
             new.max_length,
-            new.quote,
+            new.held,
         )
     _check_budgets(conn, user, new, now, rules)
     view = new.eligibility
@@ -345,7 +345,7 @@ def _store(
     if shared is not None:
         # Its price is held on the key from now on (contract.shared_keys).
         row["shared_key"] = shared["key_hash"]
-        row["shared_price"] = key_rules.job_price(new.quote, new.n)
+        row["shared_price"] = key_rules.job_price(new.held, new.n)
         if new.operation_key is not None:
             row["operation_key"] = _scoped(shared, new.operation_key)
     conn.defer(_INSERT_REQUEST, row)

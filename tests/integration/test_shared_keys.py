@@ -384,3 +384,48 @@ async def test_a_shared_key_reads_back_the_requests_sent_through_it_and_no_other
         ):
             r = await client.get(url.format(request_id), headers={"apikey": api_key})
             assert_refused(r, 403, "WrongCredentials")
+
+
+async def test_a_request_naming_no_model_holds_its_price_on_the_largest_model_online(
+    chat_database: str | None,
+) -> None:
+    # Its quote prices an unknown model (1 billion parameters), but any
+    # worker may take it: a 70B worker's job cost the key many times what it
+    # held, past its kudos.
+    big = "Llama-3.3-70B-Instruct"
+    async with (
+        open_horde(database=chat_database) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        cap = 500
+        key = await lend(client, owner, kudos=cap)
+        params = {"max_length": 64, "max_context_length": 1024}
+        body = {"prompt": "Hello", "params": params}
+        async with FakeTextWorker(
+            horde.url, worker_owner, models=[big], generate=lambda _: "word " * 64
+        ) as worker:
+            assert (await worker.pop())["id"] is None  # online
+            answers: list[httpx.Response] = []
+
+            async def send() -> None:
+                answers.append(
+                    await client.post(
+                        "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=body
+                    )
+                )
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(send)
+            admitted = [a for a in answers if a.status_code == 202]
+            assert 1 <= len(admitted) < 6
+            for refused in (a for a in answers if a.status_code != 202):
+                assert_refused(refused, 403, "SharedKeyInsufficientKudos")
+            before = await kudos_of(client, owner)
+            for _ in admitted:
+                assert await worker.serve_one() is not None
+        charged = before - await kudos_of(client, owner)
+        assert charged > len(admitted) * admitted[0].json()["kudos"]  # the 70B price
+        assert charged <= cap
