@@ -46,7 +46,8 @@ def text_ceiling(
     already prices the largest."""
     if req.models:
         return None
-    sizes = [models.billions(m) for w in online for m in w.models] + [models.billions("")]
+    served = {m for w in online for m in w.models}  # each model priced once
+    sizes = [models.billions(m) for m in served] + [models.billions("")]
     return kudos_rules.request_quote(req.max_length, req.n, max(sizes))
 
 

@@ -38,9 +38,10 @@ _KEY_LOCKED = prepared(_KEY.with_for_update())
 
 # What a key's requests in flight hold reserved (contract.shared_keys): each
 # job not yet settled of its waiting requests, and each job still out of
-# its ended ones (a cancel leaves its jobs out: they settle, and charge, as
-# they come in; every other end aborts them). Read along
-# ix_requests_shared_key.
+# its cancelled ones (a cancel leaves its jobs out: they settle, and charge,
+# as they come in; every other end aborts them). Both read along
+# ix_requests_shared_key (an equality on the state, so that the key's
+# requests lead, not every job in progress).
 _KEY_REQUESTS = and_(
     requests.c.shared_key.is_not(None), requests.c.shared_key == bindparam("key_hash")
 )
@@ -56,7 +57,7 @@ _RESERVED = prepared(
         .label("waiting"),
         select(func.coalesce(func.sum(requests.c.shared_price), 0.0))
         .select_from(jobs.join(requests, requests.c.id == jobs.c.request_id))
-        .where(_KEY_REQUESTS, requests.c.state != "waiting", jobs.c.state == "processing")
+        .where(_KEY_REQUESTS, requests.c.state == "cancelled", jobs.c.state == "processing")
         .scalar_subquery()
         .label("out"),
     )
