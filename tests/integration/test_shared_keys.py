@@ -429,3 +429,34 @@ async def test_a_request_naming_no_model_holds_its_price_on_the_largest_model_on
         charged = before - await kudos_of(client, owner)
         assert charged > len(admitted) * admitted[0].json()["kudos"]  # the 70B price
         assert charged <= cap
+
+
+async def test_a_cancelled_requests_job_still_out_holds_its_price_until_it_settles(
+    chat_database: str | None,
+) -> None:
+    # A cancel leaves a worker's job out: it settles, and charges, when it
+    # comes in, so its price stays held on the key until then.
+    async with (
+        open_horde(database=chat_database) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        params = {"max_length": 512, "max_context_length": 1024}
+        key = await lend(client, owner, kudos=30)  # one such request at a time
+        async with FakeTextWorker(
+            horde.url, worker_owner, models=["m1"], generate=lambda _: "short"
+        ) as worker:
+            [sent] = await _send_at_once(client, key["id"], 1, **params)
+            assert sent.status_code == 202, sent.text
+            job = await worker.pop()
+            assert job["id"] is not None
+            r = await client.delete(f"/api/v2/generate/text/status/{sent.json()['id']}")
+            assert r.status_code == 200, r.text
+            [held] = await _send_at_once(client, key["id"], 1, **params)
+            assert_refused(held, 403, "SharedKeyInsufficientKudos")
+            await worker.submit(job["id"], "short")
+            [freed] = await _send_at_once(client, key["id"], 1, **params)
+            assert freed.status_code == 202, freed.text
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert 0 < left["utilized"] < 25
