@@ -460,3 +460,27 @@ async def test_a_cancelled_requests_job_still_out_holds_its_price_until_it_settl
             assert freed.status_code == 202, freed.text
         left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
         assert 0 < left["utilized"] < 25
+
+
+async def test_a_faulted_request_releases_what_it_held_on_its_key() -> None:
+    async with (
+        open_horde(max_faults=0) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        params = {"max_length": 512, "max_context_length": 1024}
+        key = await lend(client, owner, kudos=30)  # one such request at a time
+        async with FakeTextWorker(horde.url, worker_owner, models=["m1"]) as worker:
+            [sent] = await _send_at_once(client, key["id"], 1, **params)
+            assert sent.status_code == 202, sent.text
+            job = await worker.pop()
+            assert job["id"] is not None
+            [held] = await _send_at_once(client, key["id"], 1, **params)
+            assert_refused(held, 403, "SharedKeyInsufficientKudos")
+            await worker.submit(job["id"], "", state="faulted")
+            assert (await text_status(client, sent.json()["id"]))["faulted"] is True
+            [freed] = await _send_at_once(client, key["id"], 1, **params)
+            assert freed.status_code == 202, freed.text
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert (left["kudos"], left["utilized"]) == (30, 0)
