@@ -175,9 +175,13 @@ def user(u: UserAnswer, *, private: bool = True) -> dict[str, Any]:
     """A user (find_user, users/<id>, the user list): what hordelite counts
     of the AI Horde's fields; the kinds of kudos it has no use for are 0.
     Not ``private`` (anyone's view of another user): without its workers'
-    ids, as the AI Horde hides them from all but the owner and moderators."""
+    ids, as the AI Horde hides them from all but the owner and moderators.
+    Found by a shared key: named as the AI Horde names it then."""
+    username = f"{u.username}#{u.id}"
+    if u.via_shared_key is not None:
+        username += f" (Shared Key: {u.via_shared_key})" if u.via_shared_key else " (Shared Key)"
     body: dict[str, Any] = {
-        "username": f"{u.username}#{u.id}",
+        "username": username,
         "id": u.id,
         "kudos": u.kudos,
         "concurrency": u.concurrency,
@@ -203,6 +207,8 @@ def user(u: UserAnswer, *, private: bool = True) -> dict[str, Any]:
     }
     if private:
         body["worker_ids"] = list(u.worker_ids)
+        if u.sharedkey_ids is not None:
+            body["sharedkey_ids"] = list(u.sharedkey_ids)
     return body
 
 

@@ -244,14 +244,15 @@ async def worker_by_name(name: str) -> Response:
 
 @native.get("/find_user")
 async def find_user() -> Response:
-    return json_response(_render.user(await horde().directory.find_user(api_key())))
+    found = await horde().directory.find_user(api_key())
+    # Found by a shared key: anyone's view of its lender (the AI Horde's).
+    return json_response(_render.user(found, private=found.via_shared_key is None))
 
 
 @native.get("/users/<user_id>")
 async def user(user_id: str) -> Response:
     directory = horde().directory
-    found = await directory.user(user_id)
-    private = await directory.sees_privately(request.headers.get("apikey"), found.id)
+    found, private = await directory.user_as_seen(user_id, request.headers.get("apikey"))
     return json_response(_render.user(found, private=private))
 
 

@@ -217,16 +217,16 @@ def _key_state(user: UserRecord, config: Config) -> str:
 
 
 def keys_revoke(config: Config, where: Target, user: str) -> list[str]:
-    def revoke(store: Store) -> UserRecord:
+    def revoke(store: Store) -> tuple[UserRecord, int]:
         entry = _registered(resolve_user(store, user), "revoke")
-        store.set_key(user_id=entry.id, key_hash=None)
-        return entry
+        return entry, store.set_key(user_id=entry.id, key_hash=None)
 
-    entry = run(config, where, revoke)
+    entry, lent = run(config, where, revoke)
     note = "" if entry.active else " (it was revoked already)"
     return [
         f"database: {where.shown}",
-        f"user {entry.handle}: key revoked{note}; it no longer authenticates. "
+        f"user {entry.handle}: key revoked{note}; it no longer authenticates"
+        f"{_lent_keys_gone(lent)}. "
         f"`hordelite keys rotate {entry.handle}` gives it a new one.",
     ]
 
@@ -234,17 +234,24 @@ def keys_revoke(config: Config, where: Target, user: str) -> list[str]:
 def keys_rotate(config: Config, where: Target, user: str) -> list[str]:
     key = new_api_key()
 
-    def rotate(store: Store) -> UserRecord:
+    def rotate(store: Store) -> tuple[UserRecord, int]:
         entry = _registered(resolve_user(store, user), "rotate")
-        store.set_key(user_id=entry.id, key_hash=hash_key(key))
-        return entry
+        return entry, store.set_key(user_id=entry.id, key_hash=hash_key(key))
 
-    entry = run(config, where, rotate)
+    entry, lent = run(config, where, rotate)
     return [
         f"database: {where.shown}",
-        f"user {entry.handle}: new key; the old one no longer authenticates.",
+        f"user {entry.handle}: new key; the old one no longer authenticates"
+        f"{_lent_keys_gone(lent)}.",
         f"API key (shown once, keep it): {key}",
     ]
+
+
+def _lent_keys_gone(count: int) -> str:
+    # The shared keys lent with the old key go with it (decision 0058).
+    if count == 0:
+        return ""
+    return f", nor do the {count} shared key{'s' if count > 1 else ''} it lent"
 
 
 def _registered(entry: UserRecord, action: str) -> UserRecord:

@@ -69,6 +69,10 @@ class NewRequest:
     params: dict[str, Any]
     n: int
     quote: float  # the dry-run price, checked against kudos up front
+    # The most its jobs may cost in all, when more than ``quote`` (a text
+    # request naming no model: on the largest model online); what a shared
+    # key holds for it.
+    ceiling: float | None = None
     softprompt: str | None = None
     proxied_account: str | None = None
     webhook: str | None = None
@@ -90,6 +94,12 @@ class NewRequest:
     @property
     def kind(self) -> str:
         return self.eligibility.kind
+
+    @property
+    def held(self) -> float:
+        """What it holds on a shared key while in flight: the most its jobs
+        may cost."""
+        return self.quote if self.ceiling is None else max(self.quote, self.ceiling)
 
     @property
     def cost(self) -> Cost:

@@ -22,9 +22,13 @@ def checked_api_key(key: str | None) -> str:
 
 def checked_operation_key(key: str | None) -> str | None:
     """An Idempotency-Key header's value, refused outside 1 to
-    MAX_IDEMPOTENCY_KEY_CHARS characters."""
+    MAX_IDEMPOTENCY_KEY_CHARS characters, or holding a control character
+    (HTTP/1.1 headers cannot carry one; the keys a shared key's requests
+    are stored under start with one, contract.shared_keys)."""
     if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
         raise bad_request("Idempotency-Key", f"must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
+    if key is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        raise bad_request("Idempotency-Key", "must not hold control characters")
     return key
 
 

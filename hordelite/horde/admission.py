@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.admission import NewRequest, text_bytes
 from hordelite.contract.chat_admission import Capacity, heavy_to_admit, plan_admission
 from hordelite.contract.chat_request import ChatRequest
-from hordelite.contract.eligibility import RequestView
+from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.limits import UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
 from hordelite.contract.text import TextRequest
@@ -36,6 +36,21 @@ def text_quote(models: ModelReference, req: TextRequest) -> float:
     return kudos_rules.request_quote(req.max_length, req.n, max(sizes))
 
 
+def text_ceiling(
+    models: ModelReference, req: TextRequest, online: Sequence[WorkerView]
+) -> float | None:
+    """The most a text request naming no model may cost: every job at full
+    max_length on the largest model online (any worker may take it; its
+    dry-run quote prices an unknown model). What a shared key holds for it
+    (contract.shared_keys). None for a request naming its models: its quote
+    already prices the largest."""
+    if req.models:
+        return None
+    served = {m for w in online for m in w.models}  # each model priced once
+    sizes = [models.billions(m) for m in served] + [models.billions("")]
+    return kudos_rules.request_quote(req.max_length, req.n, max(sizes))
+
+
 def text_fingerprint(req: TextRequest) -> str:
     """A digest of what was asked, which a resubmit under the same operation key must match."""
     raw = json.dumps(dataclasses.asdict(req), sort_keys=True, separators=(",", ":"), default=str)
@@ -43,12 +58,16 @@ def text_fingerprint(req: TextRequest) -> str:
 
 
 def new_text_request(
-    req: TextRequest, quote: Callable[[TextRequest], float], operation_key: str | None = None
+    req: TextRequest,
+    quote: Callable[[TextRequest], float],
+    operation_key: str | None = None,
+    ceiling: Callable[[TextRequest], float | None] | None = None,
 ) -> NewRequest:
     """What storage queues for a validated text request (and its
     allow_downgrade alternative at the up-front threshold), each priced by
-    ``quote``. The fingerprint is the request's as asked, on both: a
-    resubmit of a downgraded request is the same request."""
+    ``quote`` (and ``ceiling``, ``text_ceiling``). The fingerprint is the
+    request's as asked, on both: a resubmit of a downgraded request is the
+    same request."""
     fingerprint = text_fingerprint(req) if operation_key else None
 
     def build(r: TextRequest) -> NewRequest:
@@ -67,6 +86,7 @@ def new_text_request(
             params=r.params,
             n=r.n,
             quote=quote(r),
+            ceiling=None if ceiling is None else ceiling(r),
             softprompt=r.softprompt,
             proxied_account=r.proxied_account,
             webhook=r.webhook,

@@ -45,6 +45,7 @@ from hordelite.horde.results import (
     WorkerListing,
     WorkerUpdate,
 )
+from hordelite.horde.shared_keys import lent_key_ids
 from hordelite.storage.accounts import UserRecord
 from hordelite.storage.pool import ServedModel, WorkerRecord
 
@@ -73,14 +74,26 @@ class Directory:
     # Users -------------------------------------------------------------
 
     async def find_user(self, api_key: str) -> UserAnswer:
-        """The key's user; an unknown key is 404 UserNotFound here, as on the AI Horde."""
+        """The key's user, with the ids of the shared keys it lent; for a
+        shared key its lender, as anyone sees it (``via_shared_key``), as
+        on the AI Horde. An unknown key is 404 UserNotFound here, as there."""
+        store = self._core.store
+        key_hash = hash_key(api_key)
         try:
-            user = await self._core.store.user_by_key(key_hash=hash_key(api_key))
+            user = await store.user_by_key(key_hash=key_hash)
         except HordeError as exc:
-            if exc.rc is RC.InvalidAPIKey:
-                raise HordeError(RC.UserNotFound, "No user matches this API key.") from None
-            raise
-        return self._user_answer(user)
+            if exc.rc is not RC.InvalidAPIKey:
+                raise
+            try:
+                lender = await store.requester_by_key(key_hash=key_hash, now=None)
+                lent = await store.shared_key(key_hash=key_hash)
+            except HordeError as again:
+                if again.rc is RC.InvalidAPIKey:
+                    raise HordeError(RC.UserNotFound, "No user matches this API key.") from None
+                raise
+            return dataclasses.replace(self._user_answer(lender), via_shared_key=lent.name)
+        ids = () if user.anonymous else await lent_key_ids(self._core, api_key, user.id)
+        return dataclasses.replace(self._user_answer(user), sharedkey_ids=ids)
 
     async def user(self, user_id: str) -> UserAnswer:
         """The user with this id (decimal digits); 404 UserNotFound otherwise."""
@@ -100,13 +113,18 @@ class Directory:
         )
         return UserModified(edit, self._user_answer(user))
 
-    async def sees_privately(self, api_key: str | None, user_id: int) -> bool:
-        """Whether the key's user sees ``user_id``'s private fields: it is
-        that user, or an admin. A key that matches no user is 401."""
+    async def user_as_seen(self, user_id: str, api_key: str | None) -> tuple[UserAnswer, bool]:
+        """``GET /users/{id}``: the user, and whether the key's user sees its
+        private fields: it is that user (who also sees the ids of the shared
+        keys it lent), or an admin. A key that matches no user is 401."""
+        found = await self.user(user_id)
         if not api_key:
-            return False
+            return found, False
         viewer = await self._core.store.user_by_key(key_hash=hash_key(api_key))
-        return viewer.id == user_id or viewer.admin
+        if viewer.id == found.id and not viewer.anonymous:
+            ids = await lent_key_ids(self._core, api_key, found.id)
+            return dataclasses.replace(found, sharedkey_ids=ids), True
+        return found, viewer.id == found.id or viewer.admin
 
     def _user_answer(self, user: UserRecord) -> UserAnswer:
         concurrency = user.concurrency

@@ -28,7 +28,12 @@ from hordelite.contract.text import TextRequest, parse_text_request
 from hordelite.errors import RC, HordeError
 from hordelite.horde import chat, request_images
 from hordelite.horde._core import HordeCore
-from hordelite.horde.admission import ChatAdmission, new_text_request, text_quote
+from hordelite.horde.admission import (
+    ChatAdmission,
+    new_text_request,
+    text_ceiling,
+    text_quote,
+)
 from hordelite.horde.fair_turns import FairTurns
 from hordelite.horde.image_allowance import ImageAllowance, IntakeLedger
 from hordelite.horde.keys import hash_key, scoped_operation_key
@@ -71,8 +76,18 @@ class Requests:
         core = self._core
         req = parse_text_request(body, http_webhooks=core.config.webhooks.call_private)
         if req.dry_run:
-            await core.store.user_by_key(key_hash=hash_key(api_key))
-            return Quote(self.quote(req))
+            # A shared key is served as its lender's key, and checked as
+            # its request would be (the AI Horde's dry run checks it so).
+            quote = self.quote(req)
+            online = [] if req.models else await core.pool.get(core.clock.now())
+            ceiling = text_ceiling(core.models, req, online)
+            await core.store.requester_by_key(
+                key_hash=hash_key(api_key),
+                now=core.clock.now(),
+                max_length=req.max_length,
+                quote=quote if ceiling is None else max(quote, ceiling),
+            )
+            return Quote(quote)
         return await self.queue_text(api_key, req, client_agent, operation_key)
 
     async def queue_text(
@@ -87,7 +102,13 @@ class Requests:
         """Queue a validated text request; answers the 202 body. ``reader``:
         the process holding the OpenAI call that is its only reader."""
         core = self._core
-        new = new_text_request(req, self.quote, scoped_operation_key(api_key, operation_key))
+        online = await core.pool.get(core.clock.now())
+        new = new_text_request(
+            req,
+            self.quote,
+            scoped_operation_key(api_key, operation_key),
+            ceiling=lambda r: text_ceiling(core.models, r, online),
+        )
         submitted = await core.store.submit_request(
             key_hash=hash_key(api_key),
             new=new,
@@ -95,7 +116,7 @@ class Requests:
             now=core.clock.now(),
             upfront_max_length=UPFRONT_MAX_LENGTH,
             client_agent=client_agent,
-            online=await core.pool.get(core.clock.now()),
+            online=online,
             reader=reader,
         )
         if not submitted.replayed:

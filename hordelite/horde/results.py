@@ -128,6 +128,10 @@ class UserAnswer:
     kudos_gifted: float = 0.0
     kudos_received: float = 0.0
     account_age: int = 0  # seconds since the user was created
+    # The ids of the shared keys it lent, shown to itself (None: not shown).
+    sharedkey_ids: tuple[str, ...] | None = None
+    # Found by one of its shared keys (find_user): that key's name.
+    via_shared_key: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

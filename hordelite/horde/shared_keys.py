@@ -5,11 +5,15 @@ is the owner's (hordelite.storage.shared_keys)."""
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from typing import Any
 
 from hordelite.contract._fields import parse_uuid
-from hordelite.contract.shared_keys import parse_new_shared_key, parse_shared_key_edit
+from hordelite.contract.shared_keys import (
+    key_id_of,
+    parse_new_shared_key,
+    parse_shared_key_edit,
+)
 from hordelite.errors import RC, HordeError
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key
@@ -24,11 +28,13 @@ class SharedKeys:
     async def create(self, api_key: str, body: Any) -> SharedKeyAnswer:
         """A new key of the caller's (``PUT /sharedkeys``)."""
         terms = parse_new_shared_key(body)
-        key_id = str(uuid.uuid4())
+        nonce = secrets.token_hex(16)
+        key_id = key_id_of(api_key, nonce)
         core = self._core
         made = await core.store.create_shared_key(
             owner_hash=hash_key(api_key),
             key_hash=hash_key(key_id),
+            nonce=nonce,
             terms=terms,
             now=core.clock.now(),
         )
@@ -56,6 +62,14 @@ class SharedKeys:
         await self._core.store.delete_shared_key(
             owner_hash=hash_key(api_key), key_hash=hash_key(canonical)
         )
+
+
+async def lent_key_ids(core: HordeCore, api_key: str, user_id: int) -> tuple[str, ...]:
+    """The ids of the keys ``user_id`` lent with ``api_key``, its own key
+    (``sharedkey_ids``): derived again, each checked by its hash."""
+    lent = await core.store.lent_keys(user_id=user_id)
+    derived = ((key_hash, key_id_of(api_key, nonce)) for key_hash, nonce in lent)
+    return tuple(key_id for key_hash, key_id in derived if hash_key(key_id) == key_hash)
 
 
 def _canonical(key_id: str) -> str:

@@ -17,6 +17,7 @@ from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
 from hordelite.storage.accounts import create_user as _create_user
 from hordelite.storage.accounts import user_by_id as _user_by_id
 from hordelite.storage.schema import RETIRED_USER_KEY, users, workers
+from hordelite.storage.shared_keys import delete_lent_keys
 from hordelite.storage.transaction import Tx
 
 
@@ -76,10 +77,13 @@ def create_named_user(
     return _user_by_id(conn, _create_user(conn, username, key_hash, kudos, admin, trusted, now))
 
 
-def set_key(conn: Tx, user_id: int, key_hash: str | None) -> None:
-    """Store a new key's hash for the user, or revoke its key (None)."""
+def set_key(conn: Tx, user_id: int, key_hash: str | None) -> int:
+    """Store a new key's hash for the user, or revoke its key (None); the
+    shared keys it lent with the old key go with it (decision 0058,
+    amended): how many."""
     value = key_hash if key_hash is not None else f"{REVOKED_PREFIX}{user_id}"
     conn.execute(update(users).where(users.c.id == user_id).values(key_hash=value))
+    return delete_lent_keys(conn, user_id)
 
 
 def grant_kudos(conn: Tx, user_id: int, amount: float) -> tuple[float, float]:

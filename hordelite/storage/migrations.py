@@ -211,6 +211,18 @@ def _v12_names_and_moderation_that_hold(conn: Connection) -> None:
     conn.exec_driver_sql("CREATE UNIQUE INDEX IF NOT EXISTS ux_users_name_key ON users (name_key)")
 
 
+def _v12_shared_key_reservations(conn: Connection) -> None:
+    # A shared key's requests hold their price reserved on it (decision
+    # 0058, amended): the price each job holds, and the index of a key's
+    # requests. A request queued before holds nothing (its price was not
+    # stored): it settles on the key as before. A key's id is derived from
+    # its lender's key and a nonce, so that the lender can list its keys:
+    # a key lent before has no nonce, and is not listed (its lender deletes
+    # it by its id, or a rotation of its key takes it along).
+    _add_missing_columns(conn)
+    _recreate_index(conn, "ix_requests_shared_key")
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
@@ -228,6 +240,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v10,
     _v11,
     _v12_names_and_moderation_that_hold,
+    _v12_shared_key_reservations,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -35,7 +35,6 @@ from hordelite.contract.limits import (
     MAX_AGENT_CHARS,
 )
 from hordelite.errors import RC, HordeError
-from hordelite.storage.accounts import authenticate
 from hordelite.storage.arrays import one_of
 from hordelite.storage.ledger import JOB_WITH_REQUEST_LOCKED, settle, settlement
 from hordelite.storage.pool import online_now
@@ -49,7 +48,7 @@ from hordelite.storage.schema import (
     requests,
     workers,
 )
-from hordelite.storage.shared_keys import requester
+from hordelite.storage.shared_keys import requester, reserved
 from hordelite.storage.transaction import Tx, prepared
 
 _INSERT_REQUEST = prepared(insert(requests))
@@ -192,9 +191,10 @@ def submit_request(
     Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
     OperationKeyReused (the key was used for a different request).
     """
-    user, shared = requester(conn, key_hash, rules, now)
+    user, shared = requester(conn, key_hash, rules, now, lock=True)
     if new.operation_key is not None:
-        first = _first_request(conn, user, new.operation_key, new.kind, new.fingerprint)
+        operation_key = _scoped(shared, new.operation_key)
+        first = _first_request(conn, user, operation_key, new.kind, new.fingerprint)
         if first is not None:
             return Submitted(first.id, new, new.eligibility, True, True)
     held = None if online is None else list(online)
@@ -230,9 +230,10 @@ def submit_chat_request(
     A Capacity instead, with nothing written: the online workers are not the
     ones the plan was worked out for (``AdmissionPlan.under``).
     """
-    user, shared = requester(conn, key_hash, rules, now)
+    user, shared = requester(conn, key_hash, rules, now, lock=True)
     if plan.operation_key is not None:
-        first = _first_request(conn, user, plan.operation_key, "chat", plan.fingerprint)
+        operation_key = _scoped(shared, plan.operation_key)
+        first = _first_request(conn, user, operation_key, "chat", plan.fingerprint)
         if first is not None:
             return first
     # Admission and the possible check read only chat workers: a chat
@@ -277,8 +278,16 @@ def first_request(
     """The request the key's user queued under ``operation_key``, None when
     there is none; raises InvalidAPIKey, and OperationKeyReused when that was
     a different request."""
-    user, _ = requester(conn, key_hash, rules, None)
-    return _first_request(conn, user, operation_key, kind, fingerprint)
+    user, shared = requester(conn, key_hash, rules, None)
+    return _first_request(conn, user, _scoped(shared, operation_key), kind, fingerprint)
+
+
+def _scoped(shared: Mapping[str, Any] | None, operation_key: str) -> str:
+    """The operation key a request is stored under: a shared key's own
+    (contract.shared_keys.operation_key_of), else the user's as sent."""
+    if shared is None:
+        return operation_key
+    return key_rules.operation_key_of(shared["key_hash"], operation_key)
 
 
 def _first_request(
@@ -331,13 +340,23 @@ def _store(
     new = _check_upfront(new, user, upfront_max_length)
     if shared is not None:
         key_rules.check_request(
-            shared["kudos"], shared["max_text_tokens"], new.max_length, new.quote
+            shared["kudos"],
+            reserved(conn, shared),
+            shared["max_text_tokens"],
+            new.max_length,
+            new.held,
         )
     _check_budgets(conn, user, new, now, rules)
     view = new.eligibility
     row = _request_row(new, user, request_id, now, rules, client_agent)
     row["reader"] = reader
-    row["shared_key"] = None if shared is None else shared["key_hash"]
+    row["shared_key"] = row["shared_price"] = None
+    if shared is not None:
+        # Its price is held on the key from now on (contract.shared_keys).
+        row["shared_key"] = shared["key_hash"]
+        row["shared_price"] = key_rules.job_price(new.held, new.n)
+        if new.operation_key is not None:
+            row["operation_key"] = _scoped(shared, new.operation_key)
     conn.defer(_INSERT_REQUEST, row)
     if listed:
         conn.execute(
@@ -732,10 +751,16 @@ class SubmittedText:
 
 def submitted_text(conn: Tx, key_hash: str, request_id: str, rules: Rules) -> SubmittedText:
     """The text request ``request_id`` as queued, for the user who queued it
-    (or an admin): its prompt is the requester's, not every reader's."""
-    user = authenticate(conn, key_hash, rules)
+    (or an admin): its prompt is the requester's, not every reader's. A
+    shared key reads the requests queued through it, and no other of its
+    lender's."""
+    user, shared = requester(conn, key_hash, rules, None)
     row = get_request(conn, request_id, "text")
-    if row["user_id"] != user["id"] and not user["admin"]:
+    if shared is not None:
+        allowed = row["shared_key"] == shared["key_hash"]
+    else:
+        allowed = row["user_id"] == user["id"] or bool(user["admin"])
+    if not allowed:
         raise HordeError(RC.WrongCredentials, "Only the user who queued this request can read it.")
     return SubmittedText(
         prompt=row["prompt"],

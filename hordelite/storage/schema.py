@@ -182,8 +182,12 @@ requests = Table(
     # failure's back-off, null once called or given up (or with no webhook).
     Column("hook_due", Float, nullable=True),
     Column("hook_tries", Integer, nullable=False, default=0, server_default="0"),
-    # Queued through a shared key (its hash): its jobs spend the key's kudos.
+    # Queued through a shared key (its hash): its jobs spend the key's kudos,
+    # and each job not yet settled holds ``shared_price`` kudos reserved on
+    # the key (contract.shared_keys; null: queued before reservations, or
+    # not through a shared key).
     Column("shared_key", String(64), nullable=True),
+    Column("shared_price", Float, nullable=True),
     # Chat requests: the validated request (its kept messages included), the
     # full flattened submission (``prompt`` holds the kept conversation
     # flattened), what a worker must declare, and the sizes routing reads.
@@ -242,6 +246,15 @@ requests = Table(
         "hook_due",
         sqlite_where=text("hook_due IS NOT NULL"),
         postgresql_where=text("hook_due IS NOT NULL"),
+    ),
+    # A shared key's requests (what they hold reserved): partial, so the
+    # requests sent with users' own keys are not in it.
+    Index(
+        "ix_requests_shared_key",
+        "shared_key",
+        "state",
+        sqlite_where=text("shared_key IS NOT NULL"),
+        postgresql_where=text("shared_key IS NOT NULL"),
     ),
     # NULL keys are distinct, so only requests with a key are constrained.
     Index("ix_requests_operation", "user_id", "operation_key", unique=True),
@@ -401,6 +414,10 @@ shared_keys = Table(
     metadata,
     Column("key_hash", String(64), primary_key=True),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=False, index=True),
+    # What its id was derived from, with the lender's key
+    # (contract.shared_keys.key_id_of): the lender lists its keys with it.
+    # Null: lent before ids were derived (its id cannot be listed).
+    Column("id_nonce", String(32), nullable=True),
     Column("name", String(MAX_NAME), nullable=False, default=""),
     Column("kudos", Float, nullable=False),
     Column("utilized", Float, nullable=False, default=0.0),

@@ -86,6 +86,21 @@ class Store:
         0070); raises InvalidAPIKey, AnonymousDisabled."""
         return await self.db.read(image_holdings, key_hash, self.rules)
 
+    async def requester_by_key(
+        self,
+        *,
+        key_hash: str,
+        now: float | None,
+        max_length: int | None = None,
+        quote: float | None = None,
+    ) -> q.UserRecord:
+        """The user a request sent with this key is queued for: the key's
+        user, or a shared key's lender, the key checked as admission would
+        (storage.shared_keys.requester_by_key)."""
+        return await self.db.read(
+            shared_keys.requester_by_key, key_hash, self.rules, now, max_length, quote
+        )
+
     async def user_by_id(self, *, user_id: int) -> q.UserRecord:
         """The user with this id; raises UserNotFound."""
         return await self.db.read(q.user_by_id, user_id)
@@ -380,13 +395,17 @@ class Store:
         return await self.db.write(modify_user, key_hash, user_id, edit, self.rules)
 
     async def create_shared_key(
-        self, *, owner_hash: str, key_hash: str, terms: SharedKeyTerms, now: float
+        self, *, owner_hash: str, key_hash: str, nonce: str, terms: SharedKeyTerms, now: float
     ) -> SharedKeyRecord:
         """A new shared key of the owner's; raises InvalidAPIKey, AnonForbidden,
         Forbidden (too many)."""
         return await self.db.write(
-            shared_keys.create_shared_key, owner_hash, key_hash, terms, self.rules, now
+            shared_keys.create_shared_key, owner_hash, key_hash, nonce, terms, self.rules, now
         )
+
+    async def lent_keys(self, *, user_id: int) -> list[tuple[str, str]]:
+        """The user's shared keys whose ids can be derived: (hash, nonce) each."""
+        return await self.db.read(shared_keys.lent_keys, user_id)
 
     async def shared_key(self, *, key_hash: str) -> SharedKeyRecord:
         """A shared key's details; raises InvalidAPIKey when there is none."""
@@ -447,9 +466,10 @@ class Store:
             _create_named_user, True, username, key_hash, kudos, admin, trusted, now
         )
 
-    def set_key(self, *, user_id: int, key_hash: str | None) -> None:
-        """Store the user's new key hash, or revoke its key (None)."""
-        self.db.run_sync(admin.set_key, True, user_id, key_hash)
+    def set_key(self, *, user_id: int, key_hash: str | None) -> int:
+        """Store the user's new key hash, or revoke its key (None); the
+        shared keys it lent go too: how many."""
+        return self.db.run_sync(admin.set_key, True, user_id, key_hash)
 
     def grant_kudos(self, *, user_id: int, amount: float) -> tuple[float, float]:
         """The user's balance before and after adding ``amount`` (may be negative)."""

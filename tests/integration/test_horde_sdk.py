@@ -338,11 +338,19 @@ async def test_the_sdk_heartbeat_validates_with_message_ok() -> None:
 async def test_the_sdk_find_user_validates_with_alias_hash_id_and_kudos() -> None:
     async with open_horde() as horde, httpx.AsyncClient() as client:
         alice = await horde.create_key("alice", kudos=100)
+        lent = await client.put(
+            f"{horde.url}/api/v2/sharedkeys", headers={"apikey": alice}, json={"name": "k"}
+        )
         request = FindUserRequest(apikey=alice)
         user = success(await send(client, horde, request), request, UserDetailsResponse)
         assert user.id_ is not None
         assert user.username == f"alice#{user.id_}"
         assert user.kudos == 100
+        assert user.sharedkey_ids == [lent.json()["id"]]
+        # Found by the shared key: its lender, named as the AI Horde names it.
+        request = FindUserRequest(apikey=lent.json()["id"])
+        user = success(await send(client, horde, request), request, UserDetailsResponse)
+        assert user.username == f"alice#{user.id_} (Shared Key: k)"
 
 
 async def test_the_sdk_worker_details_by_name_by_id_and_in_the_list_validate() -> None:

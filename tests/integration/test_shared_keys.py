@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -14,6 +15,12 @@ from hordelite.clock import ManualClock
 from hordelite.contract.limits import SHARED_KEYS_PER_USER
 from hordelite.testing import FakeTextWorker, open_horde
 from tests.integration._helpers import assert_refused, kudos_of, text_status
+from tests.integration.test_images import (
+    client_for,
+    image_body,
+    online_vision_worker,
+    png_data_url,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -164,3 +171,316 @@ async def test_a_shared_key_serves_as_a_bearer_key_on_the_openai_front() -> None
         )
         assert r.status_code == 400, r.text
         assert r.json()["error"]["message"].startswith("params.max_length")
+
+
+async def _send_at_once(
+    client: httpx.AsyncClient, key: str, count: int, **params: Any
+) -> list[httpx.Response]:
+    """``count`` text requests through ``key``, all in flight together."""
+    answers: list[httpx.Response] = []
+
+    async def send() -> None:
+        answers.append(
+            await client.post(
+                "/api/v2/generate/text/async", headers={"apikey": key}, json=text_body(**params)
+            )
+        )
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(count):
+            tg.start_soon(send)
+    return answers
+
+
+async def test_a_shared_keys_cap_holds_under_concurrent_submits(
+    chat_database: str | None,
+) -> None:
+    # Each request's price is reserved on the key when it is queued: of 12
+    # requests sent at once, only as many as the key's kudos cover are
+    # queued, and the lender pays at most the key's kudos once a worker has
+    # answered them all in full.
+    async with (
+        open_horde(database=chat_database) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        params = {"max_length": 512, "max_context_length": 1024}
+        r = await client.post(
+            "/api/v2/generate/text/async",
+            headers={"apikey": owner},
+            json={**text_body(**params), "dry_run": True},
+        )
+        price = r.json()["kudos"]
+        cap = 100
+        assert 1 < cap // price < 12
+        key = await lend(client, owner, kudos=cap)
+        answers = await _send_at_once(client, key["id"], 12, **params)
+        admitted = [a.json()["id"] for a in answers if a.status_code == 202]
+        assert len(admitted) == int(cap // price)
+        for refused in (a for a in answers if a.status_code != 202):
+            assert_refused(refused, 403, "SharedKeyInsufficientKudos")
+        before = await kudos_of(client, owner)
+        async with FakeTextWorker(
+            horde.url, worker_owner, models=["m1"], generate=lambda _: "word " * 512
+        ) as worker:
+            for _ in admitted:
+                assert await worker.serve_one() is not None
+        charged = before - await kudos_of(client, owner)
+        assert charged == pytest.approx(len(admitted) * price)
+        assert charged <= cap
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert left["kudos"] == int(cap - charged)
+
+
+async def test_a_request_that_ends_unsettled_releases_what_it_held_on_its_key() -> None:
+    clock = ManualClock()
+    async with (
+        open_horde(clock=clock, request_expiry=600) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        params = {"max_length": 512, "max_context_length": 1024}
+        key = await lend(client, owner, kudos=30)  # one such request at a time
+        sent = await _send_at_once(client, key["id"], 1, **params)
+        assert sent[0].status_code == 202, sent[0].text
+        held = sent[0].json()["id"]
+        again = (await _send_at_once(client, key["id"], 1, **params))[0]
+        assert_refused(again, 403, "SharedKeyInsufficientKudos")
+        assert "held by its requests in flight" in again.json()["message"]
+        # Cancelled: its price is free again.
+        r = await client.delete(f"/api/v2/generate/text/status/{held}")
+        assert r.status_code == 200, r.text
+        sent = await _send_at_once(client, key["id"], 1, **params)
+        assert sent[0].status_code == 202, sent[0].text
+        # Expired: the same.
+        clock.advance(601)
+        await horde.sweep()
+        sent = await _send_at_once(client, key["id"], 1, **params)
+        assert sent[0].status_code == 202, sent[0].text
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert (left["kudos"], left["utilized"]) == (30, 0)
+
+
+async def test_each_shared_key_has_its_own_idempotency_keys() -> None:
+    # A key's holder cannot claim an Idempotency-Key of its lender's (the
+    # lender then got 409 for a request of its own), nor read the lender's
+    # request back with one; each resubmit answers its own first request.
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=10_000)
+        key = await lend(client, owner)
+        other = await lend(client, owner)
+
+        async def send(api_key: str, prompt: str) -> httpx.Response:
+            return await client.post(
+                "/api/v2/generate/text/async",
+                headers={"apikey": api_key, "Idempotency-Key": "k1"},
+                json={**text_body(), "prompt": prompt},
+            )
+
+        by_holder = await send(key["id"], "the holder's")
+        assert by_holder.status_code == 202, by_holder.text
+        by_owner = await send(owner, "the lender's")
+        assert by_owner.status_code == 202, by_owner.text
+        by_other = await send(other["id"], "another holder's")
+        assert by_other.status_code == 202, by_other.text
+        ids = {r.json()["id"] for r in (by_holder, by_owner, by_other)}
+        assert len(ids) == 3
+        assert (await send(key["id"], "the holder's")).json()["id"] == by_holder.json()["id"]
+        assert (await send(owner, "the lender's")).json()["id"] == by_owner.json()["id"]
+        assert_refused(await send(key["id"], "something else"), 409, "OperationKeyReused")
+        perf = (await client.get("/api/v2/status/performance")).json()
+        assert perf["queued_text_requests"] == 3
+
+
+async def test_a_shared_key_is_served_where_its_lenders_key_is() -> None:
+    # A dry run (checked as the AI Horde checks one through a key) and a
+    # chat request with an image were 401 through a shared key.
+    async with open_horde() as horde, client_for(horde) as client:
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        key = await lend(client, owner, kudos=30, max_text_tokens=512)
+        dry = {**text_body(max_length=512, max_context_length=1024), "dry_run": True}
+        by_owner = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": owner}, json=dry
+        )
+        by_key = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=dry
+        )
+        assert by_key.status_code == by_owner.status_code == 200, by_key.text
+        assert by_key.json() == by_owner.json()
+        dry["params"]["max_length"] = 513
+        r = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=dry
+        )
+        assert_refused(r, 400, "BadRequest")
+        poor = await lend(client, owner, kudos=1)
+        dry["params"]["max_length"] = 512
+        r = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": poor["id"]}, json=dry
+        )
+        assert_refused(r, 403, "SharedKeyInsufficientKudos")
+        perf = (await client.get("/api/v2/status/performance")).json()
+        assert perf["queued_text_requests"] == 0  # the dry runs queued nothing
+        async with online_vision_worker(horde, worker_owner):
+            r = await client.post(
+                "/api/v2/generate/chat/async",
+                headers={"apikey": key["id"]},
+                json=image_body(png_data_url()),
+            )
+            assert r.status_code == 202, r.text
+
+
+async def test_a_lender_lists_its_keys_and_a_shared_key_finds_its_lender() -> None:
+    # As on the AI Horde: the lender sees its keys' ids (sharedkey_ids) in
+    # its own details (find_user, GET /users/{id}), nobody else does; a
+    # shared key's find_user answers its lender as anyone sees it.
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=100)
+        other = await horde.create_key("carol", kudos=100)
+        lent = {(await lend(client, owner, name=f"k{i}"))["id"] for i in range(3)}
+        mine = (await client.get("/api/v2/find_user", headers={"apikey": owner})).json()
+        assert set(mine["sharedkey_ids"]) == lent
+        user_url = f"/api/v2/users/{mine['id']}"
+        seen = (await client.get(user_url, headers={"apikey": owner})).json()
+        assert set(seen["sharedkey_ids"]) == lent
+        for headers in ({"apikey": other}, {}):
+            assert "sharedkey_ids" not in (await client.get(user_url, headers=headers)).json()
+        gone = lent.pop()
+        r = await client.delete(f"/api/v2/sharedkeys/{gone}", headers={"apikey": owner})
+        assert r.status_code == 200, r.text
+        mine = (await client.get("/api/v2/find_user", headers={"apikey": owner})).json()
+        assert set(mine["sharedkey_ids"]) == lent
+        key = (await client.get(f"/api/v2/sharedkeys/{sorted(lent)[0]}")).json()
+        found = (await client.get("/api/v2/find_user", headers={"apikey": key["id"]})).json()
+        assert found["id"] == mine["id"]
+        assert found["username"] == f"{mine['username']} (Shared Key: {key['name']})"
+        assert "sharedkey_ids" not in found
+        assert "worker_ids" not in found
+        assert_refused(
+            await client.get("/api/v2/find_user", headers={"apikey": gone}), 404, "UserNotFound"
+        )
+
+
+async def test_a_shared_key_reads_back_the_requests_sent_through_it_and_no_other() -> None:
+    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        owner = await horde.create_key("alice", kudos=100)
+        key, other = await lend(client, owner), await lend(client, owner)
+        sent = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=text_body()
+        )
+        by_owner = await client.post(
+            "/api/v2/generate/text/async", headers={"apikey": owner}, json=text_body()
+        )
+        url = "/api/v2/generate/text/request/{}"
+        mine = await client.get(url.format(sent.json()["id"]), headers={"apikey": key["id"]})
+        assert mine.status_code == 200, mine.text
+        assert mine.json()["prompt"] == "Hello"
+        lender = await client.get(url.format(sent.json()["id"]), headers={"apikey": owner})
+        assert lender.status_code == 200, lender.text
+        for request_id, api_key in (
+            (sent.json()["id"], other["id"]),
+            (by_owner.json()["id"], key["id"]),
+        ):
+            r = await client.get(url.format(request_id), headers={"apikey": api_key})
+            assert_refused(r, 403, "WrongCredentials")
+
+
+async def test_a_request_naming_no_model_holds_its_price_on_the_largest_model_online(
+    chat_database: str | None,
+) -> None:
+    # Its quote prices an unknown model (1 billion parameters), but any
+    # worker may take it: a 70B worker's job cost the key many times what it
+    # held, past its kudos.
+    big = "Llama-3.3-70B-Instruct"
+    async with (
+        open_horde(database=chat_database) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        cap = 500
+        key = await lend(client, owner, kudos=cap)
+        params = {"max_length": 64, "max_context_length": 1024}
+        body = {"prompt": "Hello", "params": params}
+        async with FakeTextWorker(
+            horde.url, worker_owner, models=[big], generate=lambda _: "word " * 64
+        ) as worker:
+            assert (await worker.pop())["id"] is None  # online
+            answers: list[httpx.Response] = []
+
+            async def send() -> None:
+                answers.append(
+                    await client.post(
+                        "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=body
+                    )
+                )
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(send)
+            admitted = [a for a in answers if a.status_code == 202]
+            assert 1 <= len(admitted) < 6
+            for refused in (a for a in answers if a.status_code != 202):
+                assert_refused(refused, 403, "SharedKeyInsufficientKudos")
+            before = await kudos_of(client, owner)
+            for _ in admitted:
+                assert await worker.serve_one() is not None
+        charged = before - await kudos_of(client, owner)
+        assert charged > len(admitted) * admitted[0].json()["kudos"]  # the 70B price
+        assert charged <= cap
+
+
+async def test_a_cancelled_requests_job_still_out_holds_its_price_until_it_settles(
+    chat_database: str | None,
+) -> None:
+    # A cancel leaves a worker's job out: it settles, and charges, when it
+    # comes in, so its price stays held on the key until then.
+    async with (
+        open_horde(database=chat_database) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        params = {"max_length": 512, "max_context_length": 1024}
+        key = await lend(client, owner, kudos=30)  # one such request at a time
+        async with FakeTextWorker(
+            horde.url, worker_owner, models=["m1"], generate=lambda _: "short"
+        ) as worker:
+            [sent] = await _send_at_once(client, key["id"], 1, **params)
+            assert sent.status_code == 202, sent.text
+            job = await worker.pop()
+            assert job["id"] is not None
+            r = await client.delete(f"/api/v2/generate/text/status/{sent.json()['id']}")
+            assert r.status_code == 200, r.text
+            [held] = await _send_at_once(client, key["id"], 1, **params)
+            assert_refused(held, 403, "SharedKeyInsufficientKudos")
+            await worker.submit(job["id"], "short")
+            [freed] = await _send_at_once(client, key["id"], 1, **params)
+            assert freed.status_code == 202, freed.text
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert 0 < left["utilized"] < 25
+
+
+async def test_a_faulted_request_releases_what_it_held_on_its_key() -> None:
+    async with (
+        open_horde(max_faults=0) as horde,
+        httpx.AsyncClient(base_url=horde.url, timeout=30) as client,
+    ):
+        owner = await horde.create_key("alice", kudos=10_000)
+        worker_owner = await horde.create_key("bob")
+        params = {"max_length": 512, "max_context_length": 1024}
+        key = await lend(client, owner, kudos=30)  # one such request at a time
+        async with FakeTextWorker(horde.url, worker_owner, models=["m1"]) as worker:
+            [sent] = await _send_at_once(client, key["id"], 1, **params)
+            assert sent.status_code == 202, sent.text
+            job = await worker.pop()
+            assert job["id"] is not None
+            [held] = await _send_at_once(client, key["id"], 1, **params)
+            assert_refused(held, 403, "SharedKeyInsufficientKudos")
+            await worker.submit(job["id"], "", state="faulted")
+            assert (await text_status(client, sent.json()["id"]))["faulted"] is True
+            [freed] = await _send_at_once(client, key["id"], 1, **params)
+            assert freed.status_code == 202, freed.text
+        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        assert (left["kudos"], left["utilized"]) == (30, 0)

@@ -836,3 +836,39 @@ def test_the_worker_takes_an_api_route_off_the_hordes_url(
     given: str, base: str, suffix: str | None
 ) -> None:
     assert horde_base_url(given) == (base, suffix)
+
+
+@pytest.mark.anyio
+async def test_a_rotated_or_revoked_key_takes_the_shared_keys_it_lent_along(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A rotation brought back every shared key lent with the old key (the
+    # lender could neither see nor list them): they now go with it.
+    assert main(["keys", "create", "alice", "--kudos", "100", "--database", database]) == 0
+    old, _ = created_key(capsys.readouterr().out)
+    async with (
+        open_horde(database=database) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        lent = [
+            (await client.put("/api/v2/sharedkeys", headers={"apikey": old}, json={})).json()["id"]
+            for _ in range(2)
+        ]
+    code, out, _ = cli(capsys, "keys", "revoke", "alice", "--database", database)
+    assert code == 0
+    assert "nor do the 2 shared keys it lent" in out
+    code, out, _ = cli(capsys, "keys", "rotate", "alice", "--database", database)
+    assert code == 0
+    new, _ = created_key(out)
+    assert "shared key" not in out  # none left to take along
+    async with (
+        open_horde(database=database) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        for key_id in lent:
+            await assert_invalid_key(client, key_id)
+        r = await client.get("/api/v2/find_user", headers={"apikey": new})
+        assert r.json()["sharedkey_ids"] == []
+        made = await client.put("/api/v2/sharedkeys", headers={"apikey": new}, json={})
+        r = await client.get("/api/v2/find_user", headers={"apikey": new})
+        assert r.json()["sharedkey_ids"] == [made.json()["id"]]
