@@ -237,6 +237,7 @@ def raise_open_files_limit() -> None:
 def hypercorn_config(server: ServerConfig) -> HypercornConfig:
     config = _wire.WireConfig()
     config.h2c = server.h2c
+    config.max_body_bytes = server.max_body_bytes
     config.bind = [f"{server.host}:{server.port}"]
     config.graceful_timeout = server.grace_period
     config.accesslog = None
