@@ -269,6 +269,23 @@ def listen(server: ServerConfig, *, shared: bool = False) -> socket.socket:
     return sock
 
 
+def claim_port(server: ServerConfig) -> int:
+    """The port ``server.host:server.port`` names (for port 0, the one the
+    kernel picks), once no socket listens on it; an address that cannot be
+    had raises OSError, as ``listen`` does.
+
+    For the SO_REUSEPORT sockets of ``listen(shared=True)``: one of them
+    joins any other SO_REUSEPORT socket already on the port, another
+    horde's as well, and the kernel would then spread new connections over
+    both hordes. A socket without SO_REUSEPORT, bound here and closed at
+    once, is refused when anything listens on the port (SO_REUSEADDR, as
+    for every socket of the server, still lets it past connections of an
+    earlier run waiting out TIME_WAIT)."""
+    probe = hypercorn_config(server).create_sockets().insecure_sockets[0]
+    with probe:
+        return int(probe.getsockname()[1])
+
+
 def base_url(sock: socket.socket) -> str:
     """``http://host:port`` of a listening socket (the port it really got)."""
     host, port = sock.getsockname()[:2]
