@@ -299,6 +299,7 @@ async def serve_http(
     shutdown: anyio.Event,
     *,
     sock: socket.socket | None = None,
+    grace_left: Callable[[], float] | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown`` is set; reports the base URL when listening.
@@ -307,9 +308,17 @@ async def serve_http(
     share, see ``hordelite serve --processes``); without it the server binds
     ``server.host:server.port`` itself. After shutdown Hypercorn stops
     accepting, closes idle connections, and gives open requests
-    ``server.grace_period`` seconds before cancelling them.
+    ``server.grace_period`` seconds before cancelling them, or what
+    ``grace_left()`` says is left of it when shutdown is set (a caller that
+    drained before).
     """
     config = hypercorn_config(server)
+
+    async def stop() -> None:
+        await shutdown.wait()
+        if grace_left is not None:
+            config.graceful_timeout = max(grace_left(), 0.0)
+
     raise_open_files_limit()
     if sock is None:
         sock = listen(server)
@@ -318,14 +327,14 @@ async def serve_http(
     wrapped = wrap_app(cast(Any, guard_connections(app)), config.wsgi_max_body_size, "asgi")
     task_status.started(base_url(sock))
     if current_backend() == "trio":
-        await _serve_trio(wrapped, config, sockets.insecure_sockets, shutdown)
+        await _serve_trio(wrapped, config, sockets.insecure_sockets, stop)
     else:
         import asyncio
 
         from hypercorn.asyncio.run import worker_serve as asyncio_serve
 
         try:
-            await asyncio_serve(wrapped, config, sockets=sockets, shutdown_trigger=shutdown.wait)
+            await asyncio_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop)
         except asyncio.InvalidStateError:
             # Hypercorn's asyncio worker_serve, when cancelled, fails in its
             # own cleanup with this instead of letting the cancellation
@@ -336,7 +345,10 @@ async def serve_http(
 
 
 async def _serve_trio(
-    app: Any, config: HypercornConfig, sockets: list[socket.socket], shutdown: anyio.Event
+    app: Any,
+    config: HypercornConfig,
+    sockets: list[socket.socket],
+    stop: Callable[[], Awaitable[None]],
 ) -> None:
     """Hypercorn's trio ``worker_serve`` (0.18), less TLS, QUIC and statsd,
     with the accept loop below in place of ``trio.serve_listeners`` and
@@ -366,7 +378,7 @@ async def _serve_trio(
                 async with trio.open_nursery() as accepting:
                     for sock in sockets:
                         accepting.start_soon(_accept_loop, sock, handler, connections)
-                    await shutdown.wait()
+                    await stop()
                     accepting.cancel_scope.cancel()
             finally:
                 for sock in sockets:
