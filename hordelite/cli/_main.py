@@ -243,6 +243,7 @@ def _serve(config: Config) -> int:
     _log_setup()
     if config.server.processes > 1:
         return _serve_processes(config)
+    _claim_metrics_port(config)
     with _listen_refused(config):
         anyio.run(_run, config, backend=config.server.backend)
     return 0
@@ -275,8 +276,9 @@ def _serve_processes(config: Config) -> int:
 
 
 def _claim_metrics_port(config: Config) -> None:
-    """Each serving process binds the metrics port itself, with SO_REUSEPORT
-    (server._serve_metrics): it must be held by nothing else first."""
+    """The metrics port, held by nothing else: each serving process binds it
+    itself, with SO_REUSEPORT when there are several (server._serve_metrics),
+    and its refusal names the metrics port, not the horde's."""
     if not (config.metrics.enabled and config.metrics.port):
         return
     metrics = dataclasses.replace(config.server, host=config.metrics.host, port=config.metrics.port)

@@ -778,6 +778,32 @@ def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str)
     assert "serving at" not in done.stdout
 
 
+def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+        env["HORDELITE_METRICS_PORT"] = str(port)
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "hordelite", "serve", "--port", "0"),
+                *("--database", str(tmp_path / "p.db")),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=START_DEADLINE,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr
+    assert "metrics.port" in done.stderr
+    assert "serving at" not in done.stdout
+
+
 def test_the_banner_names_the_blob_folder_and_its_secret(tmp_path: Path) -> None:
     url = "http://127.0.0.1:7001"
     beside = Config().replace(storage={"database": "/srv/horde/h.db"})
