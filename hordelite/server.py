@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -28,7 +29,6 @@ from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.contract.limits import READER_RENEW_SECONDS, WEBHOOK_POLL_SECONDS
 from hordelite.errors import StorageUnavailable
-from hordelite.front.openai import Admission
 from hordelite.horde.readers import reader_name
 from hordelite.horde.service import Horde
 from hordelite.lean import LeanRoutes
@@ -151,7 +151,13 @@ async def _serve_http_until(
         stopped.set()
 
 
-async def _drain_calls(horde: Horde, admission: Admission) -> None:
+class _OpenCalls(Protocol):
+    """The front's open calls (front.openai.Admission)."""
+
+    async def none_open(self) -> None: ...
+
+
+async def _drain_calls(horde: Horde, admission: _OpenCalls) -> None:
     """The first part of a stop, for a horde without Redis signals: the
     server goes on serving (the workers' submits and progress come in on
     new connections, a job taking longer than a kept-alive connection
