@@ -237,6 +237,7 @@ def raise_open_files_limit() -> None:
 def hypercorn_config(server: ServerConfig) -> HypercornConfig:
     config = _wire.WireConfig()
     config.h2c = server.h2c
+    config.max_body_bytes = server.max_body_bytes
     config.bind = [f"{server.host}:{server.port}"]
     config.graceful_timeout = server.grace_period
     config.accesslog = None
@@ -268,6 +269,23 @@ def listen(server: ServerConfig, *, shared: bool = False) -> socket.socket:
     return sock
 
 
+def claim_port(server: ServerConfig) -> int:
+    """The port ``server.host:server.port`` names (for port 0, the one the
+    kernel picks), once no socket listens on it; an address that cannot be
+    had raises OSError, as ``listen`` does.
+
+    For the SO_REUSEPORT sockets of ``listen(shared=True)``: one of them
+    joins any other SO_REUSEPORT socket already on the port, another
+    horde's as well, and the kernel would then spread new connections over
+    both hordes. A socket without SO_REUSEPORT, bound here and closed at
+    once, is refused when anything listens on the port (SO_REUSEADDR, as
+    for every socket of the server, still lets it past connections of an
+    earlier run waiting out TIME_WAIT)."""
+    probe = hypercorn_config(server).create_sockets().insecure_sockets[0]
+    with probe:
+        return int(probe.getsockname()[1])
+
+
 def base_url(sock: socket.socket) -> str:
     """``http://host:port`` of a listening socket (the port it really got)."""
     host, port = sock.getsockname()[:2]
@@ -281,6 +299,7 @@ async def serve_http(
     shutdown: anyio.Event,
     *,
     sock: socket.socket | None = None,
+    grace_left: Callable[[], float] | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown`` is set; reports the base URL when listening.
@@ -289,9 +308,17 @@ async def serve_http(
     share, see ``hordelite serve --processes``); without it the server binds
     ``server.host:server.port`` itself. After shutdown Hypercorn stops
     accepting, closes idle connections, and gives open requests
-    ``server.grace_period`` seconds before cancelling them.
+    ``server.grace_period`` seconds before cancelling them, or what
+    ``grace_left()`` says is left of it when shutdown is set (a caller that
+    drained before).
     """
     config = hypercorn_config(server)
+
+    async def stop() -> None:
+        await shutdown.wait()
+        if grace_left is not None:
+            config.graceful_timeout = max(grace_left(), 0.0)
+
     raise_open_files_limit()
     if sock is None:
         sock = listen(server)
@@ -300,14 +327,14 @@ async def serve_http(
     wrapped = wrap_app(cast(Any, guard_connections(app)), config.wsgi_max_body_size, "asgi")
     task_status.started(base_url(sock))
     if current_backend() == "trio":
-        await _serve_trio(wrapped, config, sockets.insecure_sockets, shutdown)
+        await _serve_trio(wrapped, config, sockets.insecure_sockets, stop)
     else:
         import asyncio
 
         from hypercorn.asyncio.run import worker_serve as asyncio_serve
 
         try:
-            await asyncio_serve(wrapped, config, sockets=sockets, shutdown_trigger=shutdown.wait)
+            await asyncio_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop)
         except asyncio.InvalidStateError:
             # Hypercorn's asyncio worker_serve, when cancelled, fails in its
             # own cleanup with this instead of letting the cancellation
@@ -318,7 +345,10 @@ async def serve_http(
 
 
 async def _serve_trio(
-    app: Any, config: HypercornConfig, sockets: list[socket.socket], shutdown: anyio.Event
+    app: Any,
+    config: HypercornConfig,
+    sockets: list[socket.socket],
+    stop: Callable[[], Awaitable[None]],
 ) -> None:
     """Hypercorn's trio ``worker_serve`` (0.18), less TLS, QUIC and statsd,
     with the accept loop below in place of ``trio.serve_listeners`` and
@@ -348,7 +378,7 @@ async def _serve_trio(
                 async with trio.open_nursery() as accepting:
                     for sock in sockets:
                         accepting.start_soon(_accept_loop, sock, handler, connections)
-                    await shutdown.wait()
+                    await stop()
                     accepting.cancel_scope.cancel()
             finally:
                 for sock in sockets:

@@ -17,6 +17,14 @@ and the connection closed (see decision 0050):
 - a header line starting with a space or a tab (obs-fold);
 - a line of the head ending in a bare LF.
 
+A chunked body is checked the same way, chunk by chunk, before h11 reads
+each chunk-size line: h11 takes a size of up to 20 hex digits and then waits
+for that many bytes, so a size past ``server.max_body_bytes`` held the
+connection until the body's timeout. A size that takes the body past the
+limit is refused with 413 (``PayloadTooLarge``, as a ``Content-Length`` past
+it is) as soon as its digits say so, and a chunk-size line over
+MAX_CHUNK_LINE_BYTES (leading zeros without end) with 400.
+
 h11's ``max_incomplete_event_size`` bounds only a head still incomplete
 after a read, so a head arriving whole in one read (or completed by its last
 one) passed ``server.max_header_bytes`` by up to a read's size. The head is
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -52,12 +61,16 @@ import anyio
 import h2.exceptions
 import h11
 import hypercorn.protocol
+from h11._readers import ChunkedReader
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
+
+from hordelite.contract.limits import MAX_CHUNK_LINE_BYTES
+from hordelite.errors import RC
 
 # The longest message an error answer carries: h11's own messages quote the
 # offending line, which may be as long as a head.
@@ -69,6 +82,9 @@ class WireConfig(HypercornConfig):
 
     # Serve HTTP/2 in cleartext (Upgrade: h2c, or the HTTP/2 preface).
     h2c: bool = False
+    # The most bytes a chunked body may declare (server.max_body_bytes);
+    # None: no bound at the wire.
+    max_body_bytes: int | None = None
 
 
 def refusal(message: str, status: int = 400) -> h11.RemoteProtocolError:
@@ -102,10 +118,13 @@ def _value(head: bytes | bytearray, name: bytes) -> bytes | bytearray:
 class StrictConnection(h11.Connection):
     """h11's server side, with each request head checked first (see the module)."""
 
-    def __init__(self, max_head_bytes: int, h2c: bool) -> None:
+    def __init__(self, max_head_bytes: int, h2c: bool, max_body_bytes: int | None = None) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
         self._max_head = max_head_bytes
         self._h2c = h2c
+        self._max_body = max_body_bytes
+        # The body bytes of the request being received that h11 handed on.
+        self._body_bytes = 0
         # How much of the head being received was checked already, so that
         # a head arriving in many small reads is read once, not once a read.
         self._checked = 0
@@ -116,13 +135,29 @@ class StrictConnection(h11.Connection):
         try:
             if self.their_state is h11.IDLE:
                 self._check_head()
+            elif (
+                self.their_state is h11.SEND_BODY
+                and self.our_state is h11.SEND_RESPONSE
+                and self._max_body is not None
+            ):
+                # Once the app has begun its answer (one sent before the body
+                # was read), the rest of the body is drained, bounded
+                # (hordelite._http), and a refusal would cut that answer.
+                self._check_chunk_size(self._max_body)
             event = super().next_event()
-            if type(event) is h11.Request:
+            if type(event) is h11.Data:
+                self._body_bytes += len(event.data)
+            elif type(event) is h11.Request:
                 self._checked = 0  # the next head starts afresh
+                self._body_bytes = 0
                 if event.method == b"PRI" and not self._h2c:
                     raise refusal("HTTP/2 is not served on this port (server.h2c is off).")
         except h11.RemoteProtocolError as exc:
             self.refusal = exc
+            if self.their_state is not h11.ERROR:
+                # As h11 does for its own: the app's sends after it are then
+                # dropped by Hypercorn, not raised into the app.
+                self._process_error(self.their_role)
             raise
         return event
 
@@ -150,6 +185,38 @@ class StrictConnection(h11.Connection):
             return
         check_framing(data[:head_end].lower())
 
+    def _check_chunk_size(self, max_body: int) -> None:
+        # h11 (0.16) reads a chunked body with its ChunkedReader: between two
+        # chunks (none of the last one left to read) it reads the next
+        # chunk-size line, after the CRLF that ends the chunk before.
+        reader = self._reader
+        if not isinstance(reader, ChunkedReader) or reader._reading_trailer:
+            return
+        if reader._bytes_in_chunk:
+            return
+        data: bytearray = self._receive_buffer._data
+        start = len(reader._bytes_to_discard)
+        if len(data) <= start:
+            return
+        end = data.find(b"\r\n", start)
+        line = data[start : len(data) if end < 0 else end]
+        if len(line) + 2 > MAX_CHUNK_LINE_BYTES:
+            raise refusal(f"A chunk-size line is over {MAX_CHUNK_LINE_BYTES} bytes.")
+        digits = _HEX_DIGITS.match(line)
+        if digits is None:
+            return  # no size: h11 refuses the line once it is whole
+        # More digits only make the size larger: a size already past the
+        # limit is refused before the line ends.
+        if int(digits.group(), 16) > max_body - self._body_bytes:
+            raise refusal(
+                f"A chunk size takes the request body over {max_body} bytes "
+                "(server.max_body_bytes).",
+                413,
+            )
+
+
+_HEX_DIGITS = re.compile(rb"[0-9A-Fa-f]+")
+
 
 class StrictH11Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol on a ``StrictConnection``, with h2c as
@@ -162,7 +229,9 @@ class StrictH11Protocol(H11Protocol):
         self._h2c = True
         if isinstance(config, WireConfig):
             self._h2c = config.h2c
-            self._strict = StrictConnection(config.h11_max_incomplete_size, config.h2c)
+            self._strict = StrictConnection(
+                config.h11_max_incomplete_size, config.h2c, config.max_body_bytes
+            )
             self.connection = self._strict
 
     async def _check_protocol(self, event: h11.Request) -> None:
@@ -185,9 +254,12 @@ class StrictH11Protocol(H11Protocol):
             (b"connection", b"close"),
             *self.config.response_headers("h11"),
         ]
-        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
-        await self._send_h11_event(h11.Data(data=body))
-        await self._send_h11_event(h11.EndOfMessage())
+        # One write: an app answering meanwhile (a refusal inside a body it
+        # has not read) cannot slip its answer between these events.
+        events = (h11.Response(status_code=status_code, headers=headers), h11.Data(data=body))
+        data = b"".join(self.connection.send(event) or b"" for event in events)
+        data += self.connection.send(h11.EndOfMessage()) or b""
+        await self.send(RawData(data=data))
 
 
 class ClosingH2Protocol(H2Protocol):
@@ -237,6 +309,13 @@ def error_body(status: int, message: str) -> bytes:
     """The horde's error envelope for an answer the app never saw: the rc is
     the status's name, as for any HTTP error without an rc of its own."""
     phrase = HTTPStatus(status).phrase
+    if status == RC.PayloadTooLarge.status:  # the rc the app gives a body past the limit
+        return json.dumps(
+            {
+                "message": message or RC.PayloadTooLarge.default_message,
+                "rc": RC.PayloadTooLarge.name,
+            }
+        ).encode()
     return json.dumps({"message": message or phrase, "rc": phrase.replace(" ", "")}).encode()
 
 

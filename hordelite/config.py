@@ -17,9 +17,13 @@ import datetime
 import os
 import re
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast, get_type_hints
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from hordelite.contract import forwarded
 from hordelite.contract.chat_features import ALL_NAMES
@@ -116,20 +120,51 @@ def bounds_of(field: dataclasses.Field[Any]) -> Bounds | None:
 # Rules of their own, for keys a bound cannot state.
 
 
+# What a URL whose host or port cannot be read is told (never the URL: it may
+# hold a password).
+_PORT_PROBLEM = (
+    "has a port that is not a number from 1 to 65535 "
+    "(host:port; an IPv6 address in brackets, [::1]:port)"
+)
+
+
+def _port_problem(port: int | None) -> str | None:
+    return _PORT_PROBLEM if port is not None and not 1 <= port <= 65535 else None
+
+
+def _url_problem(value: str) -> str | None:
+    """Why a URL's host and port cannot be read (as urllib reads them: the
+    redis and HTTP clients do), or None."""
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return _PORT_PROBLEM
+    return _port_problem(port)
+
+
 def _database(value: str) -> str | None:
     if not value.strip():
         return "must not be empty"
-    if "://" in value and not value.startswith(
-        ("postgresql://", "postgresql+psycopg://", "sqlite://")
-    ):
+    if "://" not in value:
+        return None
+    if not value.startswith(("postgresql://", "postgresql+psycopg://", "sqlite://")):
         return f"must be a file path or a postgresql:// URL, got {value!r}"
-    return None
+    # Read as the database is opened (SQLAlchemy's URL), where a bad port
+    # was a ValueError out of the command.
+    try:
+        url = make_url(value)
+    except ArgumentError:
+        return "cannot be read as a URL (postgresql://user:password@host:port/database)"
+    except ValueError:
+        return _PORT_PROBLEM
+    return _port_problem(url.port)
 
 
 def _signals_url(value: str) -> str | None:
     if value and not value.startswith(("redis://", "rediss://")):
         return f"must be empty (in-process signals) or a redis:// URL, got {value!r}"
-    return None
+    return _url_problem(value) if value else None
 
 
 def _existing_file_or_empty(value: str) -> str | None:
@@ -146,7 +181,7 @@ def _directory_or_empty(value: str) -> str | None:
 def _http_url(value: str) -> str | None:
     if not value.startswith(("http://", "https://")):
         return f"must be an http:// or https:// URL, got {value!r}"
-    return None
+    return _url_problem(value)
 
 
 def _http_url_or_empty(value: str) -> str | None:

@@ -3,8 +3,9 @@
 ``open_server`` is the async context manager that ``hordelite serve`` and
 ``hordelite.testing.open_horde`` both use: it migrates the database, starts
 Hypercorn and the timers in one task group, yields the running horde, and on
-exit stops accepting, gives open requests the grace period, stops the timers
-and closes storage last.
+exit drains (without Redis signals, it serves on while OpenAI calls wait for
+their workers' submits), stops accepting, gives open requests what is left of
+the grace period, stops the timers and closes storage last.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import contextlib
 import dataclasses
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -140,13 +142,40 @@ async def _serve_http_until(
     shutdown: anyio.Event,
     stopped: anyio.Event,
     sock: socket.socket | None,
+    grace_left: Callable[[], float] | None = None,
     *,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     try:
-        await serve_http(app, config.server, shutdown, sock=sock, task_status=task_status)
+        await serve_http(
+            app, config.server, shutdown, sock=sock, grace_left=grace_left, task_status=task_status
+        )
     finally:
         stopped.set()
+
+
+class _OpenCalls(Protocol):
+    """The front's open calls (front.openai.Admission)."""
+
+    async def none_open(self) -> None: ...
+
+
+async def _drain_calls(horde: Horde, admission: _OpenCalls) -> None:
+    """The first part of a stop, for a horde without Redis signals: the
+    server goes on serving (the workers' submits and progress come in on
+    new connections, a job taking longer than a kept-alive connection
+    stays open) until no OpenAI call is open, or the drain's deadline.
+
+    Meanwhile new work is refused as the stop says: a call waits only while
+    a worker has its job, the others are answered 503 ShuttingDown at once,
+    pops answer empty, ``/readyz`` says "stopping". With Redis signals the
+    port is left at once instead: the other processes take new connections,
+    submits included, and the calls' replies reach this one as signals."""
+    left = horde.core.drain_deadline - anyio.current_time()
+    if horde.core.shared or left <= 0:
+        return
+    with anyio.move_on_after(left, shield=True):
+        await admission.none_open()
 
 
 async def _serve_metrics(
@@ -234,12 +263,24 @@ async def _open_horde(
         directory = blobs if isinstance(blobs, DirectoryStore) else None
         # The hottest native and OpenAI routes answered before Quart (lean.py).
         quart = create_app(horde, current_backend(), directory)
-        app = LeanRoutes(quart, horde, quart.config["FRONT_ADMISSION"])
+        admission = quart.config["FRONT_ADMISSION"]
+        app = LeanRoutes(quart, horde, admission)
         shutdown = anyio.Event()
         stopped = anyio.Event()
+        # When everything stops: the grace period from the stop's start,
+        # drain included.
+        stop_by = [float("inf")]
         error: Exception | None = None
         async with anyio.create_task_group() as tg:
-            url = await tg.start(_serve_http_until, app, config, shutdown, stopped, sock)
+            url = await tg.start(
+                _serve_http_until,
+                app,
+                config,
+                shutdown,
+                stopped,
+                sock,
+                lambda: stop_by[0] - anyio.current_time(),
+            )
             metrics_url = None
             metrics_stopped = anyio.Event()
             if config.metrics.enabled and config.metrics.port:
@@ -258,12 +299,14 @@ async def _open_horde(
                 # caller gets its own exception, not a group around it.
                 error = exc
             finally:
+                stop_by[0] = anyio.current_time() + config.server.grace_period
                 horde.begin_shutdown()
+                await _drain_calls(horde, admission)
                 shutdown.set()
-                # Let Hypercorn drain (it cancels what is still open after
-                # the grace period) before anything is cancelled, also when
-                # the block raised: the exception then propagates after.
-                with anyio.move_on_after(config.server.grace_period + 1, shield=True):
+                # Let Hypercorn drain (it cancels what is still open when
+                # the grace period ends) before anything is cancelled, also
+                # when the block raised: the exception then propagates after.
+                with anyio.move_on_after(stop_by[0] - anyio.current_time() + 1, shield=True):
                     await stopped.wait()
                     await metrics_stopped.wait()
                 tg.cancel_scope.cancel()

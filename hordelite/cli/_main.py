@@ -16,7 +16,7 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
 from hordelite import __version__
-from hordelite._http import base_url, listen
+from hordelite._http import base_url, claim_port, listen
 from hordelite.cli import _admin
 from hordelite.cli._processes import Supervisor, serve_child
 from hordelite.config import Config, load_config, processes_problem
@@ -245,6 +245,7 @@ def _serve(config: Config) -> int:
     _log_setup()
     if config.server.processes > 1:
         return _serve_processes(config)
+    _claim_metrics_port(config)
     with _listen_refused(config):
         anyio.run(_run, config, backend=config.server.backend)
     return 0
@@ -258,19 +259,40 @@ def _serve_processes(config: Config) -> int:
     """Bind once, migrate once, then supervise the serving processes."""
     with contextlib.ExitStack() as stack:
         with _listen_refused(config):
-            first = stack.enter_context(listen(config.server, shared=True))
-            # One socket per process on the port the first got (port 0
-            # included): the kernel spreads new connections over them, where
-            # one shared socket would let one process accept most of them.
-            port = first.getsockname()[1]
+            # The port held by nothing else (another horde's shared sockets
+            # included), then one socket per process on it (port 0: the one
+            # the kernel picked): the kernel spreads new connections over
+            # them, where one shared socket would let one process accept
+            # most of them.
+            port = claim_port(config.server)
             same_port = dataclasses.replace(config.server, port=port)
-            socks = [first] + [
+            socks = [
                 stack.enter_context(listen(same_port, shared=True))
-                for _ in range(config.server.processes - 1)
+                for _ in range(config.server.processes)
             ]
+            first = socks[0]
+        _claim_metrics_port(config)
         _migrate(config)
         lines = banner(config, base_url(first), __version__)
         return Supervisor(config, socks).run(lines)
+
+
+def _claim_metrics_port(config: Config) -> None:
+    """The metrics port, held by nothing else: each serving process binds it
+    itself, with SO_REUSEPORT when there are several (server._serve_metrics),
+    and its refusal names the metrics port, not the horde's."""
+    if not (config.metrics.enabled and config.metrics.port):
+        return
+    metrics = dataclasses.replace(config.server, host=config.metrics.host, port=config.metrics.port)
+    try:
+        claim_port(metrics)
+    except OSError as exc:
+        message = _address_error(
+            exc, f"{metrics.host}:{metrics.port}", "metrics.port", "metrics.host"
+        )
+        if message is None:
+            raise
+        raise _admin.Refused(message) from None
 
 
 def _migrate(config: Config) -> None:
@@ -310,19 +332,29 @@ def _listen_error(exc: BaseException, config: Config) -> str | None:
             if message is not None:
                 return message
         return None
-    if not isinstance(exc, OSError) or exc.filename is not None:  # a file's error is no socket's
+    if not isinstance(exc, OSError):
         return None
-    where = f"{config.server.host}:{config.server.port}"
+    return _address_error(exc, f"{config.server.host}:{config.server.port}", "--port", "--host")
+
+
+def _address_error(exc: OSError, where: str, port_option: str, host_option: str = "") -> str | None:
+    """One line for an address that cannot be listened on, else None."""
+    if exc.filename is not None:  # a file's error is no socket's
+        return None
     if exc.errno == errno.EADDRINUSE:
-        return f"cannot listen on {where}: the port is in use; choose another with --port"
-    if exc.errno == errno.EADDRNOTAVAIL:
         return (
-            f"cannot listen on {where}: no such address on this machine; choose another with --host"
+            f"cannot listen on {where}: the port is in use (by another horde or program); "
+            f"choose another with {port_option}"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL and host_option:
+        return (
+            f"cannot listen on {where}: no such address on this machine; "
+            f"choose another with {host_option}"
         )
     if exc.errno == errno.EACCES:
         return (
             f"cannot listen on {where}: permission denied (ports below 1024 need privileges); "
-            "choose another with --port"
+            f"choose another with {port_option}"
         )
     return None
 

@@ -67,6 +67,10 @@ MAX_CHAT_NAME_CHARS: Final = 64
 # A request body of the specification's chat API is at most 36 MiB
 # (server.max_body_bytes defaults to it).
 MAX_CHAT_BODY_BYTES: Final = 36 * 1024 * 1024
+# The longest chunk-size line of a chunked body (the size in hex, any
+# extensions, the CRLF): a size needs at most 16 digits, and nothing
+# hordelite reads comes in extensions (hordelite._wire).
+MAX_CHUNK_LINE_BYTES: Final = 1024
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3
 # Reply bounds a chat submit must keep (worker guide, "Submit refusals").

@@ -127,12 +127,12 @@ class Call:
 
     def _finishing(self, status: RequestStatus, now: float) -> bool:
         """While the horde drains: whether this call still waits for its
-        reply. It does while a worker has its job, another process can take
-        that worker's submit, and the drain's deadline has not come; else
-        the request is handed back (cancelled, uncharged) at once, for no
-        reply can reach this process any more."""
-        core = self.horde.core
-        return bool(status.processing) and core.shared and now < core.drain_deadline
+        reply. It does while a worker has its job and the drain's deadline
+        has not come: the worker's submit reaches this process, which
+        serves until its calls are answered (server.open_server), or
+        another process (Redis signals). A call whose request no worker has
+        is handed back (cancelled, uncharged) at once."""
+        return bool(status.processing) and now < self.horde.core.drain_deadline
 
     def next_recheck(self) -> float:
         """When to re-read the status without a signal: a random point of the

@@ -48,6 +48,8 @@ class Admission:
         self.config = config
         self.open = 0
         self.by_source: collections.Counter[str] = collections.Counter()
+        # Set once no call is open, for a stop waiting on that (none_open).
+        self._none_open: anyio.Event | None = None
 
     def admit(self, source: str) -> Callable[[], None]:
         """Count a call in; returns its release. 503 FrontAtCapacity when full."""
@@ -70,8 +72,18 @@ class Admission:
                 self.by_source[source] -= 1
                 if not self.by_source[source]:
                     del self.by_source[source]
+                if not self.open and self._none_open is not None:
+                    self._none_open.set()
+                    self._none_open = None
 
         return release
+
+    async def none_open(self) -> None:
+        """Return once no call is open (at once when none is)."""
+        while self.open:
+            if self._none_open is None:
+                self._none_open = anyio.Event()
+            await self._none_open.wait()
 
 
 def _admission() -> Admission:

@@ -54,9 +54,9 @@ class Upkeep:
 
     def begin_shutdown(self) -> None:
         """Stop holding waits: each waiting pop answers now (a last try, then
-        empty), each waiting OpenAI call gets its final answer: at once, or
-        by the drain's deadline when a worker has its job and another
-        process can take its submit (``front._call``)."""
+        empty), each waiting OpenAI call gets its final answer: at once, or,
+        when a worker has its job, its reply or the refusal by the drain's
+        deadline (``front._call``)."""
         grace = self._core.config.server.grace_period
         self._core.drain_deadline = anyio.current_time() + max(grace - DRAIN_ANSWER_MARGIN, 0.0)
         self._core.stopping = True

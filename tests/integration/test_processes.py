@@ -772,6 +772,58 @@ def test_the_processes_option_is_refused_the_same_way_naming_both_requirements(
     assert not db.exists()
 
 
+def serve_refused_in_use(config: Path) -> str:
+    """The one stderr line of a ``serve`` whose port is held: exit 1,
+    nothing on stdout (no banner: it never served)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
+        capture_output=True,
+        text=True,
+        cwd=config.parent,
+        env=_environment(),
+        timeout=START_DEADLINE,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "in use" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    return done.stderr
+
+
+@pytest.mark.parametrize("processes", [2, 1])
+def test_a_second_horde_on_a_port_another_horde_serves_is_refused_at_start(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any, processes: int
+) -> None:
+    # Each process of a horde binds the port with SO_REUSEPORT, which
+    # another horde's SO_REUSEPORT sockets would join: the kernel then
+    # spread the connections over both hordes.
+    first = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+    port = int(first.url.rsplit(":", 1)[1])
+    second = tmp_path / "second"
+    second.mkdir()
+    config = write_config(second, postgres_schema_url, redis_url, processes=processes, port=port)
+    line = serve_refused_in_use(config)
+    assert f"127.0.0.1:{port}" in line
+    assert "--port" in line
+    # The first horde's processes still share the port and answer.
+    with httpx.Client(timeout=10) as client:
+        for _ in range(4):
+            assert client.get(f"{first.url}/api/v2/status/heartbeat").status_code == 200
+    assert len(first.children()) == 2
+
+
+def test_a_metrics_port_held_by_another_program_is_refused_at_start_naming_it(
+    tmp_path: Path, postgres_schema_url: str, redis_url: str, taken_port: int
+) -> None:
+    config = write_config(tmp_path, postgres_schema_url, redis_url)
+    config.write_text(config.read_text() + f"[metrics]\nport = {taken_port}\n")
+    line = serve_refused_in_use(config)
+    assert f"127.0.0.1:{taken_port}" in line
+    assert "metrics.port" in line
+
+
 # The sweep lock ----------------------------------------------------------------------
 
 

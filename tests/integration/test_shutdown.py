@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from hordelite.testing import FakeChatWorker, FakeTextWorker, open_horde
+from tests.integration._helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -74,3 +75,63 @@ async def test_an_open_openai_call_gets_a_final_503_and_its_request_is_cancelled
     assert answer.status_code == 503
     assert answer.headers["x-should-retry"] == "false"
     assert answer.json()["error"]["code"] == "ShuttingDown"
+
+
+@pytest.mark.parametrize("submit", ["submitted", "never"])
+async def test_a_stop_serves_the_workers_submit_to_an_open_call_within_the_grace_period(
+    submit: str,
+) -> None:
+    # A horde without Redis: the worker's submit can reach only this
+    # process. The stop keeps serving while an open call's worker has its
+    # job (the submit comes on a new connection: a job outlasts a kept-alive
+    # one), refuses new work meanwhile, and ends within the grace period.
+    grace = 6.0
+    answers: dict[str, httpx.Response] = {}
+    async with anyio.create_task_group() as tg:
+        async with open_horde(grace_period=grace) as horde:
+            owner = await horde.create_key("bob")
+            body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+
+            async def call(name: str) -> None:
+                async with httpx.AsyncClient(base_url=horde.url) as caller:
+                    answers[name] = await caller.post("/v1/chat/completions", json=body, timeout=30)
+
+            async with FakeChatWorker(horde.url, owner, model_id="m") as worker:
+                await worker.pop()  # online, declares the model
+                tg.start_soon(call, "open")
+                with anyio.fail_after(10):
+                    job = await worker.pop(wait=10)
+                assert job["id"] is not None
+
+                async def during_the_stop() -> None:
+                    await eventually(lambda: horde.horde.stopping)
+                    await call("new")  # new work is refused at once
+                    if submit == "submitted":
+                        async with httpx.AsyncClient(base_url=horde.url + "/api/v2") as fresh:
+                            reply = {
+                                "id": job["id"],
+                                "model_id": "m",
+                                "state": "ok",
+                                "message": {"role": "assistant", "content": "Blue."},
+                                "finish_reason": "stop",
+                            }
+                            answers["submit"] = await fresh.post(
+                                "/generate/text/submit", json=reply, headers={"apikey": owner}
+                            )
+
+                tg.start_soon(during_the_stop)
+                stopping = anyio.current_time()
+        # Leaving open_horde stopped it.
+        stopped = anyio.current_time() - stopping
+    assert stopped < grace + 1
+    assert answers["new"].status_code == 503, answers["new"].text
+    assert answers["new"].json()["error"]["code"] == "ShuttingDown"
+    if submit == "submitted":
+        assert answers["submit"].status_code == 200, answers["submit"].text
+        assert answers["open"].status_code == 200, answers["open"].text
+        assert answers["open"].json()["choices"][0]["message"]["content"] == "Blue."
+        # Answered as soon as its reply came: the stop did not wait out its grace.
+        assert stopped < grace - 1
+    else:
+        assert answers["open"].status_code == 503, answers["open"].text
+        assert answers["open"].json()["error"]["code"] == "ShuttingDown"

@@ -210,11 +210,11 @@ async def test_the_requests_of_a_reader_whose_lease_lapsed_are_cancelled_uncharg
 # A draining process ---------------------------------------------------------------
 
 
-async def test_a_draining_process_hands_back_a_call_no_reply_can_reach_uncharged() -> None:
-    # In-process signals: no other process can take the worker's submit once
-    # this one stops, so the call is answered at once and nothing charged.
+async def test_a_draining_call_whose_worker_never_submits_is_handed_back_uncharged_by_the_deadline() -> (
+    None
+):
     config = Config().replace(signals={"url": ""})
-    async with open_front(config) as front:
+    async with open_front(config, grace_period=3) as front:
         worker = await front.worker("w1")
         kudos = await front.env.kudos()
         answered: dict[str, httpx.Response] = {}
@@ -222,6 +222,10 @@ async def test_a_draining_process_hands_back_a_call_no_reply_can_reach_uncharged
             tg.start_soon(answer_into, answered, front, "out", "Name one colour.")
             job = await popped(worker)
             front.env.horde.horde.begin_shutdown()
+            stopping = anyio.current_time()
+        # Held while its worker had the job, up to the drain's deadline (the
+        # grace period less DRAIN_ANSWER_MARGIN), then handed back.
+        assert anyio.current_time() - stopping < 3
         assert answered["out"].status_code == 503, answered["out"].text
         assert answered["out"].json()["error"]["code"] == "ShuttingDown"
         answer = await worker.submit_reply(job, BLUE)  # as after a restart
@@ -233,11 +237,13 @@ def _redis_url() -> str:
     return os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-async def test_a_draining_process_of_several_finishes_a_call_whose_worker_has_the_job() -> None:
-    # Redis signals: the worker's submit can reach another process while this
-    # one drains, so a call whose job is out waits for its reply, and a call
+@pytest.mark.parametrize("signals", ["in-process", "redis"])
+async def test_a_draining_process_finishes_a_call_whose_worker_has_the_job(signals: str) -> None:
+    # The worker's submit reaches this process, which serves on while its
+    # calls wait (server.open_server), or, with Redis signals, another
+    # process: a call whose job is out waits for its reply, and a call
     # still queued is handed back at once.
-    config = Config().replace(signals={"url": _redis_url()})
+    config = Config().replace(signals={"url": _redis_url() if signals == "redis" else ""})
     # A drain long enough for the worker's submit on a loaded machine.
     async with open_front(config, grace_period=30) as front:
         worker = await front.worker("w1")

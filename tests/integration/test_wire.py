@@ -213,6 +213,68 @@ async def test_a_head_at_the_bound_is_served_whether_written_whole_or_in_pieces(
             assert status == 200
 
 
+# A chunked body's chunk sizes ------------------------------------------------------------------
+
+# Each reads its body in Quart, the lean lane's routes (submit, the OpenAI
+# call) as well: a chunked body is not theirs (hordelite.lean).
+CHUNKED_ROUTES = [
+    pytest.param("/api/v2/generate/text/async", id="native-submit"),
+    pytest.param("/v1/chat/completions", id="openai-call"),
+    pytest.param("/api/v2/users/1", id="quart-route"),
+]
+
+
+def _chunked(route: str, chunks: bytes) -> bytes:
+    return (
+        f"POST {route} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        "Authorization: Bearer 0000000000\r\napikey: 0000000000\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode() + chunks
+
+
+# body_timeout far above PATIENCE: a size waited for is a failure, not a 408.
+CHUNKED_LIMIT = server(max_body_bytes=1024, body_timeout=600)
+
+
+@pytest.mark.parametrize("route", CHUNKED_ROUTES)
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        pytest.param(b"ffffffffffffffffffff\r\n", id="20-hex-digits"),
+        pytest.param(b"401\r\n", id="one-past-the-limit"),
+        pytest.param(b"200\r\n" + b"x" * 512 + b"\r\n201\r\n", id="the-second-chunk-past-it"),
+    ],
+)
+async def test_a_chunk_size_past_the_body_limit_gets_413_at_once(route: str, chunks: bytes) -> None:
+    async with open_horde(config=CHUNKED_LIMIT) as horde, connect(horde) as conn:
+        with anyio.fail_after(PATIENCE):
+            await conn.send(_chunked(route, chunks))
+            await assert_refused(conn, 413, "PayloadTooLarge", "1024", "max_body_bytes")
+
+
+@pytest.mark.parametrize("route", CHUNKED_ROUTES)
+async def test_a_chunk_size_line_of_leading_zeros_gets_400_at_once(route: str) -> None:
+    async with open_horde(config=CHUNKED_LIMIT) as horde, connect(horde) as conn:
+        with anyio.fail_after(PATIENCE):
+            await conn.send(_chunked(route, b"0" * 4000))
+            await assert_refused(conn, 400, "BadRequest", "chunk-size line")
+
+
+async def test_chunked_bodies_up_to_the_limit_are_read_on_a_kept_alive_connection() -> None:
+    # Two requests, each at the limit in two chunks: the count starts afresh
+    # with each request.
+    chunks = b"200\r\n" + b" " * 512 + b"\r\n0200\r\n" + b" " * 510 + b"{}\r\n0\r\n\r\n"
+    async with open_horde(config=CHUNKED_LIMIT) as horde, connect(horde) as conn:
+        with anyio.fail_after(PATIENCE):
+            for _ in range(2):
+                await conn.send(_chunked("/api/v2/generate/text/async", chunks))
+                status, headers, body = await conn.response()
+                # Read whole and judged by the app: an empty submit names its prompt.
+                assert status == 400, body
+                assert json.loads(body)["rc"] != "PayloadTooLarge"
+                assert headers.get("connection", "").lower() != "close"
+
+
 # Cleartext HTTP/2 -----------------------------------------------------------------------------
 
 UPGRADE = (

@@ -541,6 +541,72 @@ def test_a_missing_config_file_named_on_the_command_line_returns_2(
     assert "absent.toml" in capsys.readouterr().err
 
 
+# A malformed URL: one line naming the key, for every command that reads it.
+
+DATABASE_COMMANDS = [
+    pytest.param(["serve"], id="serve"),
+    pytest.param(["keys", "list"], id="keys-list"),
+    pytest.param(["keys", "create", "alice"], id="keys-create"),
+    pytest.param(["kudos", "grant", "alice", "1"], id="kudos-grant"),
+    pytest.param(["workers", "list"], id="workers-list"),
+    pytest.param(["db", "upgrade"], id="db-upgrade"),
+]
+BAD_DATABASE_URLS = [
+    pytest.param("postgresql://host:54x2/db", id="port-not-a-number"),
+    pytest.param("postgresql://127.0.0.1:99999/db", id="port-out-of-range"),
+    pytest.param("postgresql://127.0.0.1:0/db", id="port-0"),
+    pytest.param("postgresql://u:secret@[::1/db", id="ipv6-unclosed"),
+    pytest.param("postgresql+psycopg://h:-1/db", id="port-negative"),
+]
+
+
+@pytest.mark.parametrize("url", BAD_DATABASE_URLS)
+@pytest.mark.parametrize("command", DATABASE_COMMANDS)
+def test_a_malformed_database_url_is_one_line_naming_the_key_with_exit_code_2(
+    command: list[str], url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(capsys, *command, "--database", url)
+    assert_one_line_refusal(code, err, "storage.database", "port")
+    assert code == 2
+    assert "secret" not in err  # the URL may hold a password: it is not shown
+    assert "serving at" not in out
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "key"),
+    [
+        ("HORDELITE_SIGNALS_URL", "redis://127.0.0.1:63x9/0", "signals.url"),
+        ("HORDELITE_SIGNALS_URL", "redis://[::1/0", "signals.url"),
+        ("HORDELITE_BLOBS_S3_ENDPOINT", "http://127.0.0.1:9x/", "blobs.s3_endpoint"),
+    ],
+)
+def test_a_malformed_service_url_stops_serve_in_one_line_naming_the_key(
+    variable: str,
+    value: str,
+    key: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = tmp_path / "never.db"
+    monkeypatch.setenv(variable, value)
+    code, _, err = cli(capsys, "serve", "--port", "0", "--database", str(db))
+    assert_one_line_refusal(code, err, key, "port")
+    assert code == 2
+    assert not db.exists()
+
+
+def test_a_database_url_without_a_host_or_a_port_is_taken_as_libpq_takes_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # libpq's defaults (the local socket, port 5432): not a configuration
+    # error, whatever the database then says.
+    for url in ("postgresql:///hordelite-absent", "postgresql://:5432/hordelite-absent"):
+        code, _, err = cli(capsys, "keys", "list", "--database", url)
+        assert "configuration error" not in err, err
+        assert code == 1
+
+
 # A real serve process ----------------------------------------------------------
 
 START_DEADLINE = 20.0
@@ -731,6 +797,32 @@ def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str)
     assert f"127.0.0.1:{port}" in done.stderr
     assert "in use" in done.stderr
     assert "--port" in done.stderr
+    assert "serving at" not in done.stdout
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+        env["HORDELITE_METRICS_PORT"] = str(port)
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "hordelite", "serve", "--port", "0"),
+                *("--database", str(tmp_path / "p.db")),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=START_DEADLINE,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr
+    assert "metrics.port" in done.stderr
     assert "serving at" not in done.stdout
 
 

@@ -72,7 +72,8 @@ def test_every_module_imports_first() -> None:
 # - config reads the configuration, by the contract's limits.
 # - _http is Hypercorn and Quart on whichever loop runs (config's server
 #   settings only); _wire, below it, the strict HTTP/1.1 that Hypercorn's
-#   connections run on (nothing of hordelite).
+#   connections run on (of hordelite, only the pure contract's limits and
+#   errors: a chunk-size line's bound, the rc of a body past the limit).
 # - The adapters to the outside, siblings that never import each other:
 #   storage (the database), signals (wake-ups across processes), blobs (image
 #   bytes; their AWS signing inside) and guarded_fetch (client image URLs).
@@ -95,7 +96,7 @@ LAYERS: dict[str, set[str]] = {
     "clock": set(),
     "contract": {"errors"},
     "config": {"contract", "errors"},
-    "_wire": set(),
+    "_wire": {"contract", "errors"},
     # Hypercorn's trio connection, lighter (the server's; never the worker's).
     "_connection": set(),
     "_http": {"config", "_wire", "_connection"},

@@ -105,3 +105,66 @@ def test_the_error_body_is_the_horde_envelope_with_the_status_name_as_rc() -> No
         error_body(431, "too big") == b'{"message": "too big", "rc": "RequestHeaderFieldsTooLarge"}'
     )
     assert error_body(400, "") == b'{"message": "Bad Request", "rc": "BadRequest"}'
+
+
+# A chunked body's chunk sizes (server.max_body_bytes) ---------------------------------------
+
+CHUNKED_HEAD = (
+    b"POST /api/v2/generate/text/async HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def body_events(data: bytes, *, step: int, max_body: int = 1024) -> list[object]:
+    """Every event of ``data`` (a request and its body), ``step`` bytes a read."""
+    conn = StrictConnection(16384, False, max_body)
+    events: list[object] = []
+    for start in range(0, len(data), step):
+        conn.receive_data(data[start : start + step])
+        while (event := conn.next_event()) is not h11.NEED_DATA:
+            events.append(event)
+            if isinstance(event, h11.EndOfMessage):
+                return events
+    return events
+
+
+def body_refusal(data: bytes, *, step: int) -> h11.RemoteProtocolError:
+    with pytest.raises(h11.RemoteProtocolError) as caught:
+        body_events(data, step=step)
+    return caught.value
+
+
+@pytest.mark.parametrize("step", [1, 2, 1000])
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        pytest.param(b"ffffffffffffffffffff\r\n", id="20-hex-digits"),
+        pytest.param(b"401\r\n", id="one-past-the-limit"),
+        pytest.param(b"200\r\n" + b"x" * 512 + b"\r\n201\r\n", id="the-second-chunk-past-it"),
+    ],
+)
+def test_a_chunk_size_past_the_body_limit_is_refused_with_413_before_its_bytes(
+    chunks: bytes, step: int
+) -> None:
+    exc = body_refusal(CHUNKED_HEAD + chunks, step=step)
+    assert exc.error_status_hint == 413
+    assert "max_body_bytes" in str(exc)
+
+
+@pytest.mark.parametrize("step", [1, 1000])
+def test_a_chunk_size_line_of_leading_zeros_without_end_is_refused_with_400(step: int) -> None:
+    exc = body_refusal(CHUNKED_HEAD + b"0" * 2000, step=step)
+    assert exc.error_status_hint == 400
+    assert "chunk-size line" in str(exc)
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_chunks_summing_to_the_body_limit_are_read_whole(step: int) -> None:
+    body = b"200\r\n" + b"x" * 512 + b"\r\n0200\r\n" + b"y" * 512 + b"\r\n0\r\n\r\n"
+    events = body_events(CHUNKED_HEAD + body + CHUNKED_HEAD, step=step)
+    assert isinstance(events[-1], h11.EndOfMessage)
+    data = b"".join(e.data for e in events if isinstance(e, h11.Data))
+    assert data == b"x" * 512 + b"y" * 512
+
+
+def test_the_payload_refusal_carries_the_apps_rc() -> None:
+    assert b'"rc": "PayloadTooLarge"' in error_body(413, "too large")
