@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -41,6 +44,8 @@ from hordelite.horde.status import status_of
 from hordelite.signals import look_again_by
 from hordelite.storage.requests import FirstRequest, Submitted
 
+log = logging.getLogger("hordelite.requests")
+
 
 class Requests:
     """The requester's room. A resubmit with the same operation key
@@ -60,15 +65,23 @@ class Requests:
         return text_quote(self._core.models, req)
 
     async def submit_text(
-        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+        self,
+        api_key: str,
+        body: Any,
+        client_agent: str,
+        operation_key: str | None = None,
+        *,
+        client: str | None = None,
     ) -> Queued | Quote:
-        """Queue a text request; answers the 202 body (or the dry-run quote)."""
+        """Queue a text request; answers the 202 body (or the dry-run quote).
+        ``client``: the address it came from (contract.forwarded), which an
+        anonymous request's budgets are counted by."""
         core = self._core
         req = parse_text_request(body, http_webhooks=core.config.webhooks.call_private)
         if req.dry_run:
             await core.store.user_by_key(key_hash=hash_key(api_key))
             return Quote(self.quote(req))
-        return await self.queue_text(api_key, req, client_agent, operation_key)
+        return await self.queue_text(api_key, req, client_agent, operation_key, client=client)
 
     async def queue_text(
         self,
@@ -78,27 +91,37 @@ class Requests:
         operation_key: str | None = None,
         *,
         reader: str | None = None,
+        client: str | None = None,
     ) -> Queued:
         """Queue a validated text request; answers the 202 body. ``reader``:
         the process holding the OpenAI call that is its only reader."""
         core = self._core
         new = new_text_request(req, self.quote, scoped_operation_key(api_key, operation_key))
-        submitted = await core.store.submit_request(
-            key_hash=hash_key(api_key),
-            new=new,
-            request_id=str(uuid.uuid4()),
-            now=core.clock.now(),
-            upfront_max_length=UPFRONT_MAX_LENGTH,
-            client_agent=client_agent,
-            online=await core.pool.get(core.clock.now()),
-            reader=reader,
-        )
+        key_hash = hash_key(api_key)
+        async with self._refusals_counted(key_hash, client):
+            submitted = await core.store.submit_request(
+                key_hash=key_hash,
+                new=new,
+                request_id=str(uuid.uuid4()),
+                now=core.clock.now(),
+                upfront_max_length=UPFRONT_MAX_LENGTH,
+                client_agent=client_agent,
+                online=await core.pool.get(core.clock.now()),
+                reader=reader,
+                client=client,
+            )
         if not submitted.replayed:
             await core.queue_changed(submitted.view)
         return self._text_queued(req, submitted)
 
     async def queue_completion(
-        self, api_key: str, req: CompletionRequest, client_agent: str, *, reader: str
+        self,
+        api_key: str,
+        req: CompletionRequest,
+        client_agent: str,
+        *,
+        reader: str,
+        client: str | None = None,
     ) -> tuple[Queued, Context]:
         """Queue an OpenAI legacy completion as a text request, routed with
         the context ``completion_context`` chooses from the workers online
@@ -107,7 +130,7 @@ class Requests:
         online = await core.pool.get(core.clock.now())
         context = completion_context(req, completion_offers(req.text, online))
         queued = await self.queue_text(
-            api_key, with_context(req, context), client_agent, reader=reader
+            api_key, with_context(req, context), client_agent, reader=reader, client=client
         )
         return queued, context
 
@@ -134,10 +157,18 @@ class Requests:
         )
 
     async def submit_chat(
-        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+        self,
+        api_key: str,
+        body: Any,
+        client_agent: str,
+        operation_key: str | None = None,
+        *,
+        client: str | None = None,
     ) -> Queued:
         """Queue a chat request (see contract.chat_admission.admit_within for what is refused)."""
-        return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
+        return await self.queue_chat(
+            api_key, parse_chat_request(body), client_agent, operation_key, client=client
+        )
 
     async def queue_chat(
         self,
@@ -147,9 +178,28 @@ class Requests:
         operation_key: str | None = None,
         *,
         reader: str | None = None,
+        client: str | None = None,
     ) -> Queued:
-        """Queue a validated chat request; answers the 202 body. ``reader``:
-        the process holding the OpenAI call that is its only reader.
+        """Queue a validated chat request; answers the 202 body (its budget
+        refusals counted toward the rate). ``reader``: the process holding
+        the OpenAI call that is its only reader; ``client``: the address it
+        came from."""
+        async with self._refusals_counted(hash_key(api_key), client):
+            return await self._queue_chat(
+                api_key, req, client_agent, operation_key, reader=reader, client=client
+            )
+
+    async def _queue_chat(
+        self,
+        api_key: str,
+        req: ChatRequest,
+        client_agent: str,
+        operation_key: str | None,
+        *,
+        reader: str | None,
+        client: str | None,
+    ) -> Queued:
+        """As ``queue_chat``.
 
         A resubmit with the same operation key answers the first request
         before anything else is checked (the workers may have changed
@@ -167,6 +217,7 @@ class Requests:
             if first is not None:
                 return self._first_again(first)
         if req.has_images:
+            await self._check_rate(key_hash, client)
             await self._check_image_count(key_hash, req)
         request_id = str(uuid.uuid4())
         taken = await self._take_images(req, request_id)
@@ -179,6 +230,7 @@ class Requests:
                 fingerprint=fingerprint,
                 request_id=request_id,
                 reader=reader,
+                client=client,
             )
         except BaseException:
             await self._drop_images(taken, request_id)  # not queued: its images go
@@ -193,6 +245,37 @@ class Requests:
         """The answer to a resubmit: the first request's id and quote."""
         billions = max(self._core.models.billions(m) for m in first.models)
         return Queued(first.id, kudos_rules.request_quote(first.max_length, 1, billions))
+
+    @contextlib.asynccontextmanager
+    async def _refusals_counted(self, key_hash: str, client: str | None) -> AsyncIterator[None]:
+        """A budget refusal raised inside counted toward the requester's
+        rate (its anonymous client's), as a request queued would be
+        (decision 0071): a flooder past a budget is then refused by the
+        rate's one read. Counting is best-effort: the refusal stands."""
+        try:
+            yield
+        except HordeError as exc:
+            if exc.rc in budgets.COUNTED_REFUSALS:
+                core = self._core
+                try:
+                    await core.store.count_refusal(
+                        key_hash=key_hash, client=client, now=core.clock.now()
+                    )
+                except Exception as failure:  # the refusal is the answer either way
+                    log.warning("a budget refusal went uncounted: %s", failure)
+            raise
+
+    async def _check_rate(self, key_hash: str, client: str | None) -> None:
+        """429 RequestRateExceeded before any image is fetched, decoded or
+        stored, when the requester (its anonymous client) is past its
+        requests_per_minute: a flood of image requests past a budget costs
+        one read each, not an image's work each."""
+        core = self._core
+        refusal = await core.store.rate_refusal(
+            key_hash=key_hash, client=client, now=core.clock.now()
+        )
+        if refusal is not None:
+            raise refusal
 
     async def _check_image_count(self, key_hash: str, req: ChatRequest) -> None:
         """413 TooManyImages before any image is fetched, decoded or stored,

@@ -105,10 +105,12 @@ class Store:
         client_agent: str,
         online: list[WorkerView] | None,
         reader: str | None = None,
+        client: str | None = None,
     ) -> q.Submitted:
         """The request queued, or the one its operation key queued first; raises
         the submit refusals (InvalidAPIKey, KudosUpfront, OperationKeyReused...).
-        ``reader``: the process holding the OpenAI call that is its only reader."""
+        ``reader``: the process holding the OpenAI call that is its only reader;
+        ``client``: the address an anonymous request's budgets count."""
         return await self.db.write(
             q.submit_request,
             key_hash,
@@ -120,7 +122,19 @@ class Store:
             client_agent,
             online,
             reader,
+            client,
         )
+
+    async def rate_refusal(
+        self, *, key_hash: str, client: str | None, now: float
+    ) -> HordeError | None:
+        """The key's requests_per_minute refusal now (None: within it), as
+        the submit would raise it; raises InvalidAPIKey."""
+        return await self.db.read(q.rate_refusal, key_hash, client, now, self.rules)
+
+    async def count_refusal(self, *, key_hash: str, client: str | None, now: float) -> None:
+        """A budget refusal of the key's request, counted toward its rate."""
+        await self.db.write(q.count_refusal, key_hash, client, now, self.rules)
 
     async def first_request(
         self, *, key_hash: str, operation_key: str, kind: str, fingerprint: str | None
@@ -141,6 +155,7 @@ class Store:
         upfront_max_length: int,
         client_agent: str,
         reader: str | None = None,
+        client: str | None = None,
     ) -> q.Submitted | q.FirstRequest | Capacity:
         """The chat request admitted by ``plan`` against the online workers
         (its refusals raised) and queued, or the first request of its
@@ -157,6 +172,7 @@ class Store:
             upfront_max_length,
             client_agent,
             reader,
+            client,
         )
 
     async def cancel_request(
