@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any
 
 from sqlalchemy import (
     and_,
@@ -100,7 +100,7 @@ def _whose(by_client: bool) -> ColumnElement[bool]:
     return requests.c.user_id == bindparam("user_id")
 
 
-def _side_by_side(*aggregates: Select[Unpack[tuple[Any, ...]]]) -> Select[Any]:
+def _side_by_side(*aggregates: Select[*tuple[Any, ...]]) -> Select[Any]:
     """One row of one-row aggregates: one round trip, each read along its
     own index."""
     parts = [a.subquery() for a in aggregates]
