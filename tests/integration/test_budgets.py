@@ -238,7 +238,7 @@ async def test_a_submit_and_cancel_loop_is_held_to_the_rate_and_stores_nothing_p
         assert r.status_code == 202, r.text
 
 
-async def test_the_anonymous_rate_is_shared_and_a_registered_user_has_its_own() -> None:
+async def test_one_address_shares_the_anonymous_rate_and_a_registered_user_has_its_own() -> None:
     config = budgets(anonymous_requests_per_minute=2, requests_per_minute=3)
     async with open_horde(config=config) as horde, client_for(horde) as http:
         key = await horde.create_key("alice")
@@ -469,3 +469,18 @@ async def test_the_front_counts_anonymous_calls_per_address() -> None:
         answered = await polite.post("/v1/completions", json=call)
         assert answered.status_code == 503, answered.text
         assert answered.json()["error"]["code"] == "no_eligible_worker"
+
+
+async def test_a_request_with_images_past_the_rate_is_refused_before_its_images_are_read() -> None:
+    config = budgets(anonymous_requests_per_minute=1)
+    async with open_horde(config=config) as horde, client_for(horde) as http:
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
+            assert r.status_code == 202, r.text
+            # An image no decoder takes: read, it would be refused 400; past
+            # the rate, nothing of it is read.
+            body = image_body("data:image/png;base64," + "A" * 4096)
+            r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
+            assert_refused(r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute")
+            assert blob_files(horde) == []

@@ -158,9 +158,7 @@ def test_from_a_trusted_proxy_the_rightmost_untrusted_hop_is_the_client() -> Non
     # What the client sent itself stands left of what the proxy appended.
     assert client_address("127.0.0.1", LOCAL, "1.1.1.1, 198.51.100.1") == "198.51.100.1"
     # Hops that are trusted proxies themselves are walked past.
-    assert client_address("127.0.0.1", LOCAL, "1.1.1.1, 198.51.100.1, 10.0.0.5") == (
-        "198.51.100.1"
-    )
+    assert client_address("127.0.0.1", LOCAL, "1.1.1.1, 198.51.100.1, 10.0.0.5") == ("198.51.100.1")
     # Every hop trusted: the leftmost is the client.
     assert client_address("127.0.0.1", LOCAL, "10.0.0.9, 10.0.0.5") == "10.0.0.9"
     # A trusted proxy that forwards nothing is the client.
