@@ -509,7 +509,7 @@ def _check_budgets(
     if refusal is not None:
         raise refusal
     if admission.over_limit(in_flight, new.n, limit):
-        raise refusals.too_many_in_flight(in_flight, limit)
+        raise refusals.too_many_in_flight(in_flight, limit, anonymous=user["anonymous"])
 
 
 def _holdings(row: Mapping[str, Any]) -> budgets.Holdings:

@@ -484,3 +484,21 @@ async def test_a_request_with_images_past_the_rate_is_refused_before_its_images_
             r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
             assert_refused(r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute")
             assert blob_files(horde) == []
+
+
+async def test_the_anonymous_concurrency_is_each_address_own() -> None:
+    config = budgets().replace(horde={"anonymous_concurrency": 2})
+    async with (
+        open_horde(config=config) as horde,
+        client_from(horde, FLOODER, apikey=ANON) as flooder,
+        client_from(horde, POLITE, apikey=ANON) as polite,
+    ):
+        for _ in range(2):
+            r = await flooder.post(TEXT_ASYNC, json=text_body())
+            assert r.status_code == 202, r.text
+        r = await flooder.post(TEXT_ASYNC, json=text_body())
+        assert r.status_code == 429, r.text
+        assert r.json()["rc"] == "TooManyPrompts"
+        assert r.json()["message"].startswith("This address has 2 generations in flight")
+        r = await polite.post(TEXT_ASYNC, json=text_body())
+        assert r.status_code == 202, r.text
