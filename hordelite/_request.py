@@ -69,6 +69,17 @@ def public_base_url() -> str:
     )
 
 
+def client_address() -> str | None:
+    """The client's address as the anonymous budgets count it: the peer's,
+    or what a trusted proxy forwarded (contract.forwarded.client_address)."""
+    peer = request.scope.get("client")
+    return forwarded.client_address(
+        peer[0] if peer else None,
+        forwarded.parse_trusted_proxies(horde().config.server.trusted_proxies),
+        _joined(request.headers.getlist("X-Forwarded-For")),
+    )
+
+
 def _joined(values: list[str]) -> str | None:
     # Repeated header lines are one comma-separated list (RFC 9110 5.3).
     return ", ".join(values) if values else None

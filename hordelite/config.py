@@ -278,9 +278,11 @@ class ServerConfig:
     # messages URL (https://horde.example.org); empty: the request's own
     # scheme and Host, or what a trusted proxy forwarded.
     public_url: str = bounded("", rule=forwarded.public_url_problem)
-    # Peers whose X-Forwarded-Proto/-Host and Forwarded headers are believed
-    # (addresses or CIDR networks, comma-separated); empty: nobody's, since
-    # any client can send them. 127.0.0.1 behind a proxy on this machine.
+    # Peers whose X-Forwarded-Proto/-Host, Forwarded and X-Forwarded-For
+    # headers are believed (addresses or CIDR networks, comma-separated);
+    # empty: nobody's, since any client can send them. X-Forwarded-For names
+    # the client's address the anonymous budgets count (decision 0071).
+    # 127.0.0.1 behind a proxy on this machine.
     trusted_proxies: str = bounded("", rule=_trusted_proxies)
     # Serve HTTP/2 in cleartext (Upgrade: h2c, or the HTTP/2 preface). Off:
     # an upgrade is ignored and the preface refused (decision 0050).
@@ -360,6 +362,7 @@ class HordeConfig:
     maintenance_aborts: int = bounded(20, ge=0)
     # Requests (counting n) a user may have in flight; 0 means no limit.
     concurrency: int = bounded(30, ge=0)
+    # The anonymous user's, per client address (decision 0071).
     anonymous_concurrency: int = bounded(100, ge=0)
     # Longest long-poll a pop may ask for with "wait".
     max_pop_wait: float = bounded(30.0, ge=0, le=300)
@@ -372,13 +375,14 @@ class HordeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class BudgetsConfig:
-    """What one user may hold and send (the anonymous user is one user,
-    shared by every anonymous client), counted in the database so that the
-    budgets hold across processes. Each budget has a value for registered
+    """What one user may hold and send (the anonymous user's per client
+    address, decision 0071), counted in the database so that the budgets
+    hold across processes. Each budget has a value for registered
     users and one for each of the anonymous and trusted roles; 0 means no
     limit. Admins are exempt (contract/budgets.py)."""
 
-    # Requests queued in the last 60 s; past it: 429 RequestRateExceeded.
+    # Requests queued, and budget refusals, in the last 60 s; past it: 429
+    # RequestRateExceeded.
     requests_per_minute: int = bounded(60, ge=0)
     anonymous_requests_per_minute: int = bounded(60, ge=0)
     trusted_requests_per_minute: int = bounded(600, ge=0)

@@ -169,14 +169,14 @@ class LeanRoutes:
     async def _text_async(self, ex: _Exchange, _: str) -> _Result:
         body = await self._json(ex)
         answer = await self._horde.requests.submit_text(
-            _api_key(ex), body, _client_agent(ex), _operation_key(ex)
+            _api_key(ex), body, _client_agent(ex), _operation_key(ex), client=self._client(ex)
         )
         return (202 if isinstance(answer, Queued) else 200), _render.queued(answer), ()
 
     async def _chat_async(self, ex: _Exchange, _: str) -> _Result:
         body = await self._json(ex)
         answer = await self._horde.requests.submit_chat(
-            _api_key(ex), body, _client_agent(ex), _operation_key(ex)
+            _api_key(ex), body, _client_agent(ex), _operation_key(ex), client=self._client(ex)
         )
         return 202, _render.queued(answer), ()
 
@@ -244,8 +244,7 @@ class LeanRoutes:
                 raise failure
             return read.pop()
 
-        client = ex.scope.get("client")
-        caller = Caller(body, ex.header(b"authorization"), _client_agent(ex), _source(client))
+        caller = Caller(body, ex.header(b"authorization"), _client_agent(ex), self._client(ex))
         try:
             answer = await ex.unless_gone(lambda: serve(horde, self._admission, plan, caller))
         except _Gone:
@@ -292,6 +291,13 @@ class LeanRoutes:
         if len(raw) > _DECODE_OFF_LOOP_BYTES:
             return await anyio.to_thread.run_sync(decode_json_body, raw)
         return decode_json_body(raw)
+
+    def _client(self, ex: _Exchange) -> str | None:
+        """As ``_request.client_address``."""
+        peer = ex.scope.get("client")
+        return forwarded.client_address(
+            peer[0] if peer else None, self._trusted, ex.joined(b"x-forwarded-for")
+        )
 
     def _public_base_url(self, ex: _Exchange) -> str:
         """As ``_request.public_base_url``."""
@@ -494,11 +500,6 @@ async def _send_events(ex: _Exchange, events: AsyncIterator[bytes] | None) -> No
     async for piece in events:
         await ex.send({"type": "http.response.body", "body": piece, "more_body": True})
     await ex.send({"type": "http.response.body", "body": b""})
-
-
-def _source(client: Any) -> str:
-    """The client's address (Quart's ``remote_addr``), the per-source cap's key."""
-    return str(client[0]) if client else "unknown"
 
 
 def _has_body(scope: Scope) -> bool:

@@ -16,7 +16,7 @@ from quart import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
 from hordelite._http import ARRIVED
-from hordelite._request import client_agent, horde, json_body, public_base_url
+from hordelite._request import client_address, client_agent, horde, json_body, public_base_url
 from hordelite.api import _render
 from hordelite.contract.headers import checked_api_key, checked_operation_key
 from hordelite.contract.limits import (
@@ -53,7 +53,9 @@ def operation_key() -> str | None:
 @native.post("/generate/text/async")
 async def text_async() -> Response:
     body = await json_body()
-    answer = await horde().requests.submit_text(api_key(), body, client_agent(), operation_key())
+    answer = await horde().requests.submit_text(
+        api_key(), body, client_agent(), operation_key(), client=client_address()
+    )
     # A dry run queues nothing: 200 with its quote.
     return json_response(_render.queued(answer), 202 if isinstance(answer, Queued) else 200)
 
@@ -61,7 +63,9 @@ async def text_async() -> Response:
 @native.post("/generate/chat/async")
 async def chat_async() -> Response:
     body = await json_body()
-    answer = await horde().requests.submit_chat(api_key(), body, client_agent(), operation_key())
+    answer = await horde().requests.submit_chat(
+        api_key(), body, client_agent(), operation_key(), client=client_address()
+    )
     return json_response(_render.queued(answer), 202)
 
 

@@ -1,8 +1,9 @@
 """Per-user budgets: what one account may queue and hold stored, and how
 many workers it may register.
 
-The anonymous user is one account, its budgets shared by every anonymous
-client. Each account has a role (anonymous, user, trusted) and each role
+The anonymous user is one account, but its budgets are counted per client
+address (decision 0071): storage reads what that address holds, so one
+anonymous client cannot spend the others' budgets. Each account has a role (anonymous, user, trusted) and each role
 its own budget; an admin is exempt, as the AI Horde's moderators are from
 its per-user limits. Pure: storage reads what the account holds inside the
 transaction that queues the request (``Holdings``), and raises what
@@ -29,6 +30,15 @@ RATE_WINDOW_SECONDS = 60.0
 HELD_RETRY_SECONDS = 10
 
 Role = Literal["anonymous", "user", "trusted"]
+
+# The refusals of a budget, each counted toward requests_per_minute as a
+# request would be (decision 0071): a flooder past a budget is then refused
+# by the rate's one read, not by the whole submit each time. The rate's own
+# refusal is not among them, so a flooder stores at most a window's budget
+# of refusals.
+COUNTED_REFUSALS: frozenset[RC] = frozenset(
+    {RC.TooManyPrompts, RC.StoredBytesExceeded, RC.RequestTooLarge, RC.TooManyImages}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +137,7 @@ def refusal(
     return (
         too_many_images(budget, role, cost.images)
         or _too_large(budget, role, cost)
-        or _rate(budget, role, held, now)
+        or rate_refusal(budget, role, held, now)
         or _held(budget, role, held, cost)
     )
 
@@ -148,7 +158,14 @@ def _too_large(budget: Budget, role: Role, cost: Cost) -> HordeError | None:
     return None
 
 
-def _rate(budget: Budget, role: Role, held: Holdings, now: float) -> HordeError | None:
+def _subject(role: Role) -> str:
+    # The anonymous budgets are each client address's own (decision 0071).
+    return "This address" if role == "anonymous" else "This account"
+
+
+def rate_refusal(budget: Budget, role: Role, held: Holdings, now: float) -> HordeError | None:
+    """429 RequestRateExceeded when ``held.recent`` (requests and budget
+    refusals of the window) reaches requests_per_minute."""
     limit = budget.requests_per_minute
     if not limit or held.recent < limit:
         return None
@@ -157,8 +174,8 @@ def _rate(budget: Budget, role: Role, held: Holdings, now: float) -> HordeError 
     key = role_key(role, "requests_per_minute")
     return HordeError(
         RC.RequestRateExceeded,
-        f"This account queued {held.recent} requests in the last minute; {key} "
-        f"allows {limit}. Retry in {retry} s.",
+        f"{_subject(role)} sent {held.recent} requests in the last minute (refused ones "
+        f"count); {key} allows {limit}. Retry in {retry} s.",
         limit=key,
         retry_after=retry,
     )
@@ -169,7 +186,7 @@ def _held(budget: Budget, role: Role, held: Holdings, cost: Cost) -> HordeError 
         key = role_key(role, "requests_held")
         return HordeError(
             RC.TooManyPrompts,
-            f"This account holds {held.held} requests (waiting, or with jobs still "
+            f"{_subject(role)} holds {held.held} requests (waiting, or with jobs still "
             f"out); {key} allows {budget.requests_held}.",
             limit=key,
             retry_after=HELD_RETRY_SECONDS,
@@ -182,7 +199,7 @@ def _held(budget: Budget, role: Role, held: Holdings, cost: Cost) -> HordeError 
             key = role_key(role, name)
             return HordeError(
                 RC.StoredBytesExceeded,
-                f"This account's requests hold {holding} bytes "
+                f"{_subject(role)}'s requests hold {holding} bytes "
                 f"({name.replace('_', ' ')}) and this one adds {adding}; {key} allows "
                 f"{limit}.",
                 limit=key,

@@ -13,6 +13,15 @@ rightmost value, the one that proxy wrote: values to its left came from
 further away. A value that is not ``http``/``https`` or not a plain
 ``host[:port]`` is ignored, never copied into a signed URL.
 
+The client's address, which the anonymous user's budgets are counted by
+(decision 0071), is the peer's; from a trusted proxy it is the rightmost
+address of ``X-Forwarded-For`` that is not itself a trusted proxy: each
+proxy appends the address it was reached from, so everything left of the
+first untrusted hop is what that client chose to send. ``Forwarded``'s
+``for=`` is not read for it: a proxy that writes one of the two headers
+passes the other on as the client sent it, and every common proxy writes
+``X-Forwarded-For``.
+
 Pure functions: ``hordelite.api.native`` passes the request's parts in.
 """
 
@@ -22,6 +31,8 @@ import functools
 import ipaddress
 import re
 from urllib.parse import urlsplit
+
+from hordelite.contract.limits import ANONYMOUS_IPV6_PREFIX
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -90,6 +101,57 @@ def peer_trusted(peer: str | None, trusted: tuple[Network, ...]) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(address in network for network in trusted)
+
+
+def _ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``value`` names (an IPv4-mapped IPv6 one as IPv4), None
+    when it names none."""
+    try:
+        address = ipaddress.ip_address(value.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _hop(entry: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address of one X-Forwarded-For entry: ``a.b.c.d``, ``a.b.c.d:port``,
+    ``v6`` or ``[v6]:port``; None for anything else (``unknown``, a Unix
+    socket, an obfuscated name)."""
+    entry = entry.strip()
+    if entry.startswith("["):
+        entry = entry[1:].partition("]")[0]
+    elif entry.count(":") == 1:
+        entry = entry.partition(":")[0]
+    return _ip(entry)
+
+
+def client_address(
+    peer: str | None, trusted: tuple[Network, ...], forwarded_for: str | None = None
+) -> str | None:
+    """The client as the anonymous budgets count it: its IPv4 address, or
+    its IPv6 /64 (``2001:db8:1:2::/64``); None when the peer is no IP
+    address (nothing to count it by).
+
+    From a trusted ``peer``, the hops of ``forwarded_for`` are read right
+    to left: the first that is not a trusted proxy is the client; one that
+    is no address stops the walk at the trusted proxy that wrote it, which
+    then stands for its clients; all trusted, the leftmost is the client."""
+    address = _ip(peer) if peer else None
+    if address is None:
+        return None
+    if forwarded_for and trusted and any(address in n for n in trusted):
+        for entry in reversed(forwarded_for.split(",")):
+            hop = _hop(entry)
+            if hop is None:
+                break
+            address = hop
+            if not any(hop in n for n in trusted):
+                break
+    if isinstance(address, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((address, ANONYMOUS_IPV6_PREFIX), strict=False))
+    return str(address)
 
 
 def _last_forwarded_element(header: str) -> dict[str, str] | None:

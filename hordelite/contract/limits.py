@@ -124,6 +124,13 @@ PREFERRED_SECONDS: Final = 120.0
 
 # The anonymous key every AI Horde client knows.
 ANONYMOUS_API_KEY: Final = "0000000000"
+# The anonymous user's budgets are counted per client address (decision
+# 0071); an IPv6 client is counted by its /64, the smallest network an ISP
+# hands one subscriber: a client holds every address of its /64.
+ANONYMOUS_IPV6_PREFIX: Final = 64
+# The stored form of such a client: an IPv4 address, or a /64 as
+# ``ffff:ffff:ffff:ffff::/64`` (24 characters).
+MAX_CLIENT_KEY_CHARS: Final = 48
 
 # Pricing (AI Horde text formula): tokens are estimated at 4 characters each,
 # floored at 20, capped at max_length; a job is worth tokens x the model's

@@ -51,10 +51,12 @@ def kudos_upfront(
     )
 
 
-def too_many_in_flight(in_flight: int, limit: int) -> HordeError:
+def too_many_in_flight(in_flight: int, limit: int, *, anonymous: bool = False) -> HordeError:
+    # The anonymous user's limit is each client address's (decision 0071).
+    subject = "This address" if anonymous else "This account"
     return HordeError(
         RC.TooManyPrompts,
-        f"This account has {in_flight} generations in flight and may have at most {limit}.",
+        f"{subject} has {in_flight} generations in flight and may have at most {limit}.",
     )
 
 

@@ -23,7 +23,7 @@ from quart import Blueprint, Response, current_app, request
 from werkzeug.datastructures import Headers
 
 from hordelite._http import on_exchange_end, run_to_completion
-from hordelite._request import client_agent, horde, json_body
+from hordelite._request import client_address, client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest, flatten_messages, parse_chat_request
 from hordelite.contract.completion_request import Context, parse_completion_request
@@ -131,13 +131,13 @@ class ChatPlan:
         self.include_reasoning = req.horde.include_reasoning
         self.prompt_chars = len(flatten_messages(req.messages, req.tools))
 
-    async def queue(self, key: str, agent: str) -> str:
+    async def queue(self, key: str, agent: str, client: str | None) -> str:
         # The call is the request's only reader, held by this process
         # (decision 0051): if the process dies, the request is cancelled.
         horde = self.horde
         assert self.req is not None
         answer = await horde.requests.queue_chat(
-            key, self.req, agent, None, reader=horde.readers.name
+            key, self.req, agent, None, reader=horde.readers.name, client=client
         )
         if not self.stream:
             # Stored: a call held for minutes need not keep the request
@@ -183,10 +183,10 @@ class CompletionPlan:
         self.fail_fast = req.fail_fast
         self.context: Context | None = None
 
-    async def queue(self, key: str, agent: str) -> str:
+    async def queue(self, key: str, agent: str, client: str | None) -> str:
         horde = self.horde
         answer, self.context = await horde.requests.queue_completion(
-            key, self.req, agent, reader=horde.readers.name
+            key, self.req, agent, reader=horde.readers.name, client=client
         )
         return answer.id
 
@@ -226,7 +226,15 @@ class Caller:
     body: Callable[[], Awaitable[Any]]  # the checked JSON body (a HordeError when not)
     authorization: str | None  # the Authorization header
     agent: str  # the client agent
-    source: str  # the client's address, for the per-source cap
+    # The client's address (contract.forwarded.client_address: through a
+    # trusted proxy, the address it forwarded), which an anonymous request's
+    # budgets and the per-source cap count; None when it has none.
+    client: str | None
+
+    @property
+    def source(self) -> str:
+        """The per-source cap's key."""
+        return self.client or "unknown"
 
 
 @dataclasses.dataclass
@@ -257,7 +265,7 @@ def _caller() -> Caller:
         json_body,
         request.headers.get("Authorization"),
         client_agent(),
-        request.remote_addr or "unknown",
+        client_address(),
     )
 
 
@@ -296,7 +304,7 @@ async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Calle
         # is cancelled then): the request it queued is cancelled below. No
         # operation key: the service is called in-process, so no answer can
         # be lost on the way back, and there is nothing to recover.
-        request_id = await run_to_completion(lambda: plan.queue(key, agent))
+        request_id = await run_to_completion(lambda: plan.queue(key, agent, caller.client))
         call = plan.call(request_id, started, config)
         try:
             status = await call.first_read()

@@ -129,6 +129,7 @@ class ChatAdmission:
         fingerprint: str | None,
         request_id: str,
         reader: str | None = None,
+        client: str | None = None,
     ) -> Submitted | FirstRequest:
         """The request queued under ``request_id`` (its images already stored
         under it), or the first request of this operation key; raises the
@@ -156,6 +157,7 @@ class ChatAdmission:
                 upfront_max_length=UPFRONT_MAX_LENGTH,
                 client_agent=client_agent,
                 reader=reader,
+                client=client,
             )
             if not isinstance(outcome, Capacity):
                 return outcome

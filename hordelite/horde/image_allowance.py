@@ -18,6 +18,7 @@ transaction that queues the request still checks the budget as before.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 
 from hordelite.contract import budgets
 
@@ -26,12 +27,12 @@ class IntakeLedger:
     """Image bytes being taken in, by account, in this process."""
 
     def __init__(self) -> None:
-        self._taking: dict[int, int] = {}
+        self._taking: dict[Hashable, int] = {}
 
-    def taking(self, account: int) -> int:
+    def taking(self, account: Hashable) -> int:
         return self._taking.get(account, 0)
 
-    def _add(self, account: int, delta: int) -> None:
+    def _add(self, account: Hashable, delta: int) -> None:
         total = self._taking.get(account, 0) + delta
         if total > 0:
             self._taking[account] = total
@@ -45,7 +46,7 @@ class ImageAllowance:
     None or without an image limit: nothing is counted."""
 
     ledger: IntakeLedger
-    account: int
+    account: Hashable  # a user, or one anonymous client address
     budget: budgets.Budget | None
     role: budgets.Role
     held: int  # the image bytes the account's requests held when read

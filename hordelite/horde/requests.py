@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -48,6 +51,8 @@ from hordelite.horde.status import status_of
 from hordelite.signals import look_again_by
 from hordelite.storage.requests import FirstRequest, Submitted
 
+log = logging.getLogger("hordelite.requests")
+
 
 class Requests:
     """The requester's room. A resubmit with the same operation key
@@ -70,9 +75,17 @@ class Requests:
         return text_quote(self._core.models, req)
 
     async def submit_text(
-        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+        self,
+        api_key: str,
+        body: Any,
+        client_agent: str,
+        operation_key: str | None = None,
+        *,
+        client: str | None = None,
     ) -> Queued | Quote:
-        """Queue a text request; answers the 202 body (or the dry-run quote)."""
+        """Queue a text request; answers the 202 body (or the dry-run quote).
+        ``client``: the address it came from (contract.forwarded), which an
+        anonymous request's budgets are counted by."""
         core = self._core
         req = parse_text_request(body, http_webhooks=core.config.webhooks.call_private)
         if req.dry_run:
@@ -88,7 +101,7 @@ class Requests:
                 quote=quote if ceiling is None else max(quote, ceiling),
             )
             return Quote(quote)
-        return await self.queue_text(api_key, req, client_agent, operation_key)
+        return await self.queue_text(api_key, req, client_agent, operation_key, client=client)
 
     async def queue_text(
         self,
@@ -98,6 +111,7 @@ class Requests:
         operation_key: str | None = None,
         *,
         reader: str | None = None,
+        client: str | None = None,
     ) -> Queued:
         """Queue a validated text request; answers the 202 body. ``reader``:
         the process holding the OpenAI call that is its only reader."""
@@ -109,22 +123,31 @@ class Requests:
             scoped_operation_key(api_key, operation_key),
             ceiling=lambda r: text_ceiling(core.models, r, online),
         )
-        submitted = await core.store.submit_request(
-            key_hash=hash_key(api_key),
-            new=new,
-            request_id=str(uuid.uuid4()),
-            now=core.clock.now(),
-            upfront_max_length=UPFRONT_MAX_LENGTH,
-            client_agent=client_agent,
-            online=online,
-            reader=reader,
-        )
+        key_hash = hash_key(api_key)
+        async with self._refusals_counted(key_hash, client):
+            submitted = await core.store.submit_request(
+                key_hash=key_hash,
+                new=new,
+                request_id=str(uuid.uuid4()),
+                now=core.clock.now(),
+                upfront_max_length=UPFRONT_MAX_LENGTH,
+                client_agent=client_agent,
+                online=online,
+                reader=reader,
+                client=client,
+            )
         if not submitted.replayed:
             await core.queue_changed(submitted.view)
         return self._text_queued(req, submitted)
 
     async def queue_completion(
-        self, api_key: str, req: CompletionRequest, client_agent: str, *, reader: str
+        self,
+        api_key: str,
+        req: CompletionRequest,
+        client_agent: str,
+        *,
+        reader: str,
+        client: str | None = None,
     ) -> tuple[Queued, Context]:
         """Queue an OpenAI legacy completion as a text request, routed with
         the context ``completion_context`` chooses from the workers online
@@ -133,7 +156,7 @@ class Requests:
         online = await core.pool.get(core.clock.now())
         context = completion_context(req, completion_offers(req.text, online))
         queued = await self.queue_text(
-            api_key, with_context(req, context), client_agent, reader=reader
+            api_key, with_context(req, context), client_agent, reader=reader, client=client
         )
         return queued, context
 
@@ -160,10 +183,18 @@ class Requests:
         )
 
     async def submit_chat(
-        self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
+        self,
+        api_key: str,
+        body: Any,
+        client_agent: str,
+        operation_key: str | None = None,
+        *,
+        client: str | None = None,
     ) -> Queued:
         """Queue a chat request (see contract.chat_admission.admit_within for what is refused)."""
-        return await self.queue_chat(api_key, parse_chat_request(body), client_agent, operation_key)
+        return await self.queue_chat(
+            api_key, parse_chat_request(body), client_agent, operation_key, client=client
+        )
 
     async def queue_chat(
         self,
@@ -173,9 +204,28 @@ class Requests:
         operation_key: str | None = None,
         *,
         reader: str | None = None,
+        client: str | None = None,
     ) -> Queued:
-        """Queue a validated chat request; answers the 202 body. ``reader``:
-        the process holding the OpenAI call that is its only reader.
+        """Queue a validated chat request; answers the 202 body (its budget
+        refusals counted toward the rate). ``reader``: the process holding
+        the OpenAI call that is its only reader; ``client``: the address it
+        came from."""
+        async with self._refusals_counted(hash_key(api_key), client):
+            return await self._queue_chat(
+                api_key, req, client_agent, operation_key, reader=reader, client=client
+            )
+
+    async def _queue_chat(
+        self,
+        api_key: str,
+        req: ChatRequest,
+        client_agent: str,
+        operation_key: str | None,
+        *,
+        reader: str | None,
+        client: str | None,
+    ) -> Queued:
+        """As ``queue_chat``.
 
         A resubmit with the same operation key answers the first request
         before anything else is checked (the workers may have changed
@@ -192,10 +242,13 @@ class Requests:
             )
             if first is not None:
                 return self._first_again(first)
-        allowance = await self._image_allowance(key_hash, req) if req.has_images else None
+        allowance = None
+        if req.has_images:
+            await self._check_rate(key_hash, client)
+            allowance = await self._image_allowance(key_hash, req, client)
         try:
             return await self._queue_taken(
-                key_hash, req, client_agent, operation_key, fingerprint, reader, allowance
+                key_hash, req, client_agent, operation_key, fingerprint, reader, allowance, client
             )
         finally:
             if allowance is not None:  # its images are held in storage now, or gone
@@ -210,6 +263,7 @@ class Requests:
         fingerprint: str | None,
         reader: str | None,
         allowance: ImageAllowance | None,
+        client: str | None,
     ) -> Queued:
         """queue_chat's intake of the images and admission."""
         request_id = str(uuid.uuid4())
@@ -223,6 +277,7 @@ class Requests:
                 fingerprint=fingerprint,
                 request_id=request_id,
                 reader=reader,
+                client=client,
             )
         except BaseException:
             await self._drop_images(taken, request_id)  # not queued: its images go
@@ -238,14 +293,49 @@ class Requests:
         billions = max(self._core.models.billions(m) for m in first.models)
         return Queued(first.id, kudos_rules.request_quote(first.max_length, 1, billions))
 
-    async def _image_allowance(self, key_hash: str, req: ChatRequest) -> ImageAllowance:
+    @contextlib.asynccontextmanager
+    async def _refusals_counted(self, key_hash: str, client: str | None) -> AsyncIterator[None]:
+        """A budget refusal raised inside counted toward the requester's
+        rate (its anonymous client's), as a request queued would be
+        (decision 0071): a flooder past a budget is then refused by the
+        rate's one read. Counting is best-effort: the refusal stands."""
+        try:
+            yield
+        except HordeError as exc:
+            if exc.rc in budgets.COUNTED_REFUSALS:
+                core = self._core
+                try:
+                    await core.store.count_refusal(
+                        key_hash=key_hash, client=client, now=core.clock.now()
+                    )
+                except Exception as failure:  # the refusal is the answer either way
+                    log.warning("a budget refusal went uncounted: %s", failure)
+            raise
+
+    async def _check_rate(self, key_hash: str, client: str | None) -> None:
+        """429 RequestRateExceeded before any image is fetched, decoded or
+        stored, when the requester (its anonymous client) is past its
+        requests_per_minute: a flood of image requests past a budget costs
+        one read each, not an image's work each."""
+        core = self._core
+        refusal = await core.store.rate_refusal(
+            key_hash=key_hash, client=client, now=core.clock.now()
+        )
+        if refusal is not None:
+            raise refusal
+
+    async def _image_allowance(
+        self, key_hash: str, req: ChatRequest, client: str | None
+    ) -> ImageAllowance:
         """Before any image is fetched, decoded or stored: 413 TooManyImages
         when the request has more than its user's role may send in one, 429
         StoredBytesExceeded when the user's image budget has no room left
         (what its requests hold, read now, and what it is taking in); else
         the allowance its intake counts its images against (decision 0070).
-        The other budgets are checked where the request is stored."""
-        user = await self._core.store.image_holdings(key_hash=key_hash)
+        The other budgets are checked where the request is stored. An
+        anonymous request's image budget is its client address's (decision
+        0071)."""
+        user = await self._core.store.image_holdings(key_hash=key_hash, client=client)
         budget = self._core.store.rules.budgets.of(
             anonymous=user.anonymous, trusted=user.trusted, admin=user.admin
         )
@@ -253,7 +343,7 @@ class Requests:
         refusal = budgets.too_many_images(budget, role, image_count(req.messages)[0])
         if refusal is not None:
             raise refusal
-        allowance = ImageAllowance(self._intakes, user.user_id, budget, role, user.image_bytes)
+        allowance = ImageAllowance(self._intakes, user.account, budget, role, user.image_bytes)
         allowance.check_open()
         return allowance
 

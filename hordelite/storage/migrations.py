@@ -223,6 +223,17 @@ def _v12_shared_key_reservations(conn: Connection) -> None:
     _recreate_index(conn, "ix_requests_shared_key")
 
 
+def _v12_anonymous_by_address(conn: Connection) -> None:
+    # The anonymous user's budgets counted per client address, and budget
+    # refusals counted toward the rate (decision 0071). A request stored
+    # before has no client: it counts toward no address's budgets (the
+    # address it came from was never kept), and ends within the retention.
+    _add_missing_columns(conn)
+    schema.budget_refusals.create(conn, checkfirst=True)
+    for name in ("ix_requests_client_created", "ix_requests_held_client"):
+        _recreate_index(conn, name)
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
@@ -241,6 +252,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v11,
     _v12_names_and_moderation_that_hold,
     _v12_shared_key_reservations,
+    _v12_anonymous_by_address,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -11,6 +11,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     func,
     insert,
     or_,
@@ -42,6 +43,7 @@ from hordelite.storage.queueing import HELD, end_request, enqueue, get_request, 
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     ANY_MODEL,
+    budget_refusals,
     jobs,
     queue,
     request_workers,
@@ -53,44 +55,95 @@ from hordelite.storage.transaction import Tx, prepared
 
 _INSERT_REQUEST = prepared(insert(requests))
 
+
 # What a user holds (contract/budgets.py): its generations in flight (the
-# concurrency limit), the requests still holding content, and their bytes.
-# Read along the partial index ix_requests_held_user, whose condition the
-# query must state as a literal (a bound 0 would not match it).
-_HOLDINGS_QUERY = select(
-    func.coalesce(
-        func.sum(
-            case((requests.c.state == "waiting", requests.c.n - requests.c.finished), else_=0)
-        ),
-        0,
-    ).label("in_flight"),
-    func.count().label("held"),
-    func.coalesce(func.sum(requests.c.held_bytes), 0).label("held_bytes"),
-    func.coalesce(func.sum(requests.c.image_bytes), 0).label("image_bytes"),
-).where(requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD)
-_HOLDINGS = prepared(_HOLDINGS_QUERY)
+# concurrency limit), the requests still holding content, and their bytes;
+# the anonymous user's, of one client (decision 0071). Read along the
+# partial index ix_requests_held_user (ix_requests_held_client), whose
+# condition the query must state as a literal (a bound 0 would not match it).
+def _holdings_query(by_client: bool) -> Select[Any]:
+    return select(
+        func.coalesce(
+            func.sum(
+                case((requests.c.state == "waiting", requests.c.n - requests.c.finished), else_=0)
+            ),
+            0,
+        ).label("in_flight"),
+        func.count().label("held"),
+        func.coalesce(func.sum(requests.c.held_bytes), 0).label("held_bytes"),
+        func.coalesce(func.sum(requests.c.image_bytes), 0).label("image_bytes"),
+    ).where(_whose(by_client), requests.c.held_bytes > HELD)
 
-# A user's requests queued since a moment (requests_per_minute), along
-# ix_requests_user_created.
-_RECENT_QUERY = select(
-    func.count().label("recent"), func.min(requests.c.created).label("oldest_recent")
-).where(requests.c.user_id == bindparam("user_id"), requests.c.created > bindparam("since"))
-_RECENT = prepared(_RECENT_QUERY)
 
-# Both, when both limits are set: one round trip, each read along its index
-# as above (each side is one aggregate row).
-_recent, _holdings = _RECENT_QUERY.subquery(), _HOLDINGS_QUERY.subquery()
-_RECENT_AND_HOLDINGS = prepared(
-    select(_recent, _holdings).select_from(_recent.join(_holdings, true()))
-)
+# Requests queued since a moment (requests_per_minute), along
+# ix_requests_user_created (ix_requests_client_created), beside the budget
+# refusals of the same user or client since then, along
+# ix_budget_refusals_who: each counts toward the rate (decision 0071).
+def _recent_query(by_client: bool) -> Select[Any]:
+    queued = select(
+        func.count().label("recent"), func.min(requests.c.created).label("oldest_recent")
+    ).where(_whose(by_client), requests.c.created > bindparam("since"))
+    refused = select(
+        func.count().label("refused"), func.min(budget_refusals.c.at).label("oldest_refused")
+    ).where(
+        budget_refusals.c.user_id == bindparam("user_id"),
+        budget_refusals.c.client == bindparam("client"),
+        budget_refusals.c.at > bindparam("since"),
+    )
+    return _side_by_side(queued, refused)
+
+
+def _whose(by_client: bool) -> ColumnElement[bool]:
+    if by_client:
+        return requests.c.client == bindparam("client")
+    return requests.c.user_id == bindparam("user_id")
+
+
+def _side_by_side(*aggregates: Select[*tuple[Any, ...]]) -> Select[Any]:
+    """One row of one-row aggregates: one round trip, each read along its
+    own index."""
+    parts = [a.subquery() for a in aggregates]
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = joined.join(part, true())  # type: ignore[assignment]
+    return select(*parts).select_from(joined)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BudgetReads:
+    """The budget reads of a user (``by_client`` False) or of one anonymous
+    client: the rate, what is held, and both (only what a limit set needs)."""
+
+    recent: Select[Any]
+    holdings: Select[Any]
+    both: Select[Any]
+
+    @classmethod
+    def of(cls, by_client: bool) -> _BudgetReads:
+        recent, holdings = _recent_query(by_client), _holdings_query(by_client)
+        return cls(
+            prepared(recent),
+            prepared(holdings),
+            prepared(_side_by_side(recent, holdings)),
+        )
+
+
+_BY_USER, _BY_CLIENT = _BudgetReads.of(False), _BudgetReads.of(True)
+
 
 # The image bytes a user's requests hold, alone (an image intake's first
-# read, decision 0070), along the same partial index as _HOLDINGS.
-_HELD_IMAGE_BYTES = prepared(
-    select(func.coalesce(func.sum(requests.c.image_bytes), 0)).where(
-        requests.c.user_id == bindparam("user_id"), requests.c.held_bytes > HELD
+# read, decision 0070), along the same partial indexes as the holdings: the
+# anonymous user's, of one client (decision 0071).
+def _held_image_bytes(by_client: bool) -> Select[Any]:
+    return select(func.coalesce(func.sum(requests.c.image_bytes), 0)).where(
+        _whose(by_client), requests.c.held_bytes > HELD
     )
-)
+
+
+_HELD_IMAGE_BYTES = {
+    False: prepared(_held_image_bytes(False)),
+    True: prepared(_held_image_bytes(True)),
+}
 
 
 # What a status reads of a request: not its prompt or conversation.
@@ -182,12 +235,15 @@ def submit_request(
     client_agent: str,
     online: Sequence[WorkerView] | None = None,
     reader: str | None = None,
+    client: str | None = None,
 ) -> Submitted:
     """Queue a request, or find the one an operation key already queued.
 
     ``online``: the online workers its ``possible`` is checked against, when
     the caller holds them (the service's pool snapshot); read here otherwise.
     ``reader``: the process holding the OpenAI call that is its only reader.
+    ``client``: the address it came from, which an anonymous request's
+    budgets are counted by (contract.forwarded.client_address).
     Raises InvalidAPIKey, WorkerNotFound, KudosUpfront, TooManyPrompts,
     OperationKeyReused (the key was used for a different request).
     """
@@ -210,6 +266,7 @@ def submit_request(
         held,
         reader,
         shared,
+        client,
     )
 
 
@@ -223,12 +280,14 @@ def submit_chat_request(
     upfront_max_length: int,
     client_agent: str,
     reader: str | None = None,
+    client: str | None = None,
 ) -> Submitted | FirstRequest | Capacity:
     """A chat submission in one transaction: authenticate, answer a resubmit
     of an operation key with its first request, else admit by ``plan``
     against the online workers read here (its refusals raised) and queue.
     A Capacity instead, with nothing written: the online workers are not the
-    ones the plan was worked out for (``AdmissionPlan.under``).
+    ones the plan was worked out for (``AdmissionPlan.under``). ``client``:
+    as ``submit_request``'s.
     """
     user, shared = requester(conn, key_hash, rules, now, lock=True)
     if plan.operation_key is not None:
@@ -254,6 +313,7 @@ def submit_chat_request(
         online,
         reader,
         shared,
+        client,
     )
 
 
@@ -327,10 +387,12 @@ def _store(
     online: list[WorkerView] | None,
     reader: str | None = None,
     shared: Mapping[str, Any] | None = None,
+    client: str | None = None,
 ) -> Submitted:
     """Check what storing needs (worker ids, kudos up front, concurrency, a
     shared key's limits) and queue the request; ``online`` saves reading the
-    online workers again; ``shared``: the shared key it was sent with."""
+    online workers again; ``shared``: the shared key it was sent with;
+    ``client``: the address it came from."""
     listed = new.eligibility.worker_ids
     if listed:
         found = set(conn.execute(select(workers.c.id).where(workers.c.id.in_(listed))).scalars())
@@ -346,10 +408,12 @@ def _store(
             new.max_length,
             new.held,
         )
-    _check_budgets(conn, user, new, now, rules)
+    counted_as = budget_client(user, client)
+    _check_budgets(conn, user, new, now, rules, counted_as)
     view = new.eligibility
     row = _request_row(new, user, request_id, now, rules, client_agent)
     row["reader"] = reader
+    row["client"] = counted_as or None
     row["shared_key"] = row["shared_price"] = None
     if shared is not None:
         # Its price is held on the key from now on (contract.shared_keys).
@@ -435,11 +499,24 @@ def _check_upfront(new: NewRequest, user: Mapping[str, Any], upfront_max_length:
     )
 
 
+def budget_client(user: Mapping[str, Any], client: str | None) -> str:
+    """Whom a request's budgets count: "" for a registered user (its own),
+    the client's address for the anonymous user (decision 0071); "" too for
+    an anonymous request whose address is unknown (an in-process call)."""
+    return (client or "") if user["anonymous"] else ""
+
+
 def _check_budgets(
-    conn: Tx, user: Mapping[str, Any], new: NewRequest, now: float, rules: Rules
+    conn: Tx,
+    user: Mapping[str, Any],
+    new: NewRequest,
+    now: float,
+    rules: Rules,
+    client: str,
 ) -> None:
-    """The user's budgets and concurrency limit against what it holds now,
-    read here (only what a limit set needs): raises the first refusal."""
+    """The user's budgets and concurrency limit against what it holds now
+    (the anonymous user's: what this ``client`` holds), read here (only what
+    a limit set needs): raises the first refusal."""
     budget = rules.budgets.of(
         anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
     )
@@ -449,53 +526,129 @@ def _check_budgets(
     )
     rate = budget is not None and bool(budget.requests_per_minute)
     holding = not admission.unlimited(limit) or (budget is not None and budget.counts_held)
-    params = {"user_id": user["id"], "since": now - budgets.RATE_WINDOW_SECONDS}
+    reads = _BY_CLIENT if user["anonymous"] else _BY_USER
+    params = {
+        "user_id": user["id"],
+        "client": client,
+        "since": now - budgets.RATE_WINDOW_SECONDS,
+    }
     row: Mapping[str, Any] = {}
     if rate and holding:
-        row = conn.execute(_RECENT_AND_HOLDINGS, params).mappings().one()
+        row = conn.execute(reads.both, params).mappings().one()
     elif rate:
-        row = conn.execute(_RECENT, params).mappings().one()
+        row = conn.execute(reads.recent, params).mappings().one()
     elif holding:
-        row = conn.execute(_HOLDINGS, {"user_id": user["id"]}).mappings().one()
+        row = conn.execute(reads.holdings, params).mappings().one()
     in_flight = int(row.get("in_flight", 0))
-    held = budgets.Holdings(
-        recent=int(row.get("recent", 0)),
-        oldest_recent=row.get("oldest_recent"),
+    refusal = budgets.refusal(budget, role, _holdings(row), new.cost, now)
+    if refusal is not None:
+        raise refusal
+    if admission.over_limit(in_flight, new.n, limit):
+        raise refusals.too_many_in_flight(in_flight, limit, anonymous=user["anonymous"])
+
+
+def _holdings(row: Mapping[str, Any]) -> budgets.Holdings:
+    """A budget read's row as Holdings: the requests and refusals of the
+    window counted together, from the oldest of either."""
+    oldest = [t for t in (row.get("oldest_recent"), row.get("oldest_refused")) if t is not None]
+    return budgets.Holdings(
+        recent=int(row.get("recent", 0)) + int(row.get("refused", 0)),
+        oldest_recent=min(oldest) if oldest else None,
         held=int(row.get("held", 0)),
         held_bytes=int(row.get("held_bytes", 0)),
         image_bytes=int(row.get("image_bytes", 0)),
     )
-    refusal = budgets.refusal(budget, role, held, new.cost, now)
-    if refusal is not None:
-        raise refusal
-    if admission.over_limit(in_flight, new.n, limit):
-        raise refusals.too_many_in_flight(in_flight, limit)
+
+
+def rate_refusal(
+    conn: Tx, key_hash: str, client: str | None, now: float, rules: Rules
+) -> HordeError | None:
+    """The key's requests_per_minute refusal now, or None: the check a
+    request whose taking in is costly (its images fetched and decoded)
+    passes first, one indexed read; the other budgets are checked where it
+    is stored."""
+    user, _ = requester(conn, key_hash, rules, now)
+    budget = rules.budgets.of(
+        anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
+    )
+    if budget is None or not budget.requests_per_minute:
+        return None
+    reads = _BY_CLIENT if user["anonymous"] else _BY_USER
+    params = {
+        "user_id": user["id"],
+        "client": budget_client(user, client),
+        "since": now - budgets.RATE_WINDOW_SECONDS,
+    }
+    row = conn.execute(reads.recent, params).mappings().one()
+    role = budgets.role_of(anonymous=user["anonymous"], trusted=user["trusted"])
+    return budgets.rate_refusal(budget, role, _holdings(row), now)
+
+
+def count_refusal(conn: Tx, key_hash: str, client: str | None, now: float, rules: Rules) -> None:
+    """A budget refusal of the key's request, counted toward its user's (or
+    anonymous client's) requests_per_minute as a request would be (decision
+    0071); nothing for a user without a rate (an admin, or a budget of 0)."""
+    user, _ = requester(conn, key_hash, rules, now)
+    budget = rules.budgets.of(
+        anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
+    )
+    if budget is None or not budget.requests_per_minute:
+        return
+    conn.execute(
+        insert(budget_refusals).values(
+            user_id=user["id"], client=budget_client(user, client), at=now
+        )
+    )
+
+
+def forget_refusals(conn: Tx, now: float) -> None:
+    """The budget refusals no window counts any more (each sweep)."""
+    conn.execute(
+        delete(budget_refusals).where(budget_refusals.c.at <= now - budgets.RATE_WINDOW_SECONDS)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageHoldings:
     """Who a request with images is queued for, and the image bytes its
-    requests hold now (0 when its budget sets no image limit: not read)."""
+    requests hold now (0 when its budget sets no image limit: not read).
+    ``client``: whom its budgets count (``budget_client``)."""
 
     user_id: int
     anonymous: bool
     trusted: bool
     admin: bool
     image_bytes: int
+    client: str = ""
+
+    @property
+    def account(self) -> tuple[int, str]:
+        """Whose image intakes count together, and take turns: a user, or
+        one anonymous client address (decision 0071)."""
+        return (self.user_id, self.client)
 
 
-def image_holdings(conn: Tx, key_hash: str, rules: Rules) -> ImageHoldings:
-    """The key's user (a shared key's lender) and its held image bytes,
-    read before an image is taken in; raises as ``requester``."""
+def image_holdings(conn: Tx, key_hash: str, client: str | None, rules: Rules) -> ImageHoldings:
+    """The key's user (a shared key's lender) and its held image bytes (an
+    anonymous client's), read before an image is taken in; raises as
+    ``requester``."""
     user, _ = requester(conn, key_hash, rules, None)
     budget = rules.budgets.of(
         anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
     )
+    counted_as = budget_client(user, client)
     held = 0
     if budget is not None and budget.image_bytes:
-        held = int(conn.execute(_HELD_IMAGE_BYTES, {"user_id": user["id"]}).scalar_one())
+        query = _HELD_IMAGE_BYTES[bool(user["anonymous"])]
+        params = {"user_id": user["id"], "client": counted_as}
+        held = int(conn.execute(query, params).scalar_one())
     return ImageHoldings(
-        user["id"], bool(user["anonymous"]), bool(user["trusted"]), bool(user["admin"]), held
+        user["id"],
+        bool(user["anonymous"]),
+        bool(user["trusted"]),
+        bool(user["admin"]),
+        held,
+        counted_as,
     )
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import (
 
 from hordelite.contract.limits import (
     MAX_AGENT_CHARS,
+    MAX_CLIENT_KEY_CHARS,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_NAME,
     MAX_NAME_KEY,
@@ -216,12 +217,32 @@ requests = Table(
     # Its reader is gone (the call ended without its answer, or the process
     # holding it died): a reply that settles from here on charges nothing.
     Column("unread", Boolean, nullable=False, default=False, server_default=false()),
+    # An anonymous request's client, as its budgets count it (decision 0071):
+    # the address, or the IPv6 /64, it came from ("" when none is known);
+    # null for a registered user's, whose budgets are its own.
+    Column("client", String(MAX_CLIENT_KEY_CHARS), nullable=True),
     Index("ix_requests_state_expires", "state", "expires"),
     Index("ix_requests_order", "state", "anonymous", text("prio_key DESC")),
     Index("ix_requests_user_state", "user_id", "state"),
     Index("ix_requests_ended", "ended"),
     # A user's requests queued in the last minute (requests_per_minute).
     Index("ix_requests_user_created", "user_id", "created"),
+    # The same two for an anonymous client's requests; partial, so a
+    # registered user's request adds no entry to them.
+    Index(
+        "ix_requests_client_created",
+        "client",
+        "created",
+        sqlite_where=text("client IS NOT NULL"),
+        postgresql_where=text("client IS NOT NULL"),
+    ),
+    Index(
+        "ix_requests_held_client",
+        "client",
+        "held_bytes",
+        sqlite_where=text("held_bytes > 0 AND client IS NOT NULL"),
+        postgresql_where=text("held_bytes > 0 AND client IS NOT NULL"),
+    ),
     # Only the requests still holding content: a user's (the budgets), and
     # the ended ones the sweep releases. Partial, so each is as small as what
     # is held, not as the retention's history.
@@ -426,6 +447,21 @@ shared_keys = Table(
     Column("max_image_pixels", BigInteger, nullable=False),
     Column("max_image_steps", BigInteger, nullable=False),
     Column("created", Float, nullable=False),
+)
+
+# Budget refusals (decision 0071), each counted toward requests_per_minute
+# as a request would be: the user's, or for the anonymous user its client's
+# (as requests.client; "" for a registered user). A refusal of the rate
+# itself is not one, so a flooder adds at most a minute's budget of rows;
+# each sweep deletes those older than the window.
+budget_refusals = Table(
+    "budget_refusals",
+    metadata,
+    Column("user_id", Integer, nullable=False),
+    Column("client", String(MAX_CLIENT_KEY_CHARS), nullable=False, default=""),
+    Column("at", Float, nullable=False),
+    Index("ix_budget_refusals_who", "user_id", "client", "at"),
+    Index("ix_budget_refusals_at", "at"),
 )
 
 # The dashboard's activity of jobs no longer stored (decision 0044): when the

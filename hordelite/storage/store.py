@@ -81,10 +81,11 @@ class Store:
         """The key's user; raises InvalidAPIKey (AnonymousDisabled for the anonymous key when off)."""
         return await self.db.read(q.user_by_key, key_hash, self.rules)
 
-    async def image_holdings(self, *, key_hash: str) -> ImageHoldings:
+    async def image_holdings(self, *, key_hash: str, client: str | None) -> ImageHoldings:
         """The key's user and the image bytes its requests hold (decision
-        0070); raises InvalidAPIKey, AnonymousDisabled."""
-        return await self.db.read(image_holdings, key_hash, self.rules)
+        0070; an anonymous client's, decision 0071); raises InvalidAPIKey,
+        AnonymousDisabled."""
+        return await self.db.read(image_holdings, key_hash, client, self.rules)
 
     async def requester_by_key(
         self,
@@ -130,10 +131,12 @@ class Store:
         client_agent: str,
         online: list[WorkerView] | None,
         reader: str | None = None,
+        client: str | None = None,
     ) -> q.Submitted:
         """The request queued, or the one its operation key queued first; raises
         the submit refusals (InvalidAPIKey, KudosUpfront, OperationKeyReused...).
-        ``reader``: the process holding the OpenAI call that is its only reader."""
+        ``reader``: the process holding the OpenAI call that is its only reader;
+        ``client``: the address an anonymous request's budgets count."""
         return await self.db.write(
             q.submit_request,
             key_hash,
@@ -145,7 +148,19 @@ class Store:
             client_agent,
             online,
             reader,
+            client,
         )
+
+    async def rate_refusal(
+        self, *, key_hash: str, client: str | None, now: float
+    ) -> HordeError | None:
+        """The key's requests_per_minute refusal now (None: within it), as
+        the submit would raise it; raises InvalidAPIKey."""
+        return await self.db.read(q.rate_refusal, key_hash, client, now, self.rules)
+
+    async def count_refusal(self, *, key_hash: str, client: str | None, now: float) -> None:
+        """A budget refusal of the key's request, counted toward its rate."""
+        await self.db.write(q.count_refusal, key_hash, client, now, self.rules)
 
     async def first_request(
         self, *, key_hash: str, operation_key: str, kind: str, fingerprint: str | None
@@ -166,6 +181,7 @@ class Store:
         upfront_max_length: int,
         client_agent: str,
         reader: str | None = None,
+        client: str | None = None,
     ) -> q.Submitted | q.FirstRequest | Capacity:
         """The chat request admitted by ``plan`` against the online workers
         (its refusals raised) and queued, or the first request of its
@@ -182,6 +198,7 @@ class Store:
             upfront_max_length,
             client_agent,
             reader,
+            client,
         )
 
     async def cancel_request(

@@ -27,6 +27,7 @@ from hordelite.storage.ledger import charge_worker, lapse_job
 from hordelite.storage.messages import purge_messages
 from hordelite.storage.pool import served_model_names
 from hordelite.storage.queueing import HELD, end_request, release
+from hordelite.storage.requests import forget_refusals
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     ANY_MODEL,
@@ -90,6 +91,7 @@ def sweep(
     ended += _expire_requests(conn, now)
     purged = _purge(conn, now - rules.retention, now)
     purge_messages(conn, now - rules.retention)
+    forget_refusals(conn, now)
     released, with_images = _release_ended(conn)
     _drop_idle_classes(conn, now)
     # Every request of an expired job changed (requeued or ended), and a

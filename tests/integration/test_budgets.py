@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Text, cast, func, select
 
 from hordelite.config import Config
-from hordelite.storage.schema import requests
+from hordelite.storage.schema import budget_refusals, requests
 from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
 from tests.integration.test_images import (
     MODEL,
@@ -238,7 +238,7 @@ async def test_a_submit_and_cancel_loop_is_held_to_the_rate_and_stores_nothing_p
         assert r.status_code == 202, r.text
 
 
-async def test_the_anonymous_rate_is_shared_and_a_registered_user_has_its_own() -> None:
+async def test_one_address_shares_the_anonymous_rate_and_a_registered_user_has_its_own() -> None:
     config = budgets(anonymous_requests_per_minute=2, requests_per_minute=3)
     async with open_horde(config=config) as horde, client_for(horde) as http:
         key = await horde.create_key("alice")
@@ -349,3 +349,156 @@ async def test_a_chat_request_over_a_budget_gets_its_429(route: str) -> None:
                 assert "budgets.requests_per_minute" in error["message"]
                 assert 1 <= int(r.headers["Retry-After"]) <= 60
             assert (await worker.pop())["id"] is None  # no chat request queued
+
+
+# Anonymous budgets per client address (decision 0071) -------------------------------
+
+# Two clients on this machine: Linux answers every 127.0.0.0/8 address on the
+# loopback, so each connects from an address of its own.
+FLOODER, POLITE = "127.0.0.2", "127.0.0.3"
+
+
+def client_from(horde: TestHorde, address: str, **headers: str) -> httpx.AsyncClient:
+    """A client of ``horde`` whose connections come from ``address``."""
+    return httpx.AsyncClient(
+        base_url=horde.url,
+        timeout=30,
+        headers=headers,
+        transport=httpx.AsyncHTTPTransport(local_address=address),
+    )
+
+
+async def test_one_anonymous_flooder_leaves_another_anonymous_client_accepted(
+    database: str | None,
+) -> None:
+    config = budgets(anonymous_requests_per_minute=5, anonymous_requests_held=3)
+    async with (
+        open_horde(config=config, database=database) as horde,
+        client_from(horde, FLOODER, apikey=ANON) as flooder,
+        client_from(horde, POLITE, apikey=ANON) as polite,
+    ):
+        answers = [(await flooder.post(TEXT_ASYNC, json=text_body())) for _ in range(8)]
+        assert [r.status_code for r in answers] == [202] * 3 + [429] * 5
+        # Its held budget, then its rate (which its refusals count toward).
+        assert_refused(answers[3], 429, "TooManyPrompts", "budgets.anonymous_requests_held")
+        assert_refused(
+            answers[5], 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute"
+        )
+        for _ in range(3):
+            r = await polite.post(TEXT_ASYNC, json=text_body())
+            assert r.status_code == 202, r.text
+        r = await polite.post(TEXT_ASYNC, json=text_body())
+        assert_refused(r, 429, "TooManyPrompts", "budgets.anonymous_requests_held")
+
+
+async def test_anonymous_clients_behind_a_trusted_proxy_are_counted_by_the_forwarded_address() -> (
+    None
+):
+    config = budgets(anonymous_requests_per_minute=2).replace(
+        server={"trusted_proxies": "127.0.0.2"}
+    )
+    async with (
+        open_horde(config=config) as horde,
+        client_from(horde, "127.0.0.2", apikey=ANON) as proxy,
+        client_from(horde, POLITE, apikey=ANON) as direct,
+    ):
+
+        async def send(http: httpx.AsyncClient, forwarded_for: str) -> int:
+            headers = {"X-Forwarded-For": forwarded_for}
+            return (await http.post(TEXT_ASYNC, json=text_body(), headers=headers)).status_code
+
+        # The proxy's clients: what each sent itself, left of the proxy's hop, is ignored.
+        assert [await send(proxy, f"10.9.9.{i}, 198.51.100.1") for i in range(3)] == [202, 202, 429]
+        assert [await send(proxy, "198.51.100.2") for _ in range(3)] == [202, 202, 429]
+        # IPv6: one /64 is one client, whichever of its addresses it sends from.
+        v6 = ["2001:db8:1:2::1", "2001:db8:1:2::ffff", "2001:db8:1:2:3::9"]
+        assert [await send(proxy, a) for a in v6] == [202, 202, 429]
+        assert await send(proxy, "2001:db8:1:3::1") == 202
+        # A client that is no trusted proxy cannot choose its address.
+        assert [await send(direct, f"203.0.113.{i}") for i in range(3)] == [202, 202, 429]
+
+
+async def test_budget_refusals_count_toward_the_rate(database: str | None) -> None:
+    clock = ManualClock()
+    config = budgets(requests_per_minute=6, requests_held=2)
+    async with (
+        open_horde(config=config, clock=clock, database=database) as horde,
+        client_for(horde) as http,
+    ):
+        key = await horde.create_key("alice")
+        answers = []
+        for _ in range(10):
+            answers.append(await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body()))
+            clock.advance(1.0)
+        assert [r.status_code for r in answers] == [202] * 2 + [429] * 8
+        for refused in answers[2:6]:
+            assert_refused(refused, 429, "TooManyPrompts", "budgets.requests_held")
+        # Two queued and four refused fill the window of six: from here on the
+        # rate's one read refuses, and the refusal counts toward nothing.
+        for refused in answers[6:]:
+            assert_refused(refused, 429, "RequestRateExceeded", "budgets.requests_per_minute")
+        assert int(answers[6].headers["Retry-After"]) == 54  # the first left 60 s after it came
+
+        def counted(conn: Any) -> int:
+            return int(conn.execute(select(func.count()).select_from(budget_refusals)).scalar())
+
+        assert await horde.horde.db.read(counted) == 4
+        # The window moves on: the sweep forgets what it no longer counts.
+        clock.advance(61.0)
+        await horde.sweep()
+        assert await horde.horde.db.read(counted) == 0
+
+
+async def test_the_front_counts_anonymous_calls_per_address() -> None:
+    config = budgets(anonymous_requests_per_minute=1).replace(
+        front={"no_worker_grace": 0.2, "recheck_interval": 0.1}
+    )
+    async with (
+        open_horde(config=config) as horde,
+        client_from(horde, FLOODER, apikey=ANON) as flooder,
+        client_from(horde, POLITE) as polite,
+    ):
+        r = await flooder.post(TEXT_ASYNC, json=text_body())
+        assert r.status_code == 202, r.text
+        call = {"model": "m", "prompt": "Hello", "max_tokens": 16}
+        refused = await flooder.post("/v1/completions", json=call)
+        assert refused.status_code == 429, refused.text
+        assert "budgets.anonymous_requests_per_minute" in refused.json()["error"]["message"]
+        # The other address is within its budgets: its call is queued, and
+        # ends only because no worker serves "m".
+        answered = await polite.post("/v1/completions", json=call)
+        assert answered.status_code == 503, answered.text
+        assert answered.json()["error"]["code"] == "no_eligible_worker"
+
+
+async def test_a_request_with_images_past_the_rate_is_refused_before_its_images_are_read() -> None:
+    config = budgets(anonymous_requests_per_minute=1)
+    async with open_horde(config=config) as horde, client_for(horde) as http:
+        owner = await horde.create_key("bob")
+        async with online_vision_worker(horde, owner):
+            r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
+            assert r.status_code == 202, r.text
+            # An image no decoder takes: read, it would be refused 400; past
+            # the rate, nothing of it is read.
+            body = image_body("data:image/png;base64," + "A" * 4096)
+            r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
+            assert_refused(r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute")
+            assert blob_files(horde) == []
+
+
+async def test_the_anonymous_concurrency_is_each_address_own() -> None:
+    config = budgets().replace(horde={"anonymous_concurrency": 2})
+    async with (
+        open_horde(config=config) as horde,
+        client_from(horde, FLOODER, apikey=ANON) as flooder,
+        client_from(horde, POLITE, apikey=ANON) as polite,
+    ):
+        for _ in range(2):
+            r = await flooder.post(TEXT_ASYNC, json=text_body())
+            assert r.status_code == 202, r.text
+        r = await flooder.post(TEXT_ASYNC, json=text_body())
+        assert r.status_code == 429, r.text
+        assert r.json()["rc"] == "TooManyPrompts"
+        assert r.json()["message"].startswith("This address has 2 generations in flight")
+        r = await polite.post(TEXT_ASYNC, json=text_body())
+        assert r.status_code == 202, r.text

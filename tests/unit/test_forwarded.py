@@ -7,6 +7,7 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.contract.forwarded import (
+    client_address,
     parse_trusted_proxies,
     peer_trusted,
     public_url_problem,
@@ -140,3 +141,61 @@ def test_a_bad_trusted_proxies_entry_is_a_config_error_naming_it() -> None:
         Config().replace(server={"trusted_proxies": "127.0.0.1, proxy.local"})
     got = Config().replace(server={"trusted_proxies": " 127.0.0.1 , 10.0.0.0/8,"})
     assert parse_trusted_proxies(got.server.trusted_proxies) == LOCAL[:2]
+
+
+# The client's address, which the anonymous budgets count (decision 0071) ---------
+
+
+def test_the_client_is_the_peer_and_forwarded_for_is_ignored_from_an_untrusted_one() -> None:
+    assert client_address("203.0.113.7", LOCAL) == "203.0.113.7"
+    # Anyone can send the header: from a peer no proxy, it counts for nothing.
+    assert client_address("203.0.113.7", LOCAL, "198.51.100.1") == "203.0.113.7"
+    # Nothing is trusted by default, not even this machine.
+    assert client_address("127.0.0.1", (), "198.51.100.1") == "127.0.0.1"
+
+
+def test_from_a_trusted_proxy_the_rightmost_untrusted_hop_is_the_client() -> None:
+    # What the client sent itself stands left of what the proxy appended.
+    assert client_address("127.0.0.1", LOCAL, "1.1.1.1, 198.51.100.1") == "198.51.100.1"
+    # Hops that are trusted proxies themselves are walked past.
+    assert client_address("127.0.0.1", LOCAL, "1.1.1.1, 198.51.100.1, 10.0.0.5") == ("198.51.100.1")
+    # Every hop trusted: the leftmost is the client.
+    assert client_address("127.0.0.1", LOCAL, "10.0.0.9, 10.0.0.5") == "10.0.0.9"
+    # A trusted proxy that forwards nothing is the client.
+    assert client_address("127.0.0.1", LOCAL) == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("hop", "client"),
+    [
+        ("198.51.100.1:5173", "198.51.100.1"),
+        ("[2001:db8:1:2::9]:443", "2001:db8:1:2::/64"),
+        (" 2001:db8:1:2::9 ", "2001:db8:1:2::/64"),
+        ("::ffff:198.51.100.1", "198.51.100.1"),
+    ],
+)
+def test_a_forwarded_hop_may_carry_a_port_brackets_or_a_mapped_address(
+    hop: str, client: str
+) -> None:
+    assert client_address("127.0.0.1", LOCAL, f"1.1.1.1, {hop}") == client
+
+
+@pytest.mark.parametrize("hop", ["unknown", "_hidden", "unix:/run/a.sock", ""])
+def test_a_hop_that_is_no_address_stops_at_the_proxy_that_wrote_it(hop: str) -> None:
+    # Its clients then share the proxy's budget: nothing a client sends
+    # left of it can choose another.
+    assert client_address("10.0.0.5", LOCAL, f"198.51.100.1, {hop}") == "10.0.0.5"
+
+
+def test_an_ipv6_client_is_counted_by_its_64() -> None:
+    one = client_address("2001:db8:1:2:aaaa::1", ())
+    other = client_address("2001:db8:1:2:ffff:ffff:ffff:ffff", ())
+    assert one == other == "2001:db8:1:2::/64"
+    assert client_address("2001:db8:1:3::1", ()) == "2001:db8:1:3::/64"
+    # A dual-stack socket's IPv4 client is its IPv4 address.
+    assert client_address("::ffff:203.0.113.7", ()) == "203.0.113.7"
+
+
+def test_a_peer_that_is_no_ip_address_has_no_client() -> None:
+    assert client_address(None, LOCAL) is None
+    assert client_address("/run/hordelite.sock", LOCAL, "198.51.100.1") is None
