@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlalchemy import Connection, func, insert, inspect, select, update
+from sqlalchemy.sql import sqltypes
 
 from hordelite.contract.limits import MAX_NAME_KEY
 from hordelite.contract.unicode_rules import fold_name
@@ -182,6 +183,38 @@ def _v11(conn: Connection) -> None:
     schema.shared_keys.create(conn, checkfirst=True)
 
 
+def _v12_exact_kudos(conn: Connection) -> None:
+    # Kudos as whole thousandths in integers (schema.Kudos, decision 0072):
+    # each float amount becomes its thousandths, rounded. A column already
+    # of integers (a new database, or one added by _add_missing_columns
+    # since) holds thousandths already and is left alone. PostgreSQL's
+    # columns become BIGINT; SQLite's keep their declared REAL (changing it
+    # means rebuilding each table) and hold integral values, exact there
+    # below 2**53. The transfers' Idempotency-Keys start empty.
+    inspector = inspect(conn)
+    postgresql = conn.dialect.name == "postgresql"
+    for table in schema.metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        declared = {c["name"]: c["type"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if not isinstance(column.type, schema.Kudos):
+                continue
+            if not isinstance(declared.get(column.name), sqltypes.Float):
+                continue
+            if postgresql:
+                conn.exec_driver_sql(
+                    f"ALTER TABLE {table.name} ALTER COLUMN {column.name} TYPE BIGINT "
+                    f"USING round({column.name} * {schema.KUDOS_SCALE})::bigint"
+                )
+            else:
+                conn.exec_driver_sql(
+                    f"UPDATE {table.name} SET {column.name} = "
+                    f"CAST(round({column.name} * {schema.KUDOS_SCALE}) AS INTEGER)"
+                )
+    schema.transfer_keys.create(conn, checkfirst=True)
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
@@ -198,6 +231,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v9,
     _v10,
     _v11,
+    _v12_exact_kudos,
 ]
 LATEST = len(MIGRATIONS)
 
