@@ -2,11 +2,14 @@
 /users (KoboldAI Lite's kudos ranking, horde_sdk's ListUsersDetailsRequest),
 what /users/{id} hides from everyone but the user and admins, and POST
 /kudos/transfer with the AI Horde's refusals, exact under concurrency on
-SQLite and PostgreSQL."""
+SQLite and PostgreSQL (kudos are whole thousandths, decision 0072), and
+transfers retried under an Idempotency-Key moved once."""
 
 from __future__ import annotations
 
 import math
+import random
+from decimal import Decimal
 
 import anyio
 import httpx
@@ -160,3 +163,119 @@ async def test_concurrent_transfers_never_overdraw_and_keep_the_sum(
             assert b >= 0
             assert math.isclose(a + b, 110)
             assert answers.count(200) >= 14  # alice alone could send 14 times
+
+
+async def test_a_balance_made_of_transfers_is_exact_and_can_be_sent_whole() -> None:
+    # As floats, 0.7 + 0.1 is 0.7999999999999999: the balance showed 0.8 and
+    # a transfer of 0.8 was refused as more than it.
+    async with open_horde() as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob")
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            to_bob, to_alice = await handle(client, bob), await handle(client, alice)
+            for amount in (0.7, 0.1):
+                sent = await client.post(
+                    "/api/v2/kudos/transfer",
+                    headers={"apikey": alice},
+                    json={"username": to_bob, "amount": amount},
+                )
+                assert sent.status_code == 200, sent.text
+            assert await kudos_of(client, bob) == 0.8
+            back = await client.post(
+                "/api/v2/kudos/transfer",
+                headers={"apikey": bob},
+                json={"username": to_alice, "amount": 0.8},
+            )
+            assert back.status_code == 200, back.text
+            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (100, 0)
+
+
+TRANSFERS = 2000
+LEDGER_USERS = 8
+
+
+async def test_2000_concurrent_transfers_keep_every_balance_exact(
+    chat_database: str | None,
+) -> None:
+    """Every balance ends exactly where the transfers answered 200 take it
+    (counted in Decimal), so the sum is exactly conserved."""
+    async with open_horde(database=chat_database) as horde:
+        keys = [await horde.create_key(f"u{i}", kudos=1000) for i in range(LEDGER_USERS)]
+        rng = random.Random(35)
+        plan = []
+        for _ in range(TRANSFERS):
+            a, b = rng.sample(range(LEDGER_USERS), 2)
+            plan.append((a, b, rng.randint(1, 999) / 100))
+        expected = [Decimal(1000)] * LEDGER_USERS
+        limiter = anyio.CapacityLimiter(32)
+        async with httpx.AsyncClient(base_url=horde.url, timeout=60) as client:
+            names = [await handle(client, key) for key in keys]
+
+            async def send(a: int, b: int, amount: float) -> None:
+                async with limiter:
+                    r = await client.post(
+                        "/api/v2/kudos/transfer",
+                        headers={"apikey": keys[a]},
+                        json={"username": names[b], "amount": amount},
+                    )
+                assert r.status_code == 200, r.text
+                expected[a] -= Decimal(str(amount))
+                expected[b] += Decimal(str(amount))
+
+            async with anyio.create_task_group() as tg:
+                for a, b, amount in plan:
+                    tg.start_soon(send, a, b, amount)
+            shown = [Decimal(str(await kudos_of(client, key))) for key in keys]
+        assert shown == expected
+        assert sum(shown) == LEDGER_USERS * 1000
+
+
+async def test_a_transfer_retried_with_its_idempotency_key_moves_once(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob")
+        carol = await horde.create_key("carol", kudos=10)
+        async with httpx.AsyncClient(base_url=horde.url, timeout=30) as client:
+            to_bob = await handle(client, bob)
+
+            async def send(key: str, amount: float, op: str, to: str = to_bob) -> httpx.Response:
+                return await client.post(
+                    "/api/v2/kudos/transfer",
+                    headers={"apikey": key, "Idempotency-Key": op},
+                    json={"username": to, "amount": amount},
+                )
+
+            # Retries racing each other, as a client whose answers were lost.
+            answers: list[httpx.Response] = []
+
+            async def retry() -> None:
+                answers.append(await send(alice, 12.5, "pay-1"))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(retry)
+            assert {(r.status_code, r.text) for r in answers} == {
+                (200, (await send(alice, 12.5, "pay-1")).text)
+            }
+            assert answers[0].json() == {"transferred": 12.5}
+            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (87.5, 12.5)
+
+            # The same key with another transfer is refused, and moves nothing.
+            assert_refused(await send(alice, 13, "pay-1"), 409, "OperationKeyReused")
+            to_carol = await handle(client, carol)
+            assert_refused(await send(alice, 12.5, "pay-1", to_carol), 409, "OperationKeyReused")
+            assert await kudos_of(client, alice) == 87.5
+            # Keys are the user's own: another user's same key is a transfer of its own.
+            assert (await send(carol, 2, "pay-1")).status_code == 200
+            assert await kudos_of(client, bob) == 14.5
+            # A new key is a new transfer; a key of 256 characters is refused.
+            assert (await send(alice, 12.5, "pay-2")).status_code == 200
+            assert await kudos_of(client, alice) == 75
+            assert_refused(await send(alice, 1, "k" * 256), 400, "BadRequest")
+            # A refused transfer stores no key: the retry, now affordable, moves.
+            assert_refused(await send(carol, 9, "later"), 400, "KudosTransferNotEnough")
+            assert (await send(bob, 1, "top-up", to_carol)).status_code == 200
+            assert (await send(carol, 9, "later")).status_code == 200
+            assert await kudos_of(client, carol) == 0
