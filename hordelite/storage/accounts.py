@@ -185,19 +185,7 @@ def transfer_kudos(
     OperationKeyReused. The key is looked up under the source's lock, so
     two retries racing each other move the kudos once."""
     source = authenticate(conn, key_hash, rules)
-    if source["anonymous"]:
-        raise HordeError(RC.KudosTransferFromAnon)
-    dest = conn.execute(select(users).where(users.c.id == transfer.user_id)).mappings().first()
-    if dest is None or dest["username"].casefold() != transfer.name.casefold():
-        raise HordeError(
-            RC.InvalidTargetUsername,
-            f"username: no user {transfer.name[:64]}#{transfer.user_id}.",
-            errors={"username": "no such user"},
-        )
-    if dest["anonymous"]:
-        raise HordeError(RC.KudosTransferToAnon)
-    if dest["id"] == source["id"]:
-        raise HordeError(RC.KudosTransferToSelf)
+    dest = _transfer_target(conn, source, transfer)
     balances = dict(
         conn.execute(
             select(users.c.id, users.c.kudos)
@@ -213,22 +201,7 @@ def transfer_kudos(
             RC.KudosTransferNotEnough,
             f"amount: {transfer.amount:g} is more than your {balances[source['id']]:.2f} kudos.",
         )
-    conn.execute(
-        update(users)
-        .where(users.c.id == source["id"])
-        .values(
-            kudos=users.c.kudos - transfer.amount,
-            kudos_gifted=users.c.kudos_gifted + transfer.amount,
-        )
-    )
-    conn.execute(
-        update(users)
-        .where(users.c.id == dest["id"])
-        .values(
-            kudos=users.c.kudos + transfer.amount,
-            kudos_received=users.c.kudos_received + transfer.amount,
-        )
-    )
+    _move(conn, source["id"], dest["id"], transfer.amount)
     if operation_key is not None:
         conn.execute(
             insert(transfer_keys).values(
@@ -240,6 +213,37 @@ def transfer_kudos(
             )
         )
     return transfer.amount
+
+
+def _transfer_target(conn: Tx, source: Mapping[str, Any], transfer: Transfer) -> Mapping[str, Any]:
+    """The user ``transfer`` goes to, with the AI Horde's refusals of the pair."""
+    if source["anonymous"]:
+        raise HordeError(RC.KudosTransferFromAnon)
+    dest = conn.execute(select(users).where(users.c.id == transfer.user_id)).mappings().first()
+    if dest is None or dest["username"].casefold() != transfer.name.casefold():
+        raise HordeError(
+            RC.InvalidTargetUsername,
+            f"username: no user {transfer.name[:64]}#{transfer.user_id}.",
+            errors={"username": "no such user"},
+        )
+    if dest["anonymous"]:
+        raise HordeError(RC.KudosTransferToAnon)
+    if dest["id"] == source["id"]:
+        raise HordeError(RC.KudosTransferToSelf)
+    return dest
+
+
+def _move(conn: Tx, source_id: int, dest_id: int, amount: float) -> None:
+    conn.execute(
+        update(users)
+        .where(users.c.id == source_id)
+        .values(kudos=users.c.kudos - amount, kudos_gifted=users.c.kudos_gifted + amount)
+    )
+    conn.execute(
+        update(users)
+        .where(users.c.id == dest_id)
+        .values(kudos=users.c.kudos + amount, kudos_received=users.c.kudos_received + amount)
+    )
 
 
 def _sent_before(conn: Tx, user_id: int, operation_key: str, transfer: Transfer) -> bool:
