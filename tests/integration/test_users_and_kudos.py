@@ -17,6 +17,7 @@ import pytest
 from horde_sdk.ai_horde_api.apimodels import KudosTransferResponse, ListUsersDetailsResponse
 from sqlalchemy import func, select
 
+from hordelite.clock import ManualClock
 from hordelite.storage.schema import users
 from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, open_horde
@@ -294,3 +295,27 @@ async def test_a_transfer_retried_with_its_idempotency_key_moves_once(
             assert (await send(bob, 1, "top-up", to_carol)).status_code == 200
             assert (await send(carol, 9, "later")).status_code == 200
             assert await kudos_of(client, carol) == 0
+
+
+async def test_a_transfers_idempotency_key_is_kept_for_the_retention() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock, retention=600) as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob")
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            body = {"username": await handle(client, bob), "amount": 10}
+            headers = {"apikey": alice, "Idempotency-Key": "monthly"}
+
+            async def send() -> None:
+                sent = await client.post("/api/v2/kudos/transfer", headers=headers, json=body)
+                assert sent.status_code == 200, sent.text
+
+            await send()
+            clock.advance(599)
+            await horde.sweep()
+            await send()  # a retry: nothing moves
+            assert await kudos_of(client, alice) == 90
+            clock.advance(2)
+            await horde.sweep()
+            await send()  # the key is forgotten: a new transfer
+            assert await kudos_of(client, alice) == 80
