@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from psycopg.types.numeric import Int8
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -75,6 +76,8 @@ class Kudos(TypeDecorator[float]):
         return Float()
 
     def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
+        if dialect.name == "postgresql":
+            return _to_int8_thousandths
         return _to_thousandths
 
     def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any]:
@@ -86,6 +89,13 @@ _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "between_op", "in_
 
 def _to_thousandths(value: float | None) -> int | None:
     return None if value is None else round(value * KUDOS_SCALE)
+
+
+def _to_int8_thousandths(value: float | None) -> int | None:
+    # Always sent as int8: psycopg otherwise picks int2, int4 or int8 by
+    # each value's size, one more step per value, and each mix of them is
+    # a statement prepared anew on the connection.
+    return None if value is None else Int8(round(value * KUDOS_SCALE))
 
 
 def _from_thousandths(value: float | None) -> float | None:
