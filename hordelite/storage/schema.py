@@ -71,7 +71,7 @@ class Kudos(TypeDecorator[float]):
     def coerce_compared_value(self, op: OperatorType | None, value: Any) -> TypeEngine[Any]:
         # Kudos compared with, added to or taken from kudos are kudos; a
         # factor (kudos * 2) or a divisor is a plain number.
-        if op in (add, sub) or (op is not None and op.__name__ in _COMPARISONS):
+        if op in (add, sub) or getattr(op, "__name__", None) in _COMPARISONS:
             return self
         return Float()
 
@@ -84,7 +84,8 @@ class Kudos(TypeDecorator[float]):
         return _from_thousandths
 
 
-_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "between_op", "in_op", "not_in_op"})
+# (between binds its bounds under and_.)
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and_", "in_op", "not_in_op"})
 
 
 def _to_thousandths(value: float | None) -> int | None:

@@ -17,6 +17,14 @@ def _add(conn: Tx, user_id: int, amount: float) -> None:
     conn.execute(update(users).where(users.c.id == user_id).values(kudos=users.c.kudos + amount))
 
 
+def _double(conn: Tx, user_id: int) -> None:
+    conn.execute(update(users).where(users.c.id == user_id).values(kudos=users.c.kudos * 2))
+
+
+def _between(conn: Tx, low: float, high: float) -> list[int]:
+    return list(conn.execute(select(users.c.id).where(users.c.kudos.between(low, high))).scalars())
+
+
 def _stored(conn: Tx, user_id: int) -> object:
     return conn.exec_driver_sql(f"SELECT kudos FROM users WHERE id = {user_id}").scalar()
 
@@ -46,3 +54,7 @@ def test_tenths_added_in_sql_sum_and_compare_exactly(database: Database) -> None
     assert db.run_sync(_stored, False, alice) == 1000
     db.run_sync(_add, True, alice, -0.0006)
     assert db.run_sync(queries.user_by_id, False, alice).kudos == 0.999
+    # A factor is a number, not kudos: doubling doubles.
+    db.run_sync(_double, True, alice)
+    assert db.run_sync(queries.user_by_id, False, alice).kudos == 1.998
+    assert db.run_sync(_between, False, 1.998, 1.998) == [alice]
