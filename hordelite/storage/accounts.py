@@ -261,9 +261,15 @@ def _sent_before(conn: Tx, user_id: int, operation_key: str, transfer: Transfer)
     return True
 
 
+# Run by every sweep: prepared, so that it costs a statement's send alone.
+_PURGE_TRANSFER_KEYS = prepared(
+    delete(transfer_keys).where(transfer_keys.c.created < bindparam("before"))
+)
+
+
 def purge_transfer_keys(conn: Tx, before: float) -> None:
     """Forget the transfers' Idempotency-Keys sent before ``before``."""
-    conn.execute(delete(transfer_keys).where(transfer_keys.c.created < before))
+    conn.execute(_PURGE_TRANSFER_KEYS, {"before": before})
 
 
 def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Rules) -> UserRecord:
