@@ -12,6 +12,9 @@ then through ``POST /api/v2/kudos/transfer`` only:
    refused ("450.71 is more than your 450.71 kudos").
 3. A transfer sent twice with the same ``Idempotency-Key`` (a client that
    retries after a lost answer): how much left the sender's balance.
+4. Transfers under keys while the server is killed (-9), then started
+   again; the transfers whose answers were lost retried with their keys:
+   how much left the sender against how much it sent.
 
 ```
 .venv/bin/python bench/hostile_ledger.py                     # SQLite
@@ -107,7 +110,8 @@ async def shown_kudos(client: httpx.AsyncClient, key: str) -> float:
     return float(answer.json()["kudos"])
 
 
-async def run(url: str, database: str, args: argparse.Namespace) -> None:
+async def run(server: Server, args: argparse.Namespace) -> None:
+    url, database = server.url, server.database
     made = create_users(database)
     start_sum, kind = stored_sum(database)
     print(f"kudos column: {kind}; {USERS} users created with {START_KUDOS} kudos each")
@@ -159,6 +163,48 @@ async def run(url: str, database: str, args: argparse.Namespace) -> None:
             f"{first.status_code} {first.text.strip()} and {second.status_code} "
             f"{second.text.strip()}; the sender paid {before - after:.2f}"
         )
+    await crash_run(server, made, args)
+
+
+CRASH_TRANSFERS = 400
+
+
+async def crash_run(server: Server, made: list[tuple[str, str]], args: argparse.Namespace) -> None:
+    """Transfers of 0.01 under keys, the server killed (-9) while they run,
+    then started again; each transfer whose answer was lost is retried with
+    its key, as a careful client does. Each must have moved once."""
+    sender, to = made[0][1], made[1][0]  # user 0 holds most kudos by now
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        before = await shown_kudos(client, sender)
+    lost: list[int] = []
+    limiter = anyio.CapacityLimiter(args.concurrency)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+
+        async def one(i: int) -> None:
+            try:
+                async with limiter:
+                    answer = await transfer(client, sender, to, 0.01, op=f"crash-{i}")
+                if answer.status_code != 200:
+                    lost.append(i)
+            except httpx.HTTPError:
+                lost.append(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(CRASH_TRANSFERS):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.5)
+            server.kill()
+    server.start()
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        for i in lost:
+            answer = await transfer(client, sender, to, 0.01, op=f"crash-{i}")
+            assert answer.status_code == 200, answer.text
+        after = await shown_kudos(client, sender)
+    print(
+        f"4. {CRASH_TRANSFERS} transfers of 0.01 under keys, kill -9 during them, "
+        f"{len(lost)} answers lost and retried with their keys: the sender paid "
+        f"{before - after:.2f} for {CRASH_TRANSFERS * 0.01:.2f} of transfers"
+    )
 
 
 def main() -> None:
@@ -177,40 +223,54 @@ def main() -> None:
             _serve(database, tmp, args)
 
 
-def _serve(database: str, tmp: str, args: argparse.Namespace) -> None:
-    cli(database, "db", "upgrade")
-    log = open(Path(tmp) / "serve.log", "w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hordelite",
-            "serve",
-            "--database",
-            database,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(args.port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        url = f"http://127.0.0.1:{args.port}"
+class Server:
+    """``hordelite serve`` on ``database``, started again after a kill -9."""
+
+    def __init__(self, database: str, tmp: str, port: int) -> None:
+        self.database = database
+        self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.log = open(Path(tmp) / "serve.log", "a")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "hordelite", "serve", "--database", self.database),
+                *("--host", "127.0.0.1", "--port", str(self.port)),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
-                httpx.get(f"{url}/api/v2/status/heartbeat", timeout=1).raise_for_status()
-                break
+                httpx.get(f"{self.url}/api/v2/status/heartbeat", timeout=1).raise_for_status()
+                return
             except httpx.HTTPError:
-                if time.monotonic() > deadline or server.poll() is not None:
+                if time.monotonic() > deadline or self.process.poll() is not None:
                     raise
                 time.sleep(0.1)
-        anyio.run(run, url, database, args)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process, 10)
+        self.log.close()
+
+
+def _serve(database: str, tmp: str, args: argparse.Namespace) -> None:
+    cli(database, "db", "upgrade")
+    server = Server(database, tmp, args.port)
+    try:
+        server.start()
+        anyio.run(run, server, args)
     finally:
-        stop_process(server, 10)
-        log.close()
+        server.stop()
 
 
 if __name__ == "__main__":
