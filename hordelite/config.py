@@ -352,7 +352,8 @@ class HordeConfig:
     job_ttl: float = bounded(DEFAULT_JOB_TTL, gt=0)
     # Seconds a request lives after its last chance (creation or last pop).
     request_expiry: float = bounded(1200.0, gt=0)
-    # Seconds an ended request stays readable on its status route.
+    # Seconds an ended request stays readable on its status route (and a
+    # kudos transfer's Idempotency-Key is kept).
     retention: float = bounded(1800.0, gt=0)
     # Seconds a worker counts as online after its last pop.
     worker_online: float = bounded(300.0, gt=0)

@@ -46,7 +46,8 @@ def api_key() -> str:
 
 
 def operation_key() -> str | None:
-    """The Idempotency-Key header: a resubmit with the same key returns the first request."""
+    """The Idempotency-Key header: a resubmit with the same key returns the
+    first request (a transfer: the first transfer's answer)."""
     return checked_operation_key(request.headers.get("Idempotency-Key"))
 
 
@@ -279,5 +280,5 @@ async def users() -> Response:
 @native.post("/kudos/transfer")
 async def kudos_transfer() -> Response:
     body = await json_body()
-    moved = await horde().directory.transfer_kudos(api_key(), body)
+    moved = await horde().directory.transfer_kudos(api_key(), body, operation_key())
     return json_response({"transferred": moved})

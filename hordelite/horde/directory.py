@@ -32,7 +32,7 @@ from hordelite.contract.worker_edit import parse_worker_edit
 from hordelite.errors import RC, HordeError, bad_request
 from hordelite.horde import chat
 from hordelite.horde._core import HordeCore
-from hordelite.horde.keys import hash_key
+from hordelite.horde.keys import hash_key, scoped_operation_key
 from hordelite.horde.results import (
     DeletedWorkerAnswer,
     ModelPage,
@@ -156,10 +156,19 @@ class Directory:
         )
         return UserListing(tuple(self._user_answer(u) for u in found), total)
 
-    async def transfer_kudos(self, api_key: str, body: Any) -> float:
-        """Kudos from the key's user to another (``contract.transfers``); the amount moved."""
+    async def transfer_kudos(
+        self, api_key: str, body: Any, operation_key: str | None = None
+    ) -> float:
+        """Kudos from the key's user to another (``contract.transfers``); the
+        amount moved. A retry under the same ``operation_key``
+        (Idempotency-Key) answers the first transfer and moves nothing."""
         transfer = parse_transfer(body)
-        return await self._core.store.transfer_kudos(key_hash=hash_key(api_key), transfer=transfer)
+        return await self._core.store.transfer_kudos(
+            key_hash=hash_key(api_key),
+            transfer=transfer,
+            now=self._core.clock.now(),
+            operation_key=scoped_operation_key(api_key, operation_key),
+        )
 
     # Workers -----------------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     bindparam,
+    delete,
     false,
     func,
     insert,
@@ -23,6 +24,7 @@ from hordelite.contract.user_edit import UserEdit
 from hordelite.errors import RC, HordeError
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
+    transfer_keys,
     users,
     workers,
 )
@@ -184,13 +186,54 @@ def user_page(conn: Tx, by_kudos: bool, limit: int, offset: int) -> tuple[list[U
     return [user_record(r, owned[r["id"]]) for r in rows], total
 
 
-def transfer_kudos(conn: Tx, key_hash: str, transfer: Transfer, rules: Rules) -> float:
+def transfer_kudos(
+    conn: Tx, key_hash: str, transfer: Transfer, rules: Rules, now: float, operation_key: str | None
+) -> float:
     """Move ``transfer.amount`` from the key's user to ``name#id``, with the
     AI Horde's refusals; the amount moved. Both balances are locked in id
     order (two transfers crossing each other cannot deadlock) and the
     source's balance is checked under its lock: concurrent transfers never
-    take a balance below 0, and the sum of all balances never changes."""
+    take a balance below 0, and the sum of all balances never changes (the
+    amounts are whole thousandths in integers, ``schema.Kudos``).
+
+    Under an ``operation_key`` (Idempotency-Key) the user already sent the
+    same transfer with, the first transfer's amount is answered and nothing
+    moves again; a key sent with another transfer is 409
+    OperationKeyReused. The key is looked up under the source's lock, so
+    two retries racing each other move the kudos once."""
     source = authenticate(conn, key_hash, rules)
+    dest = _transfer_target(conn, source, transfer)
+    balances = dict(
+        conn.execute(
+            select(users.c.id, users.c.kudos)
+            .where(users.c.id.in_([source["id"], dest["id"]]))
+            .order_by(users.c.id)
+            .with_for_update()
+        ).all()
+    )
+    if operation_key is not None and _sent_before(conn, source["id"], operation_key, transfer):
+        return transfer.amount
+    if transfer.amount > balances[source["id"]]:
+        raise HordeError(
+            RC.KudosTransferNotEnough,
+            f"amount: {transfer.amount:g} is more than your {balances[source['id']]:.2f} kudos.",
+        )
+    _move(conn, source["id"], dest["id"], transfer.amount)
+    if operation_key is not None:
+        conn.execute(
+            insert(transfer_keys).values(
+                user_id=source["id"],
+                operation_key=operation_key,
+                target_id=dest["id"],
+                amount=transfer.amount,
+                created=now,
+            )
+        )
+    return transfer.amount
+
+
+def _transfer_target(conn: Tx, source: Mapping[str, Any], transfer: Transfer) -> Mapping[str, Any]:
+    """The user ``transfer`` goes to, with the AI Horde's refusals of the pair."""
     if source["anonymous"]:
         raise HordeError(RC.KudosTransferFromAnon)
     dest = conn.execute(select(users).where(users.c.id == transfer.user_id)).mappings().first()
@@ -204,36 +247,46 @@ def transfer_kudos(conn: Tx, key_hash: str, transfer: Transfer, rules: Rules) ->
         raise HordeError(RC.KudosTransferToAnon)
     if dest["id"] == source["id"]:
         raise HordeError(RC.KudosTransferToSelf)
-    balances = dict(
-        conn.execute(
-            select(users.c.id, users.c.kudos)
-            .where(users.c.id.in_([source["id"], dest["id"]]))
-            .order_by(users.c.id)
-            .with_for_update()
-        ).all()
-    )
-    if transfer.amount > balances[source["id"]]:
-        raise HordeError(
-            RC.KudosTransferNotEnough,
-            f"amount: {transfer.amount:g} is more than your {balances[source['id']]:.2f} kudos.",
-        )
+    return dest
+
+
+def _move(conn: Tx, source_id: int, dest_id: int, amount: float) -> None:
     conn.execute(
         update(users)
-        .where(users.c.id == source["id"])
-        .values(
-            kudos=users.c.kudos - transfer.amount,
-            kudos_gifted=users.c.kudos_gifted + transfer.amount,
-        )
+        .where(users.c.id == source_id)
+        .values(kudos=users.c.kudos - amount, kudos_gifted=users.c.kudos_gifted + amount)
     )
     conn.execute(
         update(users)
-        .where(users.c.id == dest["id"])
-        .values(
-            kudos=users.c.kudos + transfer.amount,
-            kudos_received=users.c.kudos_received + transfer.amount,
-        )
+        .where(users.c.id == dest_id)
+        .values(kudos=users.c.kudos + amount, kudos_received=users.c.kudos_received + amount)
     )
-    return transfer.amount
+
+
+def _sent_before(conn: Tx, user_id: int, operation_key: str, transfer: Transfer) -> bool:
+    """Whether the user already sent this transfer under ``operation_key``;
+    409 OperationKeyReused when the key went with another transfer."""
+    first = conn.execute(
+        select(transfer_keys.c.target_id, transfer_keys.c.amount).where(
+            transfer_keys.c.user_id == user_id, transfer_keys.c.operation_key == operation_key
+        )
+    ).first()
+    if first is None:
+        return False
+    if (first.target_id, first.amount) != (transfer.user_id, transfer.amount):
+        raise refusals.operation_key_reused()
+    return True
+
+
+# Run by every sweep: prepared, so that it costs a statement's send alone.
+_PURGE_TRANSFER_KEYS = prepared(
+    delete(transfer_keys).where(transfer_keys.c.created < bindparam("before"))
+)
+
+
+def purge_transfer_keys(conn: Tx, before: float) -> None:
+    """Forget the transfers' Idempotency-Keys sent before ``before``."""
+    conn.execute(_PURGE_TRANSFER_KEYS, {"before": before})
 
 
 def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Rules) -> UserRecord:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlalchemy import Connection, func, insert, inspect, select, update
+from sqlalchemy.sql import sqltypes
 
 from hordelite.contract.limits import MAX_NAME_KEY
 from hordelite.contract.unicode_rules import fold_name
@@ -182,7 +183,39 @@ def _v11(conn: Connection) -> None:
     schema.shared_keys.create(conn, checkfirst=True)
 
 
-def _v12_names_and_moderation_that_hold(conn: Connection) -> None:
+def _v12_exact_kudos(conn: Connection) -> None:
+    # Kudos as whole thousandths in integers (schema.Kudos, decision 0072):
+    # each float amount becomes its thousandths, rounded. A column already
+    # of integers (a new database, or one added by _add_missing_columns
+    # since) holds thousandths already and is left alone. PostgreSQL's
+    # columns become BIGINT; SQLite's keep their declared REAL (changing it
+    # means rebuilding each table) and hold integral values, exact there
+    # below 2**53. The transfers' Idempotency-Keys start empty.
+    inspector = inspect(conn)
+    postgresql = conn.dialect.name == "postgresql"
+    for table in schema.metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        declared = {c["name"]: c["type"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if not isinstance(column.type, schema.Kudos):
+                continue
+            if not isinstance(declared.get(column.name), sqltypes.Float):
+                continue
+            if postgresql:
+                conn.exec_driver_sql(
+                    f"ALTER TABLE {table.name} ALTER COLUMN {column.name} TYPE BIGINT "
+                    f"USING round({column.name} * {schema.KUDOS_SCALE})::bigint"
+                )
+            else:
+                conn.exec_driver_sql(
+                    f"UPDATE {table.name} SET {column.name} = "
+                    f"CAST(round({column.name} * {schema.KUDOS_SCALE}) AS INTEGER)"
+                )
+    schema.transfer_keys.create(conn, checkfirst=True)
+
+
+def _v13_names_and_moderation_that_hold(conn: Connection) -> None:
     # User names compared by a key, as worker names are (decision 0073), with
     # a unique index; and the pauses and maintenance that deleted workers
     # leave to their owners' names. Names stored before may share a key
@@ -211,7 +244,7 @@ def _v12_names_and_moderation_that_hold(conn: Connection) -> None:
     conn.exec_driver_sql("CREATE UNIQUE INDEX IF NOT EXISTS ux_users_name_key ON users (name_key)")
 
 
-def _v12_shared_key_reservations(conn: Connection) -> None:
+def _v14_shared_key_reservations(conn: Connection) -> None:
     # A shared key's requests hold their price reserved on it (decision
     # 0058, amended): the price each job holds, and the index of a key's
     # requests. A request queued before holds nothing (its price was not
@@ -223,7 +256,7 @@ def _v12_shared_key_reservations(conn: Connection) -> None:
     _recreate_index(conn, "ix_requests_shared_key")
 
 
-def _v12_anonymous_by_address(conn: Connection) -> None:
+def _v15_anonymous_by_address(conn: Connection) -> None:
     # The anonymous user's budgets counted per client address, and budget
     # refusals counted toward the rate (decision 0071). A request stored
     # before has no client: it counts toward no address's budgets (the
@@ -250,9 +283,10 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v9,
     _v10,
     _v11,
-    _v12_names_and_moderation_that_hold,
-    _v12_shared_key_reservations,
-    _v12_anonymous_by_address,
+    _v12_exact_kudos,
+    _v13_names_and_moderation_that_hold,
+    _v14_shared_key_reservations,
+    _v15_anonymous_by_address,
 ]
 LATEST = len(MIGRATIONS)
 

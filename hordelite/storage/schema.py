@@ -1,6 +1,7 @@
 """The one schema, in SQLAlchemy Core, for SQLite and PostgreSQL.
 
 Times are float seconds since the epoch (the injectable clock's unit).
+Kudos are whole thousandths, stored as integers (``Kudos``, decision 0072).
 
 The queue is its own table: one row per (waiting request, acceptable model),
 present only while the request still has jobs to hand out. A pop walks the
@@ -11,6 +12,10 @@ row the worker can take.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from psycopg.types.numeric import Int8
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -28,6 +33,9 @@ from sqlalchemy import (
     text,
     true,
 )
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.operators import OperatorType, add, sub
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from hordelite.contract.limits import (
     MAX_AGENT_CHARS,
@@ -46,6 +54,61 @@ metadata = MetaData()
 # key with an older user (decision 0073): followed by its id, a key no name
 # folds to (names refuse control characters).
 RETIRED_USER_KEY = "\x1f"
+# Kudos per stored unit: a column of kudos holds whole thousandths.
+KUDOS_SCALE = 1000
+
+
+class Kudos(TypeDecorator[float]):
+    """An amount of kudos, stored as an integer of thousandths (decision
+    0072): Python sees the float nearest to each thousandth (as JSON shows
+    it), the database only integers, so that ``kudos - :amount``,
+    ``kudos >= :price`` and ``SUM(kudos)`` are exact. A value bound is
+    rounded to the thousandth.
+
+    A database migrated from floats on SQLite keeps its columns' REAL
+    affinity: they hold integral doubles there, exact below 2**53
+    thousandths (9e12 kudos), read back the same.
+    """
+
+    impl = BigInteger
+    cache_ok = True
+
+    def coerce_compared_value(self, op: OperatorType | None, value: Any) -> TypeEngine[Any]:
+        # Kudos compared with, added to or taken from kudos are kudos; a
+        # factor (kudos * 2) or a divisor is a plain number.
+        if op in (add, sub) or getattr(op, "__name__", None) in _COMPARISONS:
+            return self
+        return Float()
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
+        if dialect.name == "postgresql":
+            return _to_int8_thousandths
+        return _to_thousandths
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any]:
+        return _from_thousandths
+
+
+# (between binds its bounds under and_.)
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and_", "in_op", "not_in_op"})
+
+
+def _to_thousandths(value: float | None) -> int | None:
+    return None if value is None else round(value * KUDOS_SCALE)
+
+
+def _to_int8_thousandths(value: float | None) -> int | None:
+    # Always sent as int8: psycopg otherwise picks int2, int4 or int8 by
+    # each value's size, one more step per value, and each mix of them is
+    # a statement prepared anew on the connection.
+    return None if value is None else Int8(round(value * KUDOS_SCALE))
+
+
+def _from_thousandths(value: float | None) -> float | None:
+    # int / int is correctly rounded: the float nearest to the thousandth,
+    # the same float the amount's decimal text parses to.
+    return None if value is None else value / KUDOS_SCALE
+
 
 schema_version = Table(
     "schema_version",
@@ -68,12 +131,12 @@ users = Table(
     Column("anonymous", Boolean, nullable=False, default=False),
     Column("admin", Boolean, nullable=False, default=False),
     Column("trusted", Boolean, nullable=False, default=False),
-    Column("kudos", Float, nullable=False, default=0.0),
-    Column("kudos_earned", Float, nullable=False, default=0.0),
-    Column("kudos_spent", Float, nullable=False, default=0.0),
+    Column("kudos", Kudos, nullable=False, default=0.0),
+    Column("kudos_earned", Kudos, nullable=False, default=0.0),
+    Column("kudos_spent", Kudos, nullable=False, default=0.0),
     # Kudos sent to and received from other users (POST /kudos/transfer).
-    Column("kudos_gifted", Float, nullable=False, default=0.0, server_default="0"),
-    Column("kudos_received", Float, nullable=False, default=0.0, server_default="0"),
+    Column("kudos_gifted", Kudos, nullable=False, default=0.0, server_default="0"),
+    Column("kudos_received", Kudos, nullable=False, default=0.0, server_default="0"),
     # null: the horde's default concurrency
     Column("concurrency", Integer, nullable=True),
     Column("created", Float, nullable=False),
@@ -103,7 +166,7 @@ workers = Table(
     Column("last_check_in", Float, nullable=False, index=True),
     Column("uptime", Float, nullable=False, default=0.0),
     Column("maintenance", Boolean, nullable=False, default=False),
-    Column("kudos_rewards", Float, nullable=False, default=0.0),
+    Column("kudos_rewards", Kudos, nullable=False, default=0.0),
     Column("requests_fulfilled", Integer, nullable=False, default=0),
     Column("uncompleted_jobs", Integer, nullable=False, default=0),
     # Aborted jobs are counted in fixed windows of an hour.
@@ -168,7 +231,7 @@ requests = Table(
     Column("anonymous", Boolean, nullable=False),
     Column("priority", Float, nullable=False),
     Column("prio_key", Float, nullable=False),
-    Column("kudos", Float, nullable=False, default=0.0),
+    Column("kudos", Kudos, nullable=False, default=0.0),
     Column("finished", Integer, nullable=False, default=0),
     Column("faults", Integer, nullable=False, default=0),
     Column("restarts", Integer, nullable=False, default=0),
@@ -188,7 +251,7 @@ requests = Table(
     # the key (contract.shared_keys; null: queued before reservations, or
     # not through a shared key).
     Column("shared_key", String(64), nullable=True),
-    Column("shared_price", Float, nullable=True),
+    Column("shared_price", Kudos, nullable=True),
     # Chat requests: the validated request (its kept messages included), the
     # full flattened submission (``prompt`` holds the kept conversation
     # flattened), what a worker must declare, and the sizes routing reads.
@@ -384,8 +447,8 @@ jobs = Table(
     Column("seed", BigInteger, nullable=True),
     Column("gen_metadata", JSON, nullable=True),
     Column("tokens", Integer, nullable=True),
-    Column("reward", Float, nullable=True),
-    Column("cost", Float, nullable=True),
+    Column("reward", Kudos, nullable=True),
+    Column("cost", Kudos, nullable=True),
     # Chat jobs: the budgets assigned at pop, the verified reply, and the
     # last refusal of a reply (its code decides how a later fault counts).
     Column("kind", String(8), nullable=False, default="text", server_default="text"),
@@ -440,8 +503,8 @@ shared_keys = Table(
     # Null: lent before ids were derived (its id cannot be listed).
     Column("id_nonce", String(32), nullable=True),
     Column("name", String(MAX_NAME), nullable=False, default=""),
-    Column("kudos", Float, nullable=False),
-    Column("utilized", Float, nullable=False, default=0.0),
+    Column("kudos", Kudos, nullable=False),
+    Column("utilized", Kudos, nullable=False, default=0.0),
     Column("expiry", Float, nullable=True),
     Column("max_text_tokens", BigInteger, nullable=False),
     Column("max_image_pixels", BigInteger, nullable=False),
@@ -462,6 +525,20 @@ budget_refusals = Table(
     Column("at", Float, nullable=False),
     Index("ix_budget_refusals_who", "user_id", "client", "at"),
     Index("ix_budget_refusals_at", "at"),
+)
+
+# Transfers sent with an Idempotency-Key (decision 0072): a retry under the
+# same key answers the first transfer and moves nothing again. A transfer is
+# the target and the amount (a key reused for another is 409); the sweep
+# deletes keys a retention old, as it purges requests and their keys.
+transfer_keys = Table(
+    "transfer_keys",
+    metadata,
+    Column("user_id", Integer, ForeignKey("users.id"), primary_key=True),
+    Column("operation_key", String(MAX_IDEMPOTENCY_KEY_CHARS), primary_key=True),
+    Column("target_id", Integer, nullable=False),
+    Column("amount", Kudos, nullable=False),
+    Column("created", Float, nullable=False, index=True),
 )
 
 # The dashboard's activity of jobs no longer stored (decision 0044): when the

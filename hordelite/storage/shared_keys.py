@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, insert, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, select, type_coerce, update
 
 from hordelite.contract import shared_keys as rules_of_keys
 from hordelite.contract.limits import SHARED_KEYS_PER_USER
@@ -30,7 +30,7 @@ from hordelite.storage.accounts import (
     user_by_id,
 )
 from hordelite.storage.rules import Rules
-from hordelite.storage.schema import jobs, requests, shared_keys, users
+from hordelite.storage.schema import Kudos, jobs, requests, shared_keys, users
 from hordelite.storage.transaction import Tx, prepared
 
 _KEY = prepared(select(shared_keys).where(shared_keys.c.key_hash == bindparam("key_hash")))
@@ -49,7 +49,13 @@ _RESERVED = prepared(
     select(
         select(
             func.coalesce(
-                func.sum(requests.c.shared_price * (requests.c.n - requests.c.finished)), 0.0
+                func.sum(
+                    # Kudos (thousandths, decision 0072) times a count are kudos.
+                    type_coerce(
+                        requests.c.shared_price * (requests.c.n - requests.c.finished), Kudos
+                    )
+                ),
+                0.0,
             )
         )
         .where(_KEY_REQUESTS, requests.c.state == "waiting")

@@ -113,10 +113,15 @@ class Store:
         many there are."""
         return await self.db.read(user_page, by_kudos, limit, offset)
 
-    async def transfer_kudos(self, *, key_hash: str, transfer: Transfer) -> float:
-        """The kudos moved from the key's user to another; raises the AI
-        Horde's transfer refusals (KudosTransferNotEnough, ...)."""
-        return await self.db.write(transfer_kudos, key_hash, transfer, self.rules)
+    async def transfer_kudos(
+        self, *, key_hash: str, transfer: Transfer, now: float, operation_key: str | None
+    ) -> float:
+        """The kudos moved from the key's user to another (once per
+        ``operation_key``); raises the AI Horde's transfer refusals
+        (KudosTransferNotEnough, ...) and OperationKeyReused."""
+        return await self.db.write(
+            transfer_kudos, key_hash, transfer, self.rules, now, operation_key
+        )
 
     # Requests ------------------------------------------------------------
 

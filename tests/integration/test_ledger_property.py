@@ -467,8 +467,10 @@ async def new_example(db: Database, clock: ManualClock) -> Example:
     horde = Horde(CONFIG, db, clock=clock, models=ModelReference({model: BILLIONS}))
     keys: dict[str, str] = {}
     ids: dict[str, int] = {}
+    # Names are unique in a database (decision 0073), which the examples share.
+    tag = uuid.uuid4().hex[:12]
     for name, kudos in START.items():
-        ids[name], keys[name] = await horde.create_user(name, kudos=kudos)
+        ids[name], keys[name] = await horde.create_user(f"{name}-{tag}", kudos=kudos)
     workers = []
     for owner in WORKER_OWNERS:
         body = {

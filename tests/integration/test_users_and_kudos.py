@@ -2,18 +2,25 @@
 /users (KoboldAI Lite's kudos ranking, horde_sdk's ListUsersDetailsRequest),
 what /users/{id} hides from everyone but the user and admins, and POST
 /kudos/transfer with the AI Horde's refusals, exact under concurrency on
-SQLite and PostgreSQL."""
+SQLite and PostgreSQL (kudos are whole thousandths, decision 0072), and
+transfers retried under an Idempotency-Key moved once."""
 
 from __future__ import annotations
 
 import math
+import random
 import unicodedata
+from decimal import Decimal
 
 import anyio
 import httpx
 import pytest
 from horde_sdk.ai_horde_api.apimodels import KudosTransferResponse, ListUsersDetailsResponse
+from sqlalchemy import func, select
 
+from hordelite.clock import ManualClock
+from hordelite.storage.schema import users
+from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, open_horde
 from tests.integration._helpers import assert_refused, kudos_of
 
@@ -238,3 +245,155 @@ async def test_two_renames_onto_one_name_at_once_leave_it_to_one_user(
             listed = (await client.get("/api/v2/users")).json()
             named = [unicodedata.normalize("NFKC", u["username"]).casefold() for u in listed]
             assert len([n for n in named if n.startswith("prize#")]) == 1
+
+
+async def test_a_balance_made_of_transfers_is_exact_and_can_be_sent_whole() -> None:
+    # As floats, 0.7 + 0.1 is 0.7999999999999999: the balance showed 0.8 and
+    # a transfer of 0.8 was refused as more than it.
+    async with open_horde() as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob")
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            to_bob, to_alice = await handle(client, bob), await handle(client, alice)
+            for amount in (0.7, 0.1):
+                sent = await client.post(
+                    "/api/v2/kudos/transfer",
+                    headers={"apikey": alice},
+                    json={"username": to_bob, "amount": amount},
+                )
+                assert sent.status_code == 200, sent.text
+            assert await kudos_of(client, bob) == 0.8
+            back = await client.post(
+                "/api/v2/kudos/transfer",
+                headers={"apikey": bob},
+                json={"username": to_alice, "amount": 0.8},
+            )
+            assert back.status_code == 200, back.text
+            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (100, 0)
+
+
+TRANSFERS = 2000
+LEDGER_USERS = 8
+
+
+# The backend is not what is tried here: trio only, to keep the test short.
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_2000_concurrent_transfers_keep_every_balance_exact(
+    chat_database: str | None,
+) -> None:
+    """Every balance ends exactly where the transfers that moved take it
+    (counted in Decimal), so the sum is exactly conserved; as floats, 2,000
+    transfers left balances such as 1171.5800000000002 and a sum off by
+    1e-12. 32 at a time, through the service (HTTP adds only time here:
+    the tests above send transfers over HTTP)."""
+    async with open_horde(database=chat_database) as horde:
+        keys = [await horde.create_key(f"u{i}", kudos=1000) for i in range(LEDGER_USERS)]
+        rng = random.Random(35)
+        plan = []
+        for _ in range(TRANSFERS):
+            a, b = rng.sample(range(LEDGER_USERS), 2)
+            plan.append((a, b, rng.randint(1, 999) / 100))
+        expected = [Decimal(1000)] * LEDGER_USERS
+        limiter = anyio.CapacityLimiter(32)
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            names = [await handle(client, key) for key in keys]
+        directory = horde.horde.directory
+
+        async def send(a: int, b: int, amount: float) -> None:
+            async with limiter:
+                body = {"username": names[b], "amount": amount}
+                assert await directory.transfer_kudos(keys[a], body) == amount
+            expected[a] -= Decimal(str(amount))
+            expected[b] += Decimal(str(amount))
+
+        async with anyio.create_task_group() as tg:
+            for a, b, amount in plan:
+                tg.start_soon(send, a, b, amount)
+        # As stored, not as shown: the API shows balances to the hundredth.
+        stored, total = await horde.horde.db.read(_stored_balances, LEDGER_USERS)
+        assert stored == expected
+        assert Decimal(str(total)) == LEDGER_USERS * 1000
+
+
+def _stored_balances(conn: Tx, count: int) -> tuple[list[Decimal], float]:
+    """The balances of u0 ... u{count - 1} as stored, and the SUM of them
+    the database computes."""
+    named = users.c.username.in_([f"u{i}" for i in range(count)])
+    rows = dict(conn.execute(select(users.c.username, users.c.kudos).where(named)).all())
+    total = conn.execute(select(func.sum(users.c.kudos)).where(named)).scalar_one()
+    return [Decimal(str(rows[f"u{i}"])) for i in range(count)], total
+
+
+async def test_a_transfer_retried_with_its_idempotency_key_moves_once(
+    chat_database: str | None,
+) -> None:
+    async with open_horde(database=chat_database) as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob")
+        carol = await horde.create_key("carol", kudos=10)
+        async with httpx.AsyncClient(base_url=horde.url, timeout=30) as client:
+            to_bob = await handle(client, bob)
+
+            async def send(key: str, amount: float, op: str, to: str = to_bob) -> httpx.Response:
+                return await client.post(
+                    "/api/v2/kudos/transfer",
+                    headers={"apikey": key, "Idempotency-Key": op},
+                    json={"username": to, "amount": amount},
+                )
+
+            # Retries racing each other, as a client whose answers were lost.
+            answers: list[httpx.Response] = []
+
+            async def retry() -> None:
+                answers.append(await send(alice, 12.5, "pay-1"))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(retry)
+            assert {(r.status_code, r.text) for r in answers} == {
+                (200, (await send(alice, 12.5, "pay-1")).text)
+            }
+            assert answers[0].json() == {"transferred": 12.5}
+            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (87.5, 12.5)
+
+            # The same key with another transfer is refused, and moves nothing.
+            assert_refused(await send(alice, 13, "pay-1"), 409, "OperationKeyReused")
+            to_carol = await handle(client, carol)
+            assert_refused(await send(alice, 12.5, "pay-1", to_carol), 409, "OperationKeyReused")
+            assert await kudos_of(client, alice) == 87.5
+            # Keys are the user's own: another user's same key is a transfer of its own.
+            assert (await send(carol, 2, "pay-1")).status_code == 200
+            assert await kudos_of(client, bob) == 14.5
+            # A new key is a new transfer; a key of 256 characters is refused.
+            assert (await send(alice, 12.5, "pay-2")).status_code == 200
+            assert await kudos_of(client, alice) == 75
+            assert_refused(await send(alice, 1, "k" * 256), 400, "BadRequest")
+            # A refused transfer stores no key: the retry, now affordable, moves.
+            assert_refused(await send(carol, 9, "later"), 400, "KudosTransferNotEnough")
+            assert (await send(bob, 1, "top-up", to_carol)).status_code == 200
+            assert (await send(carol, 9, "later")).status_code == 200
+            assert await kudos_of(client, carol) == 0
+
+
+async def test_a_transfers_idempotency_key_is_kept_for_the_retention() -> None:
+    clock = ManualClock()
+    async with open_horde(clock=clock, retention=600) as horde:
+        alice = await horde.create_key("alice", kudos=100)
+        bob = await horde.create_key("bob")
+        async with httpx.AsyncClient(base_url=horde.url) as client:
+            body = {"username": await handle(client, bob), "amount": 10}
+            headers = {"apikey": alice, "Idempotency-Key": "monthly"}
+
+            async def send() -> None:
+                sent = await client.post("/api/v2/kudos/transfer", headers=headers, json=body)
+                assert sent.status_code == 200, sent.text
+
+            await send()
+            clock.advance(599)
+            await horde.sweep()
+            await send()  # a retry: nothing moves
+            assert await kudos_of(client, alice) == 90
+            clock.advance(2)
+            await horde.sweep()
+            await send()  # the key is forgotten: a new transfer
+            assert await kudos_of(client, alice) == 80

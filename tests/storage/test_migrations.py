@@ -5,17 +5,19 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import func, insert, inspect, select, update
+from sqlalchemy import Float, Integer, MetaData, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
+from hordelite.contract.transfers import Transfer
 from hordelite.errors import RC, HordeError
 from hordelite.storage import queries, schema
+from hordelite.storage.accounts import transfer_kudos
 from hordelite.storage.admin import users_named
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import (
     LATEST,
     MIGRATIONS,
-    _v12_names_and_moderation_that_hold,
+    _v13_names_and_moderation_that_hold,
     current_version,
     upgrade,
 )
@@ -249,7 +251,7 @@ def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
 
 # The version before user names were keyed (decision 0073), wherever the
 # migration stands in the list.
-_BEFORE_USER_KEYS = MIGRATIONS.index(_v12_names_and_moderation_that_hold)
+_BEFORE_USER_KEYS = MIGRATIONS.index(_v13_names_and_moderation_that_hold)
 
 
 def _as_before_user_keys(conn: Tx) -> None:
@@ -332,3 +334,160 @@ def test_upgrading_keys_user_names_and_keeps_every_user_sharing_one(
             True,
         )
     assert "worker_holds" in db.run_sync(_tables, False)
+
+
+def _float_ledger() -> MetaData:
+    """schema.py's tables as version 11 made them: every kudos column a
+    float, and no transfer_keys."""
+    old = MetaData()
+    for table in schema.metadata.sorted_tables:
+        if table.name == "transfer_keys":
+            continue
+        for column in table.to_metadata(old).columns:
+            if isinstance(column.type, schema.Kudos):
+                column.type = Float()
+    return old
+
+
+# (table, column) -> (the float stored by version 11, what it reads as now).
+FLOATS = {
+    ("users", "kudos"): (450.70999999999856, 450.71),
+    ("users", "kudos_earned"): (0.30000000000000004, 0.3),
+    ("users", "kudos_spent"): (12.3456, 12.346),
+    ("users", "kudos_gifted"): (0.0001, 0.0),
+    ("users", "kudos_received"): (7.999999999, 8.0),
+    ("workers", "kudos_rewards"): (1.1 + 2.2, 3.3),
+    ("requests", "kudos"): (2.675, 2.675),
+    ("jobs", "reward"): (1.1, 1.1),
+    ("jobs", "cost"): (1.2999999999999998, 1.3),
+    ("shared_keys", "kudos"): (-1.0, -1.0),
+    ("shared_keys", "utilized"): (3.3300000000000005, 3.33),
+}
+
+
+def _fill_float_ledger(conn: Tx, old: MetaData, owner: str, other: str) -> None:
+    """A version 11 database holding two users, a worker, a request, its
+    job and a shared key, each with its kudos as floats."""
+    conn.execute(update(schema.schema_version).values(version=11))
+    t = old.tables
+    values = {}
+    for (table, column), (stored, _) in FLOATS.items():
+        values.setdefault(table, {})[column] = stored
+    conn.execute(
+        insert(t["users"]).values(
+            id=1, username="alice", key_hash=owner, created=NOW, **values["users"]
+        )
+    )
+    conn.execute(insert(t["users"]).values(id=2, username="bob", key_hash=other, created=NOW))
+    conn.execute(
+        insert(t["workers"]).values(
+            id="w1",
+            name="w1",
+            name_key="w1",
+            user_id=1,
+            models=["m1"],
+            max_length=80,
+            max_context_length=1024,
+            created=NOW,
+            last_check_in=NOW,
+            **values["workers"],
+        )
+    )
+    conn.execute(
+        insert(t["requests"]).values(
+            id="r1",
+            user_id=1,
+            state="done",
+            prompt="p",
+            params={},
+            models=["m1"],
+            worker_ids=[],
+            n=1,
+            remaining=0,
+            max_length=80,
+            max_context_length=1024,
+            anonymous=False,
+            priority=0.0,
+            prio_key=0.0,
+            created=NOW,
+            expires=NOW + 1,
+            **values["requests"],
+        )
+    )
+    conn.execute(
+        insert(t["jobs"]).values(
+            id="j1",
+            request_id="r1",
+            worker_id="w1",
+            owner_id=1,
+            model="m1",
+            state="done",
+            started=NOW,
+            lease_expires=NOW + 1,
+            **values["jobs"],
+        )
+    )
+    conn.execute(
+        insert(t["shared_keys"]).values(
+            key_hash="s" * 64,
+            user_id=1,
+            max_text_tokens=-1,
+            max_image_pixels=-1,
+            max_image_steps=-1,
+            created=NOW,
+            **values["shared_keys"],
+        )
+    )
+
+
+def _kudos_columns(conn: Tx, raw: bool) -> dict[tuple[str, str], object]:
+    """Each kudos column of FLOATS as read now: through schema.py's types,
+    or (``raw``) as the database holds it."""
+    found: dict[tuple[str, str], object] = {}
+    for table, column in FLOATS:
+        if raw:
+            found[table, column] = conn.exec_driver_sql(f"SELECT {column} FROM {table}").scalar()
+        else:
+            found[table, column] = conn.execute(
+                select(schema.metadata.tables[table].c[column])
+            ).scalar()
+    return found
+
+
+def test_upgrading_a_float_ledger_keeps_every_amount_to_the_thousandth_in_integers(
+    empty_database: Database,
+) -> None:
+    db = empty_database
+    db.run_sync(upgrade, True)
+    old = _float_ledger()
+    db.run_sync(lambda conn: schema.metadata.drop_all(conn.connection), True)
+    db.run_sync(lambda conn: old.create_all(conn.connection), True)
+    db.run_sync(lambda conn: conn.execute(insert(schema.schema_version).values(version=11)), True)
+    owner, other = new_key_hash(), new_key_hash()
+    db.run_sync(_fill_float_ledger, True, old, owner, other)
+
+    before, after = db.run_sync(upgrade, True)
+
+    assert (before, after) == (11, LATEST)
+    assert db.run_sync(_kudos_columns, False, False) == {k: v[1] for k, v in FLOATS.items()}
+    # Stored as whole thousandths (SQLite's columns keep their REAL affinity).
+    raw = db.run_sync(_kudos_columns, False, True)
+    assert raw == {k: round(v[1] * 1000) for k, v in FLOATS.items()}
+    if db.is_sqlite:
+        assert all(float(v).is_integer() for v in raw.values())  # type: ignore[arg-type]
+    else:
+        declared = db.run_sync(
+            lambda conn: {
+                c["name"]: c["type"] for c in inspect(conn.connection).get_columns("users")
+            },
+            False,
+        )
+        assert isinstance(declared["kudos"], Integer)
+    # The balance shown, 450.71, can be sent whole (it was refused as "more
+    # than your 450.71 kudos").
+    moved = db.run_sync(transfer_kudos, True, owner, Transfer("bob", 2, 450.71), RULES, NOW, None)
+    assert moved == 450.71
+    assert db.run_sync(queries.user_by_id, False, 1).kudos == 0
+    assert db.run_sync(queries.user_by_id, False, 2).kudos == 450.71
+    # The transfers' keys are stored from now on.
+    assert "transfer_keys" in db.run_sync(_tables, False)
