@@ -8,11 +8,12 @@ from typing import Any
 
 from sqlalchemy import (
     bindparam,
+    case,
     select,
     update,
 )
 
-from hordelite.contract import faults
+from hordelite.contract import faults, generations
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.eligibility import (
     RequestView,
@@ -73,10 +74,31 @@ _CREDIT_WORKER = prepared(
     )
 )
 
+# A job done: its request counts it, adds what it paid and the bytes its
+# generation stores, and gives back the bound it reserved for it (decision
+# 0069; never below 1 while the request holds its content).
 _FINISH_REQUEST = prepared(
     update(requests)
     .where(requests.c.id == bindparam("rid"))
-    .values(finished=requests.c.finished + 1, kudos=requests.c.kudos + bindparam("cost"))
+    .values(
+        finished=requests.c.finished + 1,
+        kudos=requests.c.kudos + bindparam("cost"),
+        generation_bytes=requests.c.generation_bytes + bindparam("stored"),
+        held_bytes=case(
+            (
+                requests.c.held_bytes > bindparam("reserved"),
+                requests.c.held_bytes - bindparam("reserved"),
+            ),
+            else_=requests.c.held_bytes,
+        ),
+    )
+)
+
+# The bytes a requester's generations store, until the purge takes them off.
+_COUNT_GENERATION = prepared(
+    update(users)
+    .where(users.c.id == bindparam("uid"))
+    .values(generation_bytes=users.c.generation_bytes + bindparam("stored"))
 )
 
 # The request's last job: the request ends done in the same statement.
@@ -129,9 +151,11 @@ def settle(
     values: dict[str, Any],
     now: float,
     state: str = "done",
+    stored: int = 0,
 ) -> SubmitResult:
     """Store a finished job: reward its worker's owner, charge the requester,
-    with the amounts of ``paid``.
+    with the amounts of ``paid``; ``stored``: the bytes its generation
+    keeps, counted in the requester's stored bytes (decision 0069).
 
     A job settled at a cancel ends ``cancelled``: paid, not a generation;
     so does one of a request nobody can read (decision 0051), whose reply is
@@ -172,7 +196,19 @@ def settle(
     done = job["finished"] + 1 >= job["n"]
     ends = done and job["request_state"] == "waiting"
     finish = _FINISH_LAST if ends else _FINISH_REQUEST
-    conn.defer(finish, {"rid": job["request_id"], "cost": cost, "now": now})
+    reserved = generations.stored_bound(job["kind"], job["request_max_length"])
+    conn.defer(
+        finish,
+        {
+            "rid": job["request_id"],
+            "cost": cost,
+            "now": now,
+            "stored": stored,
+            "reserved": reserved,
+        },
+    )
+    if stored:
+        conn.defer(_COUNT_GENERATION, {"uid": job["requester_id"], "stored": stored})
     return SubmitResult(
         reward,
         job["request_id"],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, func, insert, inspect, select, update
+from sqlalchemy import Connection, LargeBinary, cast, func, insert, inspect, select, update
 
 from hordelite.contract.limits import MAX_NAME_KEY
 from hordelite.contract.unicode_rules import fold_name
@@ -182,6 +182,31 @@ def _v11(conn: Connection) -> None:
     schema.shared_keys.create(conn, checkfirst=True)
 
 
+def _generations_in_the_budget(conn: Connection) -> None:
+    # Generations counted in their requester's stored bytes (decision 0069):
+    # the bytes each request's generations store (the text its jobs kept,
+    # in UTF-8), and each user's sum of them. Computed anew from what is
+    # stored, so running it again changes nothing.
+    _add_missing_columns(conn)
+    jobs, requests, users = schema.jobs, schema.requests, schema.users
+    if conn.dialect.name == "postgresql":
+        size = func.octet_length(jobs.c.text)
+    else:
+        size = func.length(cast(jobs.c.text, LargeBinary))
+    per_request = (
+        select(func.coalesce(func.sum(size), 0))
+        .where(jobs.c.request_id == requests.c.id, jobs.c.text.is_not(None))
+        .scalar_subquery()
+    )
+    conn.execute(update(requests).values(generation_bytes=per_request))
+    per_user = (
+        select(func.coalesce(func.sum(requests.c.generation_bytes), 0))
+        .where(requests.c.user_id == users.c.id)
+        .scalar_subquery()
+    )
+    conn.execute(update(users).values(generation_bytes=per_user))
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
@@ -198,6 +223,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v9,
     _v10,
     _v11,
+    _generations_in_the_budget,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -378,7 +378,7 @@ def _request_row(
         "context_adjustments": new.context_adjustments,
         "operation_key": new.operation_key,
         "fingerprint": new.fingerprint,
-        "held_bytes": max(1, new.stored_bytes),
+        "held_bytes": max(1, new.held_bytes),
         "image_bytes": new.image_bytes,
     }
 
@@ -434,7 +434,9 @@ def _check_budgets(
         recent=int(row.get("recent", 0)),
         oldest_recent=row.get("oldest_recent"),
         held=int(row.get("held", 0)),
-        held_bytes=int(row.get("held_bytes", 0)),
+        # The generations its requests keep until their purge count too
+        # (decision 0069): summed on the user's row, read with it.
+        held_bytes=int(row.get("held_bytes", 0)) + int(user["generation_bytes"]),
         image_bytes=int(row.get("image_bytes", 0)),
     )
     refusal = budgets.refusal(budget, role, held, new.cost, now)

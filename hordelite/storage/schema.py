@@ -66,6 +66,9 @@ users = Table(
     Column("kudos_received", Float, nullable=False, default=0.0, server_default="0"),
     # null: the horde's default concurrency
     Column("concurrency", Integer, nullable=True),
+    # Bytes of generations its requests keep until their purge (decision
+    # 0069): the sum of their generation_bytes, counted in its stored bytes.
+    Column("generation_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     Column("created", Float, nullable=False),
 )
 
@@ -182,6 +185,9 @@ requests = Table(
     # its stored images.
     Column("held_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     Column("image_bytes", BigInteger, nullable=False, default=0, server_default="0"),
+    # Bytes of the generations its jobs stored (decision 0069): counted in
+    # its user's generation_bytes until the purge deletes them.
+    Column("generation_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     # An OpenAI call's request: the serving process holding the call, its
     # only reader (a row of ``readers``); null for the native API, whose
     # status anyone with the id may read (decision 0051).
