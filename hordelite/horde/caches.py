@@ -75,9 +75,7 @@ class StatusCache:
     """
 
     def __init__(self, max_bytes: int = STATUS_CACHE_BYTES) -> None:
-        self._entries: OrderedDict[StatusKey, tuple[int, float, RequestStatus, int]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[StatusKey, tuple[int, float, RequestStatus, int]] = OrderedDict()
         self._max_bytes = max_bytes
         self.bytes = 0  # of generations the entries hold
 

@@ -154,8 +154,7 @@ def settle(
     stored: int = 0,
 ) -> SubmitResult:
     """Store a finished job: reward its worker's owner, charge the requester,
-    with the amounts of ``paid``; ``stored``: the bytes its generation
-    keeps, counted in the requester's stored bytes (decision 0069).
+    with the amounts of ``paid``; ``stored``: its generation's bytes.
 
     A job settled at a cancel ends ``cancelled``: paid, not a generation;
     so does one of a request nobody can read (decision 0051), whose reply is
@@ -195,6 +194,24 @@ def settle(
     # request stays cancelled when its last job comes in.
     done = job["finished"] + 1 >= job["n"]
     ends = done and job["request_state"] == "waiting"
+    _finish_request(conn, job, ends, cost, now, stored)
+    return SubmitResult(
+        reward,
+        job["request_id"],
+        done,
+        False,
+        cost=cost,
+        done_kind=job["kind"] if ends else None,
+        created=job["request_created"] if ends else 0.0,
+        hook_owed=ends and bool(job["request_has_webhook"]),
+    )
+
+
+def _finish_request(
+    conn: Tx, job: Mapping[str, Any], ends: bool, cost: float, now: float, stored: int
+) -> None:
+    """Count a done job on its request (ending it when ``ends``), and its
+    generation's bytes on the request and its requester (decision 0069)."""
     finish = _FINISH_LAST if ends else _FINISH_REQUEST
     reserved = generations.stored_bound(job["kind"], job["request_max_length"])
     conn.defer(
@@ -209,16 +226,6 @@ def settle(
     )
     if stored:
         conn.defer(_COUNT_GENERATION, {"uid": job["requester_id"], "stored": stored})
-    return SubmitResult(
-        reward,
-        job["request_id"],
-        done,
-        False,
-        cost=cost,
-        done_kind=job["kind"] if ends else None,
-        created=job["request_created"] if ends else 0.0,
-        hook_owed=ends and bool(job["request_has_webhook"]),
-    )
 
 
 def move_kudos(conn: Tx, payer: int, cost: float, earner: int, reward: float) -> None:
