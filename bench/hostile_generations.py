@@ -52,9 +52,18 @@ def db_bytes(path: Path) -> int:
 
 
 async def queue_requests(
-    client: httpx.AsyncClient, key: str, until: float, ids: list[str], rcs: collections.Counter[str]
+    client: httpx.AsyncClient,
+    key: str,
+    max_length: int,
+    until: float,
+    ids: list[str],
+    rcs: collections.Counter[str],
 ) -> None:
-    body = {"prompt": "Say something.", "params": {"n": 20, "max_length": 16}, "models": [MODEL]}
+    body = {
+        "prompt": "Say something.",
+        "params": {"n": 20, "max_length": max_length, "max_context_length": max_length + 2048},
+        "models": [MODEL],
+    }
     while time.monotonic() < until:
         r = await client.post("/api/v2/generate/text/async", json=body, headers={"apikey": key})
         if r.status_code == 202:
@@ -68,6 +77,7 @@ async def answer_jobs(
     client: httpx.AsyncClient,
     key: str,
     name: str,
+    max_length: int,
     until: float,
     generation: bytes,
     rcs: collections.Counter[str],
@@ -75,8 +85,8 @@ async def answer_jobs(
     pop = {
         "name": name,
         "models": [MODEL],
-        "max_length": 16,
-        "max_context_length": 2048,
+        "max_length": max_length,
+        "max_context_length": max_length + 2048,
         "bridge_agent": "hostile:1:bench",
     }
     headers = {"apikey": key, "content-type": "application/json"}
@@ -126,7 +136,9 @@ async def read_statuses(base: str, pid: int, request_id: str) -> None:
 
 
 async def flood(args: argparse.Namespace, base: str, key: str, db: Path, pid: int) -> None:
-    generation = b"a" * args.generation
+    # A control character is 1 byte stored and 6 in a JSON answer (\\u0001):
+    # --escaped makes the status answer as large as a generation can make it.
+    generation = (b"\\u0001" if args.escaped else b"a") * args.generation
     rcs: collections.Counter[str] = collections.Counter()
     ids: list[str] = []
     start_bytes, start = db_bytes(db), time.monotonic()
@@ -134,9 +146,9 @@ async def flood(args: argparse.Namespace, base: str, key: str, db: Path, pid: in
     limits = httpx.Limits(max_connections=args.workers + 2)
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
         await asyncio.gather(
-            queue_requests(client, key, until, ids, rcs),
+            queue_requests(client, key, args.max_length, until, ids, rcs),
             *(
-                answer_jobs(client, key, f"hostile-{i}", until, generation, rcs)
+                answer_jobs(client, key, f"hostile-{i}", args.max_length, until, generation, rcs)
                 for i in range(args.workers)
             ),
         )
@@ -161,7 +173,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=7110)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--generation", type=int, default=10_000_000)
+    parser.add_argument("--generation", type=int, default=10_000_000, help="bytes of each")
+    parser.add_argument("--max-length", type=int, default=16)
+    parser.add_argument("--escaped", action="store_true", help="generations of U+0001")
+    parser.add_argument("--kudos", type=float, default=0, help="the user's kudos at creation")
     parser.add_argument("--scratch", default=None, help="folder for the database (default: /tmp)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="hostile-generations-", dir=args.scratch))
@@ -175,7 +190,7 @@ def main() -> None:
         capture_output=True,
     )
     out = subprocess.run(
-        [HORDELITE, "keys", "create", "--database", str(db), "flooder"],
+        [HORDELITE, "keys", "create", "--database", str(db), "--kudos", str(args.kudos), "flooder"],
         cwd=folder,
         env=env,
         check=True,

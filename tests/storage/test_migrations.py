@@ -8,11 +8,24 @@ import pytest
 from sqlalchemy import func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
+from hordelite.storage import migrations as _migrations
 from hordelite.storage import queries, schema
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version, upgrade
 from hordelite.storage.transaction import Tx
-from tests.storage.helpers import NOW, RULES, activity_rows, new_key_hash, pop_request
+from tests.storage.helpers import (
+    NOW,
+    RULES,
+    activity_rows,
+    billions,
+    create_user,
+    job_submit,
+    new_key_hash,
+    pop,
+    pop_request,
+    submit,
+    text_request,
+)
 
 
 def _tables(conn: Tx) -> set[str]:
@@ -237,3 +250,48 @@ def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
     # A process takes its reader over, and nothing stored before is its.
     assert db.run_sync(queries.take_over, True, "host:7001/0", NOW + 30) == []
     assert db.run_sync(queries.lapsed_requests, True, NOW + 60, "other:1/0") == []
+
+
+def _before_generations_counted(conn: Tx) -> None:
+    """Put the database back in the shape before _generations_in_the_budget."""
+    conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN generation_bytes")
+    conn.exec_driver_sql("ALTER TABLE users DROP COLUMN generation_bytes")
+    conn.execute(update(schema.schema_version).values(version=LATEST - 1))
+
+
+@pytest.mark.anyio
+async def test_upgrading_counts_the_generations_already_stored_in_bytes(
+    database: Database,
+) -> None:
+    alice = await create_user(database, "alice", kudos=100)
+    bob = await create_user(database, "bob")
+    stored = {}
+    for generation in ("é" * 10, "abc"):
+        request_id = await submit(database, alice, text_request(params={"max_length": 16}))
+        popped = await pop(database, bob, "w1", ["m"], max_length=16)
+        assert popped.job is not None
+        await database.write(
+            queries.submit_job, bob, job_submit(popped.job.id, generation), NOW, RULES, billions
+        )
+        stored[request_id] = len(generation.encode())
+    await database.write(_before_generations_counted)
+
+    before, after = await database.write(upgrade)
+
+    assert (before, after) == (LATEST - 1, LATEST)
+
+    def read(conn: Tx) -> tuple[dict[str, int], dict[str, int]]:
+        per_request = dict(
+            conn.execute(select(schema.requests.c.id, schema.requests.c.generation_bytes)).all()
+        )
+        per_user = dict(
+            conn.execute(select(schema.users.c.username, schema.users.c.generation_bytes)).all()
+        )
+        return per_request, per_user
+
+    per_request, per_user = await database.read(read)
+    assert per_request == stored  # 20 bytes of "é" * 10, 3 of "abc"
+    assert (per_user["alice"], per_user["bob"]) == (23, 0)
+    # Run again, it changes nothing.
+    await database.write(lambda conn: _migrations._generations_in_the_budget(conn.connection))
+    assert await database.read(read) == (per_request, per_user)
