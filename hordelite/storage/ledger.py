@@ -8,12 +8,11 @@ from typing import Any
 
 from sqlalchemy import (
     bindparam,
-    case,
     select,
     update,
 )
 
-from hordelite.contract import faults, generations
+from hordelite.contract import faults
 from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.eligibility import (
     RequestView,
@@ -75,8 +74,8 @@ _CREDIT_WORKER = prepared(
 )
 
 # A job done: its request counts it, adds what it paid and the bytes its
-# generation stores, and gives back the bound it reserved for it (decision
-# 0069; never below 1 while the request holds its content).
+# generation stores (decision 0069: its user counts them once the request is
+# released; until then the request's reservation covers them).
 _FINISH_REQUEST = prepared(
     update(requests)
     .where(requests.c.id == bindparam("rid"))
@@ -84,24 +83,9 @@ _FINISH_REQUEST = prepared(
         finished=requests.c.finished + 1,
         kudos=requests.c.kudos + bindparam("cost"),
         generation_bytes=requests.c.generation_bytes + bindparam("stored"),
-        held_bytes=case(
-            (
-                requests.c.held_bytes > bindparam("reserved"),
-                requests.c.held_bytes - bindparam("reserved"),
-            ),
-            else_=requests.c.held_bytes,
-        ),
     )
 )
 
-# The bytes a requester's generations store, until the purge takes them off.
-_COUNT_GENERATION = prepared(
-    update(users)
-    .where(users.c.id == bindparam("uid"))
-    .values(generation_bytes=users.c.generation_bytes + bindparam("stored"))
-)
-
-# The request's last job: the request ends done in the same statement.
 _FINISH_LAST = prepared(
     _FINISH_REQUEST.values(
         state="done", ended=bindparam("now"), remaining=0, hook_due=hook_due_at(bindparam("now"))
@@ -210,22 +194,10 @@ def settle(
 def _finish_request(
     conn: Tx, job: Mapping[str, Any], ends: bool, cost: float, now: float, stored: int
 ) -> None:
-    """Count a done job on its request (ending it when ``ends``), and its
-    generation's bytes on the request and its requester (decision 0069)."""
+    """Count a done job on its request (ending it when ``ends``), with its
+    generation's bytes (decision 0069)."""
     finish = _FINISH_LAST if ends else _FINISH_REQUEST
-    reserved = generations.stored_bound(job["kind"], job["request_max_length"])
-    conn.defer(
-        finish,
-        {
-            "rid": job["request_id"],
-            "cost": cost,
-            "now": now,
-            "stored": stored,
-            "reserved": reserved,
-        },
-    )
-    if stored:
-        conn.defer(_COUNT_GENERATION, {"uid": job["requester_id"], "stored": stored})
+    conn.defer(finish, {"rid": job["request_id"], "cost": cost, "now": now, "stored": stored})
 
 
 def move_kudos(conn: Tx, payer: int, cost: float, earner: int, reward: float) -> None:

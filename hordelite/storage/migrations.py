@@ -185,8 +185,9 @@ def _v11(conn: Connection) -> None:
 def _generations_in_the_budget(conn: Connection) -> None:
     # Generations counted in their requester's stored bytes (decision 0069):
     # the bytes each request's generations store (the text its jobs kept,
-    # in UTF-8), and each user's sum of them. Computed anew from what is
-    # stored, so running it again changes nothing.
+    # in UTF-8), and each user's sum of them over its released requests
+    # (one still held counts them when it is released). Computed anew from
+    # what is stored, so running it again changes nothing.
     _add_missing_columns(conn)
     jobs, requests, users = schema.jobs, schema.requests, schema.users
     if conn.dialect.name == "postgresql":
@@ -201,7 +202,7 @@ def _generations_in_the_budget(conn: Connection) -> None:
     conn.execute(update(requests).values(generation_bytes=per_request))
     per_user = (
         select(func.coalesce(func.sum(requests.c.generation_bytes), 0))
-        .where(requests.c.user_id == users.c.id)
+        .where(requests.c.user_id == users.c.id, requests.c.held_bytes == 0)
         .scalar_subquery()
     )
     conn.execute(update(users).values(generation_bytes=per_user))

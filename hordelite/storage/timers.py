@@ -203,7 +203,11 @@ def _purge(conn: Tx, before: float, now: float) -> list[str]:
         delete(requests)
         .where(ended_before)
         .returning(
-            requests.c.id, requests.c.created, requests.c.user_id, requests.c.generation_bytes
+            requests.c.id,
+            requests.c.created,
+            requests.c.user_id,
+            requests.c.generation_bytes,
+            requests.c.held_bytes,
         )
     ).all()
     _uncount_generations(conn, purged)
@@ -215,10 +219,11 @@ def _purge(conn: Tx, before: float, now: float) -> list[str]:
 
 def _uncount_generations(conn: Tx, purged: Sequence[Row[Any]]) -> None:
     """Take the purged requests' generations off their users' stored bytes
-    (decision 0069): one statement per user, not per request."""
+    (decision 0069): those of the released requests, which counted them
+    (queueing.release); one statement per user, not per request."""
     per_user: dict[int, int] = collections.defaultdict(int)
     for r in purged:
-        if r.generation_bytes:
+        if r.generation_bytes and not r.held_bytes:
             per_user[r.user_id] += r.generation_bytes
     if per_user:
         conn.execute(

@@ -77,6 +77,7 @@ async def test_a_text_generation_past_its_jobs_bound_is_refused_and_one_at_it_is
             at = "é" * (BOUND // 2)
             await worker.submit(job["id"], at)
             assert await job_state(horde, job["id"]) == ("done", at)
+            await horde.sweep()  # the request released: its generation counts on alice
             assert await generation_bytes(horde, "alice") == BOUND
 
 
@@ -102,6 +103,8 @@ async def test_generations_count_toward_the_requesters_stored_bytes_until_the_pu
             horde.url, owner, models=["m"], generate=lambda _: generation
         ) as worker:
             assert await worker.serve_one(wait=0) is not None
+        # Until the request is released, its reservation counts for its generation.
+        assert await generation_bytes(horde, "alice") == 0
         await horde.sweep()  # ended, its prompt and reservation released
         assert await generation_bytes(horde, "alice") == 4000
         assert await generation_bytes(horde, "bob") == 0  # the requester's, not the worker's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import func, insert, inspect, select, update
+from sqlalchemy import bindparam, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
 from hordelite.storage import migrations as _migrations
@@ -252,6 +252,11 @@ def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
     assert db.run_sync(queries.lapsed_requests, True, NOW + 60, "other:1/0") == []
 
 
+_released = (
+    update(schema.requests).where(schema.requests.c.id == bindparam("rid")).values(held_bytes=0)
+)
+
+
 def _before_generations_counted(conn: Tx) -> None:
     """Put the database back in the shape before _generations_in_the_budget."""
     conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN generation_bytes")
@@ -274,6 +279,9 @@ async def test_upgrading_counts_the_generations_already_stored_in_bytes(
             queries.submit_job, bob, job_submit(popped.job.id, generation), NOW, RULES, billions
         )
         stored[request_id] = len(generation.encode())
+    # The first one released (as the sweep does once it ended), the second still held.
+    first = next(iter(stored))
+    await database.write(lambda conn: conn.execute(_released, {"rid": first}))
     await database.write(_before_generations_counted)
 
     before, after = await database.write(upgrade)
@@ -291,7 +299,9 @@ async def test_upgrading_counts_the_generations_already_stored_in_bytes(
 
     per_request, per_user = await database.read(read)
     assert per_request == stored  # 20 bytes of "é" * 10, 3 of "abc"
-    assert (per_user["alice"], per_user["bob"]) == (23, 0)
+    # The released request's generation counts on its user; the held one's
+    # will when it is released.
+    assert (per_user["alice"], per_user["bob"]) == (20, 0)
     # Run again, it changes nothing.
     await database.write(lambda conn: _migrations._generations_in_the_budget(conn.connection))
     assert await database.read(read) == (per_request, per_user)
