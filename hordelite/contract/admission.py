@@ -96,7 +96,7 @@ class NewRequest:
     def held_bytes(self) -> int:
         """What it counts in its user's stored bytes while it is held: its
         prompt and conversation, and the stored bound of each of its n
-        generations, reserved until each comes in (decision 0069)."""
+        generations, reserved while it is held (decision 0069)."""
         return self.stored_bytes + generations.reserved_bytes(self.kind, self.max_length, self.n)
 
     @property

@@ -11,9 +11,9 @@ the message for a chat job (the worker guide's submit refusal, recorded on
 the job so that the worker's fault then reports it).
 
 A request reserves the bound of each of its ``n`` generations in its
-requester's stored bytes when it is queued (``reserved_bytes``); each
-generation stored then counts its own bytes (``text_generation_bytes``,
-``reply_bytes``) until the request is purged.
+requester's stored bytes when it is queued (``reserved_bytes``), while it is
+held; once it is released, each generation it stored counts its own bytes
+(``text_generation_bytes``, ``reply_stored_bytes``) until it is purged.
 
 Pure: no I/O.
 """
