@@ -392,8 +392,10 @@ class BudgetsConfig:
     requests_held: int = bounded(100, ge=0)
     anonymous_requests_held: int = bounded(100, ge=0)
     trusted_requests_held: int = bounded(1000, ge=0)
-    # Bytes of prompts and messages those requests hold (images apart);
-    # one request over it alone: 413 RequestTooLarge, else 429.
+    # Bytes of prompts and messages those requests hold (images apart),
+    # with their generations' bound until each comes in, and the
+    # generations kept until their purge (decision 0069); one request over
+    # it alone: 413 RequestTooLarge, else 429.
     stored_bytes: int = bounded(64 * 1024 * 1024, ge=0)
     anonymous_stored_bytes: int = bounded(32 * 1024 * 1024, ge=0)
     trusted_stored_bytes: int = bounded(1024 * 1024 * 1024, ge=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from hordelite.contract import generations
 from hordelite.contract.budgets import Cost
 from hordelite.contract.eligibility import RequestView
 
@@ -102,8 +103,15 @@ class NewRequest:
         return self.quote if self.ceiling is None else max(self.quote, self.ceiling)
 
     @property
+    def held_bytes(self) -> int:
+        """What it counts in its user's stored bytes while it is held: its
+        prompt and conversation, and the stored bound of each of its n
+        generations, reserved while it is held (decision 0069)."""
+        return self.stored_bytes + generations.reserved_bytes(self.kind, self.max_length, self.n)
+
+    @property
     def cost(self) -> Cost:
-        return Cost(self.stored_bytes, self.image_bytes, self.images)
+        return Cost(self.held_bytes, self.image_bytes, self.images)
 
     @property
     def max_length(self) -> int:

@@ -35,8 +35,17 @@ MAX_IDEMPOTENCY_KEY_CHARS: Final = 255
 MAX_AGENT_CHARS: Final = 1000
 MAX_WEBHOOK_CHARS: Final = 1024
 MAX_PRIORITY_USERNAMES: Final = 100
-# A text generation submitted, and its gen_metadata entries.
-MAX_GENERATION_CHARS: Final = 10_000_000
+# A text generation submitted, and its gen_metadata entries. A generation
+# is bounded by its request's max_length (contract/generations.py, decision
+# 0069): PROGRESS_BYTES_PER_TOKEN bytes of UTF-8 per token, as a job's
+# progress posts are, plus GENERATION_ALLOWANCE_BYTES (a stop sequence a
+# backend leaves in, a last token cut mid-character); a chat reply counts
+# its content, reasoning and tool calls' names and arguments, and has
+# CHAT_REPLY_ALLOWANCE_BYTES more (a backend's re-serialised call arguments,
+# reasoning delimiters). Past it, the submit is refused: a worker that
+# generates what its job asked for never comes near it.
+GENERATION_ALLOWANCE_BYTES: Final = 4096
+CHAT_REPLY_ALLOWANCE_BYTES: Final = 4096
 MAX_GEN_METADATA: Final = 32
 # A seed, as the AI Horde takes it: any signed 64-bit integer (its own worker
 # bridge submits -1 with a faulted generation; the column is a BIGINT).
@@ -179,6 +188,11 @@ POOL_SNAPSHOT_SECONDS: Final = 1.0
 # Statuses kept by the cache (the most recently read), and request versions
 # kept by the in-process signals (the most recently changed).
 STATUS_CACHE_ENTRIES: Final = 8192
+# ... and at most this many bytes of generations among them (the least
+# recently read go first): a status holds up to n generations of its bound
+# (about 1.4 MB at n 20 and max_length 4096), and 8192 of those would be
+# gigabytes. A status larger than an eighth of it is answered, not kept.
+STATUS_CACHE_BYTES: Final = 64 * 1024 * 1024
 REQUEST_VERSIONS: Final = 65536
 # While the Redis signals are down, waiters do not wait for a signal longer
 # than this: a waiting pop looks at the queue again, a waiting call re-reads

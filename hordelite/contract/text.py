@@ -14,6 +14,7 @@ from typing import Any
 from hordelite.contract import _fields as f
 from hordelite.contract.budgets import over_models_cap
 from hordelite.contract.chat_declaration import ChatDeclaration, parse_chat_declaration
+from hordelite.contract.generations import MAX_GENERATION_CHARS
 from hordelite.contract.limits import (
     DEFAULT_MAX_CONTEXT_LENGTH,
     DEFAULT_MAX_LENGTH,
@@ -22,7 +23,6 @@ from hordelite.contract.limits import (
     MAX_GEN_METADATA,
     MAX_GEN_METADATA_CHARS,
     MAX_GEN_METADATA_REF_CHARS,
-    MAX_GENERATION_CHARS,
     MAX_ID_CHARS,
     MAX_MAX_LENGTH,
     MAX_MODELS,
@@ -325,6 +325,11 @@ def parse_job_submit(body: Any) -> JobSubmit:
     state = f.get_str(body, "state", "state", MAX_STATE_CHARS, "ok")
     if state not in GEN_STATES:
         raise bad_request("state", f"must be one of {', '.join(GEN_STATES)}")
+    if body.get("generation", "") is None and state == "ok":
+        # The AI Horde's worker bridge submits a null generation, with no
+        # state, when its backend failed every try: the fault it reports
+        # (decision 0069).
+        state = "faulted"
     if state == "faulted":
         generation = f.get_str(body, "generation", "generation", MAX_GENERATION_CHARS, "") or ""
     else:

@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 import anyio
 
+from hordelite.contract.chat_reply import output_estimate_chars
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.limits import (
     MAX_ACTIVE_MESSAGES,
@@ -17,6 +18,7 @@ from hordelite.contract.limits import (
     MESSAGES_SECONDS,
     POOL_SNAPSHOT_SECONDS,
     SKIPPED_SAMPLE_SECONDS,
+    STATUS_CACHE_BYTES,
     STATUS_CACHE_ENTRIES,
     STATUS_POSITION_SECONDS,
 )
@@ -67,11 +69,15 @@ class StatusCache:
     An entry answers while the version is the one it was read under and, for
     a request still waiting for a worker (its position, wait time and
     is_possible move with the rest of the queue), for STATUS_POSITION_SECONDS
-    at most. The least recently read entries go past STATUS_CACHE_ENTRIES.
+    at most. The least recently read entries go past STATUS_CACHE_ENTRIES,
+    or past STATUS_CACHE_BYTES of generations; a status holding more than
+    an eighth of those is not kept (decision 0069).
     """
 
-    def __init__(self) -> None:
-        self._entries: OrderedDict[StatusKey, tuple[int, float, RequestStatus]] = OrderedDict()
+    def __init__(self, max_bytes: int = STATUS_CACHE_BYTES) -> None:
+        self._entries: OrderedDict[StatusKey, tuple[int, float, RequestStatus, int]] = OrderedDict()
+        self._max_bytes = max_bytes
+        self.bytes = 0  # of generations the entries hold
 
     def get(self, key: StatusKey, version: int, now: float) -> RequestStatus | None:
         entry = self._entries.get(key)
@@ -82,10 +88,30 @@ class StatusCache:
 
     def put(self, key: StatusKey, version: int, now: float, status: RequestStatus) -> None:
         until = now + STATUS_POSITION_SECONDS if _moves_with_queue(status) else math.inf
-        self._entries[key] = (version, until, status)
-        self._entries.move_to_end(key)
-        if len(self._entries) > STATUS_CACHE_ENTRIES:
-            self._entries.popitem(last=False)
+        self._drop(key)
+        size = _generation_chars(status)
+        if size > self._max_bytes // 8:
+            return
+        self._entries[key] = (version, until, status, size)
+        self.bytes += size
+        while len(self._entries) > STATUS_CACHE_ENTRIES or self.bytes > self._max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: StatusKey) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry[3]
+
+
+def _generation_chars(status: RequestStatus) -> int:
+    """What a status's generations weigh: their characters (text, and a
+    chat reply's content, reasoning and calls), a byte or more each."""
+    size = 0
+    for g in status.generations:
+        size += len(g.text or "")
+        if g.reply is not None:
+            size += output_estimate_chars(g.reply)
+    return size
 
 
 def _moves_with_queue(status: RequestStatus) -> bool:

@@ -9,7 +9,7 @@ from sqlalchemy import (
     select,
 )
 
-from hordelite.contract import refusals
+from hordelite.contract import generations, refusals
 from hordelite.contract.chat_reply import (
     ChatSubmit,
     Verdict,
@@ -125,6 +125,9 @@ def submit_job(
         return fault_job(conn, job, now, rules, reason)
     if isinstance(sub, ChatSubmit):
         return _accept_chat_reply(conn, job, sub, now, billions, verdict)
+    too_large = generations.text_refusal(sub.generation, job["request_max_length"])
+    if too_large is not None:
+        raise too_large
     paid = settlement(job, len(sub.generation), now, billions)
     values = {
         "text": sub.generation,
@@ -132,7 +135,8 @@ def submit_job(
         "seed": sub.seed,
         "gen_metadata": sub.gen_metadata,
     }
-    return settle(conn, job, paid, values, now)
+    stored = generations.text_generation_bytes(sub.generation)
+    return settle(conn, job, paid, values, now, stored=stored)
 
 
 def _accept_chat_reply(
@@ -148,6 +152,9 @@ def _accept_chat_reply(
         # let it judge the reply against the job this transaction found.
         raise Unjudged(job["id"])
     reply, refusal = verdict.reply, verdict.refusal
+    if reply is not None:
+        # The reply as stored, against the bound of what its job asked for.
+        refusal = generations.reply_refusal(reply, job["request_max_length"])
     if refusal is not None:
         conn.execute(
             FINISH_JOB,
@@ -160,10 +167,11 @@ def _accept_chat_reply(
         return SubmitResult(0.0, job["request_id"], False, False, refusal)
     assert reply is not None
     paid = settlement(job, output_estimate_chars(reply), now, billions)
+    stored = generations.reply_stored_bytes(reply)
     values = {
         "text": reply.content,
         "gen_state": sub.state,
         "reply": reply.to_json(),
         "charge_basis": "output_estimate",
     }
-    return settle(conn, job, paid, values, now)
+    return settle(conn, job, paid, values, now, stored=stored)

@@ -73,13 +73,19 @@ _CREDIT_WORKER = prepared(
     )
 )
 
+# A job done: its request counts it, adds what it paid and the bytes its
+# generation stores (decision 0069: its user counts them once the request is
+# released; until then the request's reservation covers them).
 _FINISH_REQUEST = prepared(
     update(requests)
     .where(requests.c.id == bindparam("rid"))
-    .values(finished=requests.c.finished + 1, kudos=requests.c.kudos + bindparam("cost"))
+    .values(
+        finished=requests.c.finished + 1,
+        kudos=requests.c.kudos + bindparam("cost"),
+        generation_bytes=requests.c.generation_bytes + bindparam("stored"),
+    )
 )
 
-# The request's last job: the request ends done in the same statement.
 _FINISH_LAST = prepared(
     _FINISH_REQUEST.values(
         state="done", ended=bindparam("now"), remaining=0, hook_due=hook_due_at(bindparam("now"))
@@ -129,9 +135,10 @@ def settle(
     values: dict[str, Any],
     now: float,
     state: str = "done",
+    stored: int = 0,
 ) -> SubmitResult:
     """Store a finished job: reward its worker's owner, charge the requester,
-    with the amounts of ``paid``.
+    with the amounts of ``paid``; ``stored``: its generation's bytes.
 
     A job settled at a cancel ends ``cancelled``: paid, not a generation;
     so does one of a request nobody can read (decision 0051), whose reply is
@@ -171,8 +178,7 @@ def settle(
     # request stays cancelled when its last job comes in.
     done = job["finished"] + 1 >= job["n"]
     ends = done and job["request_state"] == "waiting"
-    finish = _FINISH_LAST if ends else _FINISH_REQUEST
-    conn.defer(finish, {"rid": job["request_id"], "cost": cost, "now": now})
+    _finish_request(conn, job, ends, cost, now, stored)
     return SubmitResult(
         reward,
         job["request_id"],
@@ -183,6 +189,15 @@ def settle(
         created=job["request_created"] if ends else 0.0,
         hook_owed=ends and bool(job["request_has_webhook"]),
     )
+
+
+def _finish_request(
+    conn: Tx, job: Mapping[str, Any], ends: bool, cost: float, now: float, stored: int
+) -> None:
+    """Count a done job on its request (ending it when ``ends``), with its
+    generation's bytes (decision 0069)."""
+    finish = _FINISH_LAST if ends else _FINISH_REQUEST
+    conn.defer(finish, {"rid": job["request_id"], "cost": cost, "now": now, "stored": stored})
 
 
 def move_kudos(conn: Tx, payer: int, cost: float, earner: int, reward: float) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, func, insert, inspect, select, update
+from sqlalchemy import Connection, LargeBinary, cast, func, insert, inspect, select, update
 from sqlalchemy.sql import sqltypes
 
 from hordelite.contract.limits import MAX_NAME_KEY
@@ -267,6 +267,47 @@ def _v15_anonymous_by_address(conn: Connection) -> None:
         _recreate_index(conn, name)
 
 
+def _v16_generations_in_the_budget(conn: Connection) -> None:
+    # Generations counted in their requester's stored bytes (decision 0069):
+    # the bytes each request's generations store (the text its jobs kept,
+    # in UTF-8), and each user's sum of them over its released requests
+    # (one still held counts them when it is released). Computed anew from
+    # what is stored, so running it again changes nothing.
+    _add_missing_columns(conn)
+    jobs, requests, users = schema.jobs, schema.requests, schema.users
+    if conn.dialect.name == "postgresql":
+        size = func.octet_length(jobs.c.text)
+    else:
+        size = func.length(cast(jobs.c.text, LargeBinary))
+    per_request = (
+        select(func.coalesce(func.sum(size), 0))
+        .where(jobs.c.request_id == requests.c.id, jobs.c.text.is_not(None))
+        .scalar_subquery()
+    )
+    conn.execute(update(requests).values(generation_bytes=per_request))
+    per_user = (
+        select(func.coalesce(func.sum(requests.c.generation_bytes), 0))
+        .where(requests.c.user_id == users.c.id, requests.c.held_bytes == 0)
+        .scalar_subquery()
+    )
+    conn.execute(update(users).values(generation_bytes=per_user))
+    # And the anonymous user's per client address (decision 0071).
+    generations = schema.client_generations
+    generations.create(conn, checkfirst=True)
+    conn.execute(generations.delete())
+    per_client = (
+        select(requests.c.client, func.sum(requests.c.generation_bytes))
+        .where(
+            requests.c.client.is_not(None),
+            requests.c.client != "",
+            requests.c.held_bytes == 0,
+            requests.c.generation_bytes > 0,
+        )
+        .group_by(requests.c.client)
+    )
+    conn.execute(insert(generations).from_select(["client", "generation_bytes"], per_client))
+
+
 # The prefix of a name key no pop can reach (names refuse control characters).
 _RETIRED = "\x1f"
 
@@ -287,6 +328,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v13_names_and_moderation_that_hold,
     _v14_shared_key_reservations,
     _v15_anonymous_by_address,
+    _v16_generations_in_the_budget,
 ]
 LATEST = len(MIGRATIONS)
 

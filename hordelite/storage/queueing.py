@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import ColumnClause
 
 from hordelite.contract import refusals
@@ -23,10 +25,12 @@ from hordelite.contract.eligibility import (
 )
 from hordelite.storage.schema import (
     ANY_MODEL,
+    client_generations,
     jobs,
     queue,
     queue_classes,
     requests,
+    users,
 )
 from hordelite.storage.transaction import Tx, prepared
 
@@ -126,19 +130,65 @@ def get_request(conn: Tx, request_id: str, kind: str, lock: bool = False) -> Map
 # requests; a reply is judged only while its job is processing): they are
 # released, and the request no longer counts against its user's stored
 # budgets (contract/budgets.py). The row stays readable until its retention.
+#
+# Its generations stay until the purge: from the release on they count
+# toward its user's stored bytes (users.generation_bytes; decision 0069),
+# as until then the request's reservation of their bound did.
 HELD: ColumnClause[Any] = literal_column("0")
 _RELEASE = (
     update(requests)
-    .where(requests.c.id.in_(bindparam("ids", expanding=True)))
+    .where(requests.c.id.in_(bindparam("ids", expanding=True)), requests.c.held_bytes > HELD)
     .values(prompt="", chat=null(), submitted_prompt=None, held_bytes=0, image_bytes=0)
+    .returning(requests.c.user_id, requests.c.generation_bytes, requests.c.client)
+)
+_COUNT_GENERATIONS = prepared(
+    update(users)
+    .where(users.c.id == bindparam("uid"))
+    .values(generation_bytes=users.c.generation_bytes + bindparam("stored"))
 )
 
 
 def release(conn: Tx, request_ids: list[str]) -> None:
     """Drop what these ended requests hold stored (their blobs are the
-    caller's to delete)."""
-    if request_ids:
-        conn.execute(_RELEASE, {"ids": request_ids})
+    caller's to delete), and count their generations on their users: one
+    statement per user, not per request."""
+    if not request_ids:
+        return
+    released = conn.execute(_RELEASE, {"ids": request_ids}).all()
+    per_user: dict[int, int] = collections.defaultdict(int)
+    per_client: dict[str, int] = collections.defaultdict(int)
+    for user_id, stored, client in released:
+        if stored:
+            per_user[user_id] += stored
+            if client:  # an anonymous request: its address's budget too
+                per_client[client] += stored
+    if per_user:
+        conn.execute(_COUNT_GENERATIONS, [{"uid": uid, "stored": n} for uid, n in per_user.items()])
+    if per_client:
+        count_client_generations(conn, per_client)
+
+
+def count_client_generations(conn: Tx, per_client: Mapping[str, int]) -> None:
+    """Add (or, negative, take off) generation bytes of anonymous client
+    addresses (schema.client_generations; decisions 0069 and 0071)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    upsert = dialect.insert(client_generations)
+    upsert = upsert.on_conflict_do_update(
+        index_elements=[client_generations.c.client],
+        set_={
+            "generation_bytes": client_generations.c.generation_bytes
+            + upsert.excluded.generation_bytes
+        },
+    )
+    conn.execute(upsert, [{"client": c, "generation_bytes": n} for c, n in per_client.items()])
+
+
+# The released generations of one anonymous client address (0: none).
+CLIENT_GENERATIONS = prepared(
+    select(client_generations.c.generation_bytes).where(
+        client_generations.c.client == bindparam("client")
+    )
+)
 
 
 def hook_due_at(now: Any) -> Any:

@@ -39,7 +39,14 @@ from hordelite.errors import RC, HordeError
 from hordelite.storage.arrays import one_of
 from hordelite.storage.ledger import JOB_WITH_REQUEST_LOCKED, settle, settlement
 from hordelite.storage.pool import online_now
-from hordelite.storage.queueing import HELD, end_request, enqueue, get_request, release
+from hordelite.storage.queueing import (
+    CLIENT_GENERATIONS,
+    HELD,
+    end_request,
+    enqueue,
+    get_request,
+    release,
+)
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     ANY_MODEL,
@@ -470,7 +477,7 @@ def _request_row(
         "context_adjustments": new.context_adjustments,
         "operation_key": new.operation_key,
         "fingerprint": new.fingerprint,
-        "held_bytes": max(1, new.stored_bytes),
+        "held_bytes": max(1, new.held_bytes),
         "image_bytes": new.image_bytes,
     }
 
@@ -540,22 +547,37 @@ def _check_budgets(
     elif holding:
         row = conn.execute(reads.holdings, params).mappings().one()
     in_flight = int(row.get("in_flight", 0))
-    refusal = budgets.refusal(budget, role, _holdings(row), new.cost, now)
+    refusal = budgets.refusal(
+        budget, role, _holdings(row, _generations(conn, user, client, holding)), new.cost, now
+    )
     if refusal is not None:
         raise refusal
     if admission.over_limit(in_flight, new.n, limit):
         raise refusals.too_many_in_flight(in_flight, limit, anonymous=user["anonymous"])
 
 
-def _holdings(row: Mapping[str, Any]) -> budgets.Holdings:
+def _generations(conn: Tx, user: Mapping[str, Any], client: str, holding: bool) -> int:
+    """The bytes of the generations the user's released requests keep
+    until their purge (decision 0069); the anonymous user's, of ``client``
+    (decision 0071): read only when a held budget is checked."""
+    if not user["anonymous"]:
+        return int(user["generation_bytes"])
+    if not holding or not client:
+        return 0
+    stored = conn.execute(CLIENT_GENERATIONS, {"client": client}).scalar()
+    return int(stored or 0)
+
+
+def _holdings(row: Mapping[str, Any], generation_bytes: int = 0) -> budgets.Holdings:
     """A budget read's row as Holdings: the requests and refusals of the
-    window counted together, from the oldest of either."""
+    window counted together, from the oldest of either; ``generation_bytes``
+    held besides (``_generations``)."""
     oldest = [t for t in (row.get("oldest_recent"), row.get("oldest_refused")) if t is not None]
     return budgets.Holdings(
         recent=int(row.get("recent", 0)) + int(row.get("refused", 0)),
         oldest_recent=min(oldest) if oldest else None,
         held=int(row.get("held", 0)),
-        held_bytes=int(row.get("held_bytes", 0)),
+        held_bytes=int(row.get("held_bytes", 0)) + generation_bytes,
         image_bytes=int(row.get("image_bytes", 0)),
     )
 

@@ -139,6 +139,9 @@ users = Table(
     Column("kudos_received", Kudos, nullable=False, default=0.0, server_default="0"),
     # null: the horde's default concurrency
     Column("concurrency", Integer, nullable=True),
+    # Bytes of generations its requests keep until their purge (decision
+    # 0069): the sum of their generation_bytes, counted in its stored bytes.
+    Column("generation_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     Column("created", Float, nullable=False),
     Index("ux_users_name_key", "name_key", unique=True),
 )
@@ -273,6 +276,9 @@ requests = Table(
     # its stored images.
     Column("held_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     Column("image_bytes", BigInteger, nullable=False, default=0, server_default="0"),
+    # Bytes of the generations its jobs stored (decision 0069): counted in
+    # its user's generation_bytes until the purge deletes them.
+    Column("generation_bytes", BigInteger, nullable=False, default=0, server_default="0"),
     # An OpenAI call's request: the serving process holding the call, its
     # only reader (a row of ``readers``); null for the native API, whose
     # status anyone with the id may read (decision 0051).
@@ -525,6 +531,19 @@ budget_refusals = Table(
     Column("at", Float, nullable=False),
     Index("ix_budget_refusals_who", "user_id", "client", "at"),
     Index("ix_budget_refusals_at", "at"),
+)
+
+# The anonymous user's released generations, per client address (decisions
+# 0069 and 0071): as users.generation_bytes, but the anonymous user's stored
+# bytes are counted per address, so one address's generations fill only its
+# own budget. Counted at release, taken off at the purge; a row at 0 stays
+# until the purge of ended requests finds none of its address (cheap: one
+# short row per address seen within the retention).
+client_generations = Table(
+    "client_generations",
+    metadata,
+    Column("client", String(MAX_CLIENT_KEY_CHARS), primary_key=True),
+    Column("generation_bytes", BigInteger, nullable=False, default=0),
 )
 
 # Transfers sent with an Idempotency-Key (decision 0072): a retry under the

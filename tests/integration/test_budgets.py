@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Text, cast, func, select
 
 from hordelite.config import Config
+from hordelite.contract.generations import reserved_bytes
 from hordelite.storage.schema import budget_refusals, requests
 from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
 from tests.integration.test_images import (
@@ -55,6 +56,10 @@ def database(request: pytest.FixtureRequest) -> str | None:
 
 def text_body(prompt: str = "Hello") -> dict[str, Any]:
     return {"prompt": prompt, "params": {"max_length": 16}, "models": ["m"]}
+
+
+# What text_body's request reserves of the stored bytes for its generation.
+RESERVED = reserved_bytes("text", 16, 1)
 
 
 async def stored(horde: TestHorde) -> tuple[int, int, int]:
@@ -306,8 +311,10 @@ async def test_a_cancelled_request_holds_its_place_while_its_job_is_out(
 async def test_a_prompt_over_the_stored_bytes_budget_alone_is_413_and_beside_others_429(
     database: str | None,
 ) -> None:
+    # Each request also reserves the bound of its generation (decision 0069).
+    limit = 1000 + RESERVED
     async with (
-        open_horde(config=budgets(stored_bytes=1000), database=database) as horde,
+        open_horde(config=budgets(stored_bytes=limit), database=database) as horde,
         client_for(horde) as http,
     ):
         key = await horde.create_key("alice", kudos=100)
@@ -315,7 +322,7 @@ async def test_a_prompt_over_the_stored_bytes_budget_alone_is_413_and_beside_oth
         r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("x" * 2000))
         assert_refused(r, 413, "RequestTooLarge", "budgets.stored_bytes")
         r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("é" * 300))
-        assert r.status_code == 202, r.text  # 600 bytes of UTF-8
+        assert r.status_code == 202, r.text  # 600 bytes of UTF-8, and the reservation
         r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("é" * 300))
         assert_refused(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
         assert (await stored(horde))[0] == 1

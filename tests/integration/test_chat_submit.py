@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from hordelite.contract.chat_features import ALL_NAMES
+from hordelite.contract.generations import allowed_bytes
 from hordelite.testing import FakeChatWorker, ManualClock
 from tests.integration._chat_helpers import open_suite_horde
 
@@ -403,15 +404,18 @@ async def test_a_chat_submit_without_a_valid_structured_reply_is_refused(
 
 async def test_reply_bounds_accept_their_limits(tmp_path: Path) -> None:
     """The edges of the refusals above are accepted: 32 characters of
-    native_finish_reason, 1 MiB of reasoning, counts of 0 and 10,000,000."""
+    native_finish_reason, reasoning up to the job's bound (decision 0069:
+    content and reasoning together; 1 MiB is past the bound of the largest
+    max_length), counts of 0 and 10,000,000."""
     async with chat_horde(tmp_path) as chat:
         request_id = await chat.submit(chat_body())
         job = await chat.pop()
+        bound = allowed_bytes("chat", job["payload"]["max_length"])
         reply = {
             "message": {
                 "role": "assistant",
                 "content": "Blue.",
-                "reasoning_content": "x" * (1024 * 1024),
+                "reasoning_content": "x" * (bound - len("Blue.")),
             },
             "finish_reason": "stop",
             "native_finish_reason": "n" * 32,
@@ -423,6 +427,29 @@ async def test_reply_bounds_accept_their_limits(tmp_path: Path) -> None:
         gen = (await chat.status(request_id))["generations"][0]
         assert gen["native_finish_reason"] == "n" * 32
         assert (gen["prompt_tokens"], gen["completion_tokens"]) == (0, 10_000_000)
+
+
+async def test_a_reply_past_its_jobs_bound_is_refused_and_one_at_it_is_taken(
+    tmp_path: Path,
+) -> None:
+    # Content, reasoning and calls together, in bytes of UTF-8 (decision 0069).
+    bound = allowed_bytes("chat", 64)
+    async with chat_horde(tmp_path) as chat:
+        request_id = await chat.submit(chat_body(max_tokens=64))
+        job = await chat.pop()
+        before = await chat.balances()
+        over = text_reply("é" * 2000, reasoning_content="b" * (bound - 4000 + 1))
+        over["message"]["reasoning_content"] = over.pop("reasoning_content")
+        r = await chat.worker.submit_reply(job, over)
+        assert_refused(r, "ChatSubmitInvalid", "over the bound")
+        assert f"{bound} bytes" in r.json()["message"]
+        await assert_not_settled(chat, request_id, before)
+        at = text_reply("é" * 2000)
+        at["message"]["reasoning_content"] = "b" * (bound - 4000)
+        r = await chat.worker.submit_reply(job, at)
+        assert r.status_code == 200, r.text
+        status = await chat.status(request_id)
+        assert status["done"] is True
 
 
 async def test_a_structured_reply_on_a_text_jobs_submit_is_refused(tmp_path: Path) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import Float, Integer, MetaData, func, insert, inspect, select, update
+from sqlalchemy import Float, Integer, MetaData, bindparam, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
 from hordelite.contract.transfers import Transfer
 from hordelite.errors import RC, HordeError
+from hordelite.storage import migrations as _migrations
 from hordelite.storage import queries, schema
 from hordelite.storage.accounts import transfer_kudos
 from hordelite.storage.admin import users_named
@@ -22,7 +23,19 @@ from hordelite.storage.migrations import (
     upgrade,
 )
 from hordelite.storage.transaction import Tx
-from tests.storage.helpers import NOW, RULES, activity_rows, new_key_hash, pop_request
+from tests.storage.helpers import (
+    NOW,
+    RULES,
+    activity_rows,
+    billions,
+    create_user,
+    job_submit,
+    new_key_hash,
+    pop,
+    pop_request,
+    submit,
+    text_request,
+)
 
 
 def _tables(conn: Tx) -> set[str]:
@@ -491,3 +504,58 @@ def test_upgrading_a_float_ledger_keeps_every_amount_to_the_thousandth_in_intege
     assert db.run_sync(queries.user_by_id, False, 2).kudos == 450.71
     # The transfers' keys are stored from now on.
     assert "transfer_keys" in db.run_sync(_tables, False)
+
+
+_released = (
+    update(schema.requests).where(schema.requests.c.id == bindparam("rid")).values(held_bytes=0)
+)
+
+
+def _before_generations_counted(conn: Tx) -> None:
+    """Put the database back in the shape before _v16_generations_in_the_budget."""
+    conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN generation_bytes")
+    conn.exec_driver_sql("ALTER TABLE users DROP COLUMN generation_bytes")
+    conn.execute(update(schema.schema_version).values(version=LATEST - 1))
+
+
+@pytest.mark.anyio
+async def test_upgrading_counts_the_generations_already_stored_in_bytes(
+    database: Database,
+) -> None:
+    alice = await create_user(database, "alice", kudos=100)
+    bob = await create_user(database, "bob")
+    stored = {}
+    for generation in ("é" * 10, "abc"):
+        request_id = await submit(database, alice, text_request(params={"max_length": 16}))
+        popped = await pop(database, bob, "w1", ["m"], max_length=16)
+        assert popped.job is not None
+        await database.write(
+            queries.submit_job, bob, job_submit(popped.job.id, generation), NOW, RULES, billions
+        )
+        stored[request_id] = len(generation.encode())
+    # The first one released (as the sweep does once it ended), the second still held.
+    first = next(iter(stored))
+    await database.write(lambda conn: conn.execute(_released, {"rid": first}))
+    await database.write(_before_generations_counted)
+
+    before, after = await database.write(upgrade)
+
+    assert (before, after) == (LATEST - 1, LATEST)
+
+    def read(conn: Tx) -> tuple[dict[str, int], dict[str, int]]:
+        per_request = dict(
+            conn.execute(select(schema.requests.c.id, schema.requests.c.generation_bytes)).all()
+        )
+        per_user = dict(
+            conn.execute(select(schema.users.c.username, schema.users.c.generation_bytes)).all()
+        )
+        return per_request, per_user
+
+    per_request, per_user = await database.read(read)
+    assert per_request == stored  # 20 bytes of "é" * 10, 3 of "abc"
+    # The released request's generation counts on its user; the held one's
+    # will when it is released.
+    assert (per_user["alice"], per_user["bob"]) == (20, 0)
+    # Run again, it changes nothing.
+    await database.write(lambda conn: _migrations._v16_generations_in_the_budget(conn.connection))
+    assert await database.read(read) == (per_request, per_user)

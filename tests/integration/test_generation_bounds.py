@@ -1,0 +1,189 @@
+"""Generations inside the budget (decision 0069): a generation is bounded by
+its job's max_length, counts toward its requester's stored bytes until its
+request is purged, and the AI Horde bridge's null generation is the fault
+it reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from hordelite.contract.generations import allowed_bytes, reserved_bytes
+from hordelite.storage.schema import jobs, users
+from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
+from tests.integration.test_budgets import (
+    ANON,
+    FLOODER,
+    POLITE,
+    TEXT_ASYNC,
+    assert_refused,
+    budgets,
+    client_from,
+    database,  # noqa: F401 (the fixture, over both databases)
+    text_body,
+)
+from tests.integration.test_images import client_for
+
+pytestmark = pytest.mark.anyio
+
+SUBMIT = "/api/v2/generate/text/submit"
+BOUND = allowed_bytes("text", 16)  # text_body's max_length
+
+
+async def generation_bytes(horde: TestHorde, name: str) -> int:
+    """The user's generation_bytes as the database holds them."""
+
+    def read(conn: Any) -> int:
+        return int(
+            conn.execute(
+                select(users.c.generation_bytes).where(users.c.username == name)
+            ).scalar_one()
+        )
+
+    return await horde.horde.db.read(read)
+
+
+async def job_state(horde: TestHorde, job_id: str) -> tuple[str, str | None]:
+    def read(conn: Any) -> tuple[str, str | None]:
+        row = conn.execute(select(jobs.c.state, jobs.c.text).where(jobs.c.id == job_id)).one()
+        return row.state, row.text
+
+    return await horde.horde.db.read(read)
+
+
+async def test_a_text_generation_past_its_jobs_bound_is_refused_and_one_at_it_is_taken(
+    database: str | None,  # noqa: F811
+) -> None:
+    async with (
+        open_horde(config=budgets(), database=database) as horde,
+        client_for(horde) as http,
+    ):
+        key = await horde.create_key("alice", kudos=100)
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+        assert r.status_code == 202, r.text
+        async with FakeTextWorker(horde.url, key, models=["m"]) as worker:
+            job = await worker.pop()
+            # Bytes of UTF-8, not characters: "é" is two.
+            for over in ("x" * (BOUND + 1), "é" * (BOUND // 2 + 1)):
+                s = await worker.client.post(
+                    "/generate/text/submit", json={"id": job["id"], "generation": over}
+                )
+                assert s.status_code == 400, s.text
+                body = s.json()
+                assert body["rc"] == "BadRequest", body
+                assert "generation" in body["errors"], body
+                assert f"{BOUND} bytes" in body["message"]
+                assert await job_state(horde, job["id"]) == ("processing", None)
+            assert await generation_bytes(horde, "alice") == 0
+            # At the bound (a max_length 16 job: 256 bytes and the allowance).
+            at = "é" * (BOUND // 2)
+            await worker.submit(job["id"], at)
+            assert await job_state(horde, job["id"]) == ("done", at)
+            await horde.sweep()  # the request released: its generation counts on alice
+            assert await generation_bytes(horde, "alice") == BOUND
+
+
+async def test_generations_count_toward_the_requesters_stored_bytes_until_the_purge(
+    database: str | None,  # noqa: F811
+) -> None:
+    clock = ManualClock()
+    prompt = "Hello"
+    # Room for two requests held (each its prompt and its reservation) and
+    # a little more: not for a third beside the first one's generation.
+    held = len(prompt) + reserved_bytes("text", 16, 1)
+    config = budgets(stored_bytes=2 * held + 100)
+    async with (
+        open_horde(config=config, clock=clock, database=database) as horde,
+        client_for(horde) as http,
+    ):
+        key = await horde.create_key("alice", kudos=100)
+        owner = await horde.create_key("bob")
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body(prompt))
+        assert r.status_code == 202, r.text
+        generation = "g" * 4000
+        async with FakeTextWorker(
+            horde.url, owner, models=["m"], generate=lambda _: generation
+        ) as worker:
+            assert await worker.serve_one(wait=0) is not None
+        # Until the request is released, its reservation counts for its generation.
+        assert await generation_bytes(horde, "alice") == 0
+        await horde.sweep()  # ended, its prompt and reservation released
+        assert await generation_bytes(horde, "alice") == 4000
+        assert await generation_bytes(horde, "bob") == 0  # the requester's, not the worker's
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body(prompt))
+        assert r.status_code == 202, r.text
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body(prompt))
+        body = assert_refused(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
+        assert f"hold {held + 4000} bytes" in body["message"], body
+        # Past the retention the first request is purged, its generation with it.
+        clock.advance(config.horde.retention + 1)
+        await horde.sweep()
+        assert await generation_bytes(horde, "alice") == 0
+
+
+async def test_an_anonymous_addresss_generations_count_toward_its_own_stored_bytes_only(
+    database: str | None,  # noqa: F811
+) -> None:
+    # The anonymous user's budgets are each address's (decision 0071): the
+    # generations one address's requests keep until their purge fill its
+    # budget, never another's (counted on the one anonymous user, they
+    # locked every anonymous client out).
+    clock = ManualClock()
+    prompt = "Hello"
+    held = len(prompt) + reserved_bytes("text", 16, 1)
+    config = budgets(anonymous_stored_bytes=2 * held + 100)
+    async with (
+        open_horde(config=config, clock=clock, database=database) as horde,
+        client_from(horde, FLOODER, apikey=ANON) as flooder,
+        client_from(horde, POLITE, apikey=ANON) as polite,
+    ):
+        owner = await horde.create_key("bob")
+        r = await flooder.post(TEXT_ASYNC, json=text_body(prompt))
+        assert r.status_code == 202, r.text
+        async with FakeTextWorker(
+            horde.url, owner, models=["m"], generate=lambda _: "g" * 4000
+        ) as worker:
+            assert await worker.serve_one(wait=0) is not None
+        await horde.sweep()  # released: its generation now counts on its address
+        assert (await flooder.post(TEXT_ASYNC, json=text_body(prompt))).status_code == 202
+        r = await flooder.post(TEXT_ASYNC, json=text_body(prompt))
+        body = assert_refused(r, 429, "StoredBytesExceeded", "budgets.anonymous_stored_bytes")
+        assert f"hold {held + 4000} bytes" in body["message"], body
+        # The other address holds nothing: two requests fit beside each other.
+        for _ in range(2):
+            r = await polite.post(TEXT_ASYNC, json=text_body(prompt))
+            assert r.status_code == 202, r.text
+        # Past the retention the purge takes the generation off its address.
+        clock.advance(config.horde.retention + 1)
+        await horde.sweep()
+        assert (await flooder.post(TEXT_ASYNC, json=text_body(prompt))).status_code == 202
+
+
+async def test_the_bridges_null_generation_is_the_fault_it_reports(
+    database: str | None,  # noqa: F811
+) -> None:
+    # AI-Horde-Worker's scribe bridge, when its backend answered 500 to
+    # every try, submits its text None with no state.
+    async with (
+        open_horde(config=budgets(), database=database) as horde,
+        client_for(horde) as http,
+    ):
+        key = await horde.create_key("alice", kudos=100)
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+        request_id = r.json()["id"]
+        async with FakeTextWorker(horde.url, key, models=["m"]) as worker:
+            job = await worker.pop()
+            s = await worker.client.post(
+                "/generate/text/submit", json={"id": job["id"], "generation": None, "seed": 0}
+            )
+            assert s.status_code == 200, s.text
+            assert s.json() == {"reward": 0}
+            assert (await job_state(horde, job["id"]))[0] == "faulted"
+            # Back in the queue at once, not after its lease.
+            again = await worker.pop()
+            assert again["id"] is not None
+            assert again["id"] != job["id"]
+        status = (await http.get(f"/api/v2/generate/text/status/{request_id}")).json()
+        assert status["restarted"] == 1, status
