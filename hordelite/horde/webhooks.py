@@ -41,7 +41,7 @@ from hordelite.errors import HordeError, StorageUnavailable
 from hordelite.guarded_fetch import open_call_client, post_json
 from hordelite.horde._core import HordeCore
 from hordelite.horde.results import RequestStatus
-from hordelite.storage.webhooks import OwedCall
+from hordelite.storage.webhooks import OwedCall, Requester
 
 log = logging.getLogger("hordelite.webhooks")
 
@@ -59,28 +59,29 @@ ATTEMPT_HEADER = "Webhook-Attempt"
 @dataclasses.dataclass
 class _Calling:
     """The calls this process is making: their client, the task group they
-    run in, and how many there are, in all and per requester (user id)."""
+    run in, and how many there are, in all and per requester (a user, or
+    one anonymous client address)."""
 
     client: httpx.AsyncClient
     tasks: anyio.abc.TaskGroup
     claiming: anyio.Lock
     total: int = 0
-    busy: dict[int, int] = dataclasses.field(default_factory=dict)
+    busy: dict[Requester, int] = dataclasses.field(default_factory=dict)
 
-    def begin(self, user_id: int) -> None:
+    def begin(self, requester: Requester) -> None:
         self.total += 1
-        self.busy[user_id] = self.busy.get(user_id, 0) + 1
+        self.busy[requester] = self.busy.get(requester, 0) + 1
 
-    def end(self, user_id: int) -> bool:
+    def end(self, requester: Requester) -> bool:
         """Count a call ended; whether it freed a slot a claim was held back by."""
         held_back = (
             self.total >= WEBHOOK_CALLS_IN_FLIGHT
-            or self.busy[user_id] >= WEBHOOK_CALLS_PER_REQUESTER
+            or self.busy[requester] >= WEBHOOK_CALLS_PER_REQUESTER
         )
         self.total -= 1
-        self.busy[user_id] -= 1
-        if not self.busy[user_id]:
-            del self.busy[user_id]
+        self.busy[requester] -= 1
+        if not self.busy[requester]:
+            del self.busy[requester]
         return held_back
 
 
@@ -135,7 +136,7 @@ class Webhooks:
                 per_user=WEBHOOK_CALLS_PER_REQUESTER,
             )
             for call in calls:
-                calling.begin(call.user_id)
+                calling.begin(call.requester)
                 calling.tasks.start_soon(self._call_once, calling, call, render)
         return len(calls)
 
@@ -150,7 +151,7 @@ class Webhooks:
             # As a failing round: the horde goes on, the call is owed again.
             log.exception("webhook of request %s failed", call.request_id)
         finally:
-            if calling.end(call.user_id):
+            if calling.end(call.requester):
                 self._core.webhooks_due.set()
 
     async def _call(self, client: httpx.AsyncClient, call: OwedCall, render: Render) -> None:

@@ -450,7 +450,7 @@ class Store:
         return await self.db.read(webhooks.any_due, now)
 
     async def claim_webhooks(
-        self, *, now: float, limit: int, busy: Mapping[int, int], per_user: int
+        self, *, now: float, limit: int, busy: Mapping[webhooks.Requester, int], per_user: int
     ) -> list[OwedCall]:
         """Claim at most ``limit`` of the webhook calls due at ``now``, at
         most ``per_user`` less ``busy[user]`` for each requester (another

@@ -25,6 +25,7 @@ from hordelite.api import _render
 from hordelite.clock import ManualClock
 from hordelite.config import Config
 from hordelite.contract.limits import (
+    ANONYMOUS_API_KEY,
     WEBHOOK_BACKOFF,
     WEBHOOK_CALLS_PER_REQUESTER,
     WEBHOOK_CLAIM_BATCH,
@@ -133,8 +134,13 @@ async def not_(check: Any) -> bool:
     return not await check
 
 
-async def submit(horde: TestHorde, key: str, webhook: str, **params: Any) -> str:
-    async with httpx.AsyncClient(base_url=horde.url) as client:
+async def submit(
+    horde: TestHorde, key: str, webhook: str, *, address: str | None = None, **params: Any
+) -> str:
+    """Queue a text request with ``webhook``, sent from ``address`` (a
+    loopback address) when given."""
+    transport = None if address is None else httpx.AsyncHTTPTransport(local_address=address)
+    async with httpx.AsyncClient(base_url=horde.url, transport=transport) as client:
         r = await client.post(
             "/api/v2/generate/text/async",
             headers={"apikey": key},
@@ -285,6 +291,31 @@ async def test_one_requesters_hanging_receivers_delay_no_other_requesters_webhoo
             await eventually(lambda: good.calls)
         assert [c["request"] for c in good.calls] == [request_id]
         # Called while every hanging call was still waiting for its answer.
+        assert hanging.dropped == 0
+        assert hanging.most_held == WEBHOOK_CALLS_PER_REQUESTER
+
+
+async def test_one_anonymous_addresss_hanging_receivers_delay_no_other_addresss_webhook() -> None:
+    """Each anonymous client address is a requester of its own (decision
+    0071): the calls of an address whose receiver never answers hold its
+    few, and another anonymous address's webhook is called at once."""
+    async with (
+        receiver(hang=True) as hanging,
+        receiver() as good,
+        open_horde(config=CALL_PRIVATE) as horde,
+    ):
+        owner = await horde.create_key("bob")
+        many = WEBHOOK_CLAIM_BATCH + WEBHOOK_CALLS_PER_REQUESTER
+        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
+            for _ in range(many):
+                await submit(horde, ANONYMOUS_API_KEY, hanging.url, address="127.0.0.2")
+            for _ in range(many):
+                await worker.serve_one()
+            await eventually(lambda: hanging.held == WEBHOOK_CALLS_PER_REQUESTER)
+            request_id = await submit(horde, ANONYMOUS_API_KEY, good.url, address="127.0.0.3")
+            await worker.serve_one()
+            await eventually(lambda: good.calls)
+        assert [c["request"] for c in good.calls] == [request_id]
         assert hanging.dropped == 0
         assert hanging.most_held == WEBHOOK_CALLS_PER_REQUESTER
 

@@ -46,7 +46,7 @@ async def test_a_requester_at_its_bound_is_passed_over_for_the_calls_behind(
     alice = await create_user(database, "alice", kudos=100)
     await owe(database, mallory, 5, NOW)
     [alices] = await owe(database, alice, 1, NOW + 10)
-    busy = {await user_id(database, mallory): 2}
+    busy = {(await user_id(database, mallory), ""): 2}
 
     # A claim of 2 sees past her 5 calls, longer due.
     claimed = await database.write(claim_calls, NOW + 20, 2, busy, 2)
