@@ -80,7 +80,8 @@ def stored_sum(database: str) -> tuple[Any, str]:
             total = conn.execute("SELECT sum(kudos) FROM users WHERE id <> 0").fetchone()
             kind = conn.execute(
                 "SELECT data_type FROM information_schema.columns "
-                "WHERE table_name = 'users' AND column_name = 'kudos'"
+                "WHERE table_schema = current_schema() "
+                "AND table_name = 'users' AND column_name = 'kudos'"
             ).fetchone()
             assert total is not None
             assert kind is not None
