@@ -93,8 +93,10 @@ LONG = {
 }
 
 
-async def reply_to(env: ChatEnv, body: dict[str, Any], content: str) -> None:
-    worker = await env.chat_worker("w1", ALL_NAMES)
+async def reply_to(
+    env: ChatEnv, body: dict[str, Any], content: str, limits: dict[str, Any] | None = None
+) -> None:
+    worker = await env.chat_worker("w1", ALL_NAMES, limits=limits)
     await env.queue(body)
     job = await pop_job(worker)
     reply = {"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
@@ -183,9 +185,12 @@ async def test_the_event_loop_serves_while_a_long_schema_checked_reply_is_verifi
     async with open_chat_horde() as env:
 
         async def work() -> None:
-            # Long enough to be judged off the loop (HEAVY_REPLY_CHARS).
+            # Long enough to be judged off the loop (HEAVY_REPLY_CHARS), for a
+            # job whose max_length allows it (decision 0069: 16 bytes a token).
             padded = '{"colour": "blue"' + " " * chat_reply.HEAVY_REPLY_CHARS + "}"
-            await reply_to(env, chat_body(response_format=COLOUR_SCHEMA), padded)
+            body = chat_body(response_format=COLOUR_SCHEMA, max_tokens=4096)
+            limits = {"max_context_length": 8192, "max_length": 4096}
+            await reply_to(env, body, padded, limits)
 
         await check_the_loop_serves_while(
             monkeypatch, chat_reply, "_check_calls_are_usable", env, work
