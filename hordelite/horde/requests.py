@@ -244,7 +244,6 @@ class Requests:
                 return self._first_again(first)
         allowance = None
         if req.has_images:
-            await self._check_rate(key_hash, client)
             allowance = await self._image_allowance(key_hash, req, client)
         try:
             return await self._queue_taken(
@@ -312,22 +311,11 @@ class Requests:
                     log.warning("a budget refusal went uncounted: %s", failure)
             raise
 
-    async def _check_rate(self, key_hash: str, client: str | None) -> None:
-        """429 RequestRateExceeded before any image is fetched, decoded or
-        stored, when the requester (its anonymous client) is past its
-        requests_per_minute: a flood of image requests past a budget costs
-        one read each, not an image's work each."""
-        core = self._core
-        refusal = await core.store.rate_refusal(
-            key_hash=key_hash, client=client, now=core.clock.now()
-        )
-        if refusal is not None:
-            raise refusal
-
     async def _image_allowance(
         self, key_hash: str, req: ChatRequest, client: str | None
     ) -> ImageAllowance:
-        """Before any image is fetched, decoded or stored: 413 TooManyImages
+        """Before any image is fetched, decoded or stored: 429
+        RequestRateExceeded past its requester's rate, 413 TooManyImages
         when the request has more than its user's role may send in one, 429
         StoredBytesExceeded when the user's image budget has no room left
         (what its requests hold, read now, and what it is taking in); else
@@ -335,8 +323,11 @@ class Requests:
         The other budgets are checked where the request is stored. An
         anonymous request's image budget is its client address's (decision
         0071)."""
-        user = await self._core.store.image_holdings(key_hash=key_hash, client=client)
-        budget = self._core.store.rules.budgets.of(
+        core = self._core
+        user = await core.store.image_holdings(
+            key_hash=key_hash, client=client, now=core.clock.now()
+        )
+        budget = core.store.rules.budgets.of(
             anonymous=user.anonymous, trusted=user.trusted, admin=user.admin
         )
         role = budgets.role_of(anonymous=user.anonymous, trusted=user.trusted)

@@ -582,25 +582,13 @@ def _holdings(row: Mapping[str, Any], generation_bytes: int = 0) -> budgets.Hold
     )
 
 
-def rate_refusal(
-    conn: Tx, key_hash: str, client: str | None, now: float, rules: Rules
+def _rate_refusal(
+    conn: Tx, user: Mapping[str, Any], budget: budgets.Budget, client: str, now: float
 ) -> HordeError | None:
-    """The key's requests_per_minute refusal now, or None: the check a
-    request whose taking in is costly (its images fetched and decoded)
-    passes first, one indexed read; the other budgets are checked where it
-    is stored."""
-    user, _ = requester(conn, key_hash, rules, now)
-    budget = rules.budgets.of(
-        anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
-    )
-    if budget is None or not budget.requests_per_minute:
-        return None
+    """The user's (its anonymous ``client``'s) requests_per_minute refusal
+    now, or None: one indexed read."""
     reads = _BY_CLIENT if user["anonymous"] else _BY_USER
-    params = {
-        "user_id": user["id"],
-        "client": budget_client(user, client),
-        "since": now - budgets.RATE_WINDOW_SECONDS,
-    }
+    params = {"user_id": user["id"], "client": client, "since": now - budgets.RATE_WINDOW_SECONDS}
     row = conn.execute(reads.recent, params).mappings().one()
     role = budgets.role_of(anonymous=user["anonymous"], trusted=user["trusted"])
     return budgets.rate_refusal(budget, role, _holdings(row), now)
@@ -650,15 +638,24 @@ class ImageHoldings:
         return (self.user_id, self.client)
 
 
-def image_holdings(conn: Tx, key_hash: str, client: str | None, rules: Rules) -> ImageHoldings:
+def image_holdings(
+    conn: Tx, key_hash: str, client: str | None, now: float, rules: Rules
+) -> ImageHoldings:
     """The key's user (a shared key's lender) and its held image bytes (an
     anonymous client's), read before an image is taken in; raises as
-    ``requester``."""
+    ``requester``, and its requests_per_minute refusal: a request whose
+    taking in is costly (its images fetched and decoded) passes the rate
+    first, so that a flood of them past a budget costs this one read each
+    (decision 0071). The other budgets are checked where it is stored."""
     user, _ = requester(conn, key_hash, rules, None)
     budget = rules.budgets.of(
         anonymous=user["anonymous"], trusted=user["trusted"], admin=user["admin"]
     )
     counted_as = budget_client(user, client)
+    if budget is not None and budget.requests_per_minute:
+        refusal = _rate_refusal(conn, user, budget, counted_as, now)
+        if refusal is not None:
+            raise refusal
     held = 0
     if budget is not None and budget.image_bytes:
         query = _HELD_IMAGE_BYTES[bool(user["anonymous"])]

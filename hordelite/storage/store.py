@@ -81,11 +81,13 @@ class Store:
         """The key's user; raises InvalidAPIKey (AnonymousDisabled for the anonymous key when off)."""
         return await self.db.read(q.user_by_key, key_hash, self.rules)
 
-    async def image_holdings(self, *, key_hash: str, client: str | None) -> ImageHoldings:
+    async def image_holdings(
+        self, *, key_hash: str, client: str | None, now: float
+    ) -> ImageHoldings:
         """The key's user and the image bytes its requests hold (decision
         0070; an anonymous client's, decision 0071); raises InvalidAPIKey,
-        AnonymousDisabled."""
-        return await self.db.read(image_holdings, key_hash, client, self.rules)
+        AnonymousDisabled, and 429 RequestRateExceeded past its rate."""
+        return await self.db.read(image_holdings, key_hash, client, now, self.rules)
 
     async def requester_by_key(
         self,
@@ -155,13 +157,6 @@ class Store:
             reader,
             client,
         )
-
-    async def rate_refusal(
-        self, *, key_hash: str, client: str | None, now: float
-    ) -> HordeError | None:
-        """The key's requests_per_minute refusal now (None: within it), as
-        the submit would raise it; raises InvalidAPIKey."""
-        return await self.db.read(q.rate_refusal, key_hash, client, now, self.rules)
 
     async def count_refusal(self, *, key_hash: str, client: str | None, now: float) -> None:
         """A budget refusal of the key's request, counted toward its rate."""
