@@ -256,9 +256,12 @@ class StrictH11Protocol(H11Protocol):
         ]
         # One write: an app answering meanwhile (a refusal inside a body it
         # has not read) cannot slip its answer between these events.
-        events = (h11.Response(status_code=status_code, headers=headers), h11.Data(data=body))
+        events = (
+            h11.Response(status_code=status_code, headers=headers),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        )
         data = b"".join(self.connection.send(event) or b"" for event in events)
-        data += self.connection.send(h11.EndOfMessage()) or b""
         await self.send(RawData(data=data))
 
 

@@ -22,9 +22,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast, get_type_hints
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
 from hordelite.contract import forwarded
 from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.contract.limits import (
@@ -151,7 +148,11 @@ def _database(value: str) -> str | None:
     if not value.startswith(("postgresql://", "postgresql+psycopg://", "sqlite://")):
         return f"must be a file path or a postgresql:// URL, got {value!r}"
     # Read as the database is opened (SQLAlchemy's URL), where a bad port
-    # was a ValueError out of the command.
+    # was a ValueError out of the command. Imported here: a worker reads this
+    # configuration and never opens a database.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         url = make_url(value)
     except ArgumentError:

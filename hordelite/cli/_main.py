@@ -337,7 +337,7 @@ def _listen_error(exc: BaseException, config: Config) -> str | None:
     return _address_error(exc, f"{config.server.host}:{config.server.port}", "--port", "--host")
 
 
-def _address_error(exc: OSError, where: str, port_option: str, host_option: str = "") -> str | None:
+def _address_error(exc: OSError, where: str, port_option: str, host_option: str) -> str | None:
     """One line for an address that cannot be listened on, else None."""
     if exc.filename is not None:  # a file's error is no socket's
         return None
@@ -346,7 +346,7 @@ def _address_error(exc: OSError, where: str, port_option: str, host_option: str 
             f"cannot listen on {where}: the port is in use (by another horde or program); "
             f"choose another with {port_option}"
         )
-    if exc.errno == errno.EADDRNOTAVAIL and host_option:
+    if exc.errno == errno.EADDRNOTAVAIL:
         return (
             f"cannot listen on {where}: no such address on this machine; "
             f"choose another with {host_option}"

@@ -227,7 +227,7 @@ def intake_refusal(
         return HordeError(
             RC.RequestTooLarge,
             f"An image of {adding} bytes or more does not fit in {key}, which allows "
-            f"{limit} bytes of images for one account.",
+            f"{limit} bytes of images for one {'address' if role == 'anonymous' else 'account'}.",
             limit=key,
         )
     if held + taking + adding <= limit:
@@ -236,7 +236,7 @@ def intake_refusal(
     need = "another image" if adding <= 1 else f"an image of {adding} bytes or more"
     return HordeError(
         RC.StoredBytesExceeded,
-        f"This account's requests hold {held} bytes of images{arriving}; {key} allows "
+        f"{_subject(role)}'s requests hold {held} bytes of images{arriving}; {key} allows "
         f"{limit}: no room for {need}. Nothing of this request is kept.",
         limit=key,
         retry_after=HELD_RETRY_SECONDS,

@@ -93,19 +93,20 @@ def peer_trusted(peer: str | None, trusted: tuple[Network, ...]) -> bool:
     """Whether the connection's peer address is one of ``trusted``."""
     if not trusted or not peer:
         return False
-    try:
-        address = ipaddress.ip_address(peer.split("%", 1)[0])
-    except ValueError:
-        return False  # a Unix socket or anything that is no IP address
-    # An IPv4 client of a dual-stack socket appears as ::ffff:a.b.c.d.
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    address = _ip(peer)  # None: a Unix socket or anything that is no IP address
+    return address is not None and _in(address, trusted)
+
+
+def _in(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address, trusted: tuple[Network, ...]
+) -> bool:
     return any(address in network for network in trusted)
 
 
 def _ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address ``value`` names (an IPv4-mapped IPv6 one as IPv4), None
-    when it names none."""
+    """The address ``value`` names (an IPv4-mapped IPv6 one as IPv4: an
+    IPv4 client of a dual-stack socket appears as ::ffff:a.b.c.d), None when
+    it names none."""
     try:
         address = ipaddress.ip_address(value.split("%", 1)[0])
     except ValueError:
@@ -141,13 +142,13 @@ def client_address(
     address = _ip(peer) if peer else None
     if address is None:
         return None
-    if forwarded_for and trusted and any(address in n for n in trusted):
+    if forwarded_for and trusted and _in(address, trusted):
         for entry in reversed(forwarded_for.split(",")):
             hop = _hop(entry)
             if hop is None:
                 break
             address = hop
-            if not any(hop in n for n in trusted):
+            if not _in(hop, trusted):
                 break
     if isinstance(address, ipaddress.IPv6Address):
         return str(ipaddress.IPv6Network((address, ANONYMOUS_IPV6_PREFIX), strict=False))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hordelite.contract.chat_reply import ChatReply, submit_invalid
+from hordelite.contract.chat_reply import ChatReply, output_estimate_chars, submit_invalid
 from hordelite.contract.limits import (
     CHAT_REPLY_ALLOWANCE_BYTES,
     GENERATION_ALLOWANCE_BYTES,
@@ -112,10 +112,7 @@ def reply_refusal(reply: ChatReply, max_length: int | None) -> HordeError | None
     content, reasoning and tool calls together are larger than its job's
     bound, or None."""
     bound = allowed_bytes("chat", max_length)
-    chars = len(reply.content or "") + len(reply.reasoning_content or "")
-    for call in reply.tool_calls or ():
-        chars += len(call["function"]["name"]) + len(call["function"]["arguments"])
-    if _fits(chars, lambda: reply_bytes(reply), bound):
+    if _fits(output_estimate_chars(reply), lambda: reply_bytes(reply), bound):
         return None
     shown = "the largest max_length" if max_length is None else f"max_length {max_length}"
     return submit_invalid(

@@ -16,7 +16,7 @@ from hordelite.contract.unicode_rules import fold_name
 from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
 from hordelite.storage.accounts import create_user as _create_user
 from hordelite.storage.accounts import user_by_id as _user_by_id
-from hordelite.storage.schema import RETIRED_USER_KEY, users, workers
+from hordelite.storage.schema import RETIRED_NAME_KEY, users, workers
 from hordelite.storage.shared_keys import delete_lent_keys
 from hordelite.storage.transaction import Tx
 
@@ -43,7 +43,7 @@ def users_named(conn: Tx, name: str) -> list[UserRecord]:
     key = fold_name(name)
     rows = conn.execute(
         select(users)
-        .where(or_(users.c.name_key == key, users.c.name_key.startswith(RETIRED_USER_KEY)))
+        .where(or_(users.c.name_key == key, users.c.name_key.startswith(RETIRED_NAME_KEY)))
         .order_by(users.c.id)
     ).mappings()
     found = [r for r in rows if r["name_key"] == key or fold_name(r["username"]) == key]

@@ -14,8 +14,20 @@ must therefore also be correct on a database that already has its change
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from sqlalchemy import Connection, LargeBinary, cast, func, insert, inspect, select, update
+from sqlalchemy import (
+    Column,
+    Connection,
+    LargeBinary,
+    Table,
+    cast,
+    func,
+    insert,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.sql import sqltypes
 
 from hordelite.contract.limits import MAX_NAME_KEY
@@ -87,27 +99,32 @@ def _v4(conn: Connection) -> None:
     # name can fold to (a control character, which names may not hold,
     # before its id), so every row stays, reachable by its id.
     _add_missing_columns(conn)
-    rows = conn.execute(
-        select(schema.workers.c.id, schema.workers.c.name)
-        .where(schema.workers.c.name_key.is_(None))
-        .order_by(schema.workers.c.created, schema.workers.c.id)
-    ).all()
-    taken = set(
-        conn.execute(
-            select(schema.workers.c.name_key).where(schema.workers.c.name_key.is_not(None))
-        ).scalars()
-    )
-    for worker_id, name in rows:
-        key = fold_name(name)
-        if key in taken or not key or len(key) > MAX_NAME_KEY:
-            key = f"{_RETIRED}{worker_id}"
-        taken.add(key)
-        conn.execute(
-            update(schema.workers).where(schema.workers.c.id == worker_id).values(name_key=key)
-        )
+    workers = schema.workers
+    _key_names(conn, workers, workers.c.name, (workers.c.created, workers.c.id))
     conn.exec_driver_sql(
         "CREATE UNIQUE INDEX IF NOT EXISTS ux_workers_name_key ON workers (name_key)"
     )
+
+
+def _key_names(
+    conn: Connection, table: Table, name: Column[str], oldest_first: tuple[Any, ...]
+) -> None:
+    """Fill in the name key of each row of ``table`` without one: the fold
+    of its ``name``, or, where an older row (``oldest_first``) holds that
+    key already or the name folds to none, a retired key no name folds to
+    (RETIRED_NAME_KEY and its id), so every row stays, reachable by its id."""
+    rows = conn.execute(
+        select(table.c.id, name).where(table.c.name_key.is_(None)).order_by(*oldest_first)
+    ).all()
+    taken = set(
+        conn.execute(select(table.c.name_key).where(table.c.name_key.is_not(None))).scalars()
+    )
+    for row_id, value in rows:
+        key = fold_name(value)
+        if key in taken or not key or len(key) > MAX_NAME_KEY:
+            key = f"{schema.RETIRED_NAME_KEY}{row_id}"
+        taken.add(key)
+        conn.execute(update(table).where(table.c.id == row_id).values(name_key=key))
 
 
 def _v5(conn: Connection) -> None:
@@ -229,18 +246,7 @@ def _v13_names_and_moderation_that_hold(conn: Connection) -> None:
     _add_missing_columns(conn)
     schema.worker_holds.create(conn, checkfirst=True)
     users = schema.users
-    rows = conn.execute(
-        select(users.c.id, users.c.username).where(users.c.name_key.is_(None)).order_by(users.c.id)
-    ).all()
-    taken = set(
-        conn.execute(select(users.c.name_key).where(users.c.name_key.is_not(None))).scalars()
-    )
-    for user_id, name in rows:
-        key = fold_name(name)
-        if key in taken or not key or len(key) > MAX_NAME_KEY:
-            key = f"{schema.RETIRED_USER_KEY}{user_id}"
-        taken.add(key)
-        conn.execute(update(users).where(users.c.id == user_id).values(name_key=key))
+    _key_names(conn, users, users.c.username, (users.c.id,))
     conn.exec_driver_sql("CREATE UNIQUE INDEX IF NOT EXISTS ux_users_name_key ON users (name_key)")
 
 
@@ -306,10 +312,6 @@ def _v16_generations_in_the_budget(conn: Connection) -> None:
         .group_by(requests.c.client)
     )
     conn.execute(insert(generations).from_select(["client", "generation_bytes"], per_client))
-
-
-# The prefix of a name key no pop can reach (names refuse control characters).
-_RETIRED = "\x1f"
 
 
 MIGRATIONS: list[Callable[[Connection], None]] = [

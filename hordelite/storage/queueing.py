@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from sqlalchemy import (
     bindparam,
@@ -150,27 +150,30 @@ _COUNT_GENERATIONS = prepared(
 
 def release(conn: Tx, request_ids: list[str]) -> None:
     """Drop what these ended requests hold stored (their blobs are the
-    caller's to delete), and count their generations on their users: one
-    statement per user, not per request."""
-    if not request_ids:
-        return
-    released = conn.execute(_RELEASE, {"ids": request_ids}).all()
+    caller's to delete), and count their generations on their users."""
+    if request_ids:
+        count_generations(conn, conn.execute(_RELEASE, {"ids": request_ids}).all(), 1)
+
+
+def count_generations(
+    conn: Tx, rows: Sequence[tuple[int, int, str | None]], sign: Literal[1, -1]
+) -> None:
+    """Count (``sign`` 1, at the release) or take off (-1, at the purge) the
+    generation bytes of released requests, given as (user id, bytes, client
+    address) rows: on their users, and an anonymous request's on its address
+    too (decisions 0069 and 0071); one statement per user, one upsert for
+    the addresses. An address whose count reaches 0 is forgotten."""
     per_user: dict[int, int] = collections.defaultdict(int)
     per_client: dict[str, int] = collections.defaultdict(int)
-    for user_id, stored, client in released:
+    for user_id, stored, client in rows:
         if stored:
-            per_user[user_id] += stored
-            if client:  # an anonymous request: its address's budget too
-                per_client[client] += stored
+            per_user[user_id] += sign * stored
+            if client:
+                per_client[client] += sign * stored
     if per_user:
         conn.execute(_COUNT_GENERATIONS, [{"uid": uid, "stored": n} for uid, n in per_user.items()])
-    if per_client:
-        count_client_generations(conn, per_client)
-
-
-def count_client_generations(conn: Tx, per_client: Mapping[str, int]) -> None:
-    """Add (or, negative, take off) generation bytes of anonymous client
-    addresses (schema.client_generations; decisions 0069 and 0071)."""
+    if not per_client:
+        return
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     upsert = dialect.insert(client_generations)
     upsert = upsert.on_conflict_do_update(
@@ -181,6 +184,14 @@ def count_client_generations(conn: Tx, per_client: Mapping[str, int]) -> None:
         },
     )
     conn.execute(upsert, [{"client": c, "generation_bytes": n} for c, n in per_client.items()])
+    if sign < 0:
+        conn.execute(_FORGET_CLIENTS, {"clients": list(per_client)})
+
+
+_FORGET_CLIENTS = delete(client_generations).where(
+    client_generations.c.client.in_(bindparam("clients", expanding=True)),
+    client_generations.c.generation_bytes <= 0,
+)
 
 
 # The released generations of one anonymous client address (0: none).

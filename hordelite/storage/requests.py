@@ -138,21 +138,6 @@ class _BudgetReads:
 _BY_USER, _BY_CLIENT = _BudgetReads.of(False), _BudgetReads.of(True)
 
 
-# The image bytes a user's requests hold, alone (an image intake's first
-# read, decision 0070), along the same partial indexes as the holdings: the
-# anonymous user's, of one client (decision 0071).
-def _held_image_bytes(by_client: bool) -> Select[Any]:
-    return select(func.coalesce(func.sum(requests.c.image_bytes), 0)).where(
-        _whose(by_client), requests.c.held_bytes > HELD
-    )
-
-
-_HELD_IMAGE_BYTES = {
-    False: prepared(_held_image_bytes(False)),
-    True: prepared(_held_image_bytes(True)),
-}
-
-
 # What a status reads of a request: not its prompt or conversation.
 _STATUS_FIELDS = (
     "id",
@@ -658,9 +643,10 @@ def image_holdings(
             raise refusal
     held = 0
     if budget is not None and budget.image_bytes:
-        query = _HELD_IMAGE_BYTES[bool(user["anonymous"])]
+        # The holdings' read (its image bytes), along the same partial index.
+        reads = _BY_CLIENT if user["anonymous"] else _BY_USER
         params = {"user_id": user["id"], "client": counted_as}
-        held = int(conn.execute(query, params).scalar_one())
+        held = int(conn.execute(reads.holdings, params).mappings().one()["image_bytes"])
     return ImageHoldings(
         user["id"],
         bool(user["anonymous"]),

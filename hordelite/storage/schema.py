@@ -50,10 +50,11 @@ from hordelite.contract.limits import (
 
 metadata = MetaData()
 
-# The prefix of the name key of a user a migration found sharing its name's
-# key with an older user (decision 0073): followed by its id, a key no name
-# folds to (names refuse control characters).
-RETIRED_USER_KEY = "\x1f"
+# The prefix of the name key of a worker or user a migration found sharing
+# its name's key with an older one (decisions 0029 and 0073): followed by its
+# id, a key no name folds to (names refuse control characters), so no pop or
+# rename can reach it.
+RETIRED_NAME_KEY = "\x1f"
 # Kudos per stored unit: a column of kudos holds whole thousandths.
 KUDOS_SCALE = 1000
 
@@ -536,9 +537,9 @@ budget_refusals = Table(
 # The anonymous user's released generations, per client address (decisions
 # 0069 and 0071): as users.generation_bytes, but the anonymous user's stored
 # bytes are counted per address, so one address's generations fill only its
-# own budget. Counted at release, taken off at the purge; a row at 0 stays
-# until the purge of ended requests finds none of its address (cheap: one
-# short row per address seen within the retention).
+# own budget. Counted at release, taken off at the purge, which deletes a
+# row whose count is back at 0: one short row per address whose released
+# requests are not purged yet.
 client_generations = Table(
     "client_generations",
     metadata,

@@ -154,7 +154,7 @@ def shared_key(conn: Tx, key_hash: str) -> SharedKeyRecord:
 def _owned(conn: Tx, owner_hash: str, key_hash: str, rules: Rules) -> Mapping[str, Any]:
     """The key, locked, when the owner's key is its owner's; 401
     InvalidAPIKey for an unknown key, 403 WrongCredentials for another's."""
-    row = conn.execute(_KEY.with_for_update(), {"key_hash": key_hash}).mappings().first()
+    row = conn.execute(_KEY_LOCKED, {"key_hash": key_hash}).mappings().first()
     if row is None:
         raise _unknown()
     user = authenticate(conn, owner_hash, rules)
@@ -271,7 +271,7 @@ def reserved(conn: Tx, key: Mapping[str, Any]) -> float:
 
 def spend(conn: Tx, key_hash: str, cost: float) -> None:
     """The key paid ``cost`` for a settled job (gone keys spend nothing)."""
-    row = conn.execute(_KEY.with_for_update(), {"key_hash": key_hash}).mappings().first()
+    row = conn.execute(_KEY_LOCKED, {"key_hash": key_hash}).mappings().first()
     if row is None or cost <= 0:
         return
     conn.execute(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -19,7 +18,6 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.engine import Row
 from sqlalchemy.sql import Select
 
 from hordelite.contract import faults
@@ -29,7 +27,7 @@ from hordelite.storage.arrays import by_codepoint
 from hordelite.storage.ledger import charge_worker, lapse_job
 from hordelite.storage.messages import purge_messages
 from hordelite.storage.pool import served_model_names
-from hordelite.storage.queueing import HELD, count_client_generations, end_request, release
+from hordelite.storage.queueing import HELD, count_generations, end_request, release
 from hordelite.storage.requests import forget_refusals
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
@@ -39,7 +37,6 @@ from hordelite.storage.schema import (
     queue_classes,
     request_workers,
     requests,
-    users,
 )
 from hordelite.storage.stats import roll_up_days
 from hordelite.storage.transaction import Tx, prepared
@@ -215,38 +212,14 @@ def _purge(conn: Tx, before: float, now: float) -> list[str]:
             requests.c.client,
         )
     ).all()
-    _uncount_generations(conn, purged)
+    # Their generations no longer held: off their users' (and addresses')
+    # stored bytes, those of the released requests, which counted them.
+    released = [r for r in purged if not r.held_bytes]
+    count_generations(conn, [(r.user_id, r.generation_bytes, r.client) for r in released], -1)
     roll_up(conn, [r[:4] for r in purged_jobs], {r.id: r.created for r in purged}, now)
     # And to the daily figures of /stats/text, kept for ever.
     roll_up_days(conn, [(r.state, r.submitted, r.tokens, r.model) for r in purged_jobs])
     return [r.id for r in purged]
-
-
-def _uncount_generations(conn: Tx, purged: Sequence[Row[Any]]) -> None:
-    """Take the purged requests' generations off their users' stored bytes
-    (decision 0069): those of the released requests, which counted them
-    (queueing.release); one statement per user, not per request."""
-    per_user: dict[int, int] = collections.defaultdict(int)
-    per_client: dict[str, int] = collections.defaultdict(int)
-    for r in purged:
-        if r.generation_bytes and not r.held_bytes:
-            per_user[r.user_id] += r.generation_bytes
-            if r.client:  # and off its anonymous address's
-                per_client[r.client] -= r.generation_bytes
-    if per_client:
-        count_client_generations(conn, per_client)
-    if per_user:
-        conn.execute(
-            _UNCOUNT_GENERATIONS,
-            [{"uid": uid, "stored": stored} for uid, stored in per_user.items()],
-        )
-
-
-_UNCOUNT_GENERATIONS = prepared(
-    update(users)
-    .where(users.c.id == bindparam("uid"))
-    .values(generation_bytes=users.c.generation_bytes - bindparam("stored"))
-)
 
 
 # Ended requests released per sweep at most: a burst of ends is released

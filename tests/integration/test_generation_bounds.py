@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from hordelite.contract.generations import allowed_bytes, reserved_bytes
-from hordelite.storage.schema import jobs, users
+from hordelite.storage.schema import client_generations, jobs, users
 from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
 from tests.integration.test_budgets import (
     ANON,
@@ -155,10 +155,16 @@ async def test_an_anonymous_addresss_generations_count_toward_its_own_stored_byt
         for _ in range(2):
             r = await polite.post(TEXT_ASYNC, json=text_body(prompt))
             assert r.status_code == 202, r.text
-        # Past the retention the purge takes the generation off its address.
+        # Past the retention the purge takes the generation off its address,
+        # and forgets the address.
         clock.advance(config.horde.retention + 1)
         await horde.sweep()
+        assert await horde.horde.db.read(_client_rows) == []
         assert (await flooder.post(TEXT_ASYNC, json=text_body(prompt))).status_code == 202
+
+
+def _client_rows(conn: Any) -> list[Any]:
+    return list(conn.execute(select(client_generations)).all())
 
 
 async def test_the_bridges_null_generation_is_the_fault_it_reports(

@@ -26,7 +26,7 @@ from hordelite.horde.service import Horde, hash_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import LATEST, current_version
-from hordelite.storage.schema import RETIRED_USER_KEY, users
+from hordelite.storage.schema import RETIRED_NAME_KEY, users
 from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, open_horde
 from hordelite.worker._horde import horde_base_url
@@ -356,7 +356,7 @@ def test_kudos_grant_refuses_an_unknown_or_ambiguous_user_and_a_non_number(
             conn.execute(
                 update(users)
                 .where(users.c.id == ids[1])
-                .values(username="ALICE", name_key=f"{RETIRED_USER_KEY}{ids[1]}")
+                .values(username="ALICE", name_key=f"{RETIRED_NAME_KEY}{ids[1]}")
             )
 
         db.run_sync(as_migrated, True)
