@@ -266,56 +266,43 @@ async def test_an_owed_call_survives_a_restart_and_is_made_by_the_next_process()
         assert [c["request"] for c in hook.calls] == [request_id]
 
 
-async def test_one_requesters_hanging_receivers_delay_no_other_requesters_webhook() -> None:
+@pytest.mark.parametrize(
+    ("hanging_from", "good_from"),
+    [
+        pytest.param(None, None, id="users"),
+        # Each anonymous client address is a requester of its own (decision 0071).
+        pytest.param("127.0.0.2", "127.0.0.3", id="anonymous addresses"),
+    ],
+)
+async def test_one_requesters_hanging_receivers_delay_no_other_requesters_webhook(
+    hanging_from: str | None, good_from: str | None
+) -> None:
     """Calls are made each on its own, at most WEBHOOK_CALLS_PER_REQUESTER of
     one requester's at once: the calls of a requester whose receiver never
     answers hold those few, and another requester's webhook is called at
-    once, not after they time out (WEBHOOK_TIMEOUT)."""
+    once, not after they time out (WEBHOOK_TIMEOUT). A requester is a user,
+    or (sent with the anonymous key) one client address."""
     async with (
         receiver(hang=True) as hanging,
         receiver() as good,
         open_horde(config=CALL_PRIVATE) as horde,
     ):
-        mallory = await horde.create_key("mallory", kudos=1000)
-        alice = await horde.create_key("alice", kudos=100)
+        anonymous = hanging_from is not None
+        mallory = ANONYMOUS_API_KEY if anonymous else await horde.create_key("mallory", kudos=1000)
+        alice = ANONYMOUS_API_KEY if anonymous else await horde.create_key("alice", kudos=100)
         owner = await horde.create_key("bob")
         many = WEBHOOK_CLAIM_BATCH + WEBHOOK_CALLS_PER_REQUESTER
         async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
             for _ in range(many):
-                await submit(horde, mallory, hanging.url)
+                await submit(horde, mallory, hanging.url, address=hanging_from)
             for _ in range(many):
                 await worker.serve_one()
             await eventually(lambda: hanging.held == WEBHOOK_CALLS_PER_REQUESTER)
-            request_id = await submit(horde, alice, good.url)
+            request_id = await submit(horde, alice, good.url, address=good_from)
             await worker.serve_one()
             await eventually(lambda: good.calls)
         assert [c["request"] for c in good.calls] == [request_id]
         # Called while every hanging call was still waiting for its answer.
-        assert hanging.dropped == 0
-        assert hanging.most_held == WEBHOOK_CALLS_PER_REQUESTER
-
-
-async def test_one_anonymous_addresss_hanging_receivers_delay_no_other_addresss_webhook() -> None:
-    """Each anonymous client address is a requester of its own (decision
-    0071): the calls of an address whose receiver never answers hold its
-    few, and another anonymous address's webhook is called at once."""
-    async with (
-        receiver(hang=True) as hanging,
-        receiver() as good,
-        open_horde(config=CALL_PRIVATE) as horde,
-    ):
-        owner = await horde.create_key("bob")
-        many = WEBHOOK_CLAIM_BATCH + WEBHOOK_CALLS_PER_REQUESTER
-        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
-            for _ in range(many):
-                await submit(horde, ANONYMOUS_API_KEY, hanging.url, address="127.0.0.2")
-            for _ in range(many):
-                await worker.serve_one()
-            await eventually(lambda: hanging.held == WEBHOOK_CALLS_PER_REQUESTER)
-            request_id = await submit(horde, ANONYMOUS_API_KEY, good.url, address="127.0.0.3")
-            await worker.serve_one()
-            await eventually(lambda: good.calls)
-        assert [c["request"] for c in good.calls] == [request_id]
         assert hanging.dropped == 0
         assert hanging.most_held == WEBHOOK_CALLS_PER_REQUESTER
 

@@ -931,11 +931,13 @@ def test_the_worker_takes_an_api_route_off_the_hordes_url(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("first", ["revoke", "rotate"])
 async def test_a_rotated_or_revoked_key_takes_the_shared_keys_it_lent_along(
-    database: str, capsys: pytest.CaptureFixture[str]
+    database: str, capsys: pytest.CaptureFixture[str], first: str
 ) -> None:
     # A rotation brought back every shared key lent with the old key (the
-    # lender could neither see nor list them): they now go with it.
+    # lender could neither see nor list them): they now go with it, and with
+    # a revoke as well.
     assert main(["keys", "create", "alice", "--kudos", "100", "--database", database]) == 0
     old, _ = created_key(capsys.readouterr().out)
     async with (
@@ -946,7 +948,7 @@ async def test_a_rotated_or_revoked_key_takes_the_shared_keys_it_lent_along(
             (await client.put("/api/v2/sharedkeys", headers={"apikey": old}, json={})).json()["id"]
             for _ in range(2)
         ]
-    code, out, _ = cli(capsys, "keys", "revoke", "alice", "--database", database)
+    code, out, _ = cli(capsys, "keys", first, "alice", "--database", database)
     assert code == 0
     assert "nor do the 2 shared keys it lent" in out
     code, out, _ = cli(capsys, "keys", "rotate", "alice", "--database", database)
