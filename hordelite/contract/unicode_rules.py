@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from hordelite.contract.limits import MAX_NAME_KEY
@@ -89,26 +89,22 @@ def worker_name_key(name: str, field: str = "name") -> str:
     control character or a lone surrogate, when nothing visible is left once
     normalised, or when its key is longer than MAX_NAME_KEY characters.
     """
-    for char in _CONTROL_OR_SURROGATE.findall(name):
-        kind = unicodedata.category(char)
-        if kind == "Cc":
-            raise bad_request(field, f"must not hold a control character (U+{ord(char):04X})")
-        if kind == "Cs":
-            raise bad_request(field, f"must not hold a lone surrogate (U+{ord(char):04X})")
-    key = fold_name(name)
-    if not key:
-        raise bad_request(field, "must hold a visible character")
-    if len(key) > MAX_NAME_KEY:
-        raise bad_request(field, f"is longer than {MAX_NAME_KEY} characters once normalised (NFKC)")
+    # Only the controls and surrogates are looked at one by one: a pop's
+    # name is read at every pop.
+    suspects = _CONTROL_OR_SURROGATE.findall(name)
+    problem, key = _name_key(name, suspects, _WORKER_NAME_REFUSED)
+    if problem is not None:
+        raise bad_request(field, problem)
     return key
 
 
-# What a user's name may not hold besides controls and surrogates: Unicode
-# categories Cf (format: bidi embeddings, overrides and isolates, zero-width
-# space, joiners, BOM, soft hyphen), Zl and Zp (line and paragraph separators).
+# What a name may not hold, by Unicode category: a worker's, controls and
+# surrogates; a user's, also Cf (format: bidi embeddings, overrides and
+# isolates, zero-width space, joiners, BOM, soft hyphen), Zl and Zp (line
+# and paragraph separators).
+_WORKER_NAME_REFUSED: Final = {"Cc": "a control character", "Cs": "a lone surrogate"}
 _USER_NAME_REFUSED: Final = {
-    "Cc": "a control character",
-    "Cs": "a lone surrogate",
+    **_WORKER_NAME_REFUSED,
     "Cf": "a format or bidi control character",
     "Zl": "a line separator",
     "Zp": "a paragraph separator",
@@ -120,16 +116,24 @@ def user_name_refusal(name: str) -> str | None:
     (its length and ``#`` are user_edit's rules), or None: a control or
     format character, a line or paragraph separator, or a key (``fold_name``)
     empty or longer than MAX_NAME_KEY characters."""
-    for char in name:
+    return _name_key(name, name, _USER_NAME_REFUSED)[0]
+
+
+def _name_key(
+    name: str, chars: Iterable[str], refused: Mapping[str, str]
+) -> tuple[str | None, str]:
+    """Why ``name`` cannot be a name (the first of ``chars`` of a ``refused``
+    category, or its key empty or too long), or None; and its key."""
+    for char in chars:
         kind = unicodedata.category(char)
-        if kind in _USER_NAME_REFUSED:
-            return f"must not hold {_USER_NAME_REFUSED[kind]} (U+{ord(char):04X})"
+        if kind in refused:
+            return f"must not hold {refused[kind]} (U+{ord(char):04X})", ""
     key = fold_name(name)
     if not key:
-        return "must hold a visible character"
+        return "must hold a visible character", key
     if len(key) > MAX_NAME_KEY:
-        return f"is longer than {MAX_NAME_KEY} characters once normalised (NFKC)"
-    return None
+        return f"is longer than {MAX_NAME_KEY} characters once normalised (NFKC)", key
+    return None, key
 
 
 def unsendable(value: Any) -> str | None:
