@@ -295,7 +295,7 @@ def backend(workdir: Path) -> Iterator[tuple[str, int]]:
 
 def serve_backend() -> None:
     """(In the child.) Serve the fake backend until SIGTERM."""
-    from hordelite.fake_backend import FakeBackendConfig, open_fake_backend
+    from hordelite.worker.fake_backend import FakeBackendConfig, open_fake_backend
 
     async def main() -> None:
         async with open_fake_backend(FakeBackendConfig(model=MODEL, context=8192)) as fake:

@@ -13,7 +13,6 @@ from typing import Any
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
-from hordelite._http import quart_app
 from hordelite._request import count_refusal
 from hordelite.api.blobs import blobs
 from hordelite.api.dashboard import dashboard
@@ -28,6 +27,7 @@ from hordelite.errors import RC, HordeError, StorageUnavailable
 from hordelite.front._errors import error_response
 from hordelite.front.openai import Admission, front
 from hordelite.horde.service import Horde
+from hordelite.http.server import quart_app
 
 log = logging.getLogger("hordelite.api")
 

@@ -264,7 +264,7 @@ class ServerConfig:
     keep_alive_timeout: float = bounded(5.0, gt=0, le=3600)
     # Most bytes of a request head (request line, headers, the blank line),
     # however it arrives; past it the request gets 431 and the connection
-    # closes (hordelite._wire).
+    # closes (hordelite.http.wire).
     max_header_bytes: int = bounded(16 * 1024, ge=1024, le=1024 * 1024)
     # Connections the kernel queues for accept (capped by net.core.somaxconn).
     backlog: int = bounded(4096, ge=1, le=65535)

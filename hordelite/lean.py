@@ -43,8 +43,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from hordelite._connection import INBOX, Inbox
-from hordelite._http import ARRIVED
 from hordelite.api import _render
 from hordelite.contract import forwarded
 from hordelite.contract.headers import checked_api_key, checked_operation_key, client_agent_of
@@ -55,6 +53,8 @@ from hordelite.front._errors import error_answer
 from hordelite.front.openai import Admission, Caller, ChatPlan, CompletionPlan, Plan, serve
 from hordelite.horde.results import Queued
 from hordelite.horde.service import Horde
+from hordelite.http.connection import INBOX, Inbox
+from hordelite.http.server import ARRIVED
 
 log = logging.getLogger("hordelite.api")
 
@@ -413,7 +413,7 @@ class _Exchange:
     async def send_body(self, data: bytes) -> None:
         """An answer's whole body. Answered before the request's body was
         read (a 413 on its declared length), its bytes go now and its end
-        after the body's drain (see hordelite._http), as Quart sends them."""
+        after the body's drain (see hordelite.http.server), as Quart sends them."""
         if self.read_all:
             await self.send({"type": "http.response.body", "body": data})
             return
@@ -436,7 +436,7 @@ class _Exchange:
         have been read (the watch reads what comes next).
 
         On trio the connection's inbox cancels the work when the client
-        leaves (hordelite._connection): a held call keeps no task watching."""
+        leaves (hordelite.http.connection): a held call keeps no task watching."""
         inbox: Inbox | None = self.scope.get(INBOX)
         if inbox is None:
             return await self._unless_gone_watched(work)

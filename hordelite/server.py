@@ -20,7 +20,6 @@ from typing import Protocol
 import anyio
 import anyio.to_thread
 
-from hordelite._http import current_backend, listen, serve_http
 from hordelite.api import _render
 from hordelite.api.metrics import create_metrics_app
 from hordelite.app import create_app
@@ -31,6 +30,7 @@ from hordelite.contract.limits import READER_RENEW_SECONDS, WEBHOOK_POLL_SECONDS
 from hordelite.errors import StorageUnavailable
 from hordelite.horde.readers import reader_name
 from hordelite.horde.service import Horde
+from hordelite.http.server import current_backend, listen, serve_http
 from hordelite.lean import LeanRoutes
 from hordelite.signals import Signals, open_signals
 from hordelite.storage.database import Database

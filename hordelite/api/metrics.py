@@ -10,11 +10,11 @@ from __future__ import annotations
 from quart import Blueprint, Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
-from hordelite._http import quart_app
 from hordelite._request import horde
 from hordelite.api.native import http_error_response
 from hordelite.horde.metrics import UNMATCHED_ROUTE, scrape
 from hordelite.horde.service import Horde
+from hordelite.http.server import quart_app
 
 metrics = Blueprint("metrics", __name__)
 

@@ -15,7 +15,6 @@ from urllib.parse import urlencode
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import HTTPException
 
-from hordelite._http import ARRIVED
 from hordelite._request import client_address, client_agent, horde, json_body, public_base_url
 from hordelite.api import _render
 from hordelite.contract.headers import checked_api_key, checked_operation_key
@@ -27,6 +26,7 @@ from hordelite.contract.limits import (
 from hordelite.contract.text import parse_count_bound, parse_page, parse_status_wait
 from hordelite.errors import RC, HordeError
 from hordelite.horde.results import Queued
+from hordelite.http.server import ARRIVED
 
 native = Blueprint("native", __name__, url_prefix="/api/v2")
 

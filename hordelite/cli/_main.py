@@ -16,13 +16,13 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
 from hordelite import __version__
-from hordelite._http import base_url, claim_port, listen
 from hordelite.cli import _admin
 from hordelite.cli._processes import Supervisor, serve_child
 from hordelite.config import Config, load_config, processes_problem
 from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.errors import ConfigError, StorageUnavailable
 from hordelite.horde.service import Horde
+from hordelite.http.server import base_url, claim_port, listen
 from hordelite.server import blob_location, open_server
 from hordelite.storage.database import Database
 from hordelite.worker import Worker, WorkerError

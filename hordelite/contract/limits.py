@@ -78,7 +78,7 @@ MAX_CHAT_NAME_CHARS: Final = 64
 MAX_CHAT_BODY_BYTES: Final = 36 * 1024 * 1024
 # The longest chunk-size line of a chunked body (the size in hex, any
 # extensions, the CRLF): a size needs at most 16 digits, and nothing
-# hordelite reads comes in extensions (hordelite._wire).
+# hordelite reads comes in extensions (hordelite.http.wire).
 MAX_CHUNK_LINE_BYTES: Final = 1024
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3

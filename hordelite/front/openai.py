@@ -22,7 +22,6 @@ import anyio
 from quart import Blueprint, Response, current_app, request
 from werkzeug.datastructures import Headers
 
-from hordelite._http import on_exchange_end, run_to_completion
 from hordelite._request import client_address, client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest, flatten_messages, parse_chat_request
@@ -36,6 +35,7 @@ from hordelite.front._errors import envelope, error_answer, error_response
 from hordelite.front._relay import relay
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
+from hordelite.http.server import on_exchange_end, run_to_completion
 
 front = Blueprint("front", __name__, url_prefix="/v1")
 log = logging.getLogger("hordelite.front")

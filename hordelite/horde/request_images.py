@@ -2,7 +2,7 @@
 their declared transport.
 
 At submit every ``image_url`` part is read (a ``data:`` URL decoded, an
-``http(s)`` URL fetched with hordelite.guarded_fetch), checked and normalised
+``http(s)`` URL fetched with hordelite.outbound.guarded_fetch), checked and normalised
 to JPEG (contract/image_normalise.py, in a thread), and stored in the blob store; the
 stored request keeps only a reference (``hordelite-blob:<key>/<jpeg bytes>``).
 A request's parts are taken in together, a few at a time, its fetches under
@@ -51,9 +51,9 @@ from hordelite.contract.limits import (
     MIN_IMAGE_URL_SECONDS,
 )
 from hordelite.errors import RC, HordeError
-from hordelite.guarded_fetch import ImageFetchRefused, fetch_image, parse_target
 from hordelite.horde.fair_turns import FairTurns
 from hordelite.horde.image_allowance import ImageAllowance
+from hordelite.outbound.guarded_fetch import ImageFetchRefused, fetch_image, parse_target
 
 JPEG = "image/jpeg"
 JSON = "application/json"

@@ -5,7 +5,7 @@ never on a request's path.
 The call is owed in storage (hordelite.storage.webhooks) from the request's
 end until it is answered or given up, so it is lost neither when the
 process stops nor when another replica ended the request. Each call goes
-through the same address policy as image fetches (hordelite.guarded_fetch):
+through the same address policy as image fetches (hordelite.outbound.guarded_fetch):
 a webhook at a private address is never reached unless the operator allows
 it (``[webhooks] call_private``).
 
@@ -38,9 +38,9 @@ from hordelite.contract.limits import (
     WEBHOOK_TIMEOUT,
 )
 from hordelite.errors import HordeError, StorageUnavailable
-from hordelite.guarded_fetch import open_call_client, post_json
 from hordelite.horde._core import HordeCore
 from hordelite.horde.results import RequestStatus
+from hordelite.outbound.guarded_fetch import open_call_client, post_json
 from hordelite.storage.webhooks import OwedCall, Requester
 
 log = logging.getLogger("hordelite.webhooks")

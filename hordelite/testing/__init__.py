@@ -10,9 +10,9 @@ on 127.0.0.1 with an ephemeral port and a temporary SQLite database.
 """
 
 from hordelite.clock import ManualClock
-from hordelite.fake_backend import FakeBackend, FakeBackendConfig, open_fake_backend
 from hordelite.testing._fake_worker import FakeChatWorker, FakeTextWorker
 from hordelite.testing._instance import TestHorde, open_horde
+from hordelite.worker.fake_backend import FakeBackend, FakeBackendConfig, open_fake_backend
 
 __all__ = [
     "FakeBackend",

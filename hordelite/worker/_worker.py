@@ -273,7 +273,7 @@ class Worker:
     async def _backend_url(self, stack: contextlib.AsyncExitStack) -> str:
         if self.config.backend != "fake":
             return self.config.backend
-        from hordelite.fake_backend import open_fake_backend
+        from hordelite.worker.fake_backend import open_fake_backend
 
         fake = await stack.enter_async_context(open_fake_backend())
         log.info("serving from the fake backend at %s (no model: replies are echoes)", fake.url)

@@ -20,8 +20,8 @@ import anyio.abc
 import pytest
 from sqlalchemy import func, select
 
-from hordelite._http import DRAIN_BYTES
 from hordelite.config import Config
+from hordelite.http.server import DRAIN_BYTES
 from hordelite.storage import queries as q
 from hordelite.storage.schema import requests
 from hordelite.testing import FakeChatWorker, open_horde

@@ -17,7 +17,7 @@ import anyio.abc
 import pytest
 
 from hordelite.contract.limits import MAX_IMAGE_FETCH_BYTES, MAX_IMAGE_FETCH_REDIRECTS
-from hordelite.guarded_fetch import ImageFetchRefused, fetch_image
+from hordelite.outbound.guarded_fetch import ImageFetchRefused, fetch_image
 
 pytestmark = pytest.mark.anyio
 

@@ -31,7 +31,7 @@ from hordelite.contract.limits import (
     WEBHOOK_CLAIM_BATCH,
     WEBHOOK_TRIES,
 )
-from hordelite.guarded_fetch import open_call_client, post_json
+from hordelite.outbound.guarded_fetch import open_call_client, post_json
 from hordelite.testing import FakeTextWorker, TestHorde, open_horde
 from tests.integration._helpers import assert_refused, eventually
 

@@ -30,7 +30,6 @@ from sqlalchemy import select, update
 from hordelite.cli import main
 from hordelite.config import Config, WorkerConfig
 from hordelite.contract.chat_reply import FAULT_REASONS
-from hordelite.fake_backend import FakeBackend
 from hordelite.server import open_server
 from hordelite.storage.schema import requests
 from hordelite.storage.transaction import Tx
@@ -50,6 +49,7 @@ from hordelite.worker import (
     split_reasoning,
 )
 from hordelite.worker._backend import Backend, BackendError
+from hordelite.worker.fake_backend import FakeBackend
 from tests.integration._chat_helpers import TLS, WEATHER_TOOL, chat_body, chat_status_path
 from tests.integration._helpers import eventually
 

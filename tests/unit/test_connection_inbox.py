@@ -1,4 +1,4 @@
-"""hordelite._connection.Inbox: what Hypercorn hands an application on trio,
+"""hordelite.http.connection.Inbox: what Hypercorn hands an application on trio,
 with a memory channel's semantics and a call when the client leaves."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from hordelite._connection import Inbox
+from hordelite.http.connection import Inbox
 
 BODY = {"type": "http.request", "body": b"x", "more_body": True}
 LEFT = {"type": "http.disconnect"}

@@ -22,7 +22,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hordelite.fake_backend import count_tokens, message_text, render_prompt
 from hordelite.testing import FakeBackendConfig, open_fake_backend
 from hordelite.worker._backend import (
     Backend,
@@ -31,6 +30,7 @@ from hordelite.worker._backend import (
     byte_bound,
     measure_bound,
 )
+from hordelite.worker.fake_backend import count_tokens, message_text, render_prompt
 
 Template = Callable[[Sequence[Mapping[str, Any]]], str]
 Tokenizer = Callable[[str], int]

@@ -12,7 +12,7 @@ import ipaddress
 
 import pytest
 
-from hordelite.guarded_fetch import (
+from hordelite.outbound.guarded_fetch import (
     ImageFetchRefused,
     address_is_public,
     parse_target,

@@ -1,4 +1,4 @@
-"""The strict wire's head check (hordelite._wire), fed byte by byte.
+"""The strict wire's head check (hordelite.http.wire), fed byte by byte.
 
 A head arrives in whatever reads the network makes of it: each check must
 give the same verdict when a CR and its LF, or a line end and the space of
@@ -12,7 +12,7 @@ from __future__ import annotations
 import h11
 import pytest
 
-from hordelite._wire import StrictConnection, error_body
+from hordelite.http.wire import StrictConnection, error_body
 
 HEAD = b"GET /api/v2/status/heartbeat HTTP/1.1\r\nHost: t\r\nX-A: a\r\n\r\n"
 

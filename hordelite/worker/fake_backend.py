@@ -9,7 +9,7 @@ It serves the routes a worker uses on llama.cpp's server (and the
 
 It lives outside ``hordelite.testing`` (which re-exports it) because the
 worker's ``--backend fake`` serves it: the worker imports nothing of the
-server. Its logger and app keep the name ``hordelite.testing.fake_backend``.
+server. Its logger and app keep the name ``hordelite.worker.fake_backend``.
 
 The tokenizer and the template
 ------------------------------
@@ -98,11 +98,11 @@ import anyio
 import anyio.abc
 from quart import Quart, Response, request
 
-from hordelite._http import current_backend, quart_app, serve_http
 from hordelite.config import ServerConfig
 from hordelite.errors import HordeliteError
+from hordelite.http.server import current_backend, quart_app, serve_http
 
-log = logging.getLogger("hordelite.testing.fake_backend")
+log = logging.getLogger("hordelite.worker.fake_backend")
 
 JSON = dict[str, Any]
 
@@ -679,7 +679,7 @@ async def _json_body() -> JSON:
 
 def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
     """The fake's Quart app (QuartTrio on ``loop == "trio"``) answering for ``backend``."""
-    app = quart_app("hordelite.testing.fake_backend", loop)
+    app = quart_app("hordelite.worker.fake_backend", loop)
 
     @app.before_request
     async def _record() -> Response | None:

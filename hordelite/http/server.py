@@ -10,7 +10,7 @@ It also bounds what one connection can hold (see decision 0027):
   start, or the end of its last response, until a request head is complete,
   so it is both the keep-alive timeout and the head's read deadline);
 - a head larger than ``max_header_bytes`` gets 431 and the connection closes,
-  and a head a proxy could frame otherwise gets 400 (hordelite._wire);
+  and a head a proxy could frame otherwise gets 400 (hordelite.http.wire);
 - a body gets ``body_timeout`` to arrive (Quart answers 408 past it);
 - an answer sent before its request body was read (413, 404, any early
   error) drains what is left of the body, bounded, so the connection serves
@@ -47,13 +47,13 @@ from hypercorn.config import Sockets
 from hypercorn.utils import wrap_app
 from quart import Quart
 
-from hordelite import _wire
 from hordelite.config import ServerConfig
+from hordelite.http import wire as _wire
 
 log = logging.getLogger("hordelite.http")
 
 # Each HTTP/1.1 connection of a server configured by hypercorn_config is on
-# the strict wire (see hordelite._wire).
+# the strict wire (see hordelite.http.wire).
 _wire.install()
 
 T = TypeVar("T")
@@ -352,7 +352,7 @@ async def _serve_trio(
 ) -> None:
     """Hypercorn's trio ``worker_serve`` (0.18), less TLS, QUIC and statsd,
     with the accept loop below in place of ``trio.serve_listeners`` and
-    ``hordelite._connection.Connection`` in place of its ``TCPServer``.
+    ``hordelite.http.connection.Connection`` in place of its ``TCPServer``.
 
     On shutdown: no more accepts, idle connections close at once (Hypercorn's
     idle timer watches ``context.terminated``), open requests get
@@ -362,7 +362,7 @@ async def _serve_trio(
     from hypercorn.trio.worker_context import WorkerContext
     from hypercorn.typing import ConnectionState
 
-    from hordelite._connection import Connection
+    from hordelite.http.connection import Connection
 
     lifespan_state: dict[str, Any] = {}
     lifespan = Lifespan(app, config, lifespan_state)

@@ -142,7 +142,7 @@ class StrictConnection(h11.Connection):
             ):
                 # Once the app has begun its answer (one sent before the body
                 # was read), the rest of the body is drained, bounded
-                # (hordelite._http), and a refusal would cut that answer.
+                # (hordelite.http.server), and a refusal would cut that answer.
                 self._check_chunk_size(self._max_body)
             event = super().next_event()
             if type(event) is h11.Data:
@@ -273,7 +273,7 @@ class ClosingH2Protocol(H2Protocol):
     period cancels it, that task ends, but the buffers stay open: a send
     waiting for its buffer to drain (the end of every answer) or to fall
     below its high water waits for a task that is gone. Quart would cancel
-    it; the sends are shielded (hordelite._http, decision 0027), so the
+    it; the sends are shielded (hordelite.http.server, decision 0027), so the
     handler, and a stopping server after it, waited for ever whenever an
     HTTP/2 client left, or sat on a full window, before its answer was sent.
     Closing the buffers once the task ends ends those sends (Hypercorn drops
