@@ -21,8 +21,6 @@ import anyio
 import anyio.to_thread
 
 from hordelite.api import _render
-from hordelite.api.metrics import create_metrics_app
-from hordelite.app import create_app
 from hordelite.blobs import BlobStore, DirectoryStore, S3Store, blob_directory
 from hordelite.clock import Clock
 from hordelite.config import Config
@@ -30,8 +28,9 @@ from hordelite.contract.limits import READER_RENEW_SECONDS, WEBHOOK_POLL_SECONDS
 from hordelite.errors import StorageUnavailable
 from hordelite.horde.readers import reader_name
 from hordelite.horde.service import Horde
-from hordelite.http.server import current_backend, listen, serve_http
-from hordelite.lean import LeanRoutes
+from hordelite.http.loop import current_backend
+from hordelite.http.routes import horde_app, metrics_app
+from hordelite.http.server import listen, serve_http
 from hordelite.signals import Signals, open_signals
 from hordelite.storage.database import Database
 
@@ -191,7 +190,7 @@ async def _serve_metrics(
     (each answers the sum of all, see hordelite.horde.metrics)."""
     server = dataclasses.replace(config.server, host=config.metrics.host, port=config.metrics.port)
     sock = listen(server, shared=config.server.processes > 1)
-    app = create_metrics_app(horde, current_backend())
+    app = metrics_app(horde)
     await _serve_http_until(app, config, shutdown, stopped, sock, task_status=task_status)
 
 
@@ -261,10 +260,8 @@ async def _open_horde(
         # The /blobs route serves the directory store only: an object store
         # serves its presigned URLs itself.
         directory = blobs if isinstance(blobs, DirectoryStore) else None
-        # The hottest native and OpenAI routes answered before Quart (lean.py).
-        quart = create_app(horde, current_backend(), directory)
-        admission = quart.config["FRONT_ADMISSION"]
-        app = LeanRoutes(quart, horde, admission)
+        served = horde_app(horde, current_backend(), directory)
+        app, admission = served.dispatcher, served.admission
         shutdown = anyio.Event()
         stopped = anyio.Event()
         # When everything stops: the grace period from the stop's start,

@@ -1,5 +1,6 @@
-"""The native /api/v2 routes, the dashboard, health, metrics and blobs.
+"""The native /api/v2 routes, the dashboard, health, metrics and blobs, each
+a handler from a request to an answer (hordelite.http).
 
-The app that serves them beside the OpenAI front (``hordelite.front``) is
-assembled in ``hordelite.app``, above both.
+The route table (``hordelite.http.routes``) lists them beside the OpenAI
+front (``hordelite.front``), above both.
 """

@@ -20,22 +20,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-from quart import Blueprint, Response, current_app, render_template
+from quart import Blueprint, Response, render_template
 
-from hordelite._request import horde
-from hordelite.api.native import json_response
 from hordelite.clock import Clock
 from hordelite.contract.limits import DASHBOARD_POOL_SECONDS, DASHBOARD_WORKER_MODELS
 from hordelite.horde.activity import Activity, ActivityCache
 from hordelite.horde.results import PoolOverview, WorkerAnswer
+from hordelite.horde.service import Horde
+from hordelite.http.answer import Answer, json_answer
+from hordelite.http.request import Request
 
-dashboard = Blueprint(
-    "dashboard",
-    __name__,
-    template_folder="templates",
-    static_folder="static",
-    static_url_path="/dashboard/static",
-)
+# Where the page's static files are served (by the shell, hordelite/http/shell.py).
+STATIC_ROUTE = "/dashboard/static"
 
 # Scripts and styles from this origin only (no inline script, so markup that
 # slipped into the page could not run), calls to this origin only, and no
@@ -46,12 +42,23 @@ CONTENT_SECURITY_POLICY = (
 )
 
 
-@dashboard.after_request
-async def _headers(response: Response) -> Response:
-    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"
-    return response
+# On every answer of the dashboard: its page, its files and its JSON.
+PAGE_HEADERS = (
+    ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+)
+
+
+def files() -> Blueprint:
+    """The page's template and static files, for the shell to serve."""
+    return Blueprint(
+        "dashboard",
+        __name__,
+        template_folder="templates",
+        static_folder="static",
+        static_url_path=STATIC_ROUTE,
+    )
 
 
 def worker_status(w: WorkerAnswer) -> str:
@@ -118,52 +125,41 @@ class RenderedPages:
             return cached[1]
 
 
-def _pages() -> RenderedPages:
-    pages = current_app.config.get("DASHBOARD_PAGES")
-    if pages is None:
-        pages = RenderedPages(horde().clock)
-        current_app.config["DASHBOARD_PAGES"] = pages
-    return pages
+class DashboardRoutes:
+    """The page (a shell view: a template) and its two JSON routes."""
 
+    def __init__(self, horde: Horde) -> None:
+        self.horde = horde
+        self._pages = RenderedPages(horde.clock)
+        self._activity = ActivityCache(horde.store, horde.clock)
 
-@dashboard.get("/")
-async def page() -> Response:
-    async def render() -> bytes:
-        service = horde()
-        html = await render_template(
-            "dashboard.html",
-            version=service.upkeep.heartbeat()["version"],
-            pool=render_pool(await service.directory.pool_overview()),
-        )
-        return html.encode()
+    async def page(self) -> Response:
+        """``GET /``, rendered by the shell (Quart's templates)."""
 
-    return Response(await _pages().get("page", render), content_type="text/html; charset=utf-8")
+        async def render() -> bytes:
+            html = await render_template(
+                "dashboard.html",
+                version=self.horde.upkeep.heartbeat()["version"],
+                pool=render_pool(await self.horde.directory.pool_overview()),
+            )
+            return html.encode()
 
+        body = await self._pages.get("page", render)
+        return Response(body, content_type="text/html; charset=utf-8")
 
-@dashboard.get("/dashboard/pool")
-async def pool() -> Response:
-    async def render() -> bytes:
-        # UTF-8 rather than \u escapes: a character of a name takes at most
-        # 6 bytes (a control character's escape), not 12 (one outside the
-        # BMP), which keeps the bound the docs state.
-        body = json.dumps(render_pool(await horde().directory.pool_overview()), ensure_ascii=False)
-        return body.encode()
+    async def pool(self, request: Request) -> Answer:
+        async def render() -> bytes:
+            # UTF-8 rather than \u escapes: a character of a name takes at
+            # most 6 bytes (a control character's escape), not 12 (one
+            # outside the BMP), which keeps the bound the docs state.
+            pool = render_pool(await self.horde.directory.pool_overview())
+            return json.dumps(pool, ensure_ascii=False).encode()
 
-    return Response(await _pages().get("pool", render), content_type="application/json")
+        body = await self._pages.get("pool", render)
+        return Answer(200, [("content-type", "application/json"), *PAGE_HEADERS], body)
 
-
-def _activity_cache() -> ActivityCache:
-    cache = current_app.config.get("DASHBOARD_ACTIVITY")
-    if cache is None:
-        service = horde()
-        cache = ActivityCache(service.store, service.clock)
-        current_app.config["DASHBOARD_ACTIVITY"] = cache
-    return cache
-
-
-@dashboard.get("/dashboard/activity")
-async def activity() -> Response:
-    return json_response(_render_activity(await _activity_cache().get()))
+    async def activity(self, request: Request) -> Answer:
+        return json_answer(_render_activity(await self._activity.get()), headers=PAGE_HEADERS)
 
 
 def _render_activity(a: Activity) -> dict[str, Any]:

@@ -10,25 +10,23 @@ degraded and stays ready, saying so (``"signals": "degraded"``), unless
 
 from __future__ import annotations
 
-from quart import Blueprint, Response
-
-from hordelite._request import horde
-from hordelite.api.native import json_response
-
-health = Blueprint("health", __name__)
+from hordelite.horde.service import Horde
+from hordelite.http.answer import Answer, json_answer
+from hordelite.http.request import Request
 
 
-@health.get("/healthz")
-async def healthz() -> Response:
-    return json_response({"status": "ok"}, 200)
+class HealthRoutes:
+    def __init__(self, horde: Horde) -> None:
+        self.horde = horde
 
+    async def healthz(self, request: Request) -> Answer:
+        return json_answer({"status": "ok"})
 
-@health.get("/readyz")
-async def readyz() -> Response:
-    upkeep = horde().upkeep
-    reason = await upkeep.unready()
-    if reason is not None:
-        return json_response({"status": "unready", "reason": reason}, 503)
-    if upkeep.signals_degraded():
-        return json_response({"status": "ready", "signals": "degraded"}, 200)
-    return json_response({"status": "ready"}, 200)
+    async def readyz(self, request: Request) -> Answer:
+        upkeep = self.horde.upkeep
+        reason = await upkeep.unready()
+        if reason is not None:
+            return json_answer({"status": "unready", "reason": reason}, 503)
+        if upkeep.signals_degraded():
+            return json_answer({"status": "ready", "signals": "degraded"})
+        return json_answer({"status": "ready"})

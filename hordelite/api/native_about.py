@@ -5,75 +5,58 @@ decision 0055). Every answer is the AI Horde's JSON."""
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, request
+from typing import Literal
 
-from hordelite._request import horde
 from hordelite.api import _render
-from hordelite.api.native import json_response
 from hordelite.errors import RC, HordeError
-
-about = Blueprint("about", __name__, url_prefix="/api/v2")
-
-
-@about.get("/status/performance")
-async def performance() -> Response:
-    return json_response(_render.performance(await horde().about.performance()))
+from hordelite.horde.service import Horde
+from hordelite.http.answer import Answer, json_answer
+from hordelite.http.request import Request
 
 
-@about.get("/stats/text/totals")
-async def text_totals() -> Response:
-    stats = await horde().about.stats()
-    return json_response(
-        {period: {"requests": n, "tokens": t} for period, (n, t) in stats.totals.items()}
-    )
+class AboutRoutes:
+    def __init__(self, horde: Horde) -> None:
+        self.horde = horde
 
+    async def performance(self, request: Request) -> Answer:
+        return json_answer(_render.performance(await self.horde.about.performance()))
 
-@about.get("/stats/text/models")
-async def text_models() -> Response:
-    return json_response((await horde().about.stats()).models)
+    async def text_totals(self, request: Request) -> Answer:
+        stats = await self.horde.about.stats()
+        return json_answer(
+            {period: {"requests": n, "tokens": t} for period, (n, t) in stats.totals.items()}
+        )
 
+    async def text_models(self, request: Request) -> Answer:
+        return json_answer((await self.horde.about.stats()).models)
 
-@about.get("/status/modes")
-async def modes() -> Response:
-    return json_response(_render.modes(horde().about.modes()))
+    async def modes(self, request: Request) -> Answer:
+        return json_answer(_render.modes(self.horde.about.modes()))
 
+    async def news(self, request: Request) -> Answer:
+        return json_answer([_render.news_piece(n) for n in self.horde.about.news()])
 
-@about.get("/status/news")
-async def news() -> Response:
-    return json_response([_render.news_piece(n) for n in horde().about.news()])
+    async def terms(self, request: Request) -> Answer:
+        return self._document("terms", request)
 
+    async def privacy(self, request: Request) -> Answer:
+        return self._document("privacy", request)
 
-@about.get("/documents/terms")
-async def terms() -> Response:
-    return json_response(_render.document(horde().about.document("terms", _format())))
+    async def sponsors(self, request: Request) -> Answer:
+        return self._document("sponsors", request)
 
+    def _document(self, name: Literal["terms", "privacy", "sponsors"], request: Request) -> Answer:
+        found = self.horde.about.document(name, request.arg("format"))
+        return json_answer(_render.document(found))
 
-@about.get("/documents/privacy")
-async def privacy() -> Response:
-    return json_response(_render.document(horde().about.document("privacy", _format())))
+    async def teams(self, request: Request) -> Answer:
+        # No teams (decision 0055): the AI Horde's answer for a horde without any.
+        return json_answer([])
 
+    async def team(self, request: Request) -> Answer:
+        team_id = request.params["team_id"]
+        raise HordeError(RC.TeamNotFound, f"No team with id {team_id[:64]!r}.")
 
-@about.get("/documents/sponsors")
-async def sponsors() -> Response:
-    return json_response(_render.document(horde().about.document("sponsors", _format())))
-
-
-def _format() -> str | None:
-    return request.args.get("format")
-
-
-@about.get("/teams")
-async def teams() -> Response:
-    # No teams (decision 0055): the AI Horde's answer for a horde without any.
-    return json_response([])
-
-
-@about.get("/teams/<team_id>")
-async def team(team_id: str) -> Response:
-    raise HordeError(RC.TeamNotFound, f"No team with id {team_id[:64]!r}.")
-
-
-@about.get("/styles/text")
-async def text_styles() -> Response:
-    # No styles (decision 0055): a client applies its own.
-    return json_response([])
+    async def text_styles(self, request: Request) -> Answer:
+        # No styles (decision 0055): a client applies its own.
+        return json_answer([])

@@ -4,35 +4,32 @@ is the AI Horde's JSON."""
 
 from __future__ import annotations
 
-from quart import Blueprint, Response
-
-from hordelite._request import horde, json_body
 from hordelite.api import _render
-from hordelite.api.native import api_key, json_response
-
-sharedkeys = Blueprint("sharedkeys", __name__, url_prefix="/api/v2")
-
-
-@sharedkeys.put("/sharedkeys")
-async def create() -> Response:
-    body = await json_body(optional=True)
-    made = await horde().shared_keys.create(api_key(), body)
-    return json_response(_render.shared_key(made))
+from hordelite.horde.service import Horde
+from hordelite.http.answer import Answer, json_answer
+from hordelite.http.request import Request
 
 
-@sharedkeys.get("/sharedkeys/<key_id>")
-async def details(key_id: str) -> Response:
-    return json_response(_render.shared_key(await horde().shared_keys.details(key_id)))
+class SharedKeyRoutes:
+    def __init__(self, horde: Horde) -> None:
+        self.horde = horde
 
+    async def create(self, request: Request) -> Answer:
+        body = await request.json(optional=True)
+        made = await self.horde.shared_keys.create(request.api_key(), body)
+        return json_answer(_render.shared_key(made))
 
-@sharedkeys.patch("/sharedkeys/<key_id>")
-async def edit(key_id: str) -> Response:
-    body = await json_body()
-    changed = await horde().shared_keys.edit(api_key(), key_id, body)
-    return json_response(_render.shared_key(changed))
+    async def details(self, request: Request) -> Answer:
+        found = await self.horde.shared_keys.details(request.params["key_id"])
+        return json_answer(_render.shared_key(found))
 
+    async def edit(self, request: Request) -> Answer:
+        body = await request.json()
+        changed = await self.horde.shared_keys.edit(
+            request.api_key(), request.params["key_id"], body
+        )
+        return json_answer(_render.shared_key(changed))
 
-@sharedkeys.delete("/sharedkeys/<key_id>")
-async def delete(key_id: str) -> Response:
-    await horde().shared_keys.delete(api_key(), key_id)
-    return json_response({"message": "OK"})
+    async def delete(self, request: Request) -> Answer:
+        await self.horde.shared_keys.delete(request.api_key(), request.params["key_id"])
+        return json_answer({"message": "OK"})

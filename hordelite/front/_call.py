@@ -18,7 +18,7 @@ from hordelite.config import FrontConfig
 from hordelite.errors import RC, HordeError
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
-from hordelite.http.server import run_to_completion
+from hordelite.http.loop import run_to_completion
 from hordelite.signals import look_again_by
 
 # What the wait yields while nothing happened (a stream sends a comment).

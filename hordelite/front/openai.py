@@ -13,31 +13,28 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
-from quart import Blueprint, Response, current_app, request
-from werkzeug.datastructures import Headers
 
-from hordelite._request import client_address, client_agent, horde, json_body
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest, flatten_messages, parse_chat_request
 from hordelite.contract.completion_request import Context, parse_completion_request
 from hordelite.contract.limits import ANONYMOUS_API_KEY, MAX_API_KEY_CHARS
 from hordelite.contract.progress import streams_progress
-from hordelite.errors import RC, HordeError, StorageUnavailable
+from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
-from hordelite.front._errors import envelope, error_answer, error_response
 from hordelite.front._relay import relay
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
-from hordelite.http.server import on_exchange_end, run_to_completion
+from hordelite.http import envelopes
+from hordelite.http.answer import Answer, json_answer
+from hordelite.http.loop import run_to_completion
+from hordelite.http.request import Request
 
-front = Blueprint("front", __name__, url_prefix="/v1")
 log = logging.getLogger("hordelite.front")
 
 
@@ -86,20 +83,19 @@ class Admission:
             await self._none_open.wait()
 
 
-def _admission() -> Admission:
-    return current_app.config["FRONT_ADMISSION"]  # type: ignore[no-any-return]
-
-
 def _as_horde_error(exc: Exception) -> HordeError:
     """Any failure once the horde may hold the request, as a refusal: the
     caller answers it with x-should-retry: false (a retry would be a second
     charged request)."""
-    if isinstance(exc, HordeError):
-        return exc
-    if isinstance(exc, StorageUnavailable):
-        return HordeError(RC.StorageUnavailable)
-    log.exception("unexpected error in an OpenAI call")
-    return HordeError(RC.InternalServerError)
+    return envelopes.as_refusal(exc, "an OpenAI call")
+
+
+def error_answer(
+    horde: Horde, exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
+) -> Answer:
+    """A refusal the call answers itself, in OpenAI's envelope, counted."""
+    horde.metrics.refusals.labels(exc.rc.name).inc()
+    return envelopes.openai(exc, held=held, metadata=metadata)
 
 
 def bearer_key(header: str | None) -> str:
@@ -111,10 +107,6 @@ def bearer_key(header: str | None) -> str:
     if scheme.lower() != "bearer" or not key or len(key) > MAX_API_KEY_CHARS:
         raise HordeError(RC.InvalidAPIKey, "The Authorization header must be 'Bearer <API key>'.")
     return key
-
-
-def _json(data: Any, status: int = 200) -> Answer:
-    return Answer(status, [("content-type", "application/json")], json.dumps(data).encode())
 
 
 class ChatPlan:
@@ -220,8 +212,7 @@ Plan = type[ChatPlan] | type[CompletionPlan]
 
 @dataclasses.dataclass(frozen=True)
 class Caller:
-    """What a call needs of its HTTP request, whichever serves it (the Quart
-    route below, or the lean lane, hordelite/lean.py)."""
+    """What a call needs of its HTTP request."""
 
     body: Callable[[], Awaitable[Any]]  # the checked JSON body (a HordeError when not)
     authorization: str | None  # the Authorization header
@@ -235,51 +226,6 @@ class Caller:
     def source(self) -> str:
         """The per-source cap's key."""
         return self.client or "unknown"
-
-
-@dataclasses.dataclass
-class Answer:
-    """What a call answers: a whole JSON body, or a stream of server-sent
-    events whose ``finish`` must run once the exchange ends, however it ends
-    (also when the client leaves before the stream begins)."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes = b""
-    events: AsyncIterator[bytes] | None = None
-    finish: Callable[[], Awaitable[None]] | None = None
-
-
-@front.post("/chat/completions")
-async def chat_completions() -> Response:
-    return _response(await serve(horde(), _admission(), ChatPlan, _caller()))
-
-
-@front.post("/completions")
-async def completions() -> Response:
-    return _response(await serve(horde(), _admission(), CompletionPlan, _caller()))
-
-
-def _caller() -> Caller:
-    return Caller(
-        json_body,
-        request.headers.get("Authorization"),
-        client_agent(),
-        client_address(),
-    )
-
-
-def _response(answer: Answer) -> Response:
-    """An Answer as Quart's response."""
-    if answer.events is None:
-        return Response(answer.body, status=answer.status, headers=Headers(answer.headers))
-    assert answer.finish is not None
-    # Also when the client leaves before the body begins (the events'
-    # own finally never runs then).
-    on_exchange_end(request.scope, answer.finish)
-    response = Response(answer.events, status=answer.status, headers=Headers(answer.headers))
-    response.timeout = None  # the front's own deadline bounds the stream
-    return response
 
 
 async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Caller) -> Answer:
@@ -314,7 +260,7 @@ async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Calle
                 return _stream(horde, call, plan.events(call, config), release)
             async for final in call.wait():
                 status = final
-            return _json(plan.answer(call, status))
+            return json_answer(plan.answer(call, status))
         except Exception as exc:
             await call.cancel()
             return error_answer(
@@ -357,7 +303,7 @@ def _stream(
                 yield piece
         except Exception as exc:
             await call.cancel()
-            yield _shape.sse(envelope(_as_horde_error(exc), {"request_id": call.request_id}))
+            yield _shape.sse(envelopes.openai_error(_as_horde_error(exc), {"request_id": call.request_id}))
             yield _shape.DONE
         finally:
             await finish()
@@ -374,34 +320,66 @@ def _stream(
     return Answer(200, headers, events=events(), finish=finish)
 
 
-@front.get("/models")
-async def models() -> Response:
-    return _response(_json({"object": "list", "data": await _chat_models()}))
+class OpenAIRoutes:
+    """The front's routes (/v1), each from a ``Request`` to an ``Answer``;
+    refusals in OpenAI's envelope."""
 
+    def __init__(self, horde: Horde) -> None:
+        self.horde = horde
+        self.admission = Admission(horde.config.front)
 
-@front.get("/models/<path:model>")
-async def model(model: str) -> Response:
-    for entry in await _chat_models():
-        if entry["id"] == model:
-            return _response(_json(entry))
-    return error_response(
-        HordeError(
+    async def chat_completions(self, request: Request) -> Answer:
+        return await self._call(request, ChatPlan)
+
+    async def completions(self, request: Request) -> Answer:
+        return await self._call(request, CompletionPlan)
+
+    async def _call(self, request: Request, plan: Plan) -> Answer:
+        """An OpenAI call, cancelled when its client leaves.
+
+        The body is read first, so that the connection can be watched for
+        the whole call; a body that cannot be read is refused when ``serve``
+        asks for it, after admission."""
+        read: list[Any] = []  # the document, until serve takes it (not held for the call)
+        failure: HordeError | None = None
+        try:
+            read.append(await request.json())
+        except HordeError as exc:  # 400 (not JSON), 408, 413
+            failure = exc
+
+        async def body() -> Any:
+            if failure is not None:
+                raise failure
+            return read.pop()
+
+        caller = Caller(
+            body, request.header("authorization"), request.client_agent(), request.client_address()
+        )
+        return await request.unless_gone(lambda: serve(self.horde, self.admission, plan, caller))
+
+    async def models(self, request: Request) -> Answer:
+        return json_answer({"object": "list", "data": await self._chat_models()})
+
+    async def model(self, request: Request) -> Answer:
+        model = request.params["model"]
+        for entry in await self._chat_models():
+            if entry["id"] == model:
+                return json_answer(entry)
+        raise HordeError(
             RC.model_not_found, f"The model {model!r} does not exist on this front.", param="model"
         )
-    )
 
-
-async def _chat_models() -> list[dict[str, Any]]:
-    """Models with an online chat worker, in OpenAI's shape, each with its
-    chat declaration summary (ids with a colon cannot be reached here)."""
-    return [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "hordelite",
-            "chat": summary,
-        }
-        for name, summary in (await horde().directory.chat_summary()).items()
-        if ":" not in name
-    ]
+    async def _chat_models(self) -> list[dict[str, Any]]:
+        """Models with an online chat worker, in OpenAI's shape, each with
+        its chat declaration summary (ids with a colon cannot be reached here)."""
+        return [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "hordelite",
+                "chat": summary,
+            }
+            for name, summary in (await self.horde.directory.chat_summary()).items()
+            if ":" not in name
+        ]

@@ -1,9 +1,6 @@
 """Hypercorn inside the caller's task group, on whichever loop is running.
 
-The one module that knows which event loop runs: Hypercorn has one
-``worker_serve`` per loop, and Quart one app class (``quart_app``).
-
-It also bounds what one connection can hold (see decision 0027):
+It bounds what one connection can hold (see decision 0027):
 
 - a connection without a complete request head is closed after
   ``keep_alive_timeout`` (Hypercorn's idle timer runs from the connection's
@@ -11,21 +8,9 @@ It also bounds what one connection can hold (see decision 0027):
   so it is both the keep-alive timeout and the head's read deadline);
 - a head larger than ``max_header_bytes`` gets 431 and the connection closes,
   and a head a proxy could frame otherwise gets 400 (hordelite.http.wire);
-- a body gets ``body_timeout`` to arrive (Quart answers 408 past it);
-- an answer sent before its request body was read (413, 404, any early
-  error) drains what is left of the body, bounded, so the connection serves
-  the next request, or, past the bound, closes it, telling the client so with
-  ``Connection: close`` whenever the declared length already says so.
-
-Hypercorn does its side of a send (writing, recycling the connection for the
-next request, closing it, restarting its idle timer) in the application's own
-task. Quart cancels that task as soon as its receiver sees the disconnect
-message that Hypercorn sends while finishing the response, so that work was
-cut half-way: ``Connection: close`` was not honoured, the idle timer never
-restarted (idle connections were never closed, and held shutdown for the
-whole grace period), and a connection answered before its body was read hung.
-Each send is therefore shielded here; Hypercorn's own write is shielded
-already, so this adds no wait that was not there.
+- a body gets ``body_timeout`` to arrive (hordelite.http.request answers
+  408 past it);
+- each exchange is guarded (hordelite.http.guard).
 """
 
 from __future__ import annotations
@@ -35,39 +20,26 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
-import sniffio
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
 from hypercorn.utils import wrap_app
-from quart import Quart
 
 from hordelite.config import ServerConfig
 from hordelite.http import wire as _wire
+from hordelite.http.guard import guard_connections
+from hordelite.http.loop import current_backend
 
 log = logging.getLogger("hordelite.http")
 
 # Each HTTP/1.1 connection of a server configured by hypercorn_config is on
 # the strict wire (see hordelite.http.wire).
 _wire.install()
-
-T = TypeVar("T")
-
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
-
-# What an answer sent before its request body was read may still read of the
-# body, so that the connection serves the client's next request: more than
-# this, or slower, and the connection is closed instead.
-DRAIN_BYTES = 1024 * 1024
-DRAIN_SECONDS = 2.0
 
 # Connections accepted at once when the listening socket is readable (see
 # _accept_loop).
@@ -77,143 +49,6 @@ _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBU
 # Open files the server asks for (at most the hard limit): each connection is
 # one, and the default soft limit of 1,024 caps the connections a server holds.
 _WANTED_OPEN_FILES = 65536
-
-
-def current_backend() -> str:
-    """ "trio" or "asyncio": the loop this code runs on."""
-    return "trio" if sniffio.current_async_library() == "trio" else "asyncio"
-
-
-def quart_app(name: str, backend: str) -> Quart:
-    """An empty Quart app for ``backend``: QuartTrio on trio, Quart on asyncio."""
-    if backend == "trio":
-        from quart_trio import QuartTrio
-
-        return QuartTrio(name)
-    return Quart(name)
-
-
-class _Exchange:
-    """One request and its answer, as the guard sees them."""
-
-    # Slots: one is kept for each open connection's request, a held call's too.
-    __slots__ = ("_receive", "_send", "body_done", "declared", "disconnected", "held", "received")
-
-    def __init__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
-        self._receive = receive
-        self._send = send
-        self.declared: int | None = None
-        for name, value in scope.get("headers", ()):
-            if name.lower() == b"content-length":
-                try:
-                    self.declared = int(value)
-                except ValueError:
-                    pass  # h11 refuses such a request before it gets here
-        self.received = 0
-        self.body_done = False
-        self.disconnected = False
-        self.held: Message | None = None
-
-    async def receive(self) -> Message:
-        message = await self._receive()
-        if message["type"] == "http.request":
-            self.received += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                self.body_done = True
-        elif message["type"] == "http.disconnect":
-            self.disconnected = True
-        return message
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and not self.body_done:
-            left = None if self.declared is None else self.declared - self.received
-            if left is not None and left > DRAIN_BYTES:
-                # More body than a drain reads: the connection closes after
-                # this answer, and the client learns it from the answer.
-                message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
-            if not self.body_done and not self.disconnected:
-                # The answer's bytes have all gone; its end waits until the
-                # rest of the body is read (see finish).
-                self.held = message
-                return
-        await self._shielded_send(message)
-
-    async def _shielded_send(self, message: Message) -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._send(message)
-        except trio.BusyResourceError:
-            # Hypercorn on trio shuts the socket of a client that left from
-            # the reading task, without its send lock; a send racing that
-            # shutdown has nowhere to go.
-            log.debug("a send on a connection being closed was dropped")
-
-    async def finish(self) -> None:
-        """Drain the rest of the body (bounded), then end the answer.
-
-        Past the bound the body is left unread: Hypercorn then closes the
-        connection rather than read the rest as a next request. Meanwhile
-        the discarding goes on, so that Hypercorn, which hands the
-        application each piece of body and its disconnect through a small
-        queue, never waits on that queue while it closes.
-        """
-        held, self.held = self.held, None
-        if held is None:
-            return
-        try:
-            with anyio.move_on_after(DRAIN_SECONDS):
-                while not (self.body_done or self.disconnected) and self.received <= DRAIN_BYTES:
-                    await self.receive()
-        finally:
-            async with anyio.create_task_group() as tg:
-                if not (self.body_done or self.disconnected):
-                    tg.start_soon(self._discard)
-                await self._shielded_send(held)
-                tg.cancel_scope.cancel()
-
-    async def _discard(self) -> None:
-        while not self.disconnected:
-            await self.receive()
-
-
-_CLEANUPS = "hordelite.on_exchange_end"
-# When the request reached the application (anyio's clock): a long-poll's
-# wait counts from here, not from whenever a busy loop ran its handler.
-ARRIVED = "hordelite.arrived"
-
-
-def on_exchange_end(scope: Any, cleanup: Callable[[], Awaitable[None]]) -> None:
-    """Run ``cleanup`` once the exchange of ``scope`` (Quart's ``request.scope``)
-    ends, however it ends.
-
-    For what a streamed answer's body would release: a client that leaves
-    before the body begins to be sent has the application cancelled before
-    the body's own ``finally`` could ever run.
-    """
-    scope.setdefault(_CLEANUPS, []).append(cleanup)
-
-
-def guard_connections(app: ASGIApp) -> ASGIApp:
-    """``app`` with each HTTP exchange guarded as the module describes."""
-
-    async def guarded(scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        scope[ARRIVED] = anyio.current_time()
-        exchange = _Exchange(scope, receive, send)
-        try:
-            await app(scope, exchange.receive, exchange.send)
-        finally:
-            for cleanup in scope.get(_CLEANUPS, ()):
-                try:
-                    await run_to_completion(cleanup)
-                except Exception:
-                    log.exception("an exchange's cleanup failed")
-            await exchange.finish()
-
-    return guarded
 
 
 def raise_open_files_limit() -> None:
@@ -433,36 +268,3 @@ async def _run_connection(
         await trio.aclose_forcefully(stream)
 
 
-async def run_to_completion(fn: Callable[[], Awaitable[T]]) -> T:
-    """``fn()`` run to its end even when the caller is cancelled meanwhile;
-    the cancellation is then raised at the caller's next checkpoint.
-
-    For work whose result the caller needs to undo it (a submission it must
-    cancel when its client left). Trio's shield does exactly this. On
-    asyncio Quart cancels a handler natively (``Task.cancel``), which no
-    anyio shield stops: the work runs in a shielded task of its own, and the
-    cancellation, once the work is done, is raised again.
-    """
-    if current_backend() == "trio":
-        with anyio.CancelScope(shield=True):
-            result = await fn()
-        return result
-    import asyncio
-
-    async def work() -> T:
-        return await fn()
-
-    # Its own task, awaited on every path: the anyio shield keeps anyio's
-    # cancellation out, asyncio.shield absorbs Quart's single native one.
-    task = asyncio.ensure_future(work())
-    with anyio.CancelScope(shield=True):
-        try:
-            result = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            try:
-                result = await task
-            finally:
-                current = asyncio.current_task()
-                assert current is not None
-                current.cancel()
-    return result

@@ -100,7 +100,8 @@ from quart import Quart, Response, request
 
 from hordelite.config import ServerConfig
 from hordelite.errors import HordeliteError
-from hordelite.http.server import current_backend, quart_app, serve_http
+from hordelite.http.loop import current_backend, quart_app
+from hordelite.http.server import serve_http
 
 log = logging.getLogger("hordelite.worker.fake_backend")
 

@@ -10,11 +10,16 @@ import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import hordelite.server  # imports the api and front in their working order
-from hordelite.app import create_app
 from hordelite.errors import RC, ConfigError, HordeError, HordeliteError, StorageUnavailable
+from hordelite.http.answer import Answer
+from hordelite.http.dispatch import Dispatcher, Route, Table
+from hordelite.http.envelopes import native
+from hordelite.http.request import Request, Settings
+from hordelite.http.routes import horde_app
 from hordelite.testing import open_horde
 
 PACKAGE = Path(hordelite.server.__file__).resolve().parent
@@ -81,14 +86,17 @@ def test_the_root_is_a_plain_Exception_so_cancellation_passes_it() -> None:
 async def test_the_native_api_renders_each_exception_as_before(
     anyio_backend: str, error: Exception, status: int, rc: str
 ) -> None:
+    async def _raise(request: Request) -> Answer:
+        raise error
+
     async with open_horde() as horde:
-        app = create_app(horde.horde, anyio_backend)
-
-        @app.get("/test/raise")
-        async def _raise() -> str:
-            raise error
-
-        response = await app.test_client().get("/test/raise")
+        # The horde's dispatcher, with one more route that raises.
+        served = horde_app(horde.horde, anyio_backend)
+        routes = [*served.dispatcher.table.routes, Route("GET", "/test/raise", _raise, native)]
+        app = Dispatcher(Table(routes), Settings.of(horde.horde.config.server))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            response = await client.get("/test/raise")
         assert response.status_code == status
-        body = await response.get_json()
+        body = response.json()
         assert body["rc"] == rc
