@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import func, select
 
 from hordelite.config import Config
-from hordelite.http.server import DRAIN_BYTES
+from hordelite.http.guard import DRAIN_BYTES
 from hordelite.storage import queries as q
 from hordelite.storage.schema import requests
 from hordelite.testing import FakeChatWorker, open_horde

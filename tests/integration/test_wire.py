@@ -215,12 +215,12 @@ async def test_a_head_at_the_bound_is_served_whether_written_whole_or_in_pieces(
 
 # A chunked body's chunk sizes ------------------------------------------------------------------
 
-# Each reads its body in Quart, the lean lane's routes (submit, the OpenAI
-# call) as well: a chunked body is not theirs (hordelite.lean).
+# Routes that read their body before anything else: a generation's submit,
+# an OpenAI call, and a route of the native API's other routes.
 CHUNKED_ROUTES = [
     pytest.param("/api/v2/generate/text/async", id="native-submit"),
     pytest.param("/v1/chat/completions", id="openai-call"),
-    pytest.param("/api/v2/users/1", id="quart-route"),
+    pytest.param("/api/v2/kudos/transfer", id="native-route"),
 ]
 
 
