@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import hordelite
 
 _SCRIPT = """
@@ -70,25 +72,25 @@ def test_every_module_imports_first() -> None:
 # - The pure parts, no I/O: errors, clock, contract (the wire's rules; inside
 #   hordelite it uses errors only) and the package root (__version__).
 # - config reads the configuration, by the contract's limits.
-# - _http is Hypercorn and Quart on whichever loop runs (config's server
-#   settings only); _wire, below it, the strict HTTP/1.1 that Hypercorn's
-#   connections run on (of hordelite, only the pure contract's limits and
-#   errors: a chunk-size line's bound, the rc of a body past the limit).
+# - http is everything HTTP below the horde (config's server settings only):
+#   the server over Hypercorn, the strict wire and the connection, the
+#   request and answer types, the dispatcher, the envelopes and the Quart
+#   shell. It knows no route: it never imports the horde or the routes.
 # - The adapters to the outside, siblings that never import each other:
 #   storage (the database), signals (wake-ups across processes), blobs (image
 #   bytes; their AWS signing inside) and guarded_fetch (client image URLs).
 # - horde is the service over them.
-# - _request is what the routes share (the horde of the current app, the
-#   JSON body, refusal counts).
 # - api (native routes, dashboard, health, metrics, blobs) and front (the
-#   OpenAI /v1 front) are siblings: neither imports the other.
-# - app assembles the two into one Quart app; lean answers the hottest of
-#   their routes before it (the same service calls, renders and envelopes,
-#   decision 0061), so it sits above both; server runs the two with the
-#   horde's storage, signals and blobs; cli and testing sit on top.
+#   OpenAI /v1 front) are siblings: neither imports the other; both write
+#   their routes as http's handlers.
+# - http.routes, the route table, is the one module of http above them: it
+#   lists the routes of both and builds the dispatcher that serves them.
+#   server runs it with the horde's storage, signals and blobs; cli and
+#   testing sit on top.
 # - worker is a client of the horde over HTTP and imports nothing of the
-#   server: only the pure parts, config and fake_backend (an OpenAI-compatible
-#   stand-in for an LLM server, served by `--backend fake`).
+#   server: only the pure parts, config and http's server (its fake_backend,
+#   an OpenAI-compatible stand-in for an LLM server served by `--backend fake`,
+#   runs on it).
 PURE = {"hordelite", "errors", "clock", "contract"}
 LAYERS: dict[str, set[str]] = {
     "hordelite": set(),
@@ -102,15 +104,14 @@ LAYERS: dict[str, set[str]] = {
     "blobs": PURE | {"config"},
     "outbound": PURE | {"config"},
     "horde": PURE | {"config", "storage", "signals", "blobs", "outbound"},
-    "_request": PURE | {"config", "horde"},
-    "api": PURE | {"config", "http", "_request", "horde", "blobs"},
+    "api": PURE | {"config", "http", "horde", "blobs"},
     # An OpenAI call waits on the horde's signals, with their one rule for
     # when to look again (signals.look_again_by).
-    "front": PURE | {"config", "http", "_request", "horde", "signals"},
-    "app": PURE | {"config", "http", "_request", "horde", "blobs", "api", "front"},
-    "lean": PURE | {"config", "http", "horde", "api", "front"},
+    "front": PURE | {"config", "http", "horde", "signals"},
+    "http.routes": PURE | {"config", "http", "horde", "blobs", "api", "front"},
+    # server renders a webhook's body in the native envelope (api._render).
     "server": PURE
-    | {"config", "http", "storage", "signals", "blobs", "horde", "app", "api", "lean"},
+    | {"config", "http", "http.routes", "storage", "signals", "blobs", "horde", "api"},
     "worker": PURE | {"config", "http"},
     "cli": PURE | {"config", "http", "storage", "horde", "server", "worker"},
     "testing": PURE | {"config", "storage", "blobs", "horde", "server", "worker"},
@@ -118,9 +119,15 @@ LAYERS: dict[str, set[str]] = {
 }
 
 
+# Modules that are a part of their own inside a package (see LAYERS).
+_OWN_PARTS = {"hordelite.http.routes": "http.routes"}
+
+
 def _part(module: str) -> str:
     """The part of hordelite a module belongs to: hordelite.storage.pop ->
-    storage, hordelite.app -> app, hordelite -> hordelite."""
+    storage, hordelite.server -> server, hordelite -> hordelite."""
+    if module in _OWN_PARTS:
+        return _OWN_PARTS[module]
     return module.split(".")[1] if "." in module else module
 
 
@@ -172,19 +179,45 @@ def test_every_part_is_in_the_layer_table() -> None:
     assert parts == set(LAYERS), "add the new part to LAYERS, with what it may import"
 
 
-def test_imports_point_down_the_layers() -> None:
-    sources = _sources()
+def _against_the_layers(imports: dict[str, list[tuple[int, str]]]) -> list[str]:
+    """Each import of ``imports`` (module -> its (line, hordelite module)
+    imports) that the table does not allow."""
     upward = []
-    for module, path in sources.items():
+    for module, found in imports.items():
         part = _part(module)
-        for line, imported in _imports(module, path, set(sources)):
+        for line, imported in found:
             target = _part(imported)
             if target != part and target not in LAYERS[part]:
                 upward.append(
                     f"{module} (line {line}) imports {imported}: {part} may import only "
                     f"{', '.join(sorted(LAYERS[part])) or 'nothing of hordelite'}"
                 )
+    return upward
+
+
+def test_imports_point_down_the_layers() -> None:
+    sources = _sources()
+    imports = {module: _imports(module, path, set(sources)) for module, path in sources.items()}
+    upward = _against_the_layers(imports)
     assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize(
+    ("module", "imported"),
+    [
+        # Out of the HTTP package: its machinery knows no horde and no route.
+        ("hordelite.http.dispatch", "hordelite.horde.service"),
+        ("hordelite.http.request", "hordelite.api.native"),
+        ("hordelite.http.shell", "hordelite.http.routes"),
+        # Into it, upward: a route's module never imports the table.
+        ("hordelite.api.native", "hordelite.http.routes"),
+        ("hordelite.front.openai", "hordelite.http.routes"),
+        # Sideways between the two families of routes.
+        ("hordelite.front.openai", "hordelite.api.native"),
+    ],
+)
+def test_an_import_up_into_or_out_of_the_http_package_is_caught(module: str, imported: str) -> None:
+    assert _against_the_layers({module: [(1, imported)]})
 
 
 def test_the_worker_loads_nothing_of_the_server() -> None:
