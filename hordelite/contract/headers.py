@@ -1,6 +1,6 @@
-"""The request headers every route reads the same way, the Quart routes
-and the lane (hordelite.lean) alike: the API key, the idempotency key, the
-client's agent."""
+"""The request headers every route reads the same way (hordelite/http/request.py
+reads them for every route): the API key, the idempotency key, the client's
+agent."""
 
 from __future__ import annotations
 
