@@ -1,6 +1,6 @@
 """The shell: Quart (QuartTrio on trio) serving the routes that are pages
 rather than API answers, the dashboard's HTML from its template and its
-static files (decision 0074).
+static files (decision 0076).
 
 Quart earns its place here: Jinja templates with autoescaping and
 ``url_for``, static files with their types, ETags, conditional and range

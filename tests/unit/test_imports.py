@@ -242,3 +242,14 @@ def test_the_worker_loads_nothing_of_the_server() -> None:
         "errors",
         "clock",
     }
+
+
+# hordelite's top level: the package's entry points and the parts every
+# layer shares (and the server that runs them); everything else lives in a
+# package of its own.
+TOP_LEVEL = {"__init__", "__main__", "clock", "config", "errors", "server"}
+
+
+def test_the_top_level_holds_only_the_named_modules() -> None:
+    root = Path(hordelite.__file__).parent
+    assert {path.stem for path in root.glob("*.py")} == TOP_LEVEL
