@@ -48,6 +48,7 @@ from hordelite.storage.pool import (
     WorkerRecord,
     delete_worker,
     list_workers,
+    model_queue_stats,
     online_pool,
     online_workers,
     served_models,
@@ -85,7 +86,6 @@ from hordelite.storage.rules import (
 from hordelite.storage.timers import (
     QueueDepth,
     SweepResult,
-    model_queue_stats,
     queue_depth,
     sweep,
 )
