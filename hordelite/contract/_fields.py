@@ -90,14 +90,20 @@ def _integer(value: Any, field: str) -> int:
     return value
 
 
-def _number(value: Any, field: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or (isinstance(value, float) and not math.isfinite(value))
-    ):
+def _number(value: Any, field: str) -> Any:
+    if not is_number(value):
         raise bad_request(field, f"expected a number, got {kind_name(value)}")
     return value
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a JSON number: not a boolean (which Python counts
+    as an int), and finite (Python's JSON reads NaN and Infinity)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and not (isinstance(value, float) and not math.isfinite(value))
+    )
 
 
 def get_bool(body: Mapping[str, Any], key: str, field: str, default: bool) -> bool:
