@@ -69,6 +69,7 @@ from hordelite.storage.readers import (
 )
 from hordelite.storage.requests import (
     FirstRequest,
+    Intake,
     StatusSnapshot,
     StoredJob,
     StoredRequest,
@@ -93,6 +94,7 @@ from hordelite.storage.timers import (
 __all__ = [
     "DeletedWorker",
     "FirstRequest",
+    "Intake",
     "NewRequest",
     "OnlineWorker",
     "PopResult",

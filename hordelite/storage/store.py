@@ -176,29 +176,16 @@ class Store:
         *,
         key_hash: str,
         plan: AdmissionPlan,
-        request_id: str,
+        intake: q.Intake,
         now: float,
         upfront_max_length: int,
-        client_agent: str,
-        reader: str | None = None,
-        client: str | None = None,
     ) -> q.Submitted | q.FirstRequest | Capacity:
         """The chat request admitted by ``plan`` against the online workers
         (its refusals raised) and queued, or the first request of its
         operation key; a Capacity, nothing written, when the pool is not the
-        one the plan was worked out for. ``reader``: the process holding the
-        OpenAI call that is the request's only reader."""
+        one the plan was worked out for."""
         return await self.db.write(
-            q.submit_chat_request,
-            key_hash,
-            plan,
-            request_id,
-            now,
-            self.rules,
-            upfront_max_length,
-            client_agent,
-            reader,
-            client,
+            q.submit_chat_request, key_hash, plan, intake, now, self.rules, upfront_max_length
         )
 
     async def cancel_request(
