@@ -310,12 +310,13 @@ def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Ru
         values.update(_renamed(conn, target, edit.username))
     if edit.kudos is not None:
         values["kudos"] = users.c.kudos + edit.kudos
-    if edit.concurrency is not None:
-        values["concurrency"] = edit.concurrency
-    if edit.trusted is not None:
-        values["trusted"] = edit.trusted
-    if edit.moderator is not None:
-        values["admin"] = edit.moderator
+    for field, column in (
+        ("concurrency", "concurrency"),
+        ("trusted", "trusted"),
+        ("moderator", "admin"),
+    ):
+        if getattr(edit, field) is not None:
+            values[column] = getattr(edit, field)
     try:
         # A savepoint: a rename racing another onto the same key (two
         # transactions on PostgreSQL) is refused, not a failed transaction.
