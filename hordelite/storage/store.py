@@ -26,7 +26,7 @@ from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.transfers import Transfer
 from hordelite.contract.user_edit import UserEdit
 from hordelite.contract.worker_edit import WorkerEdit
-from hordelite.contract.worker_messages import NewMessage, Validity
+from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
 from hordelite.storage import admin, messages, shared_keys, webhooks
 from hordelite.storage import queries as q
@@ -369,17 +369,13 @@ class Store:
         self,
         *,
         key_hash: str,
-        worker_id: str | None,
-        validity: Validity,
+        query: MessageQuery,
         now: float,
-        limit: int,
-        offset: int,
     ) -> list[MessageRecord]:
-        """The messages the key's user may read, newest first; raises
-        InvalidAPIKey, WorkerNotFound, WrongCredentials."""
-        return await self.db.read(
-            messages.list_messages, key_hash, self.rules, worker_id, validity, now, limit, offset
-        )
+        """The page ``query`` asks for of the messages the key's user may
+        read, newest first; raises InvalidAPIKey, WorkerNotFound,
+        WrongCredentials."""
+        return await self.db.read(messages.list_messages, key_hash, self.rules, query, now)
 
     async def message(self, *, message_id: str) -> MessageRecord | None:
         """The message with this id, None when there is none."""
