@@ -373,7 +373,7 @@ def _pinned_request(
     return client.build_request(
         method,
         target.url.copy_with(host=str(address)),
-        headers={**headers, "Host": target.url.netloc.decode("ascii")},
+        headers={"Host": target.url.netloc.decode("ascii"), **headers},
         content=content,
         extensions=extensions,
     )
