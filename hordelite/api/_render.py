@@ -215,19 +215,15 @@ def user(u: UserAnswer, *, private: bool = True) -> dict[str, Any]:
 def user_modified(m: UserModified) -> dict[str, Any]:
     """The AI Horde's answer to ``PUT /users/{id}``: each field changed, at
     its new value (``new_kudos`` for kudos)."""
-    e, u = m.edit, m.user
-    answer: dict[str, Any] = {}
-    if e.username is not None:
-        answer["username"] = u.username
-    if e.kudos is not None:
-        answer["new_kudos"] = u.kudos
-    if e.concurrency is not None:
-        answer["concurrency"] = u.concurrency
-    if e.trusted is not None:
-        answer["trusted"] = u.trusted
-    if e.moderator is not None:
-        answer["moderator"] = u.moderator
-    return answer
+    return {
+        _USER_MODIFIED_KEYS.get(field, field): getattr(m.user, field)
+        for field in ("username", "kudos", "concurrency", "trusted", "moderator")
+        if getattr(m.edit, field) is not None
+    }
+
+
+# Where the answer's key is not the field's name.
+_USER_MODIFIED_KEYS = {"kudos": "new_kudos"}
 
 
 def worker(w: WorkerAnswer) -> dict[str, Any]:
@@ -265,17 +261,8 @@ def worker(w: WorkerAnswer) -> dict[str, Any]:
 
 def worker_update(u: WorkerUpdate) -> dict[str, Any]:
     """What a worker update changed, and only that."""
-    answer: dict[str, Any] = {}
-    if u.maintenance is not None:
-        answer["maintenance"] = u.maintenance
-    if u.aborts_in_window is not None:
-        answer["aborts_in_window"] = u.aborts_in_window
-    if u.online is not None:
-        answer["online"] = u.online
-    for key in ("info", "name", "paused", "team"):
-        if getattr(u, key) is not None:
-            answer[key] = getattr(u, key)
-    return answer
+    fields = ("maintenance", "aborts_in_window", "online", "info", "name", "paused", "team")
+    return {key: getattr(u, key) for key in fields if getattr(u, key) is not None}
 
 
 def deleted_worker(d: DeletedWorkerAnswer) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hordelite.contract.limits import MAX_ID_CHARS
@@ -38,41 +38,72 @@ def kind_name(value: Any) -> str:
     return "an object"
 
 
-def get_int(
-    body: Mapping[str, Any], key: str, field: str, lo: int, hi: int, default: Any = _MISSING
-) -> Any:
+def _given(body: Mapping[str, Any], key: str, field: str, default: Any) -> Any:
+    """``body[key]``, or _MISSING where the caller answers ``default``: the
+    field is absent, or null and a default is given. A field absent with no
+    default is refused as required."""
     value = body.get(key, _MISSING)
     if value is _MISSING or (value is None and default is not _MISSING):
         if default is _MISSING:
             raise bad_request(field, "is required")
-        return default
-    # JSON has one number type: 80.0 is accepted as 80, 80.5 is not.
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(field, f"expected an integer, got {kind_name(value)}")
-    if not lo <= value <= hi:
-        raise bad_request(field, f"{value} is outside {lo} to {hi}")
+        return _MISSING
     return value
+
+
+def get_int(
+    body: Mapping[str, Any], key: str, field: str, lo: int, hi: int, default: Any = _MISSING
+) -> Any:
+    return _ranged(body, key, field, lo, hi, default, _integer)
 
 
 def get_number(
     body: Mapping[str, Any], key: str, field: str, lo: float, hi: float, default: Any = _MISSING
 ) -> Any:
-    value = body.get(key, _MISSING)
-    if value is _MISSING or (value is None and default is not _MISSING):
-        if default is _MISSING:
-            raise bad_request(field, "is required")
+    return _ranged(body, key, field, lo, hi, default, _number)
+
+
+def _ranged(
+    body: Mapping[str, Any],
+    key: str,
+    field: str,
+    lo: float,
+    hi: float,
+    default: Any,
+    kind: Callable[[Any, str], Any],
+) -> Any:
+    """``body[key]`` as ``kind`` reads it, within ``lo`` to ``hi``; or ``default``."""
+    value = _given(body, key, field, default)
+    if value is _MISSING:
         return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or (isinstance(value, float) and not math.isfinite(value))
-    ):
-        raise bad_request(field, f"expected a number, got {kind_name(value)}")
+    value = kind(value, field)
     if not lo <= value <= hi:
         raise bad_request(field, f"{value} is outside {lo} to {hi}")
     return value
+
+
+def _integer(value: Any, field: str) -> int:
+    # JSON has one number type: 80.0 is accepted as 80, 80.5 is not.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(field, f"expected an integer, got {kind_name(value)}")
+    return value
+
+
+def _number(value: Any, field: str) -> Any:
+    if not is_number(value):
+        raise bad_request(field, f"expected a number, got {kind_name(value)}")
+    return value
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a JSON number: not a boolean (which Python counts
+    as an int), and finite (Python's JSON reads NaN and Infinity)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and not (isinstance(value, float) and not math.isfinite(value))
+    )
 
 
 def get_bool(body: Mapping[str, Any], key: str, field: str, default: bool) -> bool:
@@ -87,10 +118,8 @@ def get_bool(body: Mapping[str, Any], key: str, field: str, default: bool) -> bo
 def get_str(
     body: Mapping[str, Any], key: str, field: str, max_len: int, default: Any = _MISSING
 ) -> Any:
-    value = body.get(key, _MISSING)
-    if value is _MISSING or (value is None and default is not _MISSING):
-        if default is _MISSING:
-            raise bad_request(field, "is required")
+    value = _given(body, key, field, default)
+    if value is _MISSING:
         return default
     if not isinstance(value, str):
         raise bad_request(field, f"expected a string, got {kind_name(value)}")

@@ -171,39 +171,46 @@ def rate_refusal(budget: Budget, role: Role, held: Holdings, now: float) -> Hord
         return None
     oldest = now if held.oldest_recent is None else held.oldest_recent
     retry = max(1, math.ceil(oldest + RATE_WINDOW_SECONDS - now))
-    key = role_key(role, "requests_per_minute")
-    return HordeError(
+    return _over(
         RC.RequestRateExceeded,
-        f"{_subject(role)} sent {held.recent} requests in the last minute (refused ones "
-        f"count); {key} allows {limit}. Retry in {retry} s.",
-        limit=key,
-        retry_after=retry,
+        role,
+        "requests_per_minute",
+        f"{_subject(role)} sent {held.recent} requests in the last minute (refused ones count)",
+        f"{limit}. Retry in {retry} s",
+        retry,
     )
+
+
+def _over(rc: RC, role: Role, name: str, what: str, allowed: str, retry_after: int) -> HordeError:
+    """A refusal of what ``role`` holds or sent (``what``) past its budget
+    ``name``, naming the configuration key and what it allows."""
+    key = role_key(role, name)
+    return HordeError(rc, f"{what}; {key} allows {allowed}.", limit=key, retry_after=retry_after)
 
 
 def _held(budget: Budget, role: Role, held: Holdings, cost: Cost) -> HordeError | None:
     if budget.requests_held and held.held + 1 > budget.requests_held:
-        key = role_key(role, "requests_held")
-        return HordeError(
+        return _over(
             RC.TooManyPrompts,
-            f"{_subject(role)} holds {held.held} requests (waiting, or with jobs still "
-            f"out); {key} allows {budget.requests_held}.",
-            limit=key,
-            retry_after=HELD_RETRY_SECONDS,
+            role,
+            "requests_held",
+            f"{_subject(role)} holds {held.held} requests (waiting, or with jobs still out)",
+            str(budget.requests_held),
+            HELD_RETRY_SECONDS,
         )
     for name, limit, holding, adding in (
         ("stored_bytes", budget.stored_bytes, held.held_bytes, cost.stored_bytes),
         ("image_bytes", budget.image_bytes, held.image_bytes, cost.image_bytes),
     ):
         if limit and holding + adding > limit:
-            key = role_key(role, name)
-            return HordeError(
+            return _over(
                 RC.StoredBytesExceeded,
+                role,
+                name,
                 f"{_subject(role)}'s requests hold {holding} bytes "
-                f"({name.replace('_', ' ')}) and this one adds {adding}; {key} allows "
-                f"{limit}.",
-                limit=key,
-                retry_after=HELD_RETRY_SECONDS,
+                f"({name.replace('_', ' ')}) and this one adds {adding}",
+                str(limit),
+                HELD_RETRY_SECONDS,
             )
     return None
 

@@ -25,10 +25,10 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from hordelite.contract._fields import kind_name, parse_uuid
+from hordelite.contract._fields import is_number, kind_name, parse_uuid
 from hordelite.contract.chat_features import ChatFeature, ChatGuarantee, to_mask, transport_mask
 from hordelite.contract.limits import (
     CHARS_PER_TOKEN_ESTIMATE,
@@ -324,11 +324,7 @@ def openai_number(
     key = name or key
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or (isinstance(value, float) and not math.isfinite(value))
-    ):
+    if not is_number(value):
         raise invalid(
             key,
             f"Invalid type for '{key}': expected a number, but got {kind_name(value)} instead.",
@@ -336,6 +332,24 @@ def openai_number(
     if not lo <= value <= hi:
         raise invalid(key, f"Invalid '{key}': {value} is outside {lo} to {hi}.")
     return float(value)
+
+
+def openai_integer(
+    key: str, value: Any, lo: int, hi: int, outside: str | None = None
+) -> int | None:
+    """``value``, the body's ``key``, as an integer within bounds (None when
+    absent); a refusal names ``key``, and says ``outside`` (by default the
+    bounds) when the value is out of them."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(
+            key,
+            f"Invalid type for '{key}': expected an integer, but got {kind_name(value)} instead.",
+        )
+    if not lo <= value <= hi:
+        raise invalid(key, f"Invalid '{key}': {outside or f'{value} is outside {lo} to {hi}'}.")
+    return value
 
 
 def _parse_sampling(body: Mapping[str, Any]) -> dict[str, float]:
@@ -356,17 +370,9 @@ def _parse_sampling(body: Mapping[str, Any]) -> dict[str, float]:
 def _parse_max_length(body: Mapping[str, Any]) -> int | None:
     found: list[int] = []
     for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise invalid(
-                key,
-                f"Invalid type for '{key}': expected an integer, but got {kind_name(value)} instead.",
-            )
-        if not 1 <= value <= MAX_MAX_LENGTH:
-            raise invalid(key, f"Invalid '{key}': {value} is outside 1 to {MAX_MAX_LENGTH}.")
-        found.append(value)
+        value = openai_integer(key, body.get(key), 1, MAX_MAX_LENGTH)
+        if value is not None:
+            found.append(value)
     # Both bound the reply: the smaller one is the budget.
     return min(found) if found else None
 
@@ -388,16 +394,7 @@ def parse_stop(value: Any) -> list[str] | None:
 
 
 def _parse_seed(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(
-            "seed",
-            f"Invalid type for 'seed': expected an integer, but got {kind_name(value)} instead.",
-        )
-    if not MIN_SEED <= value <= MAX_SEED:
-        raise invalid("seed", "Invalid 'seed': outside the 64-bit integer range.")
-    return value
+    return openai_integer("seed", value, MIN_SEED, MAX_SEED, "outside the 64-bit integer range")
 
 
 def _parse_enum(body: Mapping[str, Any], key: str, values: Sequence[str]) -> str | None:
@@ -852,24 +849,33 @@ def parse_horde_workers(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def _parse_horde(value: Any) -> HordeOptions:
-    if value is None:
-        return HordeOptions()
+def horde_object(value: Any, known: Collection[str]) -> Mapping[str, Any]:
+    """The ``horde`` object of a body, refused unless it is an object whose
+    keys are all ``known``."""
     if not isinstance(value, Mapping):
         raise invalid("horde", "Invalid type for 'horde': expected an object.")
     for key in value:
-        if key not in _HORDE_KEYS:
+        if key not in known:
             raise unsupported(
                 f"horde.{key}", f"Unrecognized request argument supplied: horde.{key}"
             )
+    return value
 
-    def flag(key: str, default: bool) -> bool:
-        v = value.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise invalid(f"horde.{key}", f"'horde.{key}' must be a boolean.")
-        return v
+
+def horde_flag(horde: Mapping[str, Any], key: str, default: bool) -> bool:
+    """The ``horde`` object's boolean ``key``, ``default`` when absent."""
+    value = horde.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"horde.{key}", f"'horde.{key}' must be a boolean.")
+    return value
+
+
+def _parse_horde(raw: Any) -> HordeOptions:
+    if raw is None:
+        return HordeOptions()
+    value = horde_object(raw, _HORDE_KEYS)
 
     def choice(key: str, values: Sequence[str]) -> str:
         v = value.get(key)
@@ -886,14 +892,14 @@ def _parse_horde(value: Any) -> HordeOptions:
     return HordeOptions(
         conformance=choice("conformance", CONFORMANCE_MODES),
         availability_mode=choice("availability_mode", AVAILABILITY_MODES),
-        include_reasoning=flag("include_reasoning", True),
+        include_reasoning=horde_flag(value, "include_reasoning", True),
         max_kudos=max_kudos,
         context_fit=choice("context_fit", CONTEXT_FITS),
-        openai_guards=flag("openai_guards", False),
+        openai_guards=horde_flag(value, "openai_guards", False),
         workers=parse_horde_workers(value.get("workers")),
-        worker_blacklist=flag("worker_blacklist", False),
-        trusted_workers=flag("trusted_workers", False),
-        slow_workers=flag("slow_workers", True),
+        worker_blacklist=horde_flag(value, "worker_blacklist", False),
+        trusted_workers=horde_flag(value, "trusted_workers", False),
+        slow_workers=horde_flag(value, "slow_workers", True),
     )
 
 

@@ -24,13 +24,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hordelite.contract._fields import kind_name
 from hordelite.contract.admission import text_bytes
 from hordelite.contract.chat_request import (
     AVAILABILITY_MODES,
     NEUTRAL_BACKEND_SAMPLERS,
     check_top_level,
+    horde_flag,
+    horde_object,
     invalid,
+    openai_integer,
     openai_number,
     parse_horde_workers,
     parse_models,
@@ -121,14 +123,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     echo = body.get("echo")
     if echo is not None and not isinstance(echo, bool):
         raise invalid("echo", "Invalid type for 'echo': expected a boolean.")
-    horde = body.get("horde") or {}
-    if not isinstance(horde, Mapping):
-        raise invalid("horde", "Invalid type for 'horde': expected an object.")
-    for key in horde:
-        if key not in _HORDE_KEYS:
-            raise unsupported(
-                f"horde.{key}", f"Unrecognized request argument supplied: horde.{key}"
-            )
+    horde = horde_object(body.get("horde") or {}, _HORDE_KEYS)
     max_tokens = _max_tokens(body.get("max_tokens"))
     context = _context(horde.get("max_context_length"), max_tokens)
     params: dict[str, Any] = {
@@ -148,10 +143,10 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         max_context_length=context or max_tokens,
         models=parse_models(body),
         workers=workers,
-        worker_blacklist=_flag(horde, "worker_blacklist", False),
-        trusted_workers=_flag(horde, "trusted_workers", False),
-        slow_workers=_flag(horde, "slow_workers", True),
-        nsfw=_flag(horde, "nsfw", False),
+        worker_blacklist=horde_flag(horde, "worker_blacklist", False),
+        trusted_workers=horde_flag(horde, "trusted_workers", False),
+        slow_workers=horde_flag(horde, "slow_workers", True),
+        nsfw=horde_flag(horde, "nsfw", False),
         softprompt=None,
         dry_run=False,
         allow_downgrade=False,
@@ -191,18 +186,8 @@ def _prompt(value: Any) -> str:
 
 
 def _max_tokens(value: Any) -> int:
-    if value is None:
-        return DEFAULT_MAX_TOKENS
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(
-            "max_tokens",
-            f"Invalid type for 'max_tokens': expected an integer, but got {kind_name(value)} instead.",
-        )
-    if not 1 <= value <= MAX_MAX_LENGTH:
-        raise invalid(
-            "max_tokens", f"Invalid 'max_tokens': {value} is outside 1 to {MAX_MAX_LENGTH}."
-        )
-    return value
+    max_tokens = openai_integer("max_tokens", value, 1, MAX_MAX_LENGTH)
+    return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
 
 
 def _context(value: Any, max_tokens: int) -> int | None:
@@ -249,17 +234,8 @@ def _sampling(body: Mapping[str, Any], horde: Mapping[str, Any]) -> dict[str, An
         out[key] = value
     for key in SAMPLING_BOOLS:
         if horde.get(key) is not None:
-            out[key] = _flag(horde, key, False)
+            out[key] = horde_flag(horde, key, False)
     return out
-
-
-def _flag(horde: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = horde.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(f"horde.{key}", f"'horde.{key}' must be a boolean.")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,11 +17,16 @@ def unknown_user(user_id: int) -> HordeError:
 
 
 def username_exists(name: str) -> HordeError:
-    """A user's new name is another user's, compared by key (decision 0073)."""
+    return _name_held(RC.UsernameAlreadyExists, "username", "user", name)
+
+
+def _name_held(rc: RC, field: str, holder: str, name: str) -> HordeError:
+    """A new name (a user's, a worker's) that another ``holder`` has,
+    compared by key (decision 0073)."""
     return HordeError(
-        RC.UsernameAlreadyExists,
-        f"username: another user is already named {name[:64]!r} (or a look-alike of it).",
-        errors={"username": "another user has this name"},
+        rc,
+        f"{field}: another {holder} is already named {name[:64]!r} (or a look-alike of it).",
+        errors={field: f"another {holder} has this name"},
     )
 
 
@@ -102,11 +107,7 @@ def unknown_worker(worker_id: str) -> HordeError:
 
 
 def worker_name_exists(name: str) -> HordeError:
-    return HordeError(
-        RC.NameAlreadyExists,
-        f"name: another worker is already named {name[:64]!r} (or a look-alike of it).",
-        errors={"name": "another worker has this name"},
-    )
+    return _name_held(RC.NameAlreadyExists, "name", "worker", name)
 
 
 def not_the_workers_owner() -> HordeError:

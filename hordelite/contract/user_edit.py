@@ -10,7 +10,6 @@ kept here, and a change of one is refused naming it, never dropped.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from hordelite.contract import _fields as f
@@ -83,11 +82,7 @@ def parse_user_edit(body: Any) -> UserEdit:
             raise bad_request("username", problem)
     kudos = body.get("kudos")
     if kudos is not None:
-        if (
-            isinstance(kudos, bool)
-            or not isinstance(kudos, int | float)
-            or not math.isfinite(kudos)
-        ):
+        if not f.is_number(kudos):
             raise bad_request("kudos", "expected a number")
         if abs(kudos) > MAX_KUDOS_CHANGE or round(kudos, 2) != kudos:
             raise bad_request("kudos", "at most 10^12 kudos, in whole hundredths")

@@ -22,7 +22,7 @@ from hordelite.contract.limits import UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
 from hordelite.contract.text import TextRequest
 from hordelite.horde._core import HordeCore, run_pure
-from hordelite.storage.requests import FirstRequest, Submitted
+from hordelite.storage.requests import FirstRequest, Intake, Submitted
 
 # Chat admission outside the write transaction: tries before admitting
 # inside it, and how many sets of models keep their last capacity.
@@ -124,16 +124,13 @@ class ChatAdmission:
         *,
         key_hash: str,
         req: ChatRequest,
-        client_agent: str,
         operation_key: str | None,
         fingerprint: str | None,
-        request_id: str,
-        reader: str | None = None,
-        client: str | None = None,
+        intake: Intake,
     ) -> Submitted | FirstRequest:
-        """The request queued under ``request_id`` (its images already stored
-        under it), or the first request of this operation key; raises the
-        refusals of admission and of storing."""
+        """The request queued under ``intake.request_id`` (its images already
+        stored under it), or the first request of this operation key; raises
+        the refusals of admission and of storing."""
         core = self._core
         billions = core.models.billions
         for attempt in range(ADMISSION_TRIES):
@@ -152,12 +149,9 @@ class ChatAdmission:
             outcome = await core.store.submit_chat_request(
                 key_hash=key_hash,
                 plan=plan,
-                request_id=request_id,
+                intake=intake,
                 now=core.clock.now(),
                 upfront_max_length=UPFRONT_MAX_LENGTH,
-                client_agent=client_agent,
-                reader=reader,
-                client=client,
             )
             if not isinstance(outcome, Capacity):
                 return outcome

@@ -3,18 +3,12 @@ the worker's pops carry the active ones (the AI Horde's worker messages)."""
 
 from __future__ import annotations
 
-import math
-
 from hordelite.contract._fields import parse_uuid
-from hordelite.contract.limits import MESSAGES_PAGE
-from hordelite.contract.worker_messages import parse_message, parse_validity
-from hordelite.errors import bad_request
+from hordelite.contract.worker_messages import hours_left, parse_message, parse_message_query
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key
 from hordelite.horde.results import WorkerMessage
 from hordelite.storage.messages import MessageRecord
-
-_HOUR = 3600.0
 
 
 class Messages:
@@ -32,19 +26,10 @@ class Messages:
     async def listing(
         self, api_key: str, worker_id: str | None, validity: str | None, page: int
     ) -> list[WorkerMessage]:
-        canonical = None
-        if worker_id:
-            canonical = parse_uuid(worker_id)
-            if canonical is None:
-                raise bad_request("worker_id", "expected a worker id")
+        query = parse_message_query(worker_id, validity, page)
         now = self._core.clock.now()
         found = await self._core.store.list_messages(
-            key_hash=hash_key(api_key),
-            worker_id=canonical,
-            validity=parse_validity(validity),
-            now=now,
-            limit=MESSAGES_PAGE,
-            offset=(page - 1) * MESSAGES_PAGE,
+            key_hash=hash_key(api_key), query=query, now=now
         )
         return [_answer(m, now) for m in found]
 
@@ -73,6 +58,4 @@ async def for_pop(core: HordeCore, worker_id: str) -> tuple[WorkerMessage, ...]:
 
 
 def _answer(m: MessageRecord, now: float) -> WorkerMessage:
-    # The AI Horde gives expiry in hours, as it is sent: those left, rounded up.
-    left = max(0, math.ceil((m.expires - now) / _HOUR))
-    return WorkerMessage(m.id, m.worker_id, m.message, m.origin, left)
+    return WorkerMessage(m.id, m.worker_id, m.message, m.origin, hours_left(m.expires, now))

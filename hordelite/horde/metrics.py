@@ -24,6 +24,7 @@ their files have no place for it).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -104,55 +105,43 @@ class HordeMetrics:
         # at each scrape, and the version it runs.
         ProcessCollector(registry=self._own)
         self._own.register(_Fixed([build_info()]))
-        self.http_requests = Counter(
+        # Every counted metric lives in ``registry``; the latencies share buckets.
+        counter = functools.partial(Counter, registry=registry)
+        histogram = functools.partial(Histogram, buckets=LATENCY_BUCKETS, registry=registry)
+        self.http_requests = counter(
             "hordelite_http_requests",
             "HTTP requests answered, by route template, method and status code.",
             ["route", "method", "status"],
-            registry=registry,
         )
-        self.refusals = Counter(
-            "hordelite_refusals",
-            "Requests refused with a return code (rc), by rc.",
-            ["rc"],
-            registry=registry,
+        self.refusals = counter(
+            "hordelite_refusals", "Requests refused with a return code (rc), by rc.", ["rc"]
         )
-        self.request_latency = Histogram(
+        self.request_latency = histogram(
             "hordelite_request_latency_seconds",
             "Seconds from a request's creation to its done, by kind (text, chat).",
             ["kind"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.front_latency = Histogram(
+        self.front_latency = histogram(
             "hordelite_front_call_seconds",
             "Seconds from an OpenAI chat completion call's arrival to the end of its "
             "answer, by stream (true, false).",
             ["stream"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.pops = Counter(
-            "hordelite_pops",
-            "Worker pops answered, by outcome (job, empty).",
-            ["outcome"],
-            registry=registry,
+        self.pops = counter(
+            "hordelite_pops", "Worker pops answered, by outcome (job, empty).", ["outcome"]
         )
-        self.faults = Counter(
+        self.faults = counter(
             "hordelite_faults",
             "Jobs faulted, by reason (a worker's fault reason, none, lease_expired).",
             ["reason"],
-            registry=registry,
         )
-        self.webhook_calls = Counter(
+        self.webhook_calls = counter(
             "hordelite_webhook_calls",
             "Webhook calls made, by outcome (answered, retry, given_up).",
             ["outcome"],
-            registry=registry,
         )
-        self.progress_posts = Counter(
-            "hordelite_progress_posts",
-            "Progress posts of streamed jobs accepted.",
-            registry=registry,
+        self.progress_posts = counter(
+            "hordelite_progress_posts", "Progress posts of streamed jobs accepted."
         )
         self.sse_streams = Gauge(
             "hordelite_sse_streams_open",
@@ -161,21 +150,16 @@ class HordeMetrics:
             # The sum over the processes alive (a dead one's streams are gone).
             multiprocess_mode="livesum",
         )
-        self.kudos_charged = Counter(
-            "hordelite_kudos_charged",
-            "Kudos charged to requesters for settled jobs.",
-            registry=registry,
+        self.kudos_charged = counter(
+            "hordelite_kudos_charged", "Kudos charged to requesters for settled jobs."
         )
-        self.kudos_rewarded = Counter(
-            "hordelite_kudos_rewarded",
-            "Kudos rewarded to worker owners for settled jobs.",
-            registry=registry,
+        self.kudos_rewarded = counter(
+            "hordelite_kudos_rewarded", "Kudos rewarded to worker owners for settled jobs."
         )
-        self.scrape_failures = Counter(
+        self.scrape_failures = counter(
             "hordelite_scrape_failures",
             "Scrapes that left a figure out because it could not be read, by figure.",
             ["figure"],
-            registry=registry,
         )
         self.reads = ScrapeReads()
 

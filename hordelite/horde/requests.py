@@ -49,7 +49,7 @@ from hordelite.horde.results import (
 )
 from hordelite.horde.status import status_of
 from hordelite.signals import look_again_by
-from hordelite.storage.requests import FirstRequest, Submitted
+from hordelite.storage.requests import FirstRequest, Intake, Submitted
 
 log = logging.getLogger("hordelite.requests")
 
@@ -245,9 +245,10 @@ class Requests:
         allowance = None
         if req.has_images:
             allowance = await self._image_allowance(key_hash, req, client)
+        intake = Intake(str(uuid.uuid4()), client_agent, reader, client)
         try:
             return await self._queue_taken(
-                key_hash, req, client_agent, operation_key, fingerprint, reader, allowance, client
+                key_hash, req, operation_key, fingerprint, intake, allowance
             )
         finally:
             if allowance is not None:  # its images are held in storage now, or gone
@@ -257,26 +258,21 @@ class Requests:
         self,
         key_hash: str,
         req: ChatRequest,
-        client_agent: str,
         operation_key: str | None,
         fingerprint: str | None,
-        reader: str | None,
+        intake: Intake,
         allowance: ImageAllowance | None,
-        client: str | None,
     ) -> Queued:
         """queue_chat's intake of the images and admission."""
-        request_id = str(uuid.uuid4())
+        request_id = intake.request_id
         taken = await self._take_images(req, request_id, allowance)
         try:
             outcome = await self._admission.queue(
                 key_hash=key_hash,
                 req=taken,
-                client_agent=client_agent,
                 operation_key=operation_key,
                 fingerprint=fingerprint,
-                request_id=request_id,
-                reader=reader,
-                client=client,
+                intake=intake,
             )
         except BaseException:
             await self._drop_images(taken, request_id)  # not queued: its images go

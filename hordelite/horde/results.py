@@ -15,6 +15,7 @@ from hordelite.contract.faults import Fault
 from hordelite.contract.user_edit import UserEdit
 from hordelite.errors import RC
 from hordelite.storage.requests import SubmittedText
+from hordelite.storage.shared_keys import SharedKeyRecord
 
 # A text request as queued: storage's record is already the answer's shape.
 SubmittedRequest = SubmittedText
@@ -341,16 +342,9 @@ class SubmitAnswer:
 
 
 @dataclasses.dataclass(frozen=True)
-class SharedKeyAnswer:
-    """A shared key's details (``/sharedkeys``): kudos -1 is unlimited, an
-    expiry of None never, a limit of -1 none."""
+class SharedKeyAnswer(SharedKeyRecord):
+    """A shared key's details (``/sharedkeys``): the record storage keeps,
+    with its id. Kudos -1 is unlimited, an expiry of None never, a limit of
+    -1 none."""
 
     id: str
-    owner: str  # name#id
-    name: str
-    kudos: float
-    utilized: float
-    expiry: float | None
-    max_text_tokens: int
-    max_image_pixels: int
-    max_image_steps: int

@@ -238,29 +238,17 @@ async def _exchange(
     max_bytes: int,
     shown: str,
 ) -> bytes | _Redirect:
-    # The request goes to the checked address written in the URL, so httpx
-    # connects there and nowhere else (its connection pool is keyed by that
-    # address). The server still sees the name: the Host header is the
-    # original one, and for https the "sni_hostname" extension makes httpcore
-    # pass the name to ssl as server_hostname, which sends it as SNI and
-    # verifies the certificate against it. This works unchanged on trio and
-    # on asyncio (httpcore picks the running loop's network backend); a
-    # custom transport replacing the connection step would have to wrap that
-    # backend selection itself.
-    extensions = {}
-    if str(address) != target.host:  # a name, not an address literal
-        extensions["sni_hostname"] = target.host
-    request = client.build_request(
+    request = _pinned_request(
+        client,
         "GET",
-        target.url.copy_with(host=str(address)),
-        headers={
-            "Host": target.url.netloc.decode("ascii"),
+        target,
+        address,
+        {
             "Accept": "image/*",
             # The cap counts bytes as received: a compressed body would be
             # inflated past it in one step before the count could stop it.
             "Accept-Encoding": "identity",
         },
-        extensions=extensions,
     )
     response = await client.send(request, stream=True)
     try:
@@ -360,6 +348,37 @@ async def post_json(
         return CallOutcome(False, "timeout")
 
 
+def _pinned_request(
+    client: httpx.AsyncClient,
+    method: str,
+    target: Target,
+    address: IPAddress,
+    headers: Mapping[str, str],
+    content: bytes | None = None,
+) -> httpx.Request:
+    """A request to ``target`` that goes to the checked ``address``.
+
+    The request goes to the address written in the URL, so httpx connects
+    there and nowhere else (its connection pool is keyed by that address).
+    The server still sees the name: the Host header is the original one, and
+    for https the "sni_hostname" extension makes httpcore pass the name to
+    ssl as server_hostname, which sends it as SNI and verifies the
+    certificate against it. This works unchanged on trio and on asyncio
+    (httpcore picks the running loop's network backend); a custom transport
+    replacing the connection step would have to wrap that backend selection
+    itself."""
+    extensions = {}
+    if str(address) != target.host:  # a name, not an address literal
+        extensions["sni_hostname"] = target.host
+    return client.build_request(
+        method,
+        target.url.copy_with(host=str(address)),
+        headers={"Host": target.url.netloc.decode("ascii"), **headers},
+        content=content,
+        extensions=extensions,
+    )
+
+
 async def _post(
     client: httpx.AsyncClient,
     target: Target,
@@ -368,23 +387,22 @@ async def _post(
     headers: Mapping[str, str],
 ) -> CallOutcome:
     """One POST: the first checked address that accepts a connection takes it
-    (connected to as ``_exchange`` explains)."""
+    (connected to as ``_pinned_request`` explains)."""
     for address in addresses:
         named = str(address) != target.host
-        extensions = {"sni_hostname": target.host} if named else {}
-        request = client.build_request(
+        request = _pinned_request(
+            client,
             "POST",
-            target.url.copy_with(host=str(address)),
-            headers={
+            target,
+            address,
+            {
                 **headers,
-                "Host": target.url.netloc.decode("ascii"),
                 "Content-Type": "application/json",
                 # The pool is keyed by address: a TLS connection verified for
                 # this name must not carry a later call to another name.
                 **({"Connection": "close"} if named and target.url.scheme == "https" else {}),
             },
             content=body,
-            extensions=extensions,
         )
         try:
             response = await client.send(request, stream=True)

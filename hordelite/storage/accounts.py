@@ -49,16 +49,7 @@ ANONYMOUS_NAME = "Anonymous"
 def ensure_anonymous(conn: Tx, key_hash: str, now: float) -> None:
     """Create the anonymous user (id 0) once."""
     if conn.execute(select(users.c.id).where(users.c.id == 0)).first() is None:
-        conn.execute(
-            insert(users).values(
-                id=0,
-                username=ANONYMOUS_NAME,
-                name_key=fold_name(ANONYMOUS_NAME),
-                key_hash=key_hash,
-                anonymous=True,
-                created=now,
-            )
-        )
+        _insert_user(conn, ANONYMOUS_NAME, key_hash, now, id=0, anonymous=True)
 
 
 def create_user(
@@ -74,17 +65,22 @@ def create_user(
     name has its name's key (decision 0073)."""
     if conn.execute(_USER_BY_NAME_KEY, {"name_key": fold_name(username)}).first() is not None:
         raise refusals.username_exists(username)
+    return _insert_user(
+        conn, username, key_hash, now, kudos=kudos, admin=admin, trusted=trusted, anonymous=False
+    )
+
+
+def _insert_user(conn: Tx, username: str, key_hash: str, now: float, **columns: Any) -> int:
+    """Insert a user with ``columns`` (the others at their defaults); its
+    name key is its name's fold, set on every insert (decision 0073)."""
     result = conn.execute(
         insert(users)
         .values(
             username=username,
             name_key=fold_name(username),
             key_hash=key_hash,
-            kudos=kudos,
-            admin=admin,
-            trusted=trusted,
-            anonymous=False,
             created=now,
+            **columns,
         )
         .returning(users.c.id)
     )
@@ -310,12 +306,13 @@ def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Ru
         values.update(_renamed(conn, target, edit.username))
     if edit.kudos is not None:
         values["kudos"] = users.c.kudos + edit.kudos
-    if edit.concurrency is not None:
-        values["concurrency"] = edit.concurrency
-    if edit.trusted is not None:
-        values["trusted"] = edit.trusted
-    if edit.moderator is not None:
-        values["admin"] = edit.moderator
+    for field, column in (
+        ("concurrency", "concurrency"),
+        ("trusted", "trusted"),
+        ("moderator", "admin"),
+    ):
+        if getattr(edit, field) is not None:
+            values[column] = getattr(edit, field)
     try:
         # A savepoint: a rename racing another onto the same key (two
         # transactions on PostgreSQL) is refused, not a failed transaction.

@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 
 from sqlalchemy import Integer, cast, delete, func, literal, select, union_all
-from sqlalchemy.dialects import postgresql, sqlite
 
 from hordelite.contract.limits import DASHBOARD_BUCKET_SECONDS, DASHBOARD_WINDOW_SECONDS
+from hordelite.storage.counts import add_counts
 from hordelite.storage.schema import activity_minutes, jobs, requests
 from hordelite.storage.transaction import Tx
 
@@ -96,22 +96,10 @@ def roll_up(
     # A minute whole past the hour is never read again (a read's first
     # bucket starts less than an hour before its now).
     conn.execute(delete(activity_minutes).where(activity_minutes.c.minute < cutoff))
-    if not minutes:
-        return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    upsert = dialect.insert(activity_minutes)
-    # Increment, never overwrite: an earlier sweep may have rolled up jobs
-    # done in the same minute.
-    upsert = upsert.on_conflict_do_update(
-        index_elements=[activity_minutes.c.minute],
-        set_={
-            "jobs": activity_minutes.c.jobs + upsert.excluded.jobs,
-            "tokens": activity_minutes.c.tokens + upsert.excluded.tokens,
-            "latency_sum": activity_minutes.c.latency_sum + upsert.excluded.latency_sum,
-        },
-    )
-    conn.execute(
-        upsert,
+    add_counts(
+        conn,
+        activity_minutes,
+        ["minute"],
         [
             {"minute": m, "jobs": int(n), "tokens": int(t), "latency_sum": float(s)}
             for m, (n, t, s) in sorted(minutes.items())

@@ -7,10 +7,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import (
+    Table,
     bindparam,
     select,
     update,
 )
+from sqlalchemy.sql import Update
 
 from hordelite.contract import faults
 from hordelite.contract import kudos as kudos_rules
@@ -52,39 +54,37 @@ JOB_WITH_REQUEST_LOCKED = prepared(JOB_WITH_REQUEST.with_for_update())
 
 FINISH_JOB = prepared(update(jobs).where(jobs.c.id == bindparam("job_id")))
 
-_MOVE_KUDOS = prepared(
-    update(users)
-    .where(users.c.id == bindparam("uid"))
-    .values(
-        kudos=users.c.kudos + bindparam("delta"),
-        kudos_earned=users.c.kudos_earned + bindparam("earned"),
-        kudos_spent=users.c.kudos_spent + bindparam("paid"),
-    )
-)
 
-_CREDIT_WORKER = prepared(
-    update(workers)
-    .where(workers.c.id == bindparam("wid"))
-    .values(
-        kudos_rewards=workers.c.kudos_rewards + bindparam("reward"),
-        requests_fulfilled=workers.c.requests_fulfilled + 1,
-        tokens_generated=workers.c.tokens_generated + bindparam("tokens"),
-        seconds_generating=workers.c.seconds_generating + bindparam("seconds"),
+def _increment(table: Table, key: str, **by: str | int) -> Update:
+    """An UPDATE of the row of ``table`` whose id is the parameter ``key``,
+    adding to each column of ``by`` its parameter (named) or a constant."""
+    return prepared(
+        update(table)
+        .where(table.c.id == bindparam(key))
+        .values(
+            {
+                column: table.c[column] + (bindparam(value) if isinstance(value, str) else value)
+                for column, value in by.items()
+            }
+        )
     )
+
+
+_MOVE_KUDOS = _increment(users, "uid", kudos="delta", kudos_earned="earned", kudos_spent="paid")
+
+_CREDIT_WORKER = _increment(
+    workers,
+    "wid",
+    kudos_rewards="reward",
+    requests_fulfilled=1,
+    tokens_generated="tokens",
+    seconds_generating="seconds",
 )
 
 # A job done: its request counts it, adds what it paid and the bytes its
 # generation stores (decision 0069: its user counts them once the request is
 # released; until then the request's reservation covers them).
-_FINISH_REQUEST = prepared(
-    update(requests)
-    .where(requests.c.id == bindparam("rid"))
-    .values(
-        finished=requests.c.finished + 1,
-        kudos=requests.c.kudos + bindparam("cost"),
-        generation_bytes=requests.c.generation_bytes + bindparam("stored"),
-    )
-)
+_FINISH_REQUEST = _increment(requests, "rid", finished=1, kudos="cost", generation_bytes="stored")
 
 _FINISH_LAST = prepared(
     _FINISH_REQUEST.values(

@@ -11,14 +11,12 @@ from typing import Any
 from sqlalchemy import delete, false, insert, select
 
 from hordelite.contract import refusals
-from hordelite.contract.worker_messages import NewMessage, Validity
+from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import worker_messages, workers
 from hordelite.storage.transaction import Tx
-
-_HOUR = 3600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,26 +58,21 @@ def send_message(
         message=new.message,
         origin=new.origin,
         created=now,
-        expires=now + new.hours * _HOUR,
+        expires=new.expires_at(now),
     )
     conn.execute(insert(worker_messages).values(**dataclasses.asdict(sent)))
     return sent
 
 
 def list_messages(
-    conn: Tx,
-    key_hash: str,
-    rules: Rules,
-    worker_id: str | None,
-    validity: Validity,
-    now: float,
-    limit: int,
-    offset: int,
+    conn: Tx, key_hash: str, rules: Rules, query: MessageQuery, now: float
 ) -> list[MessageRecord]:
-    """The messages the key's user may read (an admin: every one; else those
-    to its own workers), newest first; ``worker_id`` narrows them to one
-    worker, another user's being refused for a non-admin."""
+    """The page ``query`` asks for of the messages the key's user may read
+    (an admin: every one; else those to its own workers), newest first; its
+    ``worker_id`` narrows them to one worker, another user's being refused
+    for a non-admin."""
     user = authenticate(conn, key_hash, rules)
+    worker_id, validity = query.worker_id, query.validity
     q = select(worker_messages).join(workers, workers.c.id == worker_messages.c.worker_id)
     if worker_id is not None:
         owner = conn.execute(select(workers.c.user_id).where(workers.c.id == worker_id)).first()
@@ -95,7 +88,7 @@ def list_messages(
     elif validity == "expired":
         q = q.where(worker_messages.c.expires <= now)
     q = q.order_by(worker_messages.c.created.desc(), worker_messages.c.id)
-    return [_record(r) for r in conn.execute(q.limit(limit).offset(offset)).mappings()]
+    return [_record(r) for r in conn.execute(q.limit(query.limit).offset(query.offset)).mappings()]
 
 
 def message_by_id(conn: Tx, message_id: str) -> MessageRecord | None:

@@ -13,7 +13,7 @@ must therefore also be correct on a database that already has its change
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -80,6 +80,17 @@ def _recreate_index(conn: Connection, name: str) -> None:
         for index in table.indexes:
             if index.name == name:
                 index.create(conn)
+
+
+def _grow(conn: Connection, tables: Sequence[Table] = (), indexes: Sequence[str] = ()) -> None:
+    """What a version adds to the schema and nothing else: the columns the
+    database lacks, ``tables`` where they are missing, and ``indexes`` made
+    anew as schema.py defines them."""
+    _add_missing_columns(conn)
+    for table in tables:
+        table.create(conn, checkfirst=True)
+    for name in indexes:
+        _recreate_index(conn, name)
 
 
 def _v3(conn: Connection) -> None:
@@ -158,9 +169,10 @@ def _v7(conn: Connection) -> None:
     # Per-user budgets: what each request holds stored, and the indexes the
     # budgets and the sweep's release read. A request stored before counts
     # nothing, and its content goes with the retention purge, as before.
-    _add_missing_columns(conn)
-    for name in ("ix_requests_user_created", "ix_requests_held_user", "ix_requests_held_ended"):
-        _recreate_index(conn, name)
+    _grow(
+        conn,
+        indexes=("ix_requests_user_created", "ix_requests_held_user", "ix_requests_held_ended"),
+    )
 
 
 def _v8(conn: Connection) -> None:
@@ -168,9 +180,7 @@ def _v8(conn: Connection) -> None:
     # reader columns, the readers' leases, and the index of a reader's
     # waiting requests. A request stored before has no reader, as a native
     # one: it is charged as before.
-    _add_missing_columns(conn)
-    schema.readers.create(conn, checkfirst=True)
-    _recreate_index(conn, "ix_requests_reader")
+    _grow(conn, tables=(schema.readers,), indexes=("ix_requests_reader",))
 
 
 def _v9(conn: Connection) -> None:
@@ -179,25 +189,21 @@ def _v9(conn: Connection) -> None:
     # is not paused and not deleted; every user has sent and received 0.
     # Messages to workers start empty; so do the daily statistics (the jobs
     # purged before were not counted).
-    _add_missing_columns(conn)
-    schema.worker_messages.create(conn, checkfirst=True)
-    schema.stats_days.create(conn, checkfirst=True)
+    _grow(conn, tables=(schema.worker_messages, schema.stats_days))
 
 
 def _v10(conn: Connection) -> None:
     # Webhooks called (decision 0056): when each is owed, and its tries. A
     # request that ended before owes nothing (its webhook was not to be
     # called then); one still waiting is called when it ends.
-    _add_missing_columns(conn)
-    _recreate_index(conn, "ix_requests_hook_due")
+    _grow(conn, indexes=("ix_requests_hook_due",))
 
 
 def _v11(conn: Connection) -> None:
     # Shared keys (decision 0058): the keys, and the key a request was
     # queued through. Every request stored before was queued by its user's
     # own key.
-    _add_missing_columns(conn)
-    schema.shared_keys.create(conn, checkfirst=True)
+    _grow(conn, tables=(schema.shared_keys,))
 
 
 def _v12_exact_kudos(conn: Connection) -> None:
@@ -258,8 +264,7 @@ def _v14_shared_key_reservations(conn: Connection) -> None:
     # its lender's key and a nonce, so that the lender can list its keys:
     # a key lent before has no nonce, and is not listed (its lender deletes
     # it by its id, or a rotation of its key takes it along).
-    _add_missing_columns(conn)
-    _recreate_index(conn, "ix_requests_shared_key")
+    _grow(conn, indexes=("ix_requests_shared_key",))
 
 
 def _v15_anonymous_by_address(conn: Connection) -> None:
@@ -267,10 +272,11 @@ def _v15_anonymous_by_address(conn: Connection) -> None:
     # refusals counted toward the rate (decision 0071). A request stored
     # before has no client: it counts toward no address's budgets (the
     # address it came from was never kept), and ends within the retention.
-    _add_missing_columns(conn)
-    schema.budget_refusals.create(conn, checkfirst=True)
-    for name in ("ix_requests_client_created", "ix_requests_held_client"):
-        _recreate_index(conn, name)
+    _grow(
+        conn,
+        tables=(schema.budget_refusals,),
+        indexes=("ix_requests_client_created", "ix_requests_held_client"),
+    )
 
 
 def _v16_generations_in_the_budget(conn: Connection) -> None:

@@ -716,7 +716,7 @@ def served_models(
         total = int(rows[0].total)
     else:  # past the last page: the window had no row to count on
         total = int(conn.execute(select(func.count()).select_from(pool)).scalar_one())
-    queued = _queued(conn, [r.name for r in rows])
+    queued = model_queue_stats(conn, [r.name for r in rows])
     models = [
         ServedModel(
             r.name, int(r.threads), int(r.workers), float(r.speed), *queued.get(r.name, (0, 0))
@@ -726,11 +726,12 @@ def served_models(
     return ServedModels(models, total)
 
 
-def _queued(conn: Tx, models: list[str]) -> dict[str, tuple[int, int]]:
-    """Per model of ``models``: its waiting jobs and their tokens."""
-    if not models:
+def model_queue_stats(conn: Tx, models: list[str] | None = None) -> dict[str, tuple[int, int]]:
+    """Per model (of ``models``, or every model queued; "" is the any-model
+    queue): its waiting jobs and their tokens."""
+    if models is not None and not models:
         return {}
-    rows = conn.execute(
+    stats = (
         select(
             queue.c.model,
             # Jobs, not requests: a request with n = 3 waits for 3 jobs.
@@ -738,10 +739,11 @@ def _queued(conn: Tx, models: list[str]) -> dict[str, tuple[int, int]]:
             func.coalesce(func.sum(requests.c.remaining * requests.c.max_length), 0),
         )
         .join(requests, requests.c.id == queue.c.request_id)
-        .where(one_of(conn, queue.c.model, models))
         .group_by(queue.c.model)
-    ).all()
-    return {model: (int(jobs), int(tokens)) for model, jobs, tokens in rows}
+    )
+    if models is not None:
+        stats = stats.where(one_of(conn, queue.c.model, models))
+    return {model: (int(jobs), int(tokens)) for model, jobs, tokens in conn.execute(stats)}
 
 
 def served_model_names(conn: Tx, now: float) -> Select[tuple[str]]:

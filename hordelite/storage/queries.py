@@ -48,6 +48,7 @@ from hordelite.storage.pool import (
     WorkerRecord,
     delete_worker,
     list_workers,
+    model_queue_stats,
     online_pool,
     online_workers,
     served_models,
@@ -68,6 +69,7 @@ from hordelite.storage.readers import (
 )
 from hordelite.storage.requests import (
     FirstRequest,
+    Intake,
     StatusSnapshot,
     StoredJob,
     StoredRequest,
@@ -85,7 +87,6 @@ from hordelite.storage.rules import (
 from hordelite.storage.timers import (
     QueueDepth,
     SweepResult,
-    model_queue_stats,
     queue_depth,
     sweep,
 )
@@ -93,6 +94,7 @@ from hordelite.storage.timers import (
 __all__ = [
     "DeletedWorker",
     "FirstRequest",
+    "Intake",
     "NewRequest",
     "OnlineWorker",
     "PopResult",

@@ -16,13 +16,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import ColumnClause
 
 from hordelite.contract import refusals
 from hordelite.contract.eligibility import (
     RequestView,
 )
+from hordelite.storage.counts import add_counts
 from hordelite.storage.schema import (
     ANY_MODEL,
     client_generations,
@@ -172,19 +172,13 @@ def count_generations(
                 per_client[client] += sign * stored
     if per_user:
         conn.execute(_COUNT_GENERATIONS, [{"uid": uid, "stored": n} for uid, n in per_user.items()])
-    if not per_client:
-        return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    upsert = dialect.insert(client_generations)
-    upsert = upsert.on_conflict_do_update(
-        index_elements=[client_generations.c.client],
-        set_={
-            "generation_bytes": client_generations.c.generation_bytes
-            + upsert.excluded.generation_bytes
-        },
+    add_counts(
+        conn,
+        client_generations,
+        ["client"],
+        [{"client": c, "generation_bytes": n} for c, n in per_client.items()],
     )
-    conn.execute(upsert, [{"client": c, "generation_bytes": n} for c, n in per_client.items()])
-    if sign < 0:
+    if per_client and sign < 0:
         conn.execute(_FORGET_CLIENTS, {"clients": list(per_client)})
 
 

@@ -216,6 +216,20 @@ class Submitted:
     online: list[WorkerView] | None = None  # the online workers it was checked against
 
 
+@dataclasses.dataclass(frozen=True)
+class Intake:
+    """How a request came in, stored with it: the id it is queued under, the
+    client agent that sent it, the process holding the OpenAI call that is
+    its only reader (None: none), and the address it came from, which an
+    anonymous request's budgets are counted by
+    (contract.forwarded.client_address)."""
+
+    request_id: str
+    client_agent: str
+    reader: str | None = None
+    client: str | None = None
+
+
 def submit_request(
     conn: Tx,
     key_hash: str,
@@ -246,40 +260,24 @@ def submit_request(
         if first is not None:
             return Submitted(first.id, new, new.eligibility, True, True)
     held = None if online is None else list(online)
-    return _store(
-        conn,
-        user,
-        new,
-        request_id,
-        now,
-        rules,
-        upfront_max_length,
-        client_agent,
-        held,
-        reader,
-        shared,
-        client,
-    )
+    intake = Intake(request_id, client_agent, reader, client)
+    return _store(conn, user, shared, new, held, intake, now, rules, upfront_max_length)
 
 
 def submit_chat_request(
     conn: Tx,
     key_hash: str,
     plan: AdmissionPlan,
-    request_id: str,
+    intake: Intake,
     now: float,
     rules: Rules,
     upfront_max_length: int,
-    client_agent: str,
-    reader: str | None = None,
-    client: str | None = None,
 ) -> Submitted | FirstRequest | Capacity:
     """A chat submission in one transaction: authenticate, answer a resubmit
     of an operation key with its first request, else admit by ``plan``
     against the online workers read here (its refusals raised) and queue.
     A Capacity instead, with nothing written: the online workers are not the
-    ones the plan was worked out for (``AdmissionPlan.under``). ``client``:
-    as ``submit_request``'s.
+    ones the plan was worked out for (``AdmissionPlan.under``).
     """
     user, shared = requester(conn, key_hash, rules, now, lock=True)
     if plan.operation_key is not None:
@@ -293,20 +291,7 @@ def submit_chat_request(
     new = plan.under(online)
     if isinstance(new, Capacity):
         return new
-    return _store(
-        conn,
-        user,
-        new,
-        request_id,
-        now,
-        rules,
-        upfront_max_length,
-        client_agent,
-        online,
-        reader,
-        shared,
-        client,
-    )
+    return _store(conn, user, shared, new, online, intake, now, rules, upfront_max_length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,21 +355,18 @@ def _first_request(
 def _store(
     conn: Tx,
     user: Mapping[str, Any],
+    shared: Mapping[str, Any] | None,
     new: NewRequest,
-    request_id: str,
+    online: list[WorkerView] | None,
+    intake: Intake,
     now: float,
     rules: Rules,
     upfront_max_length: int,
-    client_agent: str,
-    online: list[WorkerView] | None,
-    reader: str | None = None,
-    shared: Mapping[str, Any] | None = None,
-    client: str | None = None,
 ) -> Submitted:
     """Check what storing needs (worker ids, kudos up front, concurrency, a
-    shared key's limits) and queue the request; ``online`` saves reading the
-    online workers again; ``shared``: the shared key it was sent with;
-    ``client``: the address it came from."""
+    shared key's limits) and queue the request; ``shared``: the shared key it
+    was sent with; ``online`` saves reading the online workers again."""
+    request_id = intake.request_id
     listed = new.eligibility.worker_ids
     if listed:
         found = set(conn.execute(select(workers.c.id).where(workers.c.id.in_(listed))).scalars())
@@ -400,11 +382,11 @@ def _store(
             new.max_length,
             new.held,
         )
-    counted_as = budget_client(user, client)
+    counted_as = budget_client(user, intake.client)
     _check_budgets(conn, user, new, now, rules, counted_as)
     view = new.eligibility
-    row = _request_row(new, user, request_id, now, rules, client_agent)
-    row["reader"] = reader
+    row = _request_row(new, user, request_id, now, rules, intake.client_agent)
+    row["reader"] = intake.reader
     row["client"] = counted_as or None
     row["shared_key"] = row["shared_price"] = None
     if shared is not None:

@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 
 from sqlalchemy import Integer, cast, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
+from hordelite.storage.counts import add_counts
 from hordelite.storage.schema import activity_minutes, jobs, requests, stats_days, workers
 from hordelite.storage.transaction import Tx
 
@@ -69,20 +69,10 @@ def roll_up_days(conn: Tx, purged: Sequence[tuple[str, float | None, int | None,
         figures = days.setdefault((math.floor(submitted / DAY) * DAY, model), [0, 0])
         figures[0] += 1
         figures[1] += tokens or 0
-    if not days:
-        return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    upsert = dialect.insert(stats_days)
-    # Increment, never overwrite: an earlier sweep rolled up the same day.
-    upsert = upsert.on_conflict_do_update(
-        index_elements=[stats_days.c.day, stats_days.c.model],
-        set_={
-            "jobs": stats_days.c.jobs + upsert.excluded.jobs,
-            "tokens": stats_days.c.tokens + upsert.excluded.tokens,
-        },
-    )
-    conn.execute(
-        upsert,
+    add_counts(
+        conn,
+        stats_days,
+        ["day", "model"],
         [
             {"day": day, "model": model, "jobs": n, "tokens": t}
             for (day, model), (n, t) in sorted(days.items())

@@ -26,7 +26,7 @@ from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.transfers import Transfer
 from hordelite.contract.user_edit import UserEdit
 from hordelite.contract.worker_edit import WorkerEdit
-from hordelite.contract.worker_messages import NewMessage, Validity
+from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
 from hordelite.storage import admin, messages, shared_keys, webhooks
 from hordelite.storage import queries as q
@@ -176,29 +176,16 @@ class Store:
         *,
         key_hash: str,
         plan: AdmissionPlan,
-        request_id: str,
+        intake: q.Intake,
         now: float,
         upfront_max_length: int,
-        client_agent: str,
-        reader: str | None = None,
-        client: str | None = None,
     ) -> q.Submitted | q.FirstRequest | Capacity:
         """The chat request admitted by ``plan`` against the online workers
         (its refusals raised) and queued, or the first request of its
         operation key; a Capacity, nothing written, when the pool is not the
-        one the plan was worked out for. ``reader``: the process holding the
-        OpenAI call that is the request's only reader."""
+        one the plan was worked out for."""
         return await self.db.write(
-            q.submit_chat_request,
-            key_hash,
-            plan,
-            request_id,
-            now,
-            self.rules,
-            upfront_max_length,
-            client_agent,
-            reader,
-            client,
+            q.submit_chat_request, key_hash, plan, intake, now, self.rules, upfront_max_length
         )
 
     async def cancel_request(
@@ -382,17 +369,13 @@ class Store:
         self,
         *,
         key_hash: str,
-        worker_id: str | None,
-        validity: Validity,
+        query: MessageQuery,
         now: float,
-        limit: int,
-        offset: int,
     ) -> list[MessageRecord]:
-        """The messages the key's user may read, newest first; raises
-        InvalidAPIKey, WorkerNotFound, WrongCredentials."""
-        return await self.db.read(
-            messages.list_messages, key_hash, self.rules, worker_id, validity, now, limit, offset
-        )
+        """The page ``query`` asks for of the messages the key's user may
+        read, newest first; raises InvalidAPIKey, WorkerNotFound,
+        WrongCredentials."""
+        return await self.db.read(messages.list_messages, key_hash, self.rules, query, now)
 
     async def message(self, *, message_id: str) -> MessageRecord | None:
         """The message with this id, None when there is none."""

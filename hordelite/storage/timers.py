@@ -250,21 +250,6 @@ def _release_ended(conn: Tx) -> tuple[int, list[str]]:
     return len(done), [r.id for r in done if r.image_bytes]
 
 
-def model_queue_stats(conn: Tx) -> dict[str, tuple[int, int]]:
-    """Per model: (waiting jobs, queued tokens). "" is the any-model queue."""
-    rows = conn.execute(
-        select(
-            queue.c.model,
-            # Jobs, not requests: a request with n = 3 waits for 3 jobs.
-            func.coalesce(func.sum(requests.c.remaining), 0),
-            func.coalesce(func.sum(requests.c.remaining * requests.c.max_length), 0),
-        )
-        .join(requests, requests.c.id == queue.c.request_id)
-        .group_by(queue.c.model)
-    ).all()
-    return {model: (int(count), int(tokens)) for model, count, tokens in rows}
-
-
 @dataclasses.dataclass(frozen=True)
 class QueueDepth:
     """The jobs waiting for a worker (the metrics scrape), by kind: for the

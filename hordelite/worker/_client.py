@@ -48,20 +48,29 @@ class TransportError(HordeliteError):
     protocol, or no answer in time."""
 
 
-class Reply:
-    """An answer: its status and its whole body."""
+class _Answer:
+    """What every answer holds: the request it answers, and its status."""
 
-    __slots__ = ("content", "method", "path", "status_code")
+    __slots__ = ("method", "path", "status_code")
 
-    def __init__(self, method: str, path: str, status_code: int, content: bytes) -> None:
+    def __init__(self, method: str, path: str, status_code: int) -> None:
         self.method = method
         self.path = path
         self.status_code = status_code
-        self.content = content
 
     @property
     def is_success(self) -> bool:
         return self.status_code // 100 == _SUCCESS
+
+
+class Reply(_Answer):
+    """An answer: its status and its whole body."""
+
+    __slots__ = ("content",)
+
+    def __init__(self, method: str, path: str, status_code: int, content: bytes) -> None:
+        super().__init__(method, path, status_code)
+        self.content = content
 
     @property
     def text(self) -> str:
@@ -302,19 +311,15 @@ def _readable(connection: _Connection) -> bool:
     return bool(readable)
 
 
-class _StreamReply:
+class _StreamReply(_Answer):
     """A streamed answer (see ``Client.stream``)."""
 
-    def __init__(self, connection: _Connection, method: str, path: str, status: int) -> None:
-        self._connection = connection
-        self.method = method
-        self.path = path
-        self.status_code = status
-        self.ended = False
+    __slots__ = ("_connection", "ended")
 
-    @property
-    def is_success(self) -> bool:
-        return self.status_code // 100 == _SUCCESS
+    def __init__(self, connection: _Connection, method: str, path: str, status: int) -> None:
+        super().__init__(method, path, status)
+        self._connection = connection
+        self.ended = False
 
     async def _chunks(self) -> AsyncIterator[bytes]:
         while not self.ended:
@@ -385,16 +390,12 @@ class _Httpx:
         await self._client.aclose()
 
 
-class _HttpxStream:
-    def __init__(self, method: str, path: str, response: httpx.Response) -> None:
-        self.method = method
-        self.path = path
-        self.status_code = response.status_code
-        self._response = response
+class _HttpxStream(_Answer):
+    __slots__ = ("_response",)
 
-    @property
-    def is_success(self) -> bool:
-        return self._response.is_success
+    def __init__(self, method: str, path: str, response: httpx.Response) -> None:
+        super().__init__(method, path, response.status_code)
+        self._response = response
 
     async def aiter_lines(self) -> AsyncIterator[str]:
         async for line in self._response.aiter_lines():

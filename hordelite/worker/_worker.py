@@ -560,12 +560,20 @@ class Worker:
             if not run.settled:
                 await self._fault(run, None)
 
-    async def _text_job(self, run: _Run) -> None:
-        assert self._backend is not None
+    def _backend_body(
+        self, run: _Run, build: Callable[[Mapping[str, Any], str, str], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The body ``build`` makes of ``run``'s job for the declared backend
+        model and kind; UnsendableJob when it cannot be sent."""
         assert self.declaration is not None
         d = self.declaration
-        body = text_completion_body(run.payload, d.backend_model, d.backend_kind)
+        body = build(run.payload, d.backend_model, d.backend_kind)
         check_sendable(body)
+        return body
+
+    async def _text_job(self, run: _Run) -> None:
+        assert self._backend is not None
+        body = self._backend_body(run, text_completion_body)
         await self._trim(run, body)
         answer = await self._backend.complete(body)
         choice = _first_choice(answer)
@@ -601,10 +609,7 @@ class Worker:
 
     async def _chat_job(self, run: _Run) -> None:
         assert self._backend is not None
-        assert self.declaration is not None
-        d = self.declaration
-        body = chat_completion_body(run.payload, d.backend_model, d.backend_kind)
-        check_sendable(body)
+        body = self._backend_body(run, chat_completion_body)
         if await self._overflows(run, body):
             return
         if has_images(body):

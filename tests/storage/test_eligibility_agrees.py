@@ -98,7 +98,8 @@ def _queue(conn: Tx, view: RequestView) -> None:
         quote=0.0,
         chat={} if view.kind == "chat" else None,
     )
-    requests_store._store(conn, user, new, str(uuid.uuid4()), NOW, RULES, 10**9, "test", [])
+    intake = requests_store.Intake(str(uuid.uuid4()), "test")
+    requests_store._store(conn, user, None, new, [], intake, NOW, RULES, 10**9)
 
 
 def _sql_finds(conn: Tx, worker: WorkerView, view: RequestView) -> bool:
