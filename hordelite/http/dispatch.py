@@ -85,8 +85,10 @@ class Table:
                 patterns.setdefault(route.template, []).append(route)
             else:
                 self._exact.setdefault(route.template, []).append(route)
+        # (the static text before the first parameter, the pattern, its routes):
+        # the prefix, a cheap test, rules most patterns out before the regex.
         self._patterns = [
-            (_compile(template), found)
+            (template.partition("<")[0], _compile(template), found)
             for template, found in sorted(patterns.items(), key=lambda item: _order(item[0]))
         ]
 
@@ -95,21 +97,21 @@ class Table:
         with the methods the path takes (none: no route has the path)."""
         wanted = "GET" if method == "HEAD" else method
         allowed: list[str] = []
-        for routes, params in self._candidates(path):
+        for route in self._exact.get(path, ()):
+            if route.method == wanted:
+                return route, {}, allowed
+            allowed.append(route.method)
+        for prefix, pattern, routes in self._patterns:
+            if not path.startswith(prefix):
+                continue
+            found = pattern.fullmatch(path)
+            if found is None:
+                continue
             for route in routes:
                 if route.method == wanted:
-                    return route, params, allowed
+                    return route, found.groupdict(), allowed
                 allowed.append(route.method)
         return None, {}, allowed
-
-    def _candidates(self, path: str) -> Iterable[tuple[list[Route], dict[str, str]]]:
-        exact = self._exact.get(path)
-        if exact is not None:
-            yield exact, {}
-        for pattern, routes in self._patterns:
-            found = pattern.fullmatch(path)
-            if found is not None:
-                yield routes, found.groupdict()
 
 
 def _compile(template: str) -> re.Pattern[str]:
