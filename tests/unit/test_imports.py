@@ -96,6 +96,9 @@ LAYERS: dict[str, set[str]] = {
     "clock": set(),
     "contract": {"errors"},
     "config": {"contract", "errors"},
+    # The dependencies pinned where their private names are used, and the
+    # check of their versions at start (it reads only package metadata).
+    "pinned": set(),
     "http": PURE | {"config"},
     "storage": PURE | {"config"},
     "signals": PURE | {"config"},
@@ -112,7 +115,7 @@ LAYERS: dict[str, set[str]] = {
     "server": PURE
     | {"config", "http", "storage", "signals", "blobs", "horde", "app", "api", "lean"},
     "worker": PURE | {"config", "http"},
-    "cli": PURE | {"config", "http", "storage", "horde", "server", "worker"},
+    "cli": PURE | {"config", "http", "storage", "horde", "server", "worker", "pinned"},
     "testing": PURE | {"config", "storage", "blobs", "horde", "server", "worker"},
     "__main__": {"cli"},
 }
