@@ -75,14 +75,15 @@ PINS: Final[tuple[Pin, ...]] = (
                 "the h11 connection is the strict one; h2c is served only with server.h2c",
             ),
             PrivateUse(
-                "H11Protocol._send_error_response (overridden)",
+                "H11Protocol._send_error_response (overridden), .send(RawData(...))",
                 f"{_HTTP}/wire.py: StrictH11Protocol",
                 "a refusal of the wire is answered in the horde's error envelope, "
                 "in one write",
             ),
             PrivateUse(
                 "H2Protocol.send_task, .stream_send (overridden); .stream_buffers, "
-                ".streams, ._close_stream, ._flush, .context.terminated",
+                ".streams, ._close_stream, ._flush, .context.terminated; "
+                "hypercorn.protocol.events.StreamClosed, hypercorn.events.Closed",
                 f"{_HTTP}/wire.py: ClosingH2Protocol",
                 "an HTTP/2 client leaving mid-answer no longer holds the server, "
                 "nor does a stream's end on a stopping server",
@@ -97,7 +98,7 @@ PINS: Final[tuple[Pin, ...]] = (
             PrivateUse(
                 "hypercorn.trio.tcp_server.TCPServer (subclassed: run, ._read_data; "
                 "._task_group, .idle_task, ._idle_timeout, ._close, .protocol_send, "
-                "MAX_RECV)",
+                "MAX_RECV), hypercorn.utils.parse_socket_addr",
                 f"{_HTTP}/connection.py: Connection",
                 "a connection reads its socket directly: less held per open "
                 "connection while a long-poll or an OpenAI call waits",
@@ -105,13 +106,14 @@ PINS: Final[tuple[Pin, ...]] = (
             PrivateUse(
                 "hypercorn.trio.run.worker_serve, re-implemented from "
                 "hypercorn.trio.lifespan.Lifespan, hypercorn.trio.worker_context."
-                "WorkerContext, hypercorn.utils.wrap_app and parse_socket_addr",
+                "WorkerContext (.terminated) and hypercorn.typing.ConnectionState",
                 f"{_HTTP}/server.py: _serve_trio",
                 "an accept loop taking every waiting connection at once, and the "
                 "Connection above; the public serve() takes neither",
             ),
             PrivateUse(
-                "hypercorn.asyncio.run.worker_serve (its sockets argument)",
+                "hypercorn.asyncio.run.worker_serve (its sockets argument, and the "
+                "InvalidStateError it raises when cancelled); hypercorn.utils.wrap_app",
                 f"{_HTTP}/server.py: serve_http",
                 "serves a socket already listening (shared by --processes); the "
                 "public serve() binds its own",
