@@ -255,7 +255,9 @@ def warn_untested(log: Callable[[str], object]) -> None:
 
 
 _RANGE = re.compile(r">=(\d+(?:\.\d+)*),<(\d+(?:\.\d+)*)")
-_VERSION = re.compile(r"(\d+(?:\.\d+)*)((?:\.?(?:a|b|rc|dev|alpha|beta|c|pre|preview))?)", re.I)
+# A release's numbers, then whether a pre-release or development marker
+# follows (PEP 440 spellings: 1.0rc1, 1.0-rc.1, 1.0.dev2, 1.0a1).
+_VERSION = re.compile(r"(\d+(?:\.\d+)*)([._-]?(?:a|b|c|rc|alpha|beta|pre|preview|dev))?", re.I)
 
 
 def inside(version: str, tested: str) -> bool:

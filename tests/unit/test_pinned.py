@@ -73,7 +73,8 @@ def test_the_range_is_read_as_pip_reads_it() -> None:
     tested = ">=0.18,<0.19"
     versions = [
         "0.17.3", "0.18", "0.18.0", "0.18.0rc1", "0.18.0.dev2", "0.18.0.post1",
-        "0.18.1", "0.18.5rc1", "0.18.9+deb12", "0.19.0rc1", "0.19", "0.19.0", "1.0",
+        "0.18.1", "0.18.5rc1", "0.18.5-rc.1", "0.18.9+deb12", "0.19.0rc1", "0.19.0_dev3",
+        "0.19", "0.19.0", "1.0",
     ]  # fmt: skip
     for version in versions:
         expected = SpecifierSet(tested).contains(version, prereleases=True)
