@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
-from hordelite import __version__
+from hordelite import __version__, pinned
 from hordelite.cli import _admin
 from hordelite.cli._processes import Supervisor, serve_child
 from hordelite.config import Config, load_config, processes_problem
@@ -243,6 +243,7 @@ def _serve(config: Config) -> int:
     if problem is not None:  # before anything is bound or migrated
         raise ConfigError(problem)
     _log_setup()
+    pinned.warn_untested(logging.getLogger("hordelite.pinned").warning)
     if config.server.processes > 1:
         return _serve_processes(config)
     _claim_metrics_port(config)

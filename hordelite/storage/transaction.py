@@ -46,6 +46,7 @@ from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import Insert, Update
 from sqlalchemy.sql.schema import ColumnDefault
+from sqlalchemy.types import TupleType
 
 from hordelite.storage import _libpq
 from hordelite.storage._libpq import Statement
@@ -497,7 +498,7 @@ class _Plan:
         """Set the result processors from the first run's column types."""
         for i, type_ in enumerate(self.types):
             coltype = description[i][1] if description else None
-            process = type_._cached_result_processor(dialect, coltype)
+            process = type_.dialect_impl(dialect).result_processor(dialect, coltype)
             if process is not None:
                 self.processors.append((i, process))
         self.make_row = self._converting if self.processors else (self.row or tuple)
@@ -578,9 +579,10 @@ def _needs_sqlalchemy(compiled: SQLCompiler) -> bool:
     """Compiled forms the fast path leaves to SQLAlchemy: parameters
     rendered at execution (expanding ``IN``, literal execution), escaped
     parameter names, many-row inserts."""
+    # (SQLAlchemy renders post-compile parameters into the SQL string only
+    # when asked to, with compile_kwargs render_postcompile: never here.)
     return bool(
-        compiled._render_postcompile
-        or compiled.post_compile_params
+        compiled.post_compile_params
         or compiled.literal_execute_params
         or compiled.escaped_bind_names
         or compiled.for_executemany
@@ -590,15 +592,15 @@ def _needs_sqlalchemy(compiled: SQLCompiler) -> bool:
 def _binds(compiled: SQLCompiler, given: frozenset[str]) -> dict[str, _Bind] | None:
     """Each SQL parameter's source, by its name in the SQL; None when one
     needs a default only SQLAlchemy computes (a callable, a sequence)."""
-    processors = compiled._bind_processors
     defaults = _prefetched_defaults(compiled)
     if defaults is None:
         return None
+    dialect = compiled.dialect
     binds: dict[str, _Bind] = {}
     for bindparam, name in compiled.bind_names.items():
-        process = processors.get(name)
-        if process is not None and not callable(process):
-            return None  # a tuple type's processors: not on the fast path
+        if isinstance(bindparam.type, TupleType):
+            return None  # a processor per element: not on the fast path
+        process = bindparam.type.dialect_impl(dialect).bind_processor(dialect)
         if bindparam.key in given:
             binds[name] = _Bind(bindparam.key, None, process)
         elif name in given:

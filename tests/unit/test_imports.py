@@ -98,6 +98,9 @@ LAYERS: dict[str, set[str]] = {
     "clock": set(),
     "contract": {"errors"},
     "config": {"contract", "errors"},
+    # The dependencies pinned where their private names are used, and the
+    # check of their versions at start (it reads only package metadata).
+    "pinned": set(),
     "http": PURE | {"config"},
     "storage": PURE | {"config"},
     "signals": PURE | {"config"},
@@ -113,7 +116,7 @@ LAYERS: dict[str, set[str]] = {
     "server": PURE
     | {"config", "http", "http.routes", "storage", "signals", "blobs", "horde", "api"},
     "worker": PURE | {"config", "http"},
-    "cli": PURE | {"config", "http", "storage", "horde", "server", "worker"},
+    "cli": PURE | {"config", "http", "storage", "horde", "server", "worker", "pinned"},
     "testing": PURE | {"config", "storage", "blobs", "horde", "server", "worker"},
     "__main__": {"cli"},
 }
