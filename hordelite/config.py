@@ -56,10 +56,22 @@ class Bounds:
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is out of bounds (the message after ``section.key: ``)."""
+        return (
+            self._choice_problem(value)
+            or self._range_problem(value)
+            or self._above_problem(value)
+            or (self.rule(value) if self.rule is not None else None)
+        )
+
+    def _choice_problem(self, value: Any) -> str | None:
         if self.one_of and value not in self.one_of:
             return f"must be one of {', '.join(self.one_of)}, got {value!r}"
         if self.max_chars is not None and len(value) > self.max_chars:
             return f"must be at most {self.max_chars} characters"
+        return None
+
+    def _range_problem(self, value: Any) -> str | None:
+        """``ge`` and ``le``, worded as one range when both are given."""
         if self.ge is not None and self.le is not None:
             if not self.ge <= value <= self.le:
                 return f"must be {self.ge} to {self.le}, got {value}"
@@ -69,11 +81,14 @@ class Bounds:
             return f"must not be negative, got {value}"
         elif self.ge is not None and not value >= self.ge:
             return f"must be at least {self.ge}, got {value}"
+        return None
+
+    def _above_problem(self, value: Any) -> str | None:
         if self.gt == 0 and not value > 0:
             return f"must be positive, got {value}"
         if self.gt is not None and not value > self.gt:
             return f"must be more than {self.gt}, got {value}"
-        return self.rule(value) if self.rule is not None else None
+        return None
 
     def describe(self) -> str:
         """The bound as docs/reference/configuration.md words it."""

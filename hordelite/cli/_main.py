@@ -48,12 +48,23 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="{serve,keys,kudos,workers,worker,db}"
     )
+    # The parent of every command that opens the database: each takes --database.
     database = _Parser(add_help=False)
     database.add_argument(
         "--database",
         help="SQLite file or postgresql:// URL (storage.database, HORDELITE_DATABASE_URL)",
     )
 
+    _serve_parser(commands, database)
+    _keys_parser(commands, database)
+    _kudos_parser(commands, database)
+    _workers_parser(commands, database)
+    _worker_parser(commands)
+    _db_parser(commands, database)
+    return parser
+
+
+def _serve_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     serve = commands.add_parser("serve", help="run the horde", parents=[database])
     serve.add_argument("--host", help="address to listen on (server.host)")
     serve.add_argument("--port", type=int, help="port to listen on (server.port)")
@@ -69,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
 
+
+def _keys_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     keys = commands.add_parser("keys", help="manage users and their API keys")
     key_commands = keys.add_subparsers(
         dest="keys_command", required=True, metavar="{list,create,revoke,rotate}"
@@ -94,6 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     rotate.add_argument("user", help=_USER_HELP)
 
+
+def _kudos_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     kudos = commands.add_parser("kudos", help="change a user's kudos")
     kudos_commands = kudos.add_subparsers(dest="kudos_command", required=True, metavar="{grant}")
     grant = kudos_commands.add_parser(
@@ -102,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     grant.add_argument("user", help=_USER_HELP)
     grant.add_argument("amount", type=float, metavar="N")
 
+
+def _workers_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     workers = commands.add_parser("workers", help="the workers the horde knows")
     worker_commands = workers.add_subparsers(
         dest="workers_command", required=True, metavar="{list}"
@@ -110,14 +127,13 @@ def _parser() -> argparse.ArgumentParser:
         "list", help="every worker, online or not, with its owner", parents=[database]
     )
 
-    _worker_parser(commands)
 
+def _db_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     db = commands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="{upgrade}")
     db_commands.add_parser(
         "upgrade", help="create the database or run pending schema migrations", parents=[database]
     )
-    return parser
 
 
 _USER_HELP = "the user: its id, NAME#ID, or its name"

@@ -113,31 +113,11 @@ def admit_within(
     fit = _fit_context(req, max_length, cap.widest)
     adjustments = [a for a in (lowered, fit.adjustment) if a is not None]
     queued = dataclasses.replace(req, messages=fit.messages, max_length=max_length)
-    quote = kudos_rules.request_quote(max_length, 1, max(billions(m) for m in req.models))
-    if req.horde.max_kudos is not None and quote > req.horde.max_kudos:
-        raise HordeError(
-            RC.MaxKudosExceeded,
-            f"This request may cost up to {quote} kudos (max_tokens {max_length} in full), "
-            f"over its horde.max_kudos of {req.horde.max_kudos}; nothing was queued.",
-            param="horde.max_kudos",
-        )
+    quote = _quote(req, max_length, billions)
     chat = queued.to_json()
     images, image_bytes = image_count(req.messages)
     return NewRequest(
-        eligibility=RequestView(
-            models=req.models,
-            max_length=max_length,
-            max_context_length=fit.context + max_length,
-            trusted_workers=req.horde.trusted_workers,
-            slow_workers=req.horde.slow_workers,
-            nsfw=False,
-            worker_ids=req.horde.workers,
-            worker_blacklist=req.horde.worker_blacklist,
-            kind="chat",
-            features=required_mask(queued),
-            context_tokens=fit.context,
-            tools_temperature=tools_temperature(queued),
-        ),
+        eligibility=_eligibility(queued, max_length, fit.context),
         prompt=fit.prompt,
         params={},
         n=1,
@@ -153,6 +133,39 @@ def admit_within(
         ),
         image_bytes=image_bytes,
         images=images,
+    )
+
+
+def _quote(req: ChatRequest, max_length: int, billions: Callable[[str], float]) -> float:
+    """The request's kudos quote (its largest model's, max_length in full);
+    refused (MaxKudosExceeded) over horde.max_kudos."""
+    quote = kudos_rules.request_quote(max_length, 1, max(billions(m) for m in req.models))
+    if req.horde.max_kudos is not None and quote > req.horde.max_kudos:
+        raise HordeError(
+            RC.MaxKudosExceeded,
+            f"This request may cost up to {quote} kudos (max_tokens {max_length} in full), "
+            f"over its horde.max_kudos of {req.horde.max_kudos}; nothing was queued.",
+            param="horde.max_kudos",
+        )
+    return quote
+
+
+def _eligibility(queued: ChatRequest, max_length: int, context: int) -> RequestView:
+    """What a worker must offer to take the queued request (its reply at
+    most ``max_length``, its conversation estimated at ``context`` tokens)."""
+    return RequestView(
+        models=queued.models,
+        max_length=max_length,
+        max_context_length=context + max_length,
+        trusted_workers=queued.horde.trusted_workers,
+        slow_workers=queued.horde.slow_workers,
+        nsfw=False,
+        worker_ids=queued.horde.workers,
+        worker_blacklist=queued.horde.worker_blacklist,
+        kind="chat",
+        features=required_mask(queued),
+        context_tokens=context,
+        tools_temperature=tools_temperature(queued),
     )
 
 

@@ -71,8 +71,27 @@ def parse_chat_declaration(
 
     Raises 400 ChatDeclarationInvalid naming the field: chat_jobs without
     chat_limits or model_id, a negative tools_max_temperature, a model_id
-    outside models, prompt_jobs false without chat_jobs.
+    outside models, prompt_jobs false without chat_jobs. The fields are
+    judged in the order below, so the first one wrong is the one named.
     """
+    chat_jobs, prompt_jobs = _job_kinds(body)
+    if not chat_jobs:
+        return None, prompt_jobs
+    model_id = _model_id(body, models)
+    limits = _chat_limits(body)
+    features = _names(body, "chat_features", "must be an array of feature names")
+    transports = _names(body, "image_transports", "must be an array of transport names")
+    declaration = ChatDeclaration(
+        model_id=model_id,
+        features=tuple(known_features(features)),
+        limits=limits,
+        image_transports=tuple(t for t in IMAGE_TRANSPORTS if t in transports),
+    )
+    return declaration, prompt_jobs
+
+
+def _job_kinds(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(chat_jobs, prompt_jobs); null reads as the default (false, true)."""
     chat_jobs = body.get("chat_jobs", False)
     prompt_jobs = body.get("prompt_jobs", True)
     if chat_jobs is None:
@@ -85,8 +104,10 @@ def parse_chat_declaration(
         raise _refuse("prompt_jobs", "must be true or false")
     if not prompt_jobs and not chat_jobs:
         raise _refuse("prompt_jobs", "false needs chat_jobs true: a worker must serve some jobs")
-    if not chat_jobs:
-        return None, prompt_jobs
+    return chat_jobs, prompt_jobs
+
+
+def _model_id(body: Mapping[str, Any], models: tuple[str, ...]) -> str:
     model_id = body.get("model_id")
     if not isinstance(model_id, str) or not model_id:
         raise _refuse("model_id", "is required with chat_jobs: the chat model's name")
@@ -94,23 +115,18 @@ def parse_chat_declaration(
         raise _refuse("model_id", f"is longer than {MAX_NAME} characters")
     if model_id not in models:
         raise _refuse("model_id", f"{model_id!r} must be one of models")
+    return model_id
+
+
+def _chat_limits(body: Mapping[str, Any]) -> ChatWorkerLimits:
     raw_limits = body.get("chat_limits")
     if not isinstance(raw_limits, Mapping):
         raise _refuse(
             "chat_limits",
             "is required with chat_jobs: an object with max_context_length and max_length",
         )
-    temperature = raw_limits.get("tools_max_temperature")
-    if temperature is not None:
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not math.isfinite(temperature)
-            or temperature < 0
-        ):
-            raise _refuse("chat_limits.tools_max_temperature", "must be a number of at least 0")
-        temperature = float(temperature)
-    limits = ChatWorkerLimits(
+    temperature = _tools_max_temperature(raw_limits.get("tools_max_temperature"))
+    return ChatWorkerLimits(
         max_context_length=_positive_int(
             raw_limits.get("max_context_length"),
             "chat_limits.max_context_length",
@@ -121,16 +137,24 @@ def parse_chat_declaration(
         ),
         tools_max_temperature=temperature,
     )
-    features = body.get("chat_features") or []
-    if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
-        raise _refuse("chat_features", "must be an array of feature names")
-    transports = body.get("image_transports") or []
-    if not isinstance(transports, list) or not all(isinstance(t, str) for t in transports):
-        raise _refuse("image_transports", "must be an array of transport names")
-    declaration = ChatDeclaration(
-        model_id=model_id,
-        features=tuple(known_features(features)),
-        limits=limits,
-        image_transports=tuple(t for t in IMAGE_TRANSPORTS if t in transports),
-    )
-    return declaration, prompt_jobs
+
+
+def _tools_max_temperature(value: Any) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise _refuse("chat_limits.tools_max_temperature", "must be a number of at least 0")
+    return float(value)
+
+
+def _names(body: Mapping[str, Any], field: str, why: str) -> list[str]:
+    """An optional array of strings (absent, null or empty: none)."""
+    names = body.get(field) or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _refuse(field, why)
+    return names

@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from hordelite.contract._fields import is_number, kind_name, parse_uuid
@@ -426,6 +426,24 @@ def _parse_messages(value: Any) -> tuple[list[dict[str, Any]], bool]:
 
 
 def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
+    role = _message_role(raw, where)
+    # A developer message is stored and sent as system (the chat specification).
+    message: dict[str, Any] = {"role": "system" if role == "developer" else role}
+    calls = _message_tool_calls(raw, role, where)
+    if calls:
+        message["tool_calls"] = calls
+    content, has_images = _message_content(raw, role, bool(calls), where)
+    if content is not None:
+        message["content"] = content
+    if role == "tool":
+        message["tool_call_id"] = _tool_call_id(raw, where)
+    name = _message_name(raw, role, where)
+    if name is not None:
+        message["name"] = name
+    return message, has_images
+
+
+def _message_role(raw: Any, where: str) -> str:
     if not isinstance(raw, Mapping):
         raise invalid(
             where,
@@ -437,45 +455,58 @@ def _parse_message(raw: Any, where: str) -> tuple[dict[str, Any], bool]:
             f"{where}.role",
             f"Invalid value for '{where}.role': {role!r}; expected one of {', '.join(_ROLES)}.",
         )
-    # A developer message is stored and sent as system (the chat specification).
-    message: dict[str, Any] = {"role": "system" if role == "developer" else role}
-    if raw.get("tool_calls") is not None and role != "assistant":
-        raise openai_refusal(
-            f"{where}.tool_calls",
-            f"Invalid parameter: only messages with role 'assistant' can have 'tool_calls'; '{where}' has role '{role}'.",
-        )
-    has_images = False
+    return str(role)
+
+
+def _message_tool_calls(raw: Mapping[str, Any], role: str, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool calls; any other role may not have them."""
+    if role != "assistant":
+        if raw.get("tool_calls") is not None:
+            raise openai_refusal(
+                f"{where}.tool_calls",
+                f"Invalid parameter: only messages with role 'assistant' can have 'tool_calls'; '{where}' has role '{role}'.",
+            )
+        return []
+    return _parse_tool_calls(raw.get("tool_calls"), f"{where}.tool_calls")
+
+
+def _message_content(
+    raw: Mapping[str, Any], role: str, has_calls: bool, where: str
+) -> tuple[str | list[dict[str, Any]] | None, bool]:
+    """(the content, whether it has images). Only an assistant message with
+    tool calls may go without content (None); only a user's may hold images."""
     content = raw.get("content")
-    if role == "assistant":
-        calls = _parse_tool_calls(raw.get("tool_calls"), f"{where}.tool_calls")
-        if calls:
-            message["tool_calls"] = calls
-        if content is None and not calls:
-            raise invalid(
-                f"{where}.content", f"'{where}.content' is required unless 'tool_calls' is given."
-            )
-    elif content is None:
-        raise invalid(f"{where}.content", f"'{where}.content' is required.")
     if content is not None:
-        message["content"], has_images = _parse_content(
-            content, f"{where}.content", allow_images=role == "user"
+        return _parse_content(content, f"{where}.content", allow_images=role == "user")
+    if role != "assistant":
+        raise invalid(f"{where}.content", f"'{where}.content' is required.")
+    if not has_calls:
+        raise invalid(
+            f"{where}.content", f"'{where}.content' is required unless 'tool_calls' is given."
         )
-    if role == "tool":
-        call_id = raw.get("tool_call_id")
-        if not isinstance(call_id, str) or not call_id:
-            raise invalid(
-                f"{where}.tool_call_id", f"'{where}.tool_call_id' is required for a tool message."
-            )
-        message["tool_call_id"] = call_id
+    return None, False
+
+
+def _tool_call_id(raw: Mapping[str, Any], where: str) -> str:
+    call_id = raw.get("tool_call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(
+            f"{where}.tool_call_id", f"'{where}.tool_call_id' is required for a tool message."
+        )
+    return call_id
+
+
+def _message_name(raw: Mapping[str, Any], role: str, where: str) -> str | None:
+    """The participant's name; a tool message's is dropped, unread."""
     name = raw.get("name")
-    if name is not None and role != "tool":
-        if not isinstance(name, str) or len(name) > MAX_CHAT_NAME_CHARS:
-            raise invalid(
-                f"{where}.name",
-                f"'{where}.name' must be a string of at most {MAX_CHAT_NAME_CHARS} characters.",
-            )
-        message["name"] = name
-    return message, has_images
+    if name is None or role == "tool":
+        return None
+    if not isinstance(name, str) or len(name) > MAX_CHAT_NAME_CHARS:
+        raise invalid(
+            f"{where}.name",
+            f"'{where}.name' must be a string of at most {MAX_CHAT_NAME_CHARS} characters.",
+        )
+    return name
 
 
 def _parse_content(
@@ -602,55 +633,70 @@ def _parse_tools(value: Any) -> list[dict[str, Any]] | None:
     tools = []
     names: set[str] = set()
     for i, tool in enumerate(value):
-        at = f"tools[{i}]"
-        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
-            raise unsupported(
-                f"{at}.type",
-                f"Unsupported tool type in '{at}': only 'function' tools are supported.",
-            )
-        function = tool.get("function")
-        if not isinstance(function, Mapping):
-            raise invalid(f"{at}.function", f"'{at}.function' is required.")
-        name = function.get("name")
-        if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
-            raise invalid(
-                f"{at}.function.name",
-                f"Invalid '{at}.function.name': must match ^[a-zA-Z0-9_-]{{1,64}}$.",
-            )
-        if name in names:
-            raise openai_refusal(
-                f"{at}.function.name", f"Invalid 'tools': duplicate function name {name!r}."
-            )
-        names.add(name)
-        out: dict[str, Any] = {"name": name}
-        description = function.get("description")
-        if description is not None:
-            if not isinstance(description, str):
-                raise invalid(
-                    f"{at}.function.description", f"'{at}.function.description' must be a string."
-                )
-            out["description"] = description
-        parameters = function.get("parameters")
-        if parameters is not None:
-            if not isinstance(parameters, Mapping):
-                raise invalid(
-                    f"{at}.function.parameters",
-                    f"'{at}.function.parameters' must be a JSON Schema object.",
-                )
-            out["parameters"] = dict(parameters)
-        strict = function.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise invalid(f"{at}.function.strict", f"'{at}.function.strict' must be a boolean.")
-        if strict:
-            out["strict"] = True
-            _check_strict_schema(
-                out.get("parameters", {}),
-                f"{at}.function.parameters",
-                f"Invalid schema for function '{name}'",
-            )
         # Unknown keys inside a tool definition are dropped, as OpenAI does.
-        tools.append({"type": "function", "function": out})
+        tools.append({"type": "function", "function": _parse_tool(tool, f"tools[{i}]", names)})
     return tools or None
+
+
+def _parse_tool(tool: Any, at: str, names: set[str]) -> dict[str, Any]:
+    """The function of one tool definition. Its name may not be in names (the
+    tools before it), and is added there."""
+    if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+        raise unsupported(
+            f"{at}.type",
+            f"Unsupported tool type in '{at}': only 'function' tools are supported.",
+        )
+    function = tool.get("function")
+    if not isinstance(function, Mapping):
+        raise invalid(f"{at}.function", f"'{at}.function' is required.")
+    name = function.get("name")
+    if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+        raise invalid(
+            f"{at}.function.name",
+            f"Invalid '{at}.function.name': must match ^[a-zA-Z0-9_-]{{1,64}}$.",
+        )
+    if name in names:
+        raise openai_refusal(
+            f"{at}.function.name", f"Invalid 'tools': duplicate function name {name!r}."
+        )
+    names.add(name)
+    out: dict[str, Any] = {"name": name, **_function_description_and_parameters(function, at)}
+    if _parse_strict(function, f"{at}.function.strict"):
+        out["strict"] = True
+        _check_strict_schema(
+            out.get("parameters", {}),
+            f"{at}.function.parameters",
+            f"Invalid schema for function '{name}'",
+        )
+    return out
+
+
+def _function_description_and_parameters(function: Mapping[str, Any], at: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    description = function.get("description")
+    if description is not None:
+        if not isinstance(description, str):
+            raise invalid(
+                f"{at}.function.description", f"'{at}.function.description' must be a string."
+            )
+        out["description"] = description
+    parameters = function.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, Mapping):
+            raise invalid(
+                f"{at}.function.parameters",
+                f"'{at}.function.parameters' must be a JSON Schema object.",
+            )
+        out["parameters"] = dict(parameters)
+    return out
+
+
+def _parse_strict(spec: Mapping[str, Any], field: str) -> bool:
+    """The optional ``strict`` flag of a function or a json_schema format."""
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise invalid(field, f"'{field}' must be a boolean.")
+    return bool(strict)
 
 
 def _parse_tool_choice(
@@ -685,27 +731,48 @@ def _parse_tool_choice(
     return {"type": "function", "function": {"name": name}}
 
 
+# The keys each response_format type takes.
+_RESPONSE_FORMAT_KEYS = {
+    "text": {"type"},
+    "json_object": {"type"},
+    "json_schema": {"type", "json_schema"},
+}
+
+
 def _parse_response_format(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise invalid("response_format", "Invalid type for 'response_format': expected an object.")
-    kind = value.get("type")
-    allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
-    if not isinstance(kind, str) or kind not in allowed:
-        raise unsupported(
-            "response_format.type", f"Invalid value for 'response_format.type': {kind!r}."
-        )
-    for key in value:
-        if key not in allowed[kind]:
-            raise unsupported(
-                f"response_format.{key}", f"Unrecognized argument 'response_format.{key}'."
-            )
+    kind = _response_format_type(value)
     if kind == "text":
         return None  # the default: counts as omitted
     if kind == "json_object":
         return {"type": "json_object"}
-    spec = value.get("json_schema")
+    return {
+        "type": "json_schema",
+        "json_schema": _parse_json_schema_format(value.get("json_schema")),
+    }
+
+
+def _response_format_type(value: Mapping[str, Any]) -> str:
+    """The format's type, once every key beside it is one that type takes."""
+    kind = value.get("type")
+    if not isinstance(kind, str) or kind not in _RESPONSE_FORMAT_KEYS:
+        raise unsupported(
+            "response_format.type", f"Invalid value for 'response_format.type': {kind!r}."
+        )
+    for key in value:
+        if key not in _RESPONSE_FORMAT_KEYS[kind]:
+            raise unsupported(
+                f"response_format.{key}", f"Unrecognized argument 'response_format.{key}'."
+            )
+    return kind
+
+
+def _parse_json_schema_format(spec: Any) -> dict[str, Any]:
+    """``response_format.json_schema``: name, and optionally schema,
+    description and strict (a strict schema must follow OpenAI's rules)."""
     if not isinstance(spec, Mapping):
         raise invalid(
             "response_format.json_schema",
@@ -735,18 +802,12 @@ def _parse_response_format(value: Any) -> dict[str, Any] | None:
     description = spec.get("description")
     if isinstance(description, str):
         out["description"] = description
-    strict = spec.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise invalid(
-            "response_format.json_schema.strict",
-            "'response_format.json_schema.strict' must be a boolean.",
-        )
-    if strict:
+    if _parse_strict(spec, "response_format.json_schema.strict"):
         out["strict"] = True
         _check_strict_schema(
             out.get("schema", {}), "response_format", f"Invalid schema for response_format '{name}'"
         )
-    return {"type": "json_schema", "json_schema": out}
+    return out
 
 
 def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, ...] = ()) -> None:
@@ -757,35 +818,52 @@ def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, 
         return
     if not isinstance(schema, Mapping):
         return
-    context = "(" + ", ".join(repr(p) for p in path) + (",)" if len(path) == 1 else ")")
-    is_object = schema.get("type") == "object" or (
-        isinstance(schema.get("type"), list) and "object" in schema["type"]
+    if _is_object_schema(schema):
+        _check_closed_object(schema, param, prefix, path)
+    for child, child_path in _subschemas(schema, path):
+        _check_strict_schema(child, param, prefix, child_path)
+
+
+def _is_object_schema(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    return (
+        kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
     )
-    if is_object or "properties" in schema:
-        if schema.get("additionalProperties") is not False:
-            raise openai_refusal(
-                param,
-                f"{prefix}: In context={context}, 'additionalProperties' is required to be supplied and to be false.",
-            )
-        properties = schema["properties"] if isinstance(schema.get("properties"), Mapping) else {}
-        required = schema.get("required")
-        missing = [
-            key for key in properties if not isinstance(required, list) or key not in required
-        ]
-        if missing:
-            raise openai_refusal(
-                param,
-                f"{prefix}: In context={context}, 'required' is required to be supplied and to be an array "
-                f"including every key in properties. Missing '{missing[0]}'.",
-            )
+
+
+def _check_closed_object(
+    schema: Mapping[str, Any], param: str, prefix: str, path: tuple[str, ...]
+) -> None:
+    """An object schema must refuse other properties and require all of its own."""
+    context = "(" + ", ".join(repr(p) for p in path) + (",)" if len(path) == 1 else ")")
+    if schema.get("additionalProperties") is not False:
+        raise openai_refusal(
+            param,
+            f"{prefix}: In context={context}, 'additionalProperties' is required to be supplied and to be false.",
+        )
+    properties = schema["properties"] if isinstance(schema.get("properties"), Mapping) else {}
+    required = schema.get("required")
+    missing = [key for key in properties if not isinstance(required, list) or key not in required]
+    if missing:
+        raise openai_refusal(
+            param,
+            f"{prefix}: In context={context}, 'required' is required to be supplied and to be an array "
+            f"including every key in properties. Missing '{missing[0]}'.",
+        )
+
+
+def _subschemas(
+    schema: Mapping[str, Any], path: tuple[str, ...]
+) -> Iterator[tuple[Any, tuple[str, ...]]]:
+    """Each schema nested in this one (a list stands for its items), with its path."""
     for key, sub in schema.items():
         if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(
             sub, Mapping
         ):
             for name, child in sub.items():
-                _check_strict_schema(child, param, prefix, (*path, key, name))
+                yield child, (*path, key, name)
         elif key in ("items", "anyOf", "allOf", "oneOf", "prefixItems", "not"):
-            _check_strict_schema(sub, param, prefix, (*path, key))
+            yield sub, (*path, key)
 
 
 def parse_stream_options(value: Any, stream: bool) -> bool:
@@ -913,7 +991,16 @@ def required_chat_features(req: ChatRequest) -> list[str]:
     strict; single_tool_call_enforced never is (the horde keeps the first
     call itself).
     """
-    needed: list[ChatFeature | ChatGuarantee] = []
+    needed: list[ChatFeature | ChatGuarantee] = [
+        *_sampling_features(req),
+        *_tool_and_format_features(req),
+        *_required_guarantees(req),
+    ]
+    return [f.name for f in needed]
+
+
+def _sampling_features(req: ChatRequest) -> list[ChatFeature]:
+    needed = []
     if req.seed is not None:
         needed.append(ChatFeature.seed)
     if req.sampling["presence_penalty"] != 0:
@@ -924,6 +1011,11 @@ def required_chat_features(req: ChatRequest) -> list[str]:
         needed.append(ChatFeature.reasoning_effort)
     if req.has_images:
         needed.append(ChatFeature.vision)
+    return needed
+
+
+def _tool_and_format_features(req: ChatRequest) -> list[ChatFeature]:
+    needed = []
     history_has_tools = any(m.get("tool_calls") or m["role"] == "tool" for m in req.messages)
     if req.forwards_tools or history_has_tools:
         needed.append(ChatFeature.tools)
@@ -933,13 +1025,18 @@ def required_chat_features(req: ChatRequest) -> list[str]:
         needed.append(ChatFeature.json_schema)
     if req.forwards_tools and req.response_format is not None:
         needed.append(ChatFeature.tools_with_response_format)
-    if req.horde.strict:
-        needed.append(ChatGuarantee.prompt_overflow_refused)
-        if req.forwards_tools and (req.tool_choice == "required" or req.named_function):
-            needed.append(ChatGuarantee.tool_choice_enforced)
-        if req.response_type == "json_schema" and req.response_format["json_schema"].get("strict"):  # type: ignore[index]
-            needed.append(ChatGuarantee.structured_output_enforced)
-    return [f.name for f in needed]
+    return needed
+
+
+def _required_guarantees(req: ChatRequest) -> list[ChatGuarantee]:
+    if not req.horde.strict:
+        return []
+    needed = [ChatGuarantee.prompt_overflow_refused]
+    if req.forwards_tools and (req.tool_choice == "required" or req.named_function):
+        needed.append(ChatGuarantee.tool_choice_enforced)
+    if req.response_type == "json_schema" and req.response_format["json_schema"].get("strict"):  # type: ignore[index]
+        needed.append(ChatGuarantee.structured_output_enforced)
+    return needed
 
 
 def image_count(messages: list[dict[str, Any]]) -> tuple[int, int]:

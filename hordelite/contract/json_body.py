@@ -74,14 +74,25 @@ def check_json_value(document: Any, *, check_strings: bool = True, root: str = "
             if not math.isfinite(value):
                 raise bad_request(path or "body", "expected a finite number")
         elif isinstance(value, dict | list):
-            if depth >= MAX_JSON_DEPTH:
-                raise _too_deep(path or "body")
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                child = f"{path}.{key}" if path else str(key)
-                if check_strings and isinstance(key, str) and _BAD_CHAR.search(key):
-                    raise bad_request(path or "body", _string_why(key, "a key"))
-                stack.append((child, item, depth + 1))
+            stack.extend(_children(path, value, depth, check_strings))
+
+
+def _children(
+    path: str, value: dict[Any, Any] | list[Any], depth: int, check_strings: bool
+) -> list[tuple[str, Any, int]]:
+    """The members of an object or array one level down, each with its path;
+    refuses the container past MAX_JSON_DEPTH, or a key that breaks the
+    string rule."""
+    if depth >= MAX_JSON_DEPTH:
+        raise _too_deep(path or "body")
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    children = []
+    for key, item in items:
+        child = f"{path}.{key}" if path else str(key)
+        if check_strings and isinstance(key, str) and _BAD_CHAR.search(key):
+            raise bad_request(path or "body", _string_why(key, "a key"))
+        children.append((child, item, depth + 1))
+    return children
 
 
 def check_text(field: str, value: str) -> None:

@@ -438,19 +438,31 @@ class Worker:
             await anyio.sleep(delay)
             return None, failures + 1
         except HordeRefusal as exc:
-            errors = exc.body.get("errors")
-            if self._wait and isinstance(errors, dict) and "wait" in errors:
-                log.warning(
-                    "the horde refuses a %g s long-poll (%s); polling instead", self._wait, exc
-                )
-                self._wait = 0
-                return None, failures
-            if exc.rc not in _RETRYABLE_POP_REFUSALS:
-                raise self._pop_refused(exc) from exc
-            delay = self.backoff.delay(failures)
-            log.warning("the horde refuses the pop (%s); popping again in %.1f s", exc, delay)
-            await anyio.sleep(delay)
-            return None, failures + 1
+            return None, await self._pop_refusal(exc, failures)
+        self._pop_answered(failures)
+        if answer.get("id") is None:
+            await self._pause_after_empty_pop(started, check_in)
+            return None, 0
+        return answer, 0
+
+    async def _pop_refusal(self, exc: HordeRefusal, failures: int) -> int:
+        """The failures in a row after a refused pop: a refused long-poll
+        turns to polling, a passing refusal waits its backoff, and any other
+        stops the worker (raises WorkerError)."""
+        errors = exc.body.get("errors")
+        if self._wait and isinstance(errors, dict) and "wait" in errors:
+            log.warning("the horde refuses a %g s long-poll (%s); polling instead", self._wait, exc)
+            self._wait = 0
+            return failures
+        if exc.rc not in _RETRYABLE_POP_REFUSALS:
+            raise self._pop_refused(exc) from exc
+        delay = self.backoff.delay(failures)
+        log.warning("the horde refuses the pop (%s); popping again in %.1f s", exc, delay)
+        await anyio.sleep(delay)
+        return failures + 1
+
+    def _pop_answered(self, failures: int) -> None:
+        """Count an answered pop; the first says the worker is serving."""
         if failures:
             log.info("the horde answers again")
         if not self._serving:
@@ -463,12 +475,11 @@ class Worker:
                 self.config.threads,
             )
         self._counts["pops"] += 1
-        if answer.get("id") is None:
-            held = anyio.current_time() - started >= self._wait / 2
-            if not check_in and (not held or not self._wait):
-                await anyio.sleep(_IDLE_POLL)  # the horde did not hold the pop
-            return None, 0
-        return answer, 0
+
+    async def _pause_after_empty_pop(self, started: float, check_in: bool) -> None:
+        held = anyio.current_time() - started >= self._wait / 2
+        if not check_in and (not held or not self._wait):
+            await anyio.sleep(_IDLE_POLL)  # the horde did not hold the pop
 
     def _pop_refused(self, exc: HordeRefusal) -> WorkerError:
         """The error that stops the worker for a pop refusal that will not

@@ -681,6 +681,16 @@ async def _json_body() -> JSON:
 def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
     """The fake's Quart app (QuartTrio on ``loop == "trio"``) answering for ``backend``."""
     app = quart_app("hordelite.worker.fake_backend", loop)
+    _add_guards(app, backend)
+    _add_info_routes(app, backend)
+    _add_counter_routes(app, backend)
+    _add_generation_routes(app, backend)
+    return app
+
+
+def _add_guards(app: Quart, backend: FakeBackend) -> None:
+    """Record every request, and answer as a backend that is down, one
+    without the counters, or one refusing a bad body or an unknown path."""
 
     @app.before_request
     async def _record() -> Response | None:
@@ -699,6 +709,10 @@ def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
     @app.errorhandler(404)
     async def _not_found(exc: Exception) -> Response:
         return _error(404, f"{request.path} is not served by this backend")
+
+
+def _add_info_routes(app: Quart, backend: FakeBackend) -> None:
+    """Health, the model and its context, as vLLM and llama.cpp tell them."""
 
     @app.get("/health")
     async def _health() -> Response:
@@ -723,6 +737,10 @@ def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
             }
         )
 
+
+def _add_counter_routes(app: Quart, backend: FakeBackend) -> None:
+    """llama.cpp's template and token counters."""
+
     @app.post("/apply-template")
     async def _apply_template() -> Response:
         body = await _json_body()
@@ -745,6 +763,10 @@ def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
             raise _BadRequest("tokens must be an array of token ids", param="tokens")
         return _json({"content": backend.detokenize(tokens)})
 
+
+def _add_generation_routes(app: Quart, backend: FakeBackend) -> None:
+    """The chat and text completions, whole or streamed."""
+
     @app.post("/v1/chat/completions")
     async def _chat() -> Response:
         body = await _json_body()
@@ -754,8 +776,6 @@ def create_fake_backend_app(backend: FakeBackend, loop: str = "trio") -> Quart:
     async def _completions() -> Response:
         body = await _json_body()
         return await _answer(backend, _TEXT, body, *backend._reply_to_text(body))
-
-    return app
 
 
 async def _answer(
