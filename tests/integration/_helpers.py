@@ -57,13 +57,17 @@ async def worker_id(client: httpx.AsyncClient, name: str) -> str:
     return str(response.json()["id"])
 
 
-def assert_refused(response: httpx.Response, status: int, rc: str) -> None:
-    """The response is the AI Horde error envelope with this status and return code."""
+def assert_refused(response: httpx.Response, status: int, rc: str, *words: str) -> dict[str, Any]:
+    """The response is the AI Horde error envelope with this status and
+    return code, its message naming each of ``words``; returns its body."""
     assert response.status_code == status, response.text
-    body = response.json()
+    body: dict[str, Any] = response.json()
     assert body["rc"] == rc, body
     assert isinstance(body["message"], str)
     assert body["message"]
+    for word in words:
+        assert word in body["message"], body
+    return body
 
 
 async def eventually(check: Callable[[], object], within: float = 10.0) -> None:

@@ -15,7 +15,7 @@ import pytest
 from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.contract.chat_reply import FAULT_REASONS
 from hordelite.testing import FakeChatWorker
-from tests.integration._chat_helpers import open_suite_horde
+from tests.integration._env import open_suite_horde
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 

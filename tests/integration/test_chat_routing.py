@@ -16,7 +16,6 @@ from tests.integration._chat_helpers import (
     TIME_TOOL,
     WEATHER_TOOL,
     ChatEnv,
-    assert_refused,
     chat_body,
     chat_status_path,
     open_chat_horde,
@@ -24,6 +23,7 @@ from tests.integration._chat_helpers import (
     pop_nothing,
     text_status_path,
 )
+from tests.integration._helpers import assert_refused
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 

@@ -19,7 +19,7 @@ import pytest
 from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.contract.generations import allowed_bytes
 from hordelite.testing import FakeChatWorker, ManualClock
-from tests.integration._chat_helpers import open_suite_horde
+from tests.integration._env import open_suite_horde
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 

@@ -38,7 +38,7 @@ from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.testing import FakeBackendConfig, FakeChatWorker, open_fake_backend, open_horde
-from tests.integration._chat_helpers import TLS
+from tests.integration._env import TLS
 from tests.integration._ledger import ledger_errors, settled_jobs
 
 pytestmark = pytest.mark.anyio

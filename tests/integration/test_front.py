@@ -29,7 +29,6 @@ from hordelite.testing import FakeChatWorker
 from tests.integration._chat_helpers import (
     MODEL,
     STRICT,
-    TLS,
     WEATHER_TOOL,
     ChatEnv,
     chat_body,
@@ -37,6 +36,7 @@ from tests.integration._chat_helpers import (
     pop_job,
     pop_nothing,
 )
+from tests.integration._env import TLS
 from tests.integration._helpers import eventually
 
 pytestmark = pytest.mark.anyio

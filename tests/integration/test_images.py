@@ -25,7 +25,7 @@ from hordelite.blobs import DirectoryStore
 from hordelite.config import Config
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
 from hordelite.testing import FakeChatWorker, ManualClock, TestHorde, open_horde
-from tests.integration._chat_helpers import TLS
+from tests.integration._env import TLS
 
 pytestmark = pytest.mark.anyio
 

@@ -28,13 +28,13 @@ from tests.integration._chat_helpers import (
     MODEL,
     WEATHER_TOOL,
     ChatEnv,
-    assert_refused,
     chat_body,
     chat_status_path,
     open_chat_horde,
     pop_job,
     pop_nothing,
 )
+from tests.integration._helpers import assert_refused
 
 pytestmark = pytest.mark.anyio
 

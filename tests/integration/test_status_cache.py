@@ -18,7 +18,7 @@ import pytest
 from hordelite.contract.limits import MAX_STATUS_WAIT, STATUS_POSITION_SECONDS
 from hordelite.horde import caches as service
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
-from tests.integration._chat_helpers import TLS
+from tests.integration._env import TLS
 from tests.integration._helpers import eventually, statements, submit_text
 
 pytestmark = pytest.mark.anyio

@@ -50,7 +50,8 @@ from hordelite.worker import (
 )
 from hordelite.worker._backend import Backend, BackendError
 from hordelite.worker.fake_backend import FakeBackend
-from tests.integration._chat_helpers import TLS, WEATHER_TOOL, chat_body, chat_status_path
+from tests.integration._chat_helpers import WEATHER_TOOL, chat_body, chat_status_path
+from tests.integration._env import TLS
 from tests.integration._helpers import eventually
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,8 @@ from hordelite.config import Config
 from hordelite.contract.limits import MIN_LONG_POLL_MARGIN
 from hordelite.testing import FakeTextWorker, TestHorde, open_fake_backend, open_horde
 from hordelite.worker import Worker
-from tests.integration._chat_helpers import TLS, assert_refused
+from tests.integration._env import TLS
+from tests.integration._helpers import assert_refused
 
 pytestmark = pytest.mark.anyio
 
