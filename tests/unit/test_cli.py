@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -648,66 +650,10 @@ def _banner(lines: queue.Queue[str | None], deadline: float) -> list[str]:
     return banner
 
 
-@pytest.mark.parametrize("backend", ["trio", "asyncio"])
-def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
-    tmp_path: Path, backend: str
-) -> None:
-    db = tmp_path / "served.db"
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        f'[server]\nhost = "127.0.0.1"\nport = 0\nbackend = "{backend}"\ngrace_period = 2\n'
-        f'[storage]\ndatabase = "{db}"\n',
-        encoding="utf-8",
-    )
-    stderr_path = tmp_path / "stderr.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
-    with stderr_path.open("w", encoding="utf-8") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-        )
-        reader: threading.Thread | None = None
-        try:
-            assert process.stdout is not None
-            lines, reader = _lines(process.stdout)
-            banner = _banner(lines, time.monotonic() + START_DEADLINE)
-            text = "\n".join(banner)
-            match = re.search(r"serving at (http://127\.0\.0\.1:(\d+))", text)
-            assert match, text
-            url, port = match.group(1), int(match.group(2))
-            assert port != 0
-            assert str(db) in text
-            assert "hordelite keys create" in text
-
-            r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
-            assert r.status_code == 200
-            assert r.json()["message"] == "OK"
-            # The printed dashboard URL is the page a new user opens.
-            assert f"dashboard and chat playground: {url}/" in text
-            page = httpx.get(f"{url}/", timeout=10)
-            assert page.status_code == 200
-            assert page.headers["content-type"].startswith("text/html")
-            assert 'id="playground"' in page.text
-
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
-            reader.join(timeout=STOP_TIMEOUT)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if process.stdout is not None and not (reader and reader.is_alive()):
-                process.stdout.close()
-    assert db.exists()
-
-
-def served_banner(tmp_path: Path, config_text: str) -> list[str]:
-    """The start banner of a real ``hordelite serve`` with this configuration
-    (then stopped with SIGTERM, which must exit 0)."""
+@contextlib.contextmanager
+def serving(tmp_path: Path, config_text: str) -> Iterator[list[str]]:
+    """A real ``hordelite serve`` with this configuration, running while the
+    block runs: its start banner; then stopped with SIGTERM, which must exit 0."""
     config = tmp_path / "serve.toml"
     config.write_text(config_text, encoding="utf-8")
     stderr_path = tmp_path / "stderr.log"
@@ -725,17 +671,53 @@ def served_banner(tmp_path: Path, config_text: str) -> list[str]:
         try:
             assert process.stdout is not None
             lines, reader = _lines(process.stdout)
-            banner = _banner(lines, time.monotonic() + START_DEADLINE)
+            yield _banner(lines, time.monotonic() + START_DEADLINE)
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
             reader.join(timeout=STOP_TIMEOUT)
-            return banner
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait()
             if process.stdout is not None and not (reader and reader.is_alive()):
                 process.stdout.close()
+
+
+def served_banner(tmp_path: Path, config_text: str) -> list[str]:
+    """The start banner of a real ``hordelite serve`` with this configuration
+    (then stopped with SIGTERM, which must exit 0)."""
+    with serving(tmp_path, config_text) as banner:
+        return banner
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
+    tmp_path: Path, backend: str
+) -> None:
+    db = tmp_path / "served.db"
+    with serving(
+        tmp_path,
+        f'[server]\nhost = "127.0.0.1"\nport = 0\nbackend = "{backend}"\ngrace_period = 2\n'
+        f'[storage]\ndatabase = "{db}"\n',
+    ) as banner:
+        text = "\n".join(banner)
+        match = re.search(r"serving at (http://127\.0\.0\.1:(\d+))", text)
+        assert match, text
+        url, port = match.group(1), int(match.group(2))
+        assert port != 0
+        assert str(db) in text
+        assert "hordelite keys create" in text
+
+        r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
+        assert r.status_code == 200
+        assert r.json()["message"] == "OK"
+        # The printed dashboard URL is the page a new user opens.
+        assert f"dashboard and chat playground: {url}/" in text
+        page = httpx.get(f"{url}/", timeout=10)
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert 'id="playground"' in page.text
+    assert db.exists()
 
 
 def test_the_banner_shows_the_anonymous_key_and_the_horde_sdk_base_url(tmp_path: Path) -> None:
