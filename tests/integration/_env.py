@@ -49,7 +49,9 @@ T = TypeVar("T")
 
 
 def client_for(horde: TestHorde, **kwargs: Any) -> httpx.AsyncClient:
-    """A client of ``horde`` (to be entered)."""
+    """A client of ``horde`` (to be entered). Its timeout, 30 s unless
+    given, is for a busy machine: a test's own deadline is what fails it."""
+    kwargs.setdefault("timeout", 30)
     return httpx.AsyncClient(base_url=horde.url, verify=TLS, **kwargs)
 
 
@@ -86,16 +88,13 @@ class Env:
         return await self.enter(worker)
 
     async def submit_text(
-        self,
-        prompt: str = "Once upon",
-        *,
-        models: Sequence[str] | None = None,
-        key: str | None = None,
-        **params: Any,
+        self, prompt: str = "Once upon", *, key: str | None = None, **params: Any
     ) -> str:
-        """Queue a text request of ``key`` (the requester's by default);
-        returns its id (fails the test on a refusal)."""
-        models = (self.model,) if models is None else models
+        """Queue a text request of ``key`` (the requester's by default) for
+        ``models=`` (the set-up's model by default; ``()``: any); ``params``
+        are its generation parameters. Returns its id (fails the test on a
+        refusal)."""
+        models = params.pop("models", (self.model,))
         return await _helpers.submit_text(
             self.client, key or self.requester, prompt, models=models, **params
         )
