@@ -29,8 +29,7 @@ async def test_a_pop_takes_the_request_of_the_requester_with_the_most_kudos_firs
         poor = await env.horde.create_key("poor", kudos=10)
         middle = await env.horde.create_key("middle", kudos=50)
         rich = await env.horde.create_key("rich", kudos=100)
-        owner = await env.horde.create_key("owner")
-        worker = await env.text_worker(key=owner)
+        worker = await env.text_worker()
         for key, prompt in ((poor, "poor"), (middle, "middle"), (rich, "rich")):
             await env.submit_text(prompt, key=key)
         assert await pop_prompts(worker, 3) == ["rich", "middle", "poor"]
@@ -41,8 +40,7 @@ async def test_among_requesters_with_equal_kudos_the_older_request_is_served_fir
     async with open_env(clock=clock) as env:
         later = await env.horde.create_key("later", kudos=50)
         earlier = await env.horde.create_key("earlier", kudos=50)
-        owner = await env.horde.create_key("owner")
-        worker = await env.text_worker(key=owner)
+        worker = await env.text_worker()
         await env.submit_text("older", key=earlier)
         clock.advance(1)
         await env.submit_text("newer", key=later)
@@ -53,44 +51,39 @@ KUDOS_GAP = 100
 BREAK_EVEN = KUDOS_GAP / AGING_PER_SECOND  # 20 s of waiting makes up 100 kudos
 
 
-@pytest.mark.parametrize("waited", [10, BREAK_EVEN - 1])
-async def test_a_newer_richer_request_goes_first_while_the_older_ones_aging_is_below_the_kudos_gap(
-    waited: float,
-) -> None:
-    clock = ManualClock()
-    async with open_env(clock=clock) as env:
-        poor = await env.horde.create_key("poor", kudos=0)
-        rich = await env.horde.create_key("rich", kudos=KUDOS_GAP)
-        owner = await env.horde.create_key("owner")
-        worker = await env.text_worker(key=owner)
-        await env.submit_text("A: old and poor", key=poor)
-        clock.advance(waited)
-        await env.submit_text("B: new and rich", key=rich)
-        assert await pop_prompts(worker, 2) == ["B: new and rich", "A: old and poor"]
+OLD_POOR, NEW_RICH = "A: old and poor", "B: new and rich"
 
 
-@pytest.mark.parametrize("waited", [BREAK_EVEN + 1, 30, 200])
+@pytest.mark.parametrize(
+    ("waited", "order"),
+    [
+        (10, [NEW_RICH, OLD_POOR]),
+        (BREAK_EVEN - 1, [NEW_RICH, OLD_POOR]),
+        (BREAK_EVEN + 1, [OLD_POOR, NEW_RICH]),
+        (30, [OLD_POOR, NEW_RICH]),
+        (200, [OLD_POOR, NEW_RICH]),
+    ],
+)
 async def test_an_older_poorer_request_goes_first_once_its_aging_exceeds_the_kudos_gap(
-    waited: float,
+    waited: float, order: list[str]
 ) -> None:
+    """Below the gap the newer, richer request goes first; past it the older one."""
     clock = ManualClock()
     async with open_env(clock=clock) as env:
         poor = await env.horde.create_key("poor", kudos=0)
         rich = await env.horde.create_key("rich", kudos=KUDOS_GAP)
-        owner = await env.horde.create_key("owner")
-        worker = await env.text_worker(key=owner)
-        await env.submit_text("A: old and poor", key=poor)
+        worker = await env.text_worker()
+        await env.submit_text(OLD_POOR, key=poor)
         clock.advance(waited)
-        await env.submit_text("B: new and rich", key=rich)
-        assert await pop_prompts(worker, 2) == ["A: old and poor", "B: new and rich"]
+        await env.submit_text(NEW_RICH, key=rich)
+        assert await pop_prompts(worker, 2) == order
 
 
 async def test_anonymous_requests_are_served_after_registered_ones_despite_aging() -> None:
     clock = ManualClock()
     async with open_env(clock=clock) as env:
         registered = await env.horde.create_key("registered", kudos=0)
-        owner = await env.horde.create_key("owner")
-        worker = await env.text_worker(key=owner)
+        worker = await env.text_worker()
         await env.submit_text("anonymous", key=ANONYMOUS)
         clock.advance(100)  # aging alone would put it 500 ahead
         await env.submit_text("registered", key=registered)

@@ -17,7 +17,6 @@ from hordelite.testing import FakeTextWorker
 from tests.integration._env import open_env
 from tests.integration._helpers import assert_refused, kudos_of, text_status
 from tests.integration.test_images import (
-    client_for,
     image_body,
     online_vision_worker,
     png_data_url,
@@ -162,12 +161,9 @@ async def test_only_its_owner_changes_a_key_and_what_the_ai_horde_refuses_is_ref
 
 
 async def test_a_shared_key_serves_as_a_bearer_key_on_the_openai_front() -> None:
-    async with (
-        open_env() as env,
-        httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client,
-    ):
-        key = await lend(client, env.requester, max_text_tokens=10)
-        r = await client.post(
+    async with open_env() as env:
+        key = await lend(env.client, env.requester, max_text_tokens=10)
+        r = await env.client.post(
             "/v1/completions",
             headers={"Authorization": f"Bearer {key['id']}"},
             json={"model": "m1", "prompt": "Hi", "max_tokens": 20},
@@ -202,12 +198,9 @@ async def test_a_shared_keys_cap_holds_under_concurrent_submits(
     # requests sent at once, only as many as the key's kudos cover are
     # queued, and the lender pays at most the key's kudos once a worker has
     # answered them all in full.
-    async with (
-        open_env(database=chat_database, requester_kudos=10_000) as env,
-        httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client,
-    ):
+    async with open_env(database=chat_database, requester_kudos=10_000) as env:
         params = {"max_length": 512, "max_context_length": 1024}
-        r = await client.post(
+        r = await env.client.post(
             "/api/v2/generate/text/async",
             headers={"apikey": env.requester},
             json={**text_body(**params), "dry_run": True},
@@ -215,50 +208,47 @@ async def test_a_shared_keys_cap_holds_under_concurrent_submits(
         price = r.json()["kudos"]
         cap = 100
         assert 1 < cap // price < 12
-        key = await lend(client, env.requester, kudos=cap)
-        answers = await _send_at_once(client, key["id"], 12, **params)
+        key = await lend(env.client, env.requester, kudos=cap)
+        answers = await _send_at_once(env.client, key["id"], 12, **params)
         admitted = [a.json()["id"] for a in answers if a.status_code == 202]
         assert len(admitted) == int(cap // price)
         for refused in (a for a in answers if a.status_code != 202):
             assert_refused(refused, 403, "SharedKeyInsufficientKudos")
-        before = await kudos_of(client, env.requester)
+        before = await kudos_of(env.client, env.requester)
         async with FakeTextWorker(
             env.horde.url, env.owner, models=["m1"], generate=lambda _: "word " * 512
         ) as worker:
             for _ in admitted:
                 assert await worker.serve_one() is not None
-        charged = before - await kudos_of(client, env.requester)
+        charged = before - await kudos_of(env.client, env.requester)
         assert charged == pytest.approx(len(admitted) * price)
         assert charged <= cap
-        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        left = (await env.client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
         assert left["kudos"] == int(cap - charged)
 
 
 async def test_a_request_that_ends_unsettled_releases_what_it_held_on_its_key() -> None:
     clock = ManualClock()
-    async with (
-        open_env(clock=clock, request_expiry=600, requester_kudos=10_000) as env,
-        httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client,
-    ):
+    async with open_env(clock=clock, request_expiry=600, requester_kudos=10_000) as env:
         params = {"max_length": 512, "max_context_length": 1024}
-        key = await lend(client, env.requester, kudos=30)  # one such request at a time
-        sent = await _send_at_once(client, key["id"], 1, **params)
+        key = await lend(env.client, env.requester, kudos=30)  # one such request at a time
+        sent = await _send_at_once(env.client, key["id"], 1, **params)
         assert sent[0].status_code == 202, sent[0].text
         held = sent[0].json()["id"]
-        again = (await _send_at_once(client, key["id"], 1, **params))[0]
+        again = (await _send_at_once(env.client, key["id"], 1, **params))[0]
         assert_refused(again, 403, "SharedKeyInsufficientKudos")
         assert "held by its requests in flight" in again.json()["message"]
         # Cancelled: its price is free again.
-        r = await client.delete(f"/api/v2/generate/text/status/{held}")
+        r = await env.client.delete(f"/api/v2/generate/text/status/{held}")
         assert r.status_code == 200, r.text
-        sent = await _send_at_once(client, key["id"], 1, **params)
+        sent = await _send_at_once(env.client, key["id"], 1, **params)
         assert sent[0].status_code == 202, sent[0].text
         # Expired: the same.
         clock.advance(601)
         await env.horde.sweep()
-        sent = await _send_at_once(client, key["id"], 1, **params)
+        sent = await _send_at_once(env.client, key["id"], 1, **params)
         assert sent[0].status_code == 202, sent[0].text
-        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        left = (await env.client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
         assert (left["kudos"], left["utilized"]) == (30, 0)
 
 
@@ -295,35 +285,32 @@ async def test_each_shared_key_has_its_own_idempotency_keys() -> None:
 async def test_a_shared_key_is_served_where_its_lenders_key_is() -> None:
     # A dry run (checked as the AI Horde checks one through a key) and a
     # chat request with an image were 401 through a shared key.
-    async with (
-        open_env(requester_kudos=10_000) as env,
-        client_for(env.horde) as client,
-    ):
-        key = await lend(client, env.requester, kudos=30, max_text_tokens=512)
+    async with open_env(requester_kudos=10_000) as env:
+        key = await lend(env.client, env.requester, kudos=30, max_text_tokens=512)
         dry = {**text_body(max_length=512, max_context_length=1024), "dry_run": True}
-        by_owner = await client.post(
+        by_owner = await env.client.post(
             "/api/v2/generate/text/async", headers={"apikey": env.requester}, json=dry
         )
-        by_key = await client.post(
+        by_key = await env.client.post(
             "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=dry
         )
         assert by_key.status_code == by_owner.status_code == 200, by_key.text
         assert by_key.json() == by_owner.json()
         dry["params"]["max_length"] = 513
-        r = await client.post(
+        r = await env.client.post(
             "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=dry
         )
         assert_refused(r, 400, "BadRequest")
-        poor = await lend(client, env.requester, kudos=1)
+        poor = await lend(env.client, env.requester, kudos=1)
         dry["params"]["max_length"] = 512
-        r = await client.post(
+        r = await env.client.post(
             "/api/v2/generate/text/async", headers={"apikey": poor["id"]}, json=dry
         )
         assert_refused(r, 403, "SharedKeyInsufficientKudos")
-        perf = (await client.get("/api/v2/status/performance")).json()
+        perf = (await env.client.get("/api/v2/status/performance")).json()
         assert perf["queued_text_requests"] == 0  # the dry runs queued nothing
         async with online_vision_worker(env.horde, env.owner):
-            r = await client.post(
+            r = await env.client.post(
                 "/api/v2/generate/chat/async",
                 headers={"apikey": key["id"]},
                 json=image_body(png_data_url()),
@@ -393,12 +380,9 @@ async def test_a_request_naming_no_model_holds_its_price_on_the_largest_model_on
     # worker may take it: a 70B worker's job cost the key many times what it
     # held, past its kudos.
     big = "Llama-3.3-70B-Instruct"
-    async with (
-        open_env(database=chat_database, requester_kudos=10_000) as env,
-        httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client,
-    ):
+    async with open_env(database=chat_database, requester_kudos=10_000) as env:
         cap = 500
-        key = await lend(client, env.requester, kudos=cap)
+        key = await lend(env.client, env.requester, kudos=cap)
         params = {"max_length": 64, "max_context_length": 1024}
         body = {"prompt": "Hello", "params": params}
         async with FakeTextWorker(
@@ -409,7 +393,7 @@ async def test_a_request_naming_no_model_holds_its_price_on_the_largest_model_on
 
             async def send() -> None:
                 answers.append(
-                    await client.post(
+                    await env.client.post(
                         "/api/v2/generate/text/async", headers={"apikey": key["id"]}, json=body
                     )
                 )
@@ -421,10 +405,10 @@ async def test_a_request_naming_no_model_holds_its_price_on_the_largest_model_on
             assert 1 <= len(admitted) < 6
             for refused in (a for a in answers if a.status_code != 202):
                 assert_refused(refused, 403, "SharedKeyInsufficientKudos")
-            before = await kudos_of(client, env.requester)
+            before = await kudos_of(env.client, env.requester)
             for _ in admitted:
                 assert await worker.serve_one() is not None
-        charged = before - await kudos_of(client, env.requester)
+        charged = before - await kudos_of(env.client, env.requester)
         assert charged > len(admitted) * admitted[0].json()["kudos"]  # the 70B price
         assert charged <= cap
 
@@ -434,47 +418,41 @@ async def test_a_cancelled_requests_job_still_out_holds_its_price_until_it_settl
 ) -> None:
     # A cancel leaves a worker's job out: it settles, and charges, when it
     # comes in, so its price stays held on the key until then.
-    async with (
-        open_env(database=chat_database, requester_kudos=10_000) as env,
-        httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client,
-    ):
+    async with open_env(database=chat_database, requester_kudos=10_000) as env:
         params = {"max_length": 512, "max_context_length": 1024}
-        key = await lend(client, env.requester, kudos=30)  # one such request at a time
+        key = await lend(env.client, env.requester, kudos=30)  # one such request at a time
         async with FakeTextWorker(
             env.horde.url, env.owner, models=["m1"], generate=lambda _: "short"
         ) as worker:
-            [sent] = await _send_at_once(client, key["id"], 1, **params)
+            [sent] = await _send_at_once(env.client, key["id"], 1, **params)
             assert sent.status_code == 202, sent.text
             job = await worker.pop()
             assert job["id"] is not None
-            r = await client.delete(f"/api/v2/generate/text/status/{sent.json()['id']}")
+            r = await env.client.delete(f"/api/v2/generate/text/status/{sent.json()['id']}")
             assert r.status_code == 200, r.text
-            [held] = await _send_at_once(client, key["id"], 1, **params)
+            [held] = await _send_at_once(env.client, key["id"], 1, **params)
             assert_refused(held, 403, "SharedKeyInsufficientKudos")
             await worker.submit(job["id"], "short")
-            [freed] = await _send_at_once(client, key["id"], 1, **params)
+            [freed] = await _send_at_once(env.client, key["id"], 1, **params)
             assert freed.status_code == 202, freed.text
-        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        left = (await env.client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
         assert 0 < left["utilized"] < 25
 
 
 async def test_a_faulted_request_releases_what_it_held_on_its_key() -> None:
-    async with (
-        open_env(max_faults=0, requester_kudos=10_000) as env,
-        httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client,
-    ):
+    async with open_env(max_faults=0, requester_kudos=10_000) as env:
         params = {"max_length": 512, "max_context_length": 1024}
-        key = await lend(client, env.requester, kudos=30)  # one such request at a time
+        key = await lend(env.client, env.requester, kudos=30)  # one such request at a time
         async with FakeTextWorker(env.horde.url, env.owner, models=["m1"]) as worker:
-            [sent] = await _send_at_once(client, key["id"], 1, **params)
+            [sent] = await _send_at_once(env.client, key["id"], 1, **params)
             assert sent.status_code == 202, sent.text
             job = await worker.pop()
             assert job["id"] is not None
-            [held] = await _send_at_once(client, key["id"], 1, **params)
+            [held] = await _send_at_once(env.client, key["id"], 1, **params)
             assert_refused(held, 403, "SharedKeyInsufficientKudos")
             await worker.submit(job["id"], "", state="faulted")
-            assert (await text_status(client, sent.json()["id"]))["faulted"] is True
-            [freed] = await _send_at_once(client, key["id"], 1, **params)
+            assert (await text_status(env.client, sent.json()["id"]))["faulted"] is True
+            [freed] = await _send_at_once(env.client, key["id"], 1, **params)
             assert freed.status_code == 202, freed.text
-        left = (await client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
+        left = (await env.client.get(f"/api/v2/sharedkeys/{key['id']}")).json()
         assert (left["kudos"], left["utilized"]) == (30, 0)
