@@ -8,12 +8,14 @@ the database ``open_chat_horde`` opens (tests/integration/_env.py).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import httpx
 
 from hordelite.testing import FakeChatWorker, FakeTextWorker
+from tests.chat_shapes import function_tool
 from tests.integration._env import Env, open_env_of
 
 CHAT_ASYNC = "/api/v2/generate/chat/async"
@@ -22,30 +24,10 @@ MODEL = "chat-model"
 # only it serves plain strict requests.
 STRICT = ("prompt_overflow_refused",)
 
-WEATHER_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The local time in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER_TOOL: dict[str, Any] = function_tool(
+    "get_weather", "The weather in a city.", strings=["city"]
+)
+TIME_TOOL: dict[str, Any] = function_tool("get_time", "The local time in a city.", strings=["city"])
 
 
 def chat_body(
@@ -64,6 +46,15 @@ def chat_body(
         body["max_tokens"] = max_tokens
     body.update(fields)
     return body
+
+
+def chat_price(chars: int, max_length: int, billions: float) -> tuple[float, float]:
+    """(reward, charge) by the chat guide's "Pricing": tokens = min(max_length, max(20,
+    ceil(chars / 4))), reward = round(tokens x billions / 21, 2), and the
+    requester pays the reward plus 1."""
+    tokens = min(max_length, max(20, math.ceil(chars / 4)))
+    reward = round(tokens * billions / 21, 2)
+    return reward, round(reward + 1, 2)
 
 
 def chat_status_path(request_id: str) -> str:
