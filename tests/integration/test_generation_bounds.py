@@ -19,7 +19,7 @@ from tests.integration.test_budgets import (
     FLOODER,
     POLITE,
     TEXT_ASYNC,
-    assert_refused,
+    assert_over_budget,
     budgets,
     client_from,
     database,  # noqa: F401 (the fixture, over both databases)
@@ -113,7 +113,7 @@ async def test_generations_count_toward_the_requesters_stored_bytes_until_the_pu
         r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body(prompt))
         assert r.status_code == 202, r.text
         r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body(prompt))
-        body = assert_refused(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
+        body = assert_over_budget(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
         assert f"hold {held + 4000} bytes" in body["message"], body
         # Past the retention the first request is purged, its generation with it.
         clock.advance(config.horde.retention + 1)
@@ -146,7 +146,7 @@ async def test_an_anonymous_addresss_generations_count_toward_its_own_stored_byt
         await env.horde.sweep()  # released: its generation now counts on its address
         assert (await flooder.post(TEXT_ASYNC, json=text_body(prompt))).status_code == 202
         r = await flooder.post(TEXT_ASYNC, json=text_body(prompt))
-        body = assert_refused(r, 429, "StoredBytesExceeded", "budgets.anonymous_stored_bytes")
+        body = assert_over_budget(r, 429, "StoredBytesExceeded", "budgets.anonymous_stored_bytes")
         assert f"hold {held + 4000} bytes" in body["message"], body
         # The other address holds nothing: two requests fit beside each other.
         for _ in range(2):

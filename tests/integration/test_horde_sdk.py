@@ -54,7 +54,7 @@ from horde_sdk.generic_api.apimodels import HordeRequest, HordeResponse
 from pydantic import BaseModel
 
 from hordelite.testing import FakeTextWorker, TestHorde, open_horde
-from tests.integration._env import open_env
+from tests.integration._env import Env, open_env
 
 pytestmark = pytest.mark.anyio
 
@@ -167,6 +167,12 @@ async def pop(
     return success(await send(client, horde, request), request, TextGenerateJobPopResponse)
 
 
+async def queued_job(client: httpx.AsyncClient, env: Env) -> TextGenerateJobPopResponse:
+    """The job of a text request of the requester's, popped by the owner's worker."""
+    await queue(client, env.horde, text_request(env.requester))
+    return await pop(client, env.horde, pop_request(env.owner))
+
+
 def status_request_for(accepted: TextGenerateAsyncResponse) -> TextGenerateStatusRequest:
     """The follow-up request the SDK's simple clients build from a 202 answer."""
     follow_up = accepted.get_follow_up_default_request_type()
@@ -231,12 +237,11 @@ async def test_the_sdk_status_of_a_done_request_holds_the_one_generation_it_wait
         open_env() as env,
         httpx.AsyncClient() as client,
     ):
-        owner = await env.horde.create_key("owner")
         accepted = await queue(client, env.horde, text_request(env.requester, "Tell me a story"))
-        job = await pop(client, env.horde, pop_request(owner))
+        job = await pop(client, env.horde, pop_request(env.owner))
         assert job.id_ is not None
         submit = TextGenerationJobSubmitRequest(
-            apikey=owner,
+            apikey=env.owner,
             id=job.id_,
             generation="Once there was a horde.",
             state=GENERATION_STATE.ok,
@@ -264,7 +269,6 @@ async def test_the_sdk_cleanup_delete_cancels_a_waiting_request_and_answers_its_
         open_env() as env,
         httpx.AsyncClient() as client,
     ):
-        owner = await env.horde.create_key("owner")
         accepted = await queue(client, env.horde, text_request(env.requester))
         (cleanup,) = accepted.get_follow_up_failure_cleanup_request()
         assert cleanup.get_http_method() == "DELETE"
@@ -272,7 +276,7 @@ async def test_the_sdk_cleanup_delete_cancels_a_waiting_request_and_answers_its_
         before = success(response, cleanup, TextGenerateStatusResponse)
         assert (before.waiting, before.finished) == (1, 0)
         # Cancelled: no worker is handed the request any more.
-        job = await pop(client, env.horde, pop_request(owner))
+        job = await pop(client, env.horde, pop_request(env.owner))
         assert job.id_ is None
 
 
@@ -284,13 +288,12 @@ async def test_an_sdk_pop_without_a_job_validates_and_counts_what_it_skipped() -
         open_env() as env,
         httpx.AsyncClient() as client,
     ):
-        owner = await env.horde.create_key("owner")
-        empty = await pop(client, env.horde, pop_request(owner))
+        empty = await pop(client, env.horde, pop_request(env.owner))
         assert (empty.id_, empty.ids, empty.model) == (None, [], None)
         assert empty.skipped.is_empty()
         # A request needing more context than the worker offers is skipped, and counted.
         await queue(client, env.horde, text_request(env.requester, max_context_length=4096))
-        skipped = await pop(client, env.horde, pop_request(owner, max_context_length=2048))
+        skipped = await pop(client, env.horde, pop_request(env.owner, max_context_length=2048))
         assert (skipped.id_, skipped.ids) == (None, [])
         assert skipped.skipped.max_context_length == 1
 
@@ -300,7 +303,6 @@ async def test_an_sdk_pop_with_a_job_validates_with_its_kobold_payload() -> None
         open_env() as env,
         httpx.AsyncClient() as client,
     ):
-        owner = await env.horde.create_key("owner")
         await queue(
             client,
             env.horde,
@@ -314,7 +316,7 @@ async def test_an_sdk_pop_with_a_job_validates_with_its_kobold_payload() -> None
                 stop_sequence=["\nUser:"],
             ),
         )
-        job = await pop(client, env.horde, pop_request(owner))
+        job = await pop(client, env.horde, pop_request(env.owner))
         assert job.id_ is not None
         assert job.ids == [job.id_]
         assert job.model == MODEL
@@ -331,12 +333,10 @@ async def test_an_sdk_job_submit_is_answered_with_a_positive_reward() -> None:
         open_env() as env,
         httpx.AsyncClient() as client,
     ):
-        owner = await env.horde.create_key("owner")
-        await queue(client, env.horde, text_request(env.requester))
-        job = await pop(client, env.horde, pop_request(owner))
+        job = await queued_job(client, env)
         assert job.id_ is not None
         submit = TextGenerationJobSubmitRequest(
-            apikey=owner, id=job.id_, generation="word " * 30, state=GENERATION_STATE.ok
+            apikey=env.owner, id=job.id_, generation="word " * 30, state=GENERATION_STATE.ok
         )
         response = await send(client, env.horde, submit)
         answer = success(response, submit, type(submit).get_default_success_response_type())
@@ -463,11 +463,9 @@ async def test_a_second_submit_of_one_job_is_a_400_DuplicateGen_the_sdk_reads() 
         open_env() as env,
         httpx.AsyncClient() as client,
     ):
-        owner = await env.horde.create_key("owner")
-        await queue(client, env.horde, text_request(env.requester))
-        job = await pop(client, env.horde, pop_request(owner))
+        job = await queued_job(client, env)
         submit = TextGenerationJobSubmitRequest(
-            apikey=owner, id=job.id_, generation="done", state=GENERATION_STATE.ok
+            apikey=env.owner, id=job.id_, generation="done", state=GENERATION_STATE.ok
         )
         assert (await send(client, env.horde, submit)).status_code == 200
         refusal(await send(client, env.horde, submit), 400, "DuplicateGen")
@@ -482,12 +480,11 @@ async def test_the_sdk_async_simple_client_runs_a_text_generation_end_to_end(
     if anyio_backend != "asyncio":
         pytest.skip("horde_sdk's async client is aiohttp, which runs on asyncio only")
     async with open_env() as env:
-        owner = await env.horde.create_key("owner")
         # The SDK reads AI_HORDE_URL once, at import: point its requests at this horde.
         monkeypatch.setattr(sdk_base, "AI_HORDE_BASE_URL", f"{env.horde.url}/api/")
         async with (
             aiohttp.ClientSession() as session,
-            FakeTextWorker(env.horde.url, owner, name=WORKER, models=[MODEL]) as worker,
+            FakeTextWorker(env.horde.url, env.owner, name=WORKER, models=[MODEL]) as worker,
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(worker.serve_one, 20)

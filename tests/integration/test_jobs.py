@@ -170,8 +170,8 @@ async def test_the_anonymous_key_cannot_pop_and_gets_AnonForbiddenWorker() -> No
 async def test_a_worker_name_first_used_by_another_user_is_refused_with_WrongCredentials() -> None:
     async with open_env(requester_kudos=0) as env:
         mallory = await env.horde.create_key("mallory")
-        first = await env.text_worker("shared-name", key=env.requester)
-        second = await env.text_worker("shared-name", key=mallory)
+        first = await env.text_worker("shared-name", ["fake-model"], key=env.requester)
+        second = await env.text_worker("shared-name", ["fake-model"], key=mallory)
         await first.pop()
         response = await second.client.post("/generate/text/pop", json=second.pop_body())
         assert_refused(response, 403, "WrongCredentials")
@@ -237,7 +237,7 @@ async def test_submitting_another_users_job_is_refused_with_WrongCredentials() -
 
 async def test_submitting_an_unknown_job_id_is_refused_with_InvalidJobID() -> None:
     async with open_env() as env:
-        worker = await env.text_worker()
+        worker = await env.text_worker(models=["fake-model"])
         response = await worker.client.post(
             "/generate/text/submit",
             json={"id": str(uuid.uuid4()), "generation": "from nowhere", "state": "ok"},
