@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
+from tests.chat_shapes import calling, function_tool, tool_call
 from tests.fuzz._harness import (
     CORE_FRAGMENTS,
     FRONT_MODEL,
@@ -34,18 +35,9 @@ EXAMPLES = 60
 PER_EXAMPLE = 5
 COMPLETIONS = "/v1/chat/completions"
 
-WEATHER_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER_TOOL: dict[str, Any] = function_tool(
+    "get_weather", "The weather in a city.", strings=["city"]
+)
 
 
 def completion_body() -> dict[str, Any]:
@@ -54,17 +46,7 @@ def completion_body() -> dict[str, Any]:
         "messages": [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "What is the weather in Paris?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-            },
+            calling(tool_call("call_1", "get_weather", '{"city": "Paris"}')),
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
             {"role": "user", "content": [{"type": "text", "text": "Thanks. And tomorrow?"}]},
         ],

@@ -57,13 +57,29 @@ async def worker_id(client: httpx.AsyncClient, name: str) -> str:
     return str(response.json()["id"])
 
 
-def assert_refused(response: httpx.Response, status: int, rc: str) -> None:
-    """The response is the AI Horde error envelope with this status and return code."""
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert body["rc"] == rc, body
-    assert isinstance(body["message"], str)
-    assert body["message"]
+async def worker_registered(client: httpx.AsyncClient, name: str) -> None:
+    """Once the horde knows the worker (its first pop registers it)."""
+    with anyio.fail_after(10):
+        while True:
+            if (await client.get(f"/api/v2/workers/name/{name}")).status_code == 200:
+                return
+            await anyio.sleep(0.01)
+
+
+def assert_refused(
+    response: httpx.Response, status: int, rc: str, *words: str, case: object = ""
+) -> dict[str, Any]:
+    """The response is the AI Horde error envelope with this status and
+    return code, its message naming each of ``words``; returns its body.
+    ``case`` names the case in a failure's report, where a test loops."""
+    assert response.status_code == status, (case, response.text)
+    body: dict[str, Any] = response.json()
+    assert body["rc"] == rc, (case, body)
+    assert isinstance(body["message"], str), (case, body)
+    assert body["message"], (case, body)
+    for word in words:
+        assert word in body["message"], (case, body)
+    return body
 
 
 async def eventually(check: Callable[[], object], within: float = 10.0) -> None:

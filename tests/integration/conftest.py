@@ -7,22 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import _chat_helpers
+from tests.integration import _env
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def chat_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
     """Run the test on SQLite (a temporary file) and on PostgreSQL (a schema
     of its own, skipped without HORDELITE_TEST_POSTGRES_URL): the hordes the
-    chat helpers open use it."""
+    set-ups of tests/integration/_env.py open use it."""
     url: str | None = None
     if request.param == "postgresql":
         url = request.getfixturevalue("postgres_schema_url")
-    _chat_helpers.select_database(url)
+    _env.select_database(url)
     try:
         yield url
     finally:
-        _chat_helpers.select_database(None)
+        _env.select_database(None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,17 +20,10 @@ import httpx
 import pytest
 
 from hordelite.config import Config
-from hordelite.testing import FakeTextWorker, TestHorde, open_horde
+from hordelite.testing import FakeTextWorker, TestHorde
+from tests.integration._env import open_env
 
 pytestmark = pytest.mark.anyio
-
-# One TLS context for every client: httpx builds a new one per client
-# otherwise, about 30 ms each (the test horde speaks plain HTTP anyway).
-TLS = ssl.create_default_context()
-
-
-def client_for(horde: TestHorde) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=horde.url, verify=TLS)
 
 
 MODEL = "fake-model"
@@ -90,9 +82,8 @@ class Scene:
 
 @contextlib.asynccontextmanager
 async def open_scene(kind: str, **horde_options: Any) -> AsyncIterator[Scene]:
-    async with open_horde(**horde_options) as horde, client_for(horde) as client:
-        alice = await horde.create_key("alice", kudos=KUDOS)
-        bob = await horde.create_key("bob")
+    async with open_env(requester_kudos=KUDOS, **horde_options) as env:
+        horde, client, alice, bob = env.horde, env.client, env.requester, env.owner
         async with FakeTextWorker(horde.url, bob, name="scribe", models=[MODEL]) as worker:
             scene = Scene(kind, horde, client, alice, bob, worker)
             if kind in ("queued", "leased"):

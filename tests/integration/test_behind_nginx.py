@@ -27,7 +27,8 @@ import httpx
 import pytest
 
 from hordelite.config import Config
-from hordelite.testing import FakeChatWorker, open_horde
+from hordelite.testing import FakeChatWorker
+from tests.integration._env import open_env
 from tests.integration.test_front import CHAT, open_front
 from tests.integration.test_front_streaming import body, data_events
 from tests.integration.test_images import (
@@ -119,16 +120,15 @@ async def test_a_remote_vision_worker_fetches_its_image_through_nginx() -> None:
         server={"trusted_proxies": "127.0.0.1"},
     )
     async with (
-        open_horde(config=config) as horde,
-        client_for(horde) as http,
-        running_nginx(horde.url.removeprefix("http://")) as proxied,
+        open_env(config=config) as env,
+        client_for(env.horde) as http,
+        running_nginx(env.horde.url.removeprefix("http://")) as proxied,
     ):
-        owner = await horde.create_key("bob")
         async with FakeChatWorker(
-            proxied, owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
+            proxied, env.owner, model_id=MODEL, chat_features=VISION, image_transports=("url",)
         ) as worker:
             assert (await worker.pop())["id"] is None  # online, through nginx
-            await submit_image_request(horde, http)
+            await submit_image_request(env, http)
             job = await worker.pop()
             url = image_url_of(job)
             assert url.startswith(proxied + "/blobs/"), url

@@ -19,7 +19,9 @@ from sqlalchemy import Text, cast, func, select
 from hordelite.config import Config
 from hordelite.contract.generations import reserved_bytes
 from hordelite.storage.schema import budget_refusals, requests
-from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
+from hordelite.testing import ManualClock, TestHorde, open_horde
+from tests.integration._env import open_env
+from tests.integration._helpers import assert_refused
 from tests.integration.test_images import (
     MODEL,
     blob_files,
@@ -58,6 +60,13 @@ def text_body(prompt: str = "Hello") -> dict[str, Any]:
     return {"prompt": prompt, "params": {"max_length": 16}, "models": ["m"]}
 
 
+async def queued_text(http: httpx.AsyncClient, key: str, times: int) -> None:
+    """``times`` text requests of ``key``, each accepted."""
+    for _ in range(times):
+        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+        assert r.status_code == 202, r.text
+
+
 # What text_body's request reserves of the stored bytes for its generation.
 RESERVED = reserved_bytes("text", 16, 1)
 
@@ -79,12 +88,10 @@ async def stored(horde: TestHorde) -> tuple[int, int, int]:
     return await horde.horde.db.read(read)
 
 
-def assert_refused(r: httpx.Response, status: int, rc: str, limit: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    body: dict[str, Any] = r.json()
-    assert body["rc"] == rc
+def assert_over_budget(r: httpx.Response, status: int, rc: str, limit: str) -> dict[str, Any]:
+    """The refusal of a budget: names the ``limit`` (and, at 429, when to retry)."""
+    body = assert_refused(r, status, rc, limit)
     assert body["limit"] == limit
-    assert limit in body["message"]
     if status == 429:
         assert 1 <= int(r.headers["Retry-After"]) <= 60
     return body
@@ -94,111 +101,115 @@ def assert_refused(r: httpx.Response, status: int, rc: str, limit: str) -> dict[
 
 
 async def test_a_300_image_anonymous_request_is_refused_before_any_image_is_stored() -> None:
-    async with open_horde() as horde, client_for(horde) as http:
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner) as worker:
+    async with (
+        open_env() as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner) as worker:
             image = png_data_url(64, 64, "RGB")
             body = image_body(image)
             parts = body["messages"][0]["content"]
             body["messages"][0]["content"] = [parts[0]] + [parts[1]] * 300
             r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
-            refusal = assert_refused(
+            refusal = assert_over_budget(
                 r, 413, "TooManyImages", "budgets.anonymous_images_per_request"
             )
             assert "300 images" in refusal["message"]
-            assert blob_files(horde) == []
-            assert (await stored(horde))[0] == 0
+            assert blob_files(env.horde) == []
+            assert (await stored(env.horde))[0] == 0
             assert (await worker.pop())["id"] is None  # nothing queued
 
 
 async def test_a_registered_user_may_send_as_many_images_as_its_own_budget() -> None:
     config = budgets(images_per_request=2, anonymous_images_per_request=1)
-    async with open_horde(config=config) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner):
+    async with (
+        open_env(config=config) as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner):
             body = image_body(png_data_url())
             parts = body["messages"][0]["content"]
             body["messages"][0]["content"] = [parts[0], parts[1], parts[1]]
-            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+            r = await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=body)
             assert r.status_code == 202, r.text
-            assert len(blob_files(horde)) == 2
+            assert len(blob_files(env.horde)) == 2
             r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
-            assert_refused(r, 413, "TooManyImages", "budgets.anonymous_images_per_request")
+            assert_over_budget(r, 413, "TooManyImages", "budgets.anonymous_images_per_request")
 
 
 async def test_images_over_the_image_bytes_budget_are_refused_and_deleted() -> None:
     # A 1500x1500 image is stored as a JPEG of tens of kilobytes: over a
     # budget of 1 KiB on its own (413), and the blob taken in is deleted.
-    async with open_horde(config=budgets(image_bytes=1024)) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner):
+    async with (
+        open_env(config=budgets(image_bytes=1024)) as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner):
             body = image_body(png_data_url(1500, 1500, "RGB"))
-            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
-            assert_refused(r, 413, "RequestTooLarge", "budgets.image_bytes")
-            assert blob_files(horde) == []
-            assert (await stored(horde))[0] == 0
+            r = await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=body)
+            assert_over_budget(r, 413, "RequestTooLarge", "budgets.image_bytes")
+            assert blob_files(env.horde) == []
+            assert (await stored(env.horde))[0] == 0
 
 
 async def test_image_bytes_held_by_waiting_requests_count_until_they_end() -> None:
     async with (
-        open_horde(config=budgets(image_bytes=1024 * 1024)) as horde,
-        client_for(horde) as http,
+        open_env(config=budgets(image_bytes=1024 * 1024)) as env,
+        client_for(env.horde) as http,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner):
+        async with online_vision_worker(env.horde, env.owner):
             body = image_body(png_data_url(1500, 1500, "RGB"))
             accepted = []
             while True:
-                r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+                r = await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=body)
                 if r.status_code != 202:
                     break
                 accepted.append(r.json()["id"])
                 assert len(accepted) < 200, "the image bytes budget never refused"
-            assert_refused(r, 429, "StoredBytesExceeded", "budgets.image_bytes")
-            assert len(blob_files(horde)) == len(accepted)  # the refused one's went
+            assert_over_budget(r, 429, "StoredBytesExceeded", "budgets.image_bytes")
+            assert len(blob_files(env.horde)) == len(accepted)  # the refused one's went
             cancelled = await http.delete(f"/api/v2/generate/chat/status/{accepted[0]}")
             assert cancelled.status_code == 200, cancelled.text
-            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
+            r = await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=body)
             assert r.status_code == 202, r.text
 
 
 async def test_a_cancel_deletes_the_request_images_at_once() -> None:
-    async with open_horde() as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner):
+    async with (
+        open_env() as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner):
             r = await http.post(
-                CHAT_ASYNC, headers={"apikey": key}, json=image_body(png_data_url())
+                CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(png_data_url())
             )
             assert r.status_code == 202, r.text
             request_id = r.json()["id"]
-            assert len(blob_files(horde)) == 1
+            assert len(blob_files(env.horde)) == 1
             cancelled = await http.delete(f"/api/v2/generate/chat/status/{request_id}")
             assert cancelled.status_code == 200, cancelled.text
-            assert blob_files(horde) == []
-            assert (await stored(horde))[1:] == (0, 0)  # its conversation released too
+            assert blob_files(env.horde) == []
+            assert (await stored(env.horde))[1:] == (0, 0)  # its conversation released too
 
 
 async def test_a_done_request_releases_its_conversation_and_images_at_the_next_sweep() -> None:
-    async with open_horde() as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner) as worker:
+    async with (
+        open_env() as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner) as worker:
             r = await http.post(
-                CHAT_ASYNC, headers={"apikey": key}, json=image_body(png_data_url())
+                CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(png_data_url())
             )
             assert r.status_code == 202, r.text
             request_id = r.json()["id"]
             job = await worker.pop()
             reply = {"message": {"role": "assistant", "content": "Red."}, "finish_reason": "stop"}
             assert (await worker.submit_reply(job, reply)).status_code == 200
-            assert len(blob_files(horde)) == 1  # until the sweep
-            await horde.sweep()
-            assert blob_files(horde) == []
-            assert (await stored(horde))[1:] == (0, 0)
+            assert len(blob_files(env.horde)) == 1  # until the sweep
+            await env.horde.sweep()
+            assert blob_files(env.horde) == []
+            assert (await stored(env.horde))[1:] == (0, 0)
             status = await http.get(f"/api/v2/generate/chat/status/{request_id}")
             assert status.status_code == 200, status.text
             assert status.json()["done"] is True
@@ -229,7 +240,7 @@ async def test_a_submit_and_cancel_loop_is_held_to_the_rate_and_stores_nothing_p
         accepted = [r for r in answers if r.status_code == 202]
         assert len(accepted) == 10
         for refused in answers[10:]:
-            body = assert_refused(
+            body = assert_over_budget(
                 refused, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute"
             )
             assert "10" in body["message"]
@@ -245,18 +256,16 @@ async def test_a_submit_and_cancel_loop_is_held_to_the_rate_and_stores_nothing_p
 
 async def test_one_address_shares_the_anonymous_rate_and_a_registered_user_has_its_own() -> None:
     config = budgets(anonymous_requests_per_minute=2, requests_per_minute=3)
-    async with open_horde(config=config) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice")
-        for _ in range(2):
-            r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
-            assert r.status_code == 202, r.text
+    async with (
+        open_env(config=config, requester_kudos=0) as env,
+        client_for(env.horde) as http,
+    ):
+        await queued_text(http, ANON, 2)
         r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
-        assert_refused(r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute")
-        for _ in range(3):
-            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
-            assert r.status_code == 202, r.text
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
-        assert_refused(r, 429, "RequestRateExceeded", "budgets.requests_per_minute")
+        assert_over_budget(r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute")
+        await queued_text(http, env.requester, 3)
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
+        assert_over_budget(r, 429, "RequestRateExceeded", "budgets.requests_per_minute")
 
 
 async def test_a_trusted_user_has_its_budget_and_an_admin_none() -> None:
@@ -264,45 +273,42 @@ async def test_a_trusted_user_has_its_budget_and_an_admin_none() -> None:
     async with open_horde(config=config) as horde, client_for(horde) as http:
         trusted = await horde.create_key("carol", trusted=True)
         admin = await horde.create_key("root", admin=True)
-        for _ in range(2):
-            r = await http.post(TEXT_ASYNC, headers={"apikey": trusted}, json=text_body())
-            assert r.status_code == 202, r.text
+        await queued_text(http, trusted, 2)
         r = await http.post(TEXT_ASYNC, headers={"apikey": trusted}, json=text_body())
-        assert_refused(r, 429, "RequestRateExceeded", "budgets.trusted_requests_per_minute")
-        for _ in range(5):
-            r = await http.post(TEXT_ASYNC, headers={"apikey": admin}, json=text_body())
-            assert r.status_code == 202, r.text
+        assert_over_budget(r, 429, "RequestRateExceeded", "budgets.trusted_requests_per_minute")
+        await queued_text(http, admin, 5)
 
 
 async def test_a_budget_of_0_is_no_limit() -> None:
     config = budgets(requests_per_minute=0, requests_held=0, stored_bytes=0)
-    async with open_horde(config=config) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice")
-        for _ in range(25):
-            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
-            assert r.status_code == 202, r.text
+    async with (
+        open_env(config=config, requester_kudos=0) as env,
+        client_for(env.horde) as http,
+    ):
+        await queued_text(http, env.requester, 25)
 
 
 async def test_a_cancelled_request_holds_its_place_while_its_job_is_out(
     database: str | None,
 ) -> None:
     config = budgets(requests_held=1)
-    async with open_horde(config=config, database=database) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with FakeTextWorker(horde.url, owner, models=["m"]) as worker:
-            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
-            assert r.status_code == 202, r.text
-            job = await worker.pop()
-            assert job["id"] is not None
-            cancel = await http.delete(f"/api/v2/generate/text/status/{r.json()['id']}")
-            assert cancel.status_code == 200, cancel.text
-            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
-            assert_refused(r, 429, "TooManyPrompts", "budgets.requests_held")
-            await worker.submit(job["id"], "late reply", seed=1)
-            await horde.sweep()  # its job is back: released
-            r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
-            assert r.status_code == 202, r.text
+    async with (
+        open_env(config=config, database=database) as env,
+        client_for(env.horde) as http,
+    ):
+        worker = await env.text_worker(models=["m"])
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
+        assert r.status_code == 202, r.text
+        job = await worker.pop()
+        assert job["id"] is not None
+        cancel = await http.delete(f"/api/v2/generate/text/status/{r.json()['id']}")
+        assert cancel.status_code == 200, cancel.text
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
+        assert_over_budget(r, 429, "TooManyPrompts", "budgets.requests_held")
+        await worker.submit(job["id"], "late reply", seed=1)
+        await env.horde.sweep()  # its job is back: released
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
+        assert r.status_code == 202, r.text
 
 
 # Stored bytes -----------------------------------------------------------------------
@@ -314,19 +320,24 @@ async def test_a_prompt_over_the_stored_bytes_budget_alone_is_413_and_beside_oth
     # Each request also reserves the bound of its generation (decision 0069).
     limit = 1000 + RESERVED
     async with (
-        open_horde(config=budgets(stored_bytes=limit), database=database) as horde,
-        client_for(horde) as http,
+        open_env(config=budgets(stored_bytes=limit), database=database) as env,
+        client_for(env.horde) as http,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        before = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("x" * 2000))
-        assert_refused(r, 413, "RequestTooLarge", "budgets.stored_bytes")
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("é" * 300))
+        before = (await http.get("/api/v2/find_user", headers={"apikey": env.requester})).json()
+        r = await http.post(
+            TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body("x" * 2000)
+        )
+        assert_over_budget(r, 413, "RequestTooLarge", "budgets.stored_bytes")
+        r = await http.post(
+            TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body("é" * 300)
+        )
         assert r.status_code == 202, r.text  # 600 bytes of UTF-8, and the reservation
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body("é" * 300))
-        assert_refused(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
-        assert (await stored(horde))[0] == 1
-        after = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
+        r = await http.post(
+            TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body("é" * 300)
+        )
+        assert_over_budget(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
+        assert (await stored(env.horde))[0] == 1
+        after = (await http.get("/api/v2/find_user", headers={"apikey": env.requester})).json()
         assert after["kudos"] == before["kudos"]
 
 
@@ -335,19 +346,22 @@ async def test_a_chat_request_over_a_budget_gets_its_429(route: str) -> None:
     # A text request fills the minute's budget of one; a chat request for a
     # served model then passes admission and is refused where it is stored.
     config = budgets(requests_per_minute=1)
-    async with open_horde(config=config) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner) as worker:
-            first = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+    async with (
+        open_env(config=config) as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner) as worker:
+            first = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
             assert first.status_code == 202, first.text
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
             if route == "native":
-                r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body)
-                assert_refused(r, 429, "RequestRateExceeded", "budgets.requests_per_minute")
+                r = await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=body)
+                assert_over_budget(r, 429, "RequestRateExceeded", "budgets.requests_per_minute")
             else:
                 r = await http.post(
-                    "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, json=body
+                    "/v1/chat/completions",
+                    headers={"authorization": f"Bearer {env.requester}"},
+                    json=body,
                 )
                 assert r.status_code == 429, r.text
                 error = r.json()["error"]
@@ -387,15 +401,15 @@ async def test_one_anonymous_flooder_leaves_another_anonymous_client_accepted(
         answers = [(await flooder.post(TEXT_ASYNC, json=text_body())) for _ in range(8)]
         assert [r.status_code for r in answers] == [202] * 3 + [429] * 5
         # Its held budget, then its rate (which its refusals count toward).
-        assert_refused(answers[3], 429, "TooManyPrompts", "budgets.anonymous_requests_held")
-        assert_refused(
+        assert_over_budget(answers[3], 429, "TooManyPrompts", "budgets.anonymous_requests_held")
+        assert_over_budget(
             answers[5], 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute"
         )
         for _ in range(3):
             r = await polite.post(TEXT_ASYNC, json=text_body())
             assert r.status_code == 202, r.text
         r = await polite.post(TEXT_ASYNC, json=text_body())
-        assert_refused(r, 429, "TooManyPrompts", "budgets.anonymous_requests_held")
+        assert_over_budget(r, 429, "TooManyPrompts", "budgets.anonymous_requests_held")
 
 
 async def test_anonymous_clients_behind_a_trusted_proxy_are_counted_by_the_forwarded_address() -> (
@@ -429,31 +443,32 @@ async def test_budget_refusals_count_toward_the_rate(database: str | None) -> No
     clock = ManualClock()
     config = budgets(requests_per_minute=6, requests_held=2)
     async with (
-        open_horde(config=config, clock=clock, database=database) as horde,
-        client_for(horde) as http,
+        open_env(config=config, clock=clock, database=database, requester_kudos=0) as env,
+        client_for(env.horde) as http,
     ):
-        key = await horde.create_key("alice")
         answers = []
         for _ in range(10):
-            answers.append(await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body()))
+            answers.append(
+                await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
+            )
             clock.advance(1.0)
         assert [r.status_code for r in answers] == [202] * 2 + [429] * 8
         for refused in answers[2:6]:
-            assert_refused(refused, 429, "TooManyPrompts", "budgets.requests_held")
+            assert_over_budget(refused, 429, "TooManyPrompts", "budgets.requests_held")
         # Two queued and four refused fill the window of six: from here on the
         # rate's one read refuses, and the refusal counts toward nothing.
         for refused in answers[6:]:
-            assert_refused(refused, 429, "RequestRateExceeded", "budgets.requests_per_minute")
+            assert_over_budget(refused, 429, "RequestRateExceeded", "budgets.requests_per_minute")
         assert int(answers[6].headers["Retry-After"]) == 54  # the first left 60 s after it came
 
         def counted(conn: Any) -> int:
             return int(conn.execute(select(func.count()).select_from(budget_refusals)).scalar())
 
-        assert await horde.horde.db.read(counted) == 4
+        assert await env.horde.horde.db.read(counted) == 4
         # The window moves on: the sweep forgets what it no longer counts.
         clock.advance(61.0)
-        await horde.sweep()
-        assert await horde.horde.db.read(counted) == 0
+        await env.horde.sweep()
+        assert await env.horde.horde.db.read(counted) == 0
 
 
 async def test_the_front_counts_anonymous_calls_per_address() -> None:
@@ -480,17 +495,21 @@ async def test_the_front_counts_anonymous_calls_per_address() -> None:
 
 async def test_a_request_with_images_past_the_rate_is_refused_before_its_images_are_read() -> None:
     config = budgets(anonymous_requests_per_minute=1)
-    async with open_horde(config=config) as horde, client_for(horde) as http:
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner):
+    async with (
+        open_env(config=config) as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner):
             r = await http.post(TEXT_ASYNC, headers={"apikey": ANON}, json=text_body())
             assert r.status_code == 202, r.text
             # An image no decoder takes: read, it would be refused 400; past
             # the rate, nothing of it is read.
             body = image_body("data:image/png;base64," + "A" * 4096)
             r = await http.post(CHAT_ASYNC, headers={"apikey": ANON}, json=body)
-            assert_refused(r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute")
-            assert blob_files(horde) == []
+            assert_over_budget(
+                r, 429, "RequestRateExceeded", "budgets.anonymous_requests_per_minute"
+            )
+            assert blob_files(env.horde) == []
 
 
 async def test_the_anonymous_concurrency_is_each_address_own() -> None:

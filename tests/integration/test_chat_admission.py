@@ -15,12 +15,12 @@ from hordelite.testing import ManualClock
 from tests.integration._chat_helpers import (
     MODEL,
     STRICT,
-    assert_refused,
     chat_body,
     open_chat_horde,
     pop_job,
     pop_nothing,
 )
+from tests.integration._helpers import assert_refused
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 

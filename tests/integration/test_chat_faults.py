@@ -5,17 +5,17 @@ the worker, and what happens to a faulted request's jobs."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
-import httpx
 import pytest
 
 from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.contract.chat_reply import FAULT_REASONS
 from hordelite.testing import FakeChatWorker
-from tests.integration._chat_helpers import open_suite_horde
+from tests.chat_shapes import calling, tool_call
+from tests.integration._chat_helpers import ChatEnv
+from tests.integration._env import open_env_of
+from tests.integration._helpers import assert_refused
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
@@ -40,50 +40,19 @@ def chat_body(**fields: Any) -> dict[str, Any]:
     }
 
 
-@dataclasses.dataclass
-class Chat:
-    client: httpx.AsyncClient
-    requester: str
-    owner: str
-    url: str
+class Chat(ChatEnv):
+    """The set-up, with workers of MODEL that declare every feature."""
+
+    model: ClassVar[str] = MODEL
 
     def worker(self, name: str) -> FakeChatWorker:
         return FakeChatWorker(
-            self.url, self.owner, name=name, model_id=MODEL, chat_features=ALL_NAMES
+            self.horde.url, self.owner, name=name, model_id=MODEL, chat_features=ALL_NAMES
         )
 
-    async def submit(self, body: dict[str, Any] | None = None) -> str:
-        r = await self.client.post(
-            "/api/v2/generate/chat/async",
-            headers={"apikey": self.requester},
-            json=body or chat_body(),
-        )
-        assert r.status_code == 202, r.text
-        return str(r.json()["id"])
 
-    async def status(self, request_id: str) -> dict[str, Any]:
-        r = await self.client.get(f"/api/v2/generate/chat/status/{request_id}")
-        assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
-
-    async def worker_details(self, name: str) -> dict[str, Any]:
-        r = await self.client.get(f"/api/v2/workers/name/{name}")
-        assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
-
-    async def kudos(self, api_key: str) -> float:
-        r = await self.client.get("/api/v2/find_user", headers={"apikey": api_key})
-        assert r.status_code == 200, r.text
-        return float(r.json()["kudos"])
-
-
-@contextlib.asynccontextmanager
-async def chat_horde(**horde_config: Any) -> AsyncIterator[Chat]:
-    async with open_suite_horde(**horde_config) as horde:
-        requester = await horde.create_key("alice", kudos=1000)
-        owner = await horde.create_key("bob")
-        async with httpx.AsyncClient(base_url=horde.url) as client:
-            yield Chat(client, requester, owner, horde.url)
+def chat_horde(**horde_config: Any) -> contextlib.AbstractAsyncContextManager[Chat]:
+    return open_env_of(Chat, requester_kudos=1000, **horde_config)
 
 
 async def pop_job(worker: FakeChatWorker) -> dict[str, Any]:
@@ -98,15 +67,6 @@ async def fault_ok(worker: FakeChatWorker, job: dict[str, Any], reason: str | No
     assert r.json() == {"reward": 0}
 
 
-def assert_refused(response: httpx.Response, rc: str) -> str:
-    """The refusal's message."""
-    assert response.status_code == 400, response.text
-    body = response.json()
-    assert body["rc"] == rc, body
-    assert body["message"]
-    return str(body["message"])
-
-
 # Each refusal kind: the request's fields, a reply it refuses, and the rc.
 REFUSALS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "nonconformant": (
@@ -117,17 +77,7 @@ REFUSALS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "invalid_call": (
         {},
         {
-            "message": {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": "{}"},
-                    }
-                ],
-            },
+            "message": calling(tool_call("call_1", "get_weather")),
             "finish_reason": "tool_calls",
         },
         "ChatSubmitInvalid",
@@ -148,7 +98,7 @@ async def test_a_faulted_chat_submit_needs_neither_generation_nor_message() -> N
     async with chat_horde() as chat:
         async with chat.worker("w1") as w1, chat.worker("w2") as w2:
             await w2.pop()  # both online before the request
-            request_id = await chat.submit()
+            request_id = await chat.queue(chat_body())
             first = await pop_job(w1)
             r = await w1.client.post(
                 "/generate/text/submit",
@@ -178,10 +128,10 @@ async def test_a_fault_after_a_refused_reply_counts_as_a_dropped_job_unless_the_
     fields, reply, rc = REFUSALS[refusal]
     async with chat_horde() as chat, chat.worker("w1") as worker:
         await worker.pop()
-        await chat.submit(chat_body(**fields))
+        await chat.queue(chat_body(**fields))
         job = await pop_job(worker)
         before = await chat.worker_details("w1")
-        assert_refused(await worker.submit_reply(job, reply), rc)
+        assert_refused(await worker.submit_reply(job, reply), 400, rc)
         await fault_ok(worker, job, "reply_refused")
         after = await chat.worker_details("w1")
         if rc == "ChatSubmitNonconformant":
@@ -212,7 +162,7 @@ async def test_a_request_faulted_with_a_worker_fault_reason_reports_the_horde_me
 ) -> None:
     async with chat_horde() as chat, chat.worker("w1") as worker:
         await worker.pop()
-        request_id = await chat.submit()
+        request_id = await chat.queue(chat_body())
         status = await fault_until_the_request_ends(chat, worker, request_id, reason)
         assert status["faulted"] is True
         assert status["fault"] == {"rc": "ChatWorkerFault", "message": FAULT_REASONS[reason]}
@@ -221,9 +171,9 @@ async def test_a_request_faulted_with_a_worker_fault_reason_reports_the_horde_me
 async def test_an_unknown_worker_fault_reason_is_ignored() -> None:
     async with chat_horde() as chat, chat.worker("w1") as worker:
         await worker.pop()
-        unknown = await chat.submit()
+        unknown = await chat.queue(chat_body())
         unknown_status = await fault_until_the_request_ends(chat, worker, unknown, "cosmic_rays")
-        without = await chat.submit()
+        without = await chat.queue(chat_body())
         without_status = await fault_until_the_request_ends(chat, worker, without, None)
         assert unknown_status["faulted"] is True
         # Accepted as a fault without a reason (worker guide, step 7): the generic
@@ -243,9 +193,9 @@ async def test_a_reply_refused_fault_keeps_the_message_of_the_refusal_it_follows
     # max_faults 0: the first fault ends the request.
     async with chat_horde(max_faults=0) as chat, chat.worker("w1") as worker:
         await worker.pop()
-        request_id = await chat.submit(chat_body(**fields))
+        request_id = await chat.queue(chat_body(**fields))
         job = await pop_job(worker)
-        message = assert_refused(await worker.submit_reply(job, reply), rc)
+        message = assert_refused(await worker.submit_reply(job, reply), 400, rc)["message"]
         await fault_ok(worker, job, "reply_refused")
         status = await chat.status(request_id)
         assert status["faulted"] is True
@@ -277,7 +227,7 @@ async def test_a_job_held_when_its_request_faults_is_aborted_and_charges_nobody(
         r = await w1.client.post(
             "/generate/text/submit", json={"id": held["id"], "generation": "a time", "state": "ok"}
         )
-        assert_refused(r, "AbortedGen")
+        assert_refused(r, 400, "AbortedGen")
         assert (await chat.kudos(chat.requester), await chat.kudos(chat.owner)) == balances
 
 
@@ -287,11 +237,11 @@ async def test_a_job_held_when_its_request_faults_is_aborted_and_charges_nobody(
 async def test_nonconformant_faults_do_not_put_a_worker_into_maintenance() -> None:
     async with chat_horde(max_faults=1000) as chat, chat.worker("w1") as worker:
         await worker.pop()
-        await chat.submit(chat_body(response_format={"type": "json_object"}))
+        await chat.queue(chat_body(response_format={"type": "json_object"}))
         for _ in range(MAINTENANCE_ABORTS + 1):
             job = await pop_job(worker)
             assert_refused(
-                await worker.submit_reply(job, text_reply("Blue.")), "ChatSubmitNonconformant"
+                await worker.submit_reply(job, text_reply("Blue.")), 400, "ChatSubmitNonconformant"
             )
             await fault_ok(worker, job, "reply_refused")
         details = await chat.worker_details("w1")
@@ -303,7 +253,7 @@ async def test_nonconformant_faults_do_not_put_a_worker_into_maintenance() -> No
 async def test_more_than_20_ordinary_faults_within_an_hour_put_a_worker_into_maintenance() -> None:
     async with chat_horde(max_faults=1000) as chat, chat.worker("w1") as worker:
         await worker.pop()
-        await chat.submit()
+        await chat.queue(chat_body())
         for _ in range(MAINTENANCE_ABORTS):
             await fault_ok(worker, await pop_job(worker))
         assert (await chat.worker_details("w1"))["maintenance_mode"] is False

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
+from hordelite.testing import FakeChatWorker
+from tests.chat_shapes import calling, tool_call
 from tests.integration._chat_helpers import (
     MODEL,
     STRICT,
     TIME_TOOL,
     WEATHER_TOOL,
     ChatEnv,
-    assert_refused,
     chat_body,
     chat_status_path,
     open_chat_horde,
@@ -24,22 +25,13 @@ from tests.integration._chat_helpers import (
     pop_nothing,
     text_status_path,
 )
+from tests.integration._helpers import assert_refused
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
 TOOL_HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "What is the weather in Paris?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-            }
-        ],
-    },
+    calling(tool_call("call_1", "get_weather", '{"city": "Paris"}')),
     {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
     {"role": "user", "content": "Should I take an umbrella?"},
 ]
@@ -423,16 +415,21 @@ async def test_fields_at_their_default_need_no_capability() -> None:
 MODES = [pytest.param("strict", id="strict"), pytest.param("best_effort", id="best_effort")]
 
 
+async def clamping_worker(env: ChatEnv) -> FakeChatWorker:
+    """An online tools worker that takes tools requests up to temperature 1.0."""
+    return await env.chat_worker(
+        "clamping",
+        ["tools", *STRICT],
+        limits={"max_context_length": 8192, "max_length": 1024, "tools_max_temperature": 1.0},
+    )
+
+
 @pytest.mark.parametrize("conformance", MODES)
 async def test_a_tools_request_above_a_workers_tools_max_temperature_is_not_given_to_it(
     conformance: str,
 ) -> None:
     async with open_chat_horde() as env:
-        clamping = await env.chat_worker(
-            "clamping",
-            ["tools", *STRICT],
-            limits={"max_context_length": 8192, "max_length": 1024, "tools_max_temperature": 1.0},
-        )
+        clamping = await clamping_worker(env)
         unclamped = await env.chat_worker("unclamped", ["tools", *STRICT], online=False)
         body = chat_body(tools=[WEATHER_TOOL], temperature=1.5, horde={"conformance": conformance})
         job = await assert_routed(env, body, [clamping], unclamped)
@@ -444,11 +441,7 @@ async def test_a_tools_request_below_a_workers_tools_max_temperature_is_given_to
     conformance: str,
 ) -> None:
     async with open_chat_horde() as env:
-        clamping = await env.chat_worker(
-            "clamping",
-            ["tools", *STRICT],
-            limits={"max_context_length": 8192, "max_length": 1024, "tools_max_temperature": 1.0},
-        )
+        clamping = await clamping_worker(env)
         body = chat_body(tools=[WEATHER_TOOL], temperature=0.5, horde={"conformance": conformance})
         await env.queue(body)
         job = await pop_job(clamping)

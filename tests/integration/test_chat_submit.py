@@ -6,20 +6,20 @@ the conformance decision's reply verification; chat guide: "Pricing by the text 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import httpx
 import pytest
 
 from hordelite.contract.chat_features import ALL_NAMES
 from hordelite.contract.generations import allowed_bytes
 from hordelite.testing import FakeChatWorker, ManualClock
-from tests.integration._chat_helpers import open_suite_horde
+from tests.chat_shapes import function_tool, json_schema_format
+from tests.integration._chat_helpers import ChatEnv, chat_price
+from tests.integration._env import open_env_of
+from tests.integration._helpers import assert_refused
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("chat_database")]
 
@@ -28,56 +28,16 @@ MODEL = "test/chat-13b"
 BILLIONS = 13
 JOB_TTL = 150  # the pop's ttl: the job's lease (worker guide, "Streaming progress")
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather at a place.",
-        "parameters": {
-            "type": "object",
-            "properties": {"location": {"type": "string"}},
-            "required": ["location"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string"}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
-COLOUR_SCHEMA = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "colour",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {"colour": {"type": "string"}},
-            "required": ["colour"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = function_tool("get_weather", "The weather at a place.", strings=["location"], closed=True)
+TIME = function_tool("get_time", strings=["zone"], closed=True)
+COLOUR_SCHEMA = json_schema_format("colour", ["colour"])
 
 
 # Local helpers -------------------------------------------------------------
 
 
 def expected_price(chars: int, max_length: int) -> tuple[float, float]:
-    """(reward, charge) by the chat guide's "Pricing": tokens = min(max_length, max(20,
-    ceil(chars / 4))), reward = round(tokens x billions / 21, 2), and the
-    requester pays the reward plus 1."""
-    tokens = min(max_length, max(20, math.ceil(chars / 4)))
-    reward = round(tokens * BILLIONS / 21, 2)
-    return reward, round(reward + 1, 2)
+    return chat_price(chars, max_length, BILLIONS)
 
 
 def call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -116,36 +76,18 @@ def chat_body(**fields: Any) -> dict[str, Any]:
     return body
 
 
-@dataclasses.dataclass
-class Chat:
-    horde: Any
-    client: httpx.AsyncClient
-    worker: FakeChatWorker
-    requester: str
-    owner: str
+class Chat(ChatEnv):
+    """The set-up with one online chat worker of MODEL declaring every
+    feature and guarantee."""
 
-    async def submit(self, body: dict[str, Any]) -> str:
-        r = await self.client.post(
-            "/api/v2/generate/chat/async", headers={"apikey": self.requester}, json=body
-        )
-        assert r.status_code == 202, r.text
-        return str(r.json()["id"])
+    model: ClassVar[str] = MODEL
+    worker: FakeChatWorker
 
     async def pop(self) -> dict[str, Any]:
         job = await self.worker.pop()
         assert job["id"] is not None, job
         assert job.get("chat") is True, job
         return job
-
-    async def status(self, request_id: str) -> dict[str, Any]:
-        r = await self.client.get(f"/api/v2/generate/chat/status/{request_id}")
-        assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
-
-    async def kudos(self, api_key: str) -> float:
-        r = await self.client.get("/api/v2/find_user", headers={"apikey": api_key})
-        assert r.status_code == 200, r.text
-        return float(r.json()["kudos"])
 
     async def balances(self) -> tuple[float, float]:
         return await self.kudos(self.requester), await self.kudos(self.owner)
@@ -157,25 +99,17 @@ async def chat_horde(tmp_path: Path, clock: ManualClock | None = None) -> AsyncI
     guarantee for MODEL, a requester with kudos and the worker's owner."""
     reference = tmp_path / "models.json"
     reference.write_text(json.dumps({MODEL: {"parameters": BILLIONS * 10**9}}))
-    async with open_suite_horde(clock=clock, model_reference=str(reference)) as horde:
-        requester = await horde.create_key("alice", kudos=1000)
-        owner = await horde.create_key("bob")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
+    async with open_env_of(
+        Chat, requester_kudos=1000, clock=clock, model_reference=str(reference)
+    ) as chat:
+        chat.worker = await chat.enter(
             FakeChatWorker(
-                horde.url, owner, name="w1", model_id=MODEL, chat_features=ALL_NAMES
-            ) as worker,
-        ):
-            # The first pop declares the worker: the model then has a chat worker.
-            assert (await worker.pop())["id"] is None
-            yield Chat(horde, client, worker, requester, owner)
-
-
-def assert_refused(response: httpx.Response, rc: str, case: str = "") -> None:
-    assert response.status_code == 400, (case, response.text)
-    body = response.json()
-    assert body["rc"] == rc, (case, body)
-    assert body["message"], case
+                chat.horde.url, chat.owner, name="w1", model_id=MODEL, chat_features=ALL_NAMES
+            )
+        )
+        # The first pop declares the worker: the model then has a chat worker.
+        assert (await chat.worker.pop())["id"] is None
+        yield chat
 
 
 async def assert_not_settled(chat: Chat, request_id: str, before: tuple[float, float]) -> None:
@@ -193,7 +127,7 @@ async def test_a_chat_request_completes_with_its_structured_reply_and_signals(
 ) -> None:
     async with chat_horde(tmp_path) as chat:
         before = await chat.balances()
-        request_id = await chat.submit(chat_body())
+        request_id = await chat.queue(chat_body())
         job = await chat.pop()
         assert job["model"] == MODEL
         assert job["payload"]["messages"][-1] == {"role": "user", "content": "Name one colour."}
@@ -242,7 +176,7 @@ async def test_a_tool_call_reply_is_popped_submitted_shown_and_charged_by_its_ar
 ) -> None:
     async with chat_horde(tmp_path) as chat:
         before = await chat.balances()
-        request_id = await chat.submit(
+        request_id = await chat.queue(
             chat_body(
                 messages=[{"role": "user", "content": "What is the weather in Paris?"}],
                 tools=[WEATHER],
@@ -274,7 +208,7 @@ async def test_a_tool_call_reply_is_popped_submitted_shown_and_charged_by_its_ar
 
 async def test_reasoning_is_priced_with_the_content(tmp_path: Path) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body())
+        request_id = await chat.queue(chat_body())
         job = await chat.pop()
         reasoning = "Let me think about colours. " * 10
         reply = {
@@ -293,7 +227,7 @@ async def test_a_reply_whose_budget_went_to_reasoning_is_charged_for_its_max_len
     tmp_path: Path,
 ) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body(max_tokens=100))
+        request_id = await chat.queue(chat_body(max_tokens=100))
         job = await chat.pop()
         reasoning = "Hmm, " * 200  # 1000 characters: 250 tokens by the estimate
         reply = {
@@ -322,7 +256,7 @@ async def test_reported_token_counts_never_change_the_charge(tmp_path: Path) -> 
         )
         for reported in counts:
             before = await chat.balances()
-            request_id = await chat.submit(chat_body())
+            request_id = await chat.queue(chat_body())
             job = await chat.pop()
             r = await chat.worker.submit_reply(job, {**text_reply(content), **reported})
             assert r.status_code == 200, r.text
@@ -344,11 +278,11 @@ async def test_a_submit_naming_another_model_than_the_assigned_one_is_refused(
     tmp_path: Path,
 ) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body())
+        request_id = await chat.queue(chat_body())
         job = await chat.pop()
         before = await chat.balances()
         r = await chat.worker.submit_reply(job, {**text_reply("Blue."), "model_id": "other-model"})
-        assert_refused(r, "ChatModelMismatch")
+        assert_refused(r, 400, "ChatModelMismatch")
         await assert_not_settled(chat, request_id, before)
 
 
@@ -394,11 +328,11 @@ async def test_a_chat_submit_without_a_valid_structured_reply_is_refused(
 ) -> None:
     async with chat_horde(tmp_path) as chat:
         for case, reply in INVALID_REPLIES.items():
-            request_id = await chat.submit(chat_body())
+            request_id = await chat.queue(chat_body())
             job = await chat.pop()
             before = await chat.balances()
             r = await chat.worker.submit_reply(job, reply)
-            assert_refused(r, "ChatSubmitInvalid", case)
+            assert_refused(r, 400, "ChatSubmitInvalid", case=case)
             await assert_not_settled(chat, request_id, before)
 
 
@@ -408,7 +342,7 @@ async def test_reply_bounds_accept_their_limits(tmp_path: Path) -> None:
     content and reasoning together; 1 MiB is past the bound of the largest
     max_length), counts of 0 and 10,000,000."""
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body())
+        request_id = await chat.queue(chat_body())
         job = await chat.pop()
         bound = allowed_bytes("chat", job["payload"]["max_length"])
         reply = {
@@ -435,13 +369,13 @@ async def test_a_reply_past_its_jobs_bound_is_refused_and_one_at_it_is_taken(
     # Content, reasoning and calls together, in bytes of UTF-8 (decision 0069).
     bound = allowed_bytes("chat", 64)
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body(max_tokens=64))
+        request_id = await chat.queue(chat_body(max_tokens=64))
         job = await chat.pop()
         before = await chat.balances()
         over = text_reply("é" * 2000, reasoning_content="b" * (bound - 4000 + 1))
         over["message"]["reasoning_content"] = over.pop("reasoning_content")
         r = await chat.worker.submit_reply(job, over)
-        assert_refused(r, "ChatSubmitInvalid", "over the bound")
+        assert_refused(r, 400, "ChatSubmitInvalid", case="over the bound")
         assert f"{bound} bytes" in r.json()["message"]
         await assert_not_settled(chat, request_id, before)
         at = text_reply("é" * 2000)
@@ -465,7 +399,7 @@ async def test_a_structured_reply_on_a_text_jobs_submit_is_refused(tmp_path: Pat
         assert job["id"] is not None
         assert "chat" not in job
         r = await chat.worker.submit_reply(job, text_reply("a time"))
-        assert_refused(r, "ChatSubmitInvalid")
+        assert_refused(r, 400, "ChatSubmitInvalid")
         status = (await chat.client.get(f"/api/v2/generate/text/status/{request_id}")).json()
         assert status["done"] is False
 
@@ -526,17 +460,17 @@ async def test_a_strict_request_refuses_a_reply_its_tool_choice_or_response_form
 ) -> None:
     async with chat_horde(tmp_path) as chat:
         for case, (fields, reply) in NONCONFORMANT.items():
-            request_id = await chat.submit(chat_body(**fields))
+            request_id = await chat.queue(chat_body(**fields))
             job = await chat.pop()
             before = await chat.balances()
             r = await chat.worker.submit_reply(job, reply)
-            assert_refused(r, "ChatSubmitNonconformant", case)
+            assert_refused(r, 400, "ChatSubmitNonconformant", case=case)
             await assert_not_settled(chat, request_id, before)
 
 
 async def test_a_strict_request_accepts_a_reply_matching_its_json_schema(tmp_path: Path) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body(response_format=COLOUR_SCHEMA))
+        request_id = await chat.queue(chat_body(response_format=COLOUR_SCHEMA))
         job = await chat.pop()
         r = await chat.worker.submit_reply(job, text_reply('{"colour": "blue"}'))
         assert r.status_code == 200, r.text
@@ -548,7 +482,7 @@ async def test_a_reply_that_only_calls_tools_is_not_checked_against_the_response
     tmp_path: Path,
 ) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body(tools=[WEATHER], response_format=COLOUR_SCHEMA))
+        request_id = await chat.queue(chat_body(tools=[WEATHER], response_format=COLOUR_SCHEMA))
         job = await chat.pop()
         the_call = call("call_1", "get_weather", {"location": "Paris"})
         r = await chat.worker.submit_reply(job, tool_reply(the_call))
@@ -560,9 +494,7 @@ async def test_a_reply_that_only_calls_tools_is_not_checked_against_the_response
 async def test_a_best_effort_request_shows_that_reply_as_submitted(tmp_path: Path) -> None:
     async with chat_horde(tmp_path) as chat:
         for case, (fields, reply) in NONCONFORMANT.items():
-            request_id = await chat.submit(
-                chat_body(**fields, horde={"conformance": "best_effort"})
-            )
+            request_id = await chat.queue(chat_body(**fields, horde={"conformance": "best_effort"}))
             job = await chat.pop()
             r = await chat.worker.submit_reply(job, reply)
             assert r.status_code == 200, (case, r.text)
@@ -577,7 +509,7 @@ async def test_a_best_effort_request_shows_every_call_under_parallel_tool_calls_
     tmp_path: Path,
 ) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(
+        request_id = await chat.queue(
             chat_body(
                 tools=[WEATHER, TIME],
                 parallel_tool_calls=False,
@@ -613,13 +545,13 @@ async def test_a_reply_no_client_could_use_is_refused_under_every_conformance_mo
     async with chat_horde(tmp_path) as chat:
         for conformance in ("strict", "best_effort"):
             for case, reply in UNUSABLE.items():
-                request_id = await chat.submit(
+                request_id = await chat.queue(
                     chat_body(tools=[WEATHER, TIME], horde={"conformance": conformance})
                 )
                 job = await chat.pop()
                 before = await chat.balances()
                 r = await chat.worker.submit_reply(job, reply)
-                assert_refused(r, "ChatSubmitInvalid", f"{case} under {conformance}")
+                assert_refused(r, 400, "ChatSubmitInvalid", case=f"{case} under {conformance}")
                 await assert_not_settled(chat, request_id, before)
 
 
@@ -628,7 +560,7 @@ async def test_a_call_to_a_function_left_out_by_narrowing_is_still_usable(tmp_pa
     the worker receives one tool, and a best_effort reply calling another of
     the client's tools is delivered."""
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(
+        request_id = await chat.queue(
             chat_body(
                 tools=[WEATHER, TIME],
                 tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -648,7 +580,7 @@ async def test_a_strict_single_call_request_shows_only_the_first_of_several_call
     tmp_path: Path,
 ) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body(tools=[WEATHER, TIME], parallel_tool_calls=False))
+        request_id = await chat.queue(chat_body(tools=[WEATHER, TIME], parallel_tool_calls=False))
         job = await chat.pop()
         assert job["payload"]["parallel_tool_calls"] is False
         calls = [
@@ -666,7 +598,7 @@ async def test_a_reply_to_a_named_function_is_shown_with_finish_reason_stop(
     tmp_path: Path,
 ) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(
+        request_id = await chat.queue(
             chat_body(
                 tools=[WEATHER, TIME],
                 tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -688,13 +620,13 @@ async def test_a_second_submit_for_the_same_job_is_refused_with_DuplicateGen(
     tmp_path: Path,
 ) -> None:
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body())
+        request_id = await chat.queue(chat_body())
         job = await chat.pop()
         r = await chat.worker.submit_reply(job, text_reply("Blue."))
         assert r.status_code == 200, r.text
         settled = await chat.balances()
         r = await chat.worker.submit_reply(job, text_reply("Red."))
-        assert_refused(r, "DuplicateGen")
+        assert_refused(r, 400, "DuplicateGen")
         status = await chat.status(request_id)
         assert [g["message"]["content"] for g in status["generations"]] == ["Blue."]
         assert await chat.balances() == settled
@@ -705,13 +637,13 @@ async def test_a_submit_after_the_jobs_lease_ran_out_is_refused_with_AbortedGen(
 ) -> None:
     clock = ManualClock()
     async with chat_horde(tmp_path, clock=clock) as chat:
-        request_id = await chat.submit(chat_body())
+        request_id = await chat.queue(chat_body())
         job = await chat.pop()
         assert job["ttl"] == JOB_TTL
         before = await chat.balances()
         clock.advance(JOB_TTL + 1)
         r = await chat.worker.submit_reply(job, text_reply("Blue."))
-        assert_refused(r, "AbortedGen")
+        assert_refused(r, 400, "AbortedGen")
         await assert_not_settled(chat, request_id, before)
 
 
@@ -721,7 +653,7 @@ async def test_a_job_that_does_not_stream_is_submitted_as_usual_after_its_reques
     # Worker guide, step 7: such a job is not settled at the cancel; it is submitted
     # as usual and rewarded for the reply.
     async with chat_horde(tmp_path) as chat:
-        request_id = await chat.submit(chat_body())
+        request_id = await chat.queue(chat_body())
         job = await chat.pop()
         r = await chat.client.delete(f"/api/v2/generate/chat/status/{request_id}")
         assert r.status_code == 200, r.text

@@ -22,6 +22,7 @@ import pytest
 from hordelite.contract import chat_admission as chat
 from hordelite.contract import chat_reply
 from hordelite.contract.chat_features import ALL_NAMES
+from tests.chat_shapes import json_schema_format
 from tests.integration._chat_helpers import (
     ChatEnv,
     chat_body,
@@ -31,19 +32,7 @@ from tests.integration._chat_helpers import (
 
 pytestmark = pytest.mark.anyio
 
-COLOUR_SCHEMA = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "colour",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {"colour": {"type": "string"}},
-            "required": ["colour"],
-            "additionalProperties": False,
-        },
-    },
-}
+COLOUR_SCHEMA = json_schema_format("colour", ["colour"])
 
 
 def write_lock_free(database: str) -> bool:

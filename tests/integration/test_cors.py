@@ -4,11 +4,10 @@ origins it names, by name, with ``Vary: Origin``."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from hordelite.config import Config
-from hordelite.testing import open_horde
+from tests.integration._env import open_env
 
 pytestmark = pytest.mark.anyio
 
@@ -32,10 +31,10 @@ def preflight(origin: str) -> dict[str, str]:
 async def test_by_default_every_origin_may_read_every_answer(
     anyio_backend: str, method: str, path: str
 ) -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        r = await client.request(method, path, headers={"Origin": "https://any.example"})
+    async with open_env() as env:
+        r = await env.client.request(method, path, headers={"Origin": "https://any.example"})
         assert r.headers["access-control-allow-origin"] == "*"
-        options = await client.options("/api/v2/generate/text/async", headers=preflight(LISTED))
+        options = await env.client.options("/api/v2/generate/text/async", headers=preflight(LISTED))
     assert options.headers["access-control-allow-origin"] == "*"
     assert "POST" in options.headers["access-control-allow-methods"]
     assert options.headers["access-control-allow-headers"] == "*"
@@ -46,10 +45,10 @@ async def test_a_list_of_origins_answers_a_listed_origin_by_name_and_no_other(
     anyio_backend: str, method: str, path: str
 ) -> None:
     config = Config().replace(server={"cors_origins": f"{LISTED}, http://127.0.0.1:8080"})
-    async with open_horde(config=config) as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        listed = await client.request(method, path, headers={"Origin": LISTED})
-        other = await client.request(method, path, headers={"Origin": "https://evil.example"})
-        none = await client.request(method, path)
+    async with open_env(config=config) as env:
+        listed = await env.client.request(method, path, headers={"Origin": LISTED})
+        other = await env.client.request(method, path, headers={"Origin": "https://evil.example"})
+        none = await env.client.request(method, path)
     assert listed.headers["access-control-allow-origin"] == LISTED
     for r in (other, none):
         assert "access-control-allow-origin" not in r.headers
@@ -60,9 +59,9 @@ async def test_a_list_of_origins_answers_a_listed_origin_by_name_and_no_other(
 
 async def test_a_preflight_is_granted_only_to_a_listed_origin(anyio_backend: str) -> None:
     config = Config().replace(server={"cors_origins": LISTED})
-    async with open_horde(config=config) as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        granted = await client.options("/api/v2/generate/text/async", headers=preflight(LISTED))
-        refused = await client.options(
+    async with open_env(config=config) as env:
+        granted = await env.client.options("/api/v2/generate/text/async", headers=preflight(LISTED))
+        refused = await env.client.options(
             "/api/v2/generate/text/async", headers=preflight("https://evil.example")
         )
     assert granted.headers["access-control-allow-origin"] == LISTED
@@ -73,7 +72,7 @@ async def test_a_preflight_is_granted_only_to_a_listed_origin(anyio_backend: str
 
 async def test_an_empty_list_lets_no_other_origin_read_anything(anyio_backend: str) -> None:
     config = Config().replace(server={"cors_origins": ""})
-    async with open_horde(config=config) as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        r = await client.get("/api/v2/status/heartbeat", headers={"Origin": LISTED})
+    async with open_env(config=config) as env:
+        r = await env.client.get("/api/v2/status/heartbeat", headers={"Origin": LISTED})
     assert r.status_code == 200
     assert "access-control-allow-origin" not in r.headers

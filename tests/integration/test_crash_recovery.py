@@ -37,8 +37,8 @@ from hordelite.contract.models import ModelReference
 from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
-from hordelite.testing import FakeBackendConfig, FakeChatWorker, open_fake_backend, open_horde
-from tests.integration._chat_helpers import TLS
+from hordelite.testing import FakeBackendConfig, FakeChatWorker, open_fake_backend
+from tests.integration._env import TLS, open_env
 from tests.integration._ledger import ledger_errors, settled_jobs
 
 pytestmark = pytest.mark.anyio
@@ -361,16 +361,14 @@ async def test_a_worker_killed_mid_job_has_its_job_requeued_when_its_lease_ends(
 ) -> None:
     ttl = 2.0
     async with (
-        open_horde(job_ttl=ttl, sweep_interval=0.1) as horde,
+        open_env(job_ttl=ttl, sweep_interval=0.1) as env,
         open_fake_backend(FakeBackendConfig(model=FAKE_MODEL)) as backend,
-        httpx.AsyncClient(base_url=horde.url, verify=TLS, timeout=30) as client,
+        httpx.AsyncClient(base_url=env.horde.url, verify=TLS, timeout=30) as client,
     ):
-        requester = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
         log = tmp_path / "worker.log"
         with log.open("w", encoding="utf-8") as stderr:
-            command = [sys.executable, "-m", "hordelite", "worker", "--horde", horde.url]
-            command += ["--key", owner, "--name", WORKER_NAME, "--backend", backend.url]
+            command = [sys.executable, "-m", "hordelite", "worker", "--horde", env.horde.url]
+            command += ["--key", env.owner, "--name", WORKER_NAME, "--backend", backend.url]
             command += ["--wait", "1", "--grace-period", "0"]
             process = await anyio.open_process(
                 command,
@@ -393,7 +391,7 @@ async def test_a_worker_killed_mid_job_has_its_job_requeued_when_its_lease_ends(
                 queued_at = time.time()
                 response = await client.post(
                     "/api/v2/generate/chat/async",
-                    headers={"apikey": requester},
+                    headers={"apikey": env.requester},
                     json={
                         "model": FAKE_MODEL,
                         "messages": [{"role": "user", "content": "Name one colour."}],
@@ -441,7 +439,7 @@ async def test_a_worker_killed_mid_job_has_its_job_requeued_when_its_lease_ends(
 
         # Another worker serves it; the requester pays for that job only.
         async with FakeChatWorker(
-            horde.url, owner, name="live-worker", model_id=FAKE_MODEL
+            env.horde.url, env.owner, name="live-worker", model_id=FAKE_MODEL
         ) as live:
             job = await live.serve_one(wait=5)
             assert job is not None
@@ -450,6 +448,6 @@ async def test_a_worker_killed_mid_job_has_its_job_requeued_when_its_lease_ends(
         assert done["done"]
         assert not done["faulted"]
         assert [g["worker_name"] for g in done["generations"]] == ["live-worker"]
-        user = (await client.get("/api/v2/find_user", headers={"apikey": requester})).json()
+        user = (await client.get("/api/v2/find_user", headers={"apikey": env.requester})).json()
         assert user["kudos"] == round(100 - done["kudos"], 2)
         assert done["kudos"] > 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 from markupsafe import escape
 from sqlalchemy import func, select
@@ -18,8 +17,9 @@ from hordelite.contract.kudos import billed_tokens
 from hordelite.contract.limits import DASHBOARD_CACHE_SECONDS
 from hordelite.storage.schema import activity_minutes, jobs
 from hordelite.storage.transaction import Tx
-from hordelite.testing import FakeTextWorker, open_horde
+from hordelite.testing import FakeTextWorker
 from tests.integration._chat_helpers import MODEL, STRICT, ChatEnv, open_chat_horde, pop_job
+from tests.integration._env import open_env
 from tests.integration._helpers import statements
 
 pytestmark = pytest.mark.anyio
@@ -75,13 +75,12 @@ async def test_with_the_dashboard_off_its_routes_are_404_in_the_json_envelope_an
     None
 ):
     config = Config().replace(dashboard={"enabled": False})
-    async with open_horde(config=config) as horde:
-        async with httpx.AsyncClient(base_url=horde.url) as client:
-            for path in ("/", "/dashboard/activity", "/dashboard/static/dashboard.js"):
-                response = await client.get(path)
-                assert response.status_code == 404, path
-                assert response.json()["rc"] == "NotFound", path
-            assert (await client.get("/api/v2/status/heartbeat")).status_code == 200
+    async with open_env(config=config) as env:
+        for path in ("/", "/dashboard/activity", "/dashboard/static/dashboard.js"):
+            response = await env.client.get(path)
+            assert response.status_code == 404, path
+            assert response.json()["rc"] == "NotFound", path
+        assert (await env.client.get("/api/v2/status/heartbeat")).status_code == 200
 
 
 async def _done_text_job(

@@ -26,10 +26,10 @@ from hordelite.clock import ManualClock
 from hordelite.config import Config
 from hordelite.storage import queries as q
 from hordelite.testing import FakeChatWorker
+from tests.chat_shapes import json_schema_format
 from tests.integration._chat_helpers import (
     MODEL,
     STRICT,
-    TLS,
     WEATHER_TOOL,
     ChatEnv,
     chat_body,
@@ -37,6 +37,7 @@ from tests.integration._chat_helpers import (
     pop_job,
     pop_nothing,
 )
+from tests.integration._env import TLS
 from tests.integration._helpers import eventually
 
 pytestmark = pytest.mark.anyio
@@ -410,19 +411,7 @@ async def refuse_until_the_request_faults(worker: FakeChatWorker, reply: dict[st
     return str(message)
 
 
-STRICT_SCHEMA = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "colour",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {"name": {"type": "string"}},
-            "required": ["name"],
-            "additionalProperties": False,
-        },
-    },
-}
+STRICT_SCHEMA = json_schema_format("colour", ["name"])
 SCHEMA_FEATURES = ("json_schema", "structured_output_enforced", "prompt_overflow_refused")
 
 

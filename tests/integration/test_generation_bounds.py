@@ -12,13 +12,14 @@ from sqlalchemy import select
 
 from hordelite.contract.generations import allowed_bytes, reserved_bytes
 from hordelite.storage.schema import client_generations, jobs, users
-from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
+from hordelite.testing import FakeTextWorker, ManualClock, TestHorde
+from tests.integration._env import open_env
 from tests.integration.test_budgets import (
     ANON,
     FLOODER,
     POLITE,
     TEXT_ASYNC,
-    assert_refused,
+    assert_over_budget,
     budgets,
     client_from,
     database,  # noqa: F401 (the fixture, over both databases)
@@ -57,13 +58,12 @@ async def test_a_text_generation_past_its_jobs_bound_is_refused_and_one_at_it_is
     database: str | None,  # noqa: F811
 ) -> None:
     async with (
-        open_horde(config=budgets(), database=database) as horde,
-        client_for(horde) as http,
+        open_env(config=budgets(), database=database) as env,
+        client_for(env.horde) as http,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
         assert r.status_code == 202, r.text
-        async with FakeTextWorker(horde.url, key, models=["m"]) as worker:
+        async with FakeTextWorker(env.horde.url, env.requester, models=["m"]) as worker:
             job = await worker.pop()
             # Bytes of UTF-8, not characters: "é" is two.
             for over in ("x" * (BOUND + 1), "é" * (BOUND // 2 + 1)):
@@ -75,14 +75,14 @@ async def test_a_text_generation_past_its_jobs_bound_is_refused_and_one_at_it_is
                 assert body["rc"] == "BadRequest", body
                 assert "generation" in body["errors"], body
                 assert f"{BOUND} bytes" in body["message"]
-                assert await job_state(horde, job["id"]) == ("processing", None)
-            assert await generation_bytes(horde, "alice") == 0
+                assert await job_state(env.horde, job["id"]) == ("processing", None)
+            assert await generation_bytes(env.horde, "alice") == 0
             # At the bound (a max_length 16 job: 256 bytes and the allowance).
             at = "é" * (BOUND // 2)
             await worker.submit(job["id"], at)
-            assert await job_state(horde, job["id"]) == ("done", at)
-            await horde.sweep()  # the request released: its generation counts on alice
-            assert await generation_bytes(horde, "alice") == BOUND
+            assert await job_state(env.horde, job["id"]) == ("done", at)
+            await env.horde.sweep()  # the request released: its generation counts on alice
+            assert await generation_bytes(env.horde, "alice") == BOUND
 
 
 async def test_generations_count_toward_the_requesters_stored_bytes_until_the_purge(
@@ -95,32 +95,30 @@ async def test_generations_count_toward_the_requesters_stored_bytes_until_the_pu
     held = len(prompt) + reserved_bytes("text", 16, 1)
     config = budgets(stored_bytes=2 * held + 100)
     async with (
-        open_horde(config=config, clock=clock, database=database) as horde,
-        client_for(horde) as http,
+        open_env(config=config, clock=clock, database=database) as env,
+        client_for(env.horde) as http,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body(prompt))
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body(prompt))
         assert r.status_code == 202, r.text
         generation = "g" * 4000
         async with FakeTextWorker(
-            horde.url, owner, models=["m"], generate=lambda _: generation
+            env.horde.url, env.owner, models=["m"], generate=lambda _: generation
         ) as worker:
             assert await worker.serve_one(wait=0) is not None
         # Until the request is released, its reservation counts for its generation.
-        assert await generation_bytes(horde, "alice") == 0
-        await horde.sweep()  # ended, its prompt and reservation released
-        assert await generation_bytes(horde, "alice") == 4000
-        assert await generation_bytes(horde, "bob") == 0  # the requester's, not the worker's
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body(prompt))
+        assert await generation_bytes(env.horde, "alice") == 0
+        await env.horde.sweep()  # ended, its prompt and reservation released
+        assert await generation_bytes(env.horde, "alice") == 4000
+        assert await generation_bytes(env.horde, "bob") == 0  # the requester's, not the worker's
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body(prompt))
         assert r.status_code == 202, r.text
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body(prompt))
-        body = assert_refused(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body(prompt))
+        body = assert_over_budget(r, 429, "StoredBytesExceeded", "budgets.stored_bytes")
         assert f"hold {held + 4000} bytes" in body["message"], body
         # Past the retention the first request is purged, its generation with it.
         clock.advance(config.horde.retention + 1)
-        await horde.sweep()
-        assert await generation_bytes(horde, "alice") == 0
+        await env.horde.sweep()
+        assert await generation_bytes(env.horde, "alice") == 0
 
 
 async def test_an_anonymous_addresss_generations_count_toward_its_own_stored_bytes_only(
@@ -135,21 +133,20 @@ async def test_an_anonymous_addresss_generations_count_toward_its_own_stored_byt
     held = len(prompt) + reserved_bytes("text", 16, 1)
     config = budgets(anonymous_stored_bytes=2 * held + 100)
     async with (
-        open_horde(config=config, clock=clock, database=database) as horde,
-        client_from(horde, FLOODER, apikey=ANON) as flooder,
-        client_from(horde, POLITE, apikey=ANON) as polite,
+        open_env(config=config, clock=clock, database=database) as env,
+        client_from(env.horde, FLOODER, apikey=ANON) as flooder,
+        client_from(env.horde, POLITE, apikey=ANON) as polite,
     ):
-        owner = await horde.create_key("bob")
         r = await flooder.post(TEXT_ASYNC, json=text_body(prompt))
         assert r.status_code == 202, r.text
         async with FakeTextWorker(
-            horde.url, owner, models=["m"], generate=lambda _: "g" * 4000
+            env.horde.url, env.owner, models=["m"], generate=lambda _: "g" * 4000
         ) as worker:
             assert await worker.serve_one(wait=0) is not None
-        await horde.sweep()  # released: its generation now counts on its address
+        await env.horde.sweep()  # released: its generation now counts on its address
         assert (await flooder.post(TEXT_ASYNC, json=text_body(prompt))).status_code == 202
         r = await flooder.post(TEXT_ASYNC, json=text_body(prompt))
-        body = assert_refused(r, 429, "StoredBytesExceeded", "budgets.anonymous_stored_bytes")
+        body = assert_over_budget(r, 429, "StoredBytesExceeded", "budgets.anonymous_stored_bytes")
         assert f"hold {held + 4000} bytes" in body["message"], body
         # The other address holds nothing: two requests fit beside each other.
         for _ in range(2):
@@ -158,8 +155,8 @@ async def test_an_anonymous_addresss_generations_count_toward_its_own_stored_byt
         # Past the retention the purge takes the generation off its address,
         # and forgets the address.
         clock.advance(config.horde.retention + 1)
-        await horde.sweep()
-        assert await horde.horde.db.read(_client_rows) == []
+        await env.horde.sweep()
+        assert await env.horde.horde.db.read(_client_rows) == []
         assert (await flooder.post(TEXT_ASYNC, json=text_body(prompt))).status_code == 202
 
 
@@ -173,20 +170,19 @@ async def test_the_bridges_null_generation_is_the_fault_it_reports(
     # AI-Horde-Worker's scribe bridge, when its backend answered 500 to
     # every try, submits its text None with no state.
     async with (
-        open_horde(config=budgets(), database=database) as horde,
-        client_for(horde) as http,
+        open_env(config=budgets(), database=database) as env,
+        client_for(env.horde) as http,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        r = await http.post(TEXT_ASYNC, headers={"apikey": key}, json=text_body())
+        r = await http.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=text_body())
         request_id = r.json()["id"]
-        async with FakeTextWorker(horde.url, key, models=["m"]) as worker:
+        async with FakeTextWorker(env.horde.url, env.requester, models=["m"]) as worker:
             job = await worker.pop()
             s = await worker.client.post(
                 "/generate/text/submit", json={"id": job["id"], "generation": None, "seed": 0}
             )
             assert s.status_code == 200, s.text
             assert s.json() == {"reward": 0}
-            assert (await job_state(horde, job["id"]))[0] == "faulted"
+            assert (await job_state(env.horde, job["id"]))[0] == "faulted"
             # Back in the queue at once, not after its lease.
             again = await worker.pop()
             assert again["id"] is not None

@@ -11,7 +11,7 @@ import pytest
 
 from hordelite.config import Config
 from hordelite.testing import open_horde
-from tests.integration._chat_helpers import TLS
+from tests.integration._env import TLS
 from tests.integration._helpers import RedisServer, eventually, relayed
 
 pytestmark = pytest.mark.anyio

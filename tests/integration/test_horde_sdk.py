@@ -54,6 +54,7 @@ from horde_sdk.generic_api.apimodels import HordeRequest, HordeResponse
 from pydantic import BaseModel
 
 from hordelite.testing import FakeTextWorker, TestHorde, open_horde
+from tests.integration._env import Env, open_env
 
 pytestmark = pytest.mark.anyio
 
@@ -166,6 +167,12 @@ async def pop(
     return success(await send(client, horde, request), request, TextGenerateJobPopResponse)
 
 
+async def queued_job(client: httpx.AsyncClient, env: Env) -> TextGenerateJobPopResponse:
+    """The job of a text request of the requester's, popped by the owner's worker."""
+    await queue(client, env.horde, text_request(env.requester))
+    return await pop(client, env.horde, pop_request(env.owner))
+
+
 def status_request_for(accepted: TextGenerateAsyncResponse) -> TextGenerateStatusRequest:
     """The follow-up request the SDK's simple clients build from a 202 answer."""
     follow_up = accepted.get_follow_up_default_request_type()
@@ -178,10 +185,12 @@ def status_request_for(accepted: TextGenerateAsyncResponse) -> TextGenerateStatu
 
 
 async def test_an_sdk_text_request_is_accepted_with_202_and_a_uuid_id_and_a_known_warning() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        request = text_request(alice)
-        response = await send(client, horde, request)
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        request = text_request(env.requester)
+        response = await send(client, env.horde, request)
         assert response.status_code == HTTPStatusCode.ACCEPTED, response.text
         accepted = success(response, request, TextGenerateAsyncResponse)
         assert isinstance(accepted.id_.root, uuid.UUID)
@@ -193,22 +202,26 @@ async def test_an_sdk_text_request_is_accepted_with_202_and_a_uuid_id_and_a_know
 
 
 async def test_an_sdk_dry_run_answers_200_with_the_price_the_real_submit_then_announces() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        dry = text_request(alice, fields={"dry_run": True})
-        response = await send(client, horde, dry)
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        dry = text_request(env.requester, fields={"dry_run": True})
+        response = await send(client, env.horde, dry)
         assert response.status_code == HTTPStatusCode.OK, response.text
         quote = success(response, dry, TextGenerateAsyncDryRunResponse)
-        accepted = await queue(client, horde, text_request(alice))
+        accepted = await queue(client, env.horde, text_request(env.requester))
         assert quote.kudos == accepted.kudos
 
 
 async def test_the_sdk_status_follow_up_reads_a_waiting_request_with_integer_times() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        accepted = await queue(client, horde, text_request(alice))
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        accepted = await queue(client, env.horde, text_request(env.requester))
         request = status_request_for(accepted)
-        response = await send(client, horde, request)
+        response = await send(client, env.horde, request)
         status = success(response, request, TextGenerateStatusResponse)
         assert (status.waiting, status.processing, status.finished, status.done) == (1, 0, 0, False)
         assert status.generations == []
@@ -220,25 +233,28 @@ async def test_the_sdk_status_follow_up_reads_a_waiting_request_with_integer_tim
 
 
 async def test_the_sdk_status_of_a_done_request_holds_the_one_generation_it_waits_for() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("owner")
-        accepted = await queue(client, horde, text_request(alice, "Tell me a story"))
-        job = await pop(client, horde, pop_request(owner))
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        accepted = await queue(client, env.horde, text_request(env.requester, "Tell me a story"))
+        job = await pop(client, env.horde, pop_request(env.owner))
         assert job.id_ is not None
         submit = TextGenerationJobSubmitRequest(
-            apikey=owner,
+            apikey=env.owner,
             id=job.id_,
             generation="Once there was a horde.",
             state=GENERATION_STATE.ok,
         )
         success(
-            await send(client, horde, submit),
+            await send(client, env.horde, submit),
             submit,
             type(submit).get_default_success_response_type(),
         )
         request = status_request_for(accepted)
-        status = success(await send(client, horde, request), request, TextGenerateStatusResponse)
+        status = success(
+            await send(client, env.horde, request), request, TextGenerateStatusResponse
+        )
         assert status.done is True
         assert status.is_job_complete(1)
         (generation,) = status.generations
@@ -249,17 +265,18 @@ async def test_the_sdk_status_of_a_done_request_holds_the_one_generation_it_wait
 
 
 async def test_the_sdk_cleanup_delete_cancels_a_waiting_request_and_answers_its_status() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("owner")
-        accepted = await queue(client, horde, text_request(alice))
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        accepted = await queue(client, env.horde, text_request(env.requester))
         (cleanup,) = accepted.get_follow_up_failure_cleanup_request()
         assert cleanup.get_http_method() == "DELETE"
-        response = await send(client, horde, cleanup)
+        response = await send(client, env.horde, cleanup)
         before = success(response, cleanup, TextGenerateStatusResponse)
         assert (before.waiting, before.finished) == (1, 0)
         # Cancelled: no worker is handed the request any more.
-        job = await pop(client, horde, pop_request(owner))
+        job = await pop(client, env.horde, pop_request(env.owner))
         assert job.id_ is None
 
 
@@ -267,28 +284,30 @@ async def test_the_sdk_cleanup_delete_cancels_a_waiting_request_and_answers_its_
 
 
 async def test_an_sdk_pop_without_a_job_validates_and_counts_what_it_skipped() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("owner")
-        empty = await pop(client, horde, pop_request(owner))
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        empty = await pop(client, env.horde, pop_request(env.owner))
         assert (empty.id_, empty.ids, empty.model) == (None, [], None)
         assert empty.skipped.is_empty()
         # A request needing more context than the worker offers is skipped, and counted.
-        await queue(client, horde, text_request(alice, max_context_length=4096))
-        skipped = await pop(client, horde, pop_request(owner, max_context_length=2048))
+        await queue(client, env.horde, text_request(env.requester, max_context_length=4096))
+        skipped = await pop(client, env.horde, pop_request(env.owner, max_context_length=2048))
         assert (skipped.id_, skipped.ids) == (None, [])
         assert skipped.skipped.max_context_length == 1
 
 
 async def test_an_sdk_pop_with_a_job_validates_with_its_kobold_payload() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("owner")
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
         await queue(
             client,
-            horde,
+            env.horde,
             text_request(
-                alice,
+                env.requester,
                 "The prompt",
                 max_length=96,
                 max_context_length=1024,
@@ -297,7 +316,7 @@ async def test_an_sdk_pop_with_a_job_validates_with_its_kobold_payload() -> None
                 stop_sequence=["\nUser:"],
             ),
         )
-        job = await pop(client, horde, pop_request(owner))
+        job = await pop(client, env.horde, pop_request(env.owner))
         assert job.id_ is not None
         assert job.ids == [job.id_]
         assert job.model == MODEL
@@ -310,16 +329,16 @@ async def test_an_sdk_pop_with_a_job_validates_with_its_kobold_payload() -> None
 
 
 async def test_an_sdk_job_submit_is_answered_with_a_positive_reward() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("owner")
-        await queue(client, horde, text_request(alice))
-        job = await pop(client, horde, pop_request(owner))
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        job = await queued_job(client, env)
         assert job.id_ is not None
         submit = TextGenerationJobSubmitRequest(
-            apikey=owner, id=job.id_, generation="word " * 30, state=GENERATION_STATE.ok
+            apikey=env.owner, id=job.id_, generation="word " * 30, state=GENERATION_STATE.ok
         )
-        response = await send(client, horde, submit)
+        response = await send(client, env.horde, submit)
         answer = success(response, submit, type(submit).get_default_success_response_type())
         assert answer.reward > 0
 
@@ -336,20 +355,24 @@ async def test_the_sdk_heartbeat_validates_with_message_ok() -> None:
 
 
 async def test_the_sdk_find_user_validates_with_alias_hash_id_and_kudos() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
         lent = await client.put(
-            f"{horde.url}/api/v2/sharedkeys", headers={"apikey": alice}, json={"name": "k"}
+            f"{env.horde.url}/api/v2/sharedkeys",
+            headers={"apikey": env.requester},
+            json={"name": "k"},
         )
-        request = FindUserRequest(apikey=alice)
-        user = success(await send(client, horde, request), request, UserDetailsResponse)
+        request = FindUserRequest(apikey=env.requester)
+        user = success(await send(client, env.horde, request), request, UserDetailsResponse)
         assert user.id_ is not None
         assert user.username == f"alice#{user.id_}"
         assert user.kudos == 100
         assert user.sharedkey_ids == [lent.json()["id"]]
         # Found by the shared key: its lender, named as the AI Horde names it.
         request = FindUserRequest(apikey=lent.json()["id"])
-        user = success(await send(client, horde, request), request, UserDetailsResponse)
+        user = success(await send(client, env.horde, request), request, UserDetailsResponse)
         assert user.username == f"alice#{user.id_} (Shared Key: k)"
 
 
@@ -406,10 +429,12 @@ async def test_an_unknown_worker_id_is_a_404_WorkerNotFound_the_sdk_reads() -> N
 async def test_a_field_validation_failure_is_a_400_the_sdk_raises_as_payload_validation_error() -> (
     None
 ):
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        request = text_request(alice, fields={"webhook": "http://example.invalid/hook"})
-        response = await send(client, horde, request)
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        request = text_request(env.requester, fields={"webhook": "http://example.invalid/hook"})
+        response = await send(client, env.horde, request)
         error = refusal(response, 400, "BadRequest")
         assert "webhook" in response.json()["errors"]
         with pytest.raises(AIHordePayloadValidationError, match=error.message):
@@ -417,10 +442,12 @@ async def test_a_field_validation_failure_is_a_400_the_sdk_raises_as_payload_val
 
 
 async def test_a_context_shorter_than_max_length_is_a_400_TokenOverflow_the_sdk_reads() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
         response = await send(
-            client, horde, text_request(alice, max_length=512, max_context_length=256)
+            client, env.horde, text_request(env.requester, max_length=512, max_context_length=256)
         )
         refusal(response, 400, "TokenOverflow")
         assert isinstance(handled_by_sdk(response, TextGenerateAsyncResponse), RequestErrorResponse)
@@ -432,16 +459,16 @@ async def test_the_anonymous_key_popping_is_a_403_AnonForbiddenWorker_the_sdk_re
 
 
 async def test_a_second_submit_of_one_job_is_a_400_DuplicateGen_the_sdk_reads() -> None:
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("owner")
-        await queue(client, horde, text_request(alice))
-        job = await pop(client, horde, pop_request(owner))
+    async with (
+        open_env() as env,
+        httpx.AsyncClient() as client,
+    ):
+        job = await queued_job(client, env)
         submit = TextGenerationJobSubmitRequest(
-            apikey=owner, id=job.id_, generation="done", state=GENERATION_STATE.ok
+            apikey=env.owner, id=job.id_, generation="done", state=GENERATION_STATE.ok
         )
-        assert (await send(client, horde, submit)).status_code == 200
-        refusal(await send(client, horde, submit), 400, "DuplicateGen")
+        assert (await send(client, env.horde, submit)).status_code == 200
+        refusal(await send(client, env.horde, submit), 400, "DuplicateGen")
 
 
 # The SDK's own async client, end to end -------------------------------------------
@@ -452,18 +479,16 @@ async def test_the_sdk_async_simple_client_runs_a_text_generation_end_to_end(
 ) -> None:
     if anyio_backend != "asyncio":
         pytest.skip("horde_sdk's async client is aiohttp, which runs on asyncio only")
-    async with open_horde() as horde:
-        alice = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("owner")
+    async with open_env() as env:
         # The SDK reads AI_HORDE_URL once, at import: point its requests at this horde.
-        monkeypatch.setattr(sdk_base, "AI_HORDE_BASE_URL", f"{horde.url}/api/")
+        monkeypatch.setattr(sdk_base, "AI_HORDE_BASE_URL", f"{env.horde.url}/api/")
         async with (
             aiohttp.ClientSession() as session,
-            FakeTextWorker(horde.url, owner, name=WORKER, models=[MODEL]) as worker,
+            FakeTextWorker(env.horde.url, env.owner, name=WORKER, models=[MODEL]) as worker,
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(worker.serve_one, 20)
-            client = AIHordeAPIAsyncSimpleClient(aiohttp_session=session, apikey=alice)
+            client = AIHordeAPIAsyncSimpleClient(aiohttp_session=session, apikey=env.requester)
             request = TextGenerateAsyncRequest(
                 prompt="Hello SDK",
                 params=ModelGenerationInputKobold(max_length=32, max_context_length=1024),

@@ -23,7 +23,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from hordelite.testing import open_horde
+from tests.integration._env import open_env
 
 pytestmark = pytest.mark.anyio
 
@@ -125,15 +125,13 @@ CHANGES_ONLY = {"ModifyUserRequest", "ModifyWorkerRequest"}
 @pytest.mark.parametrize("anyio_backend", ["trio"])  # the SDK runs in its own process
 async def test_every_request_class_of_horde_sdk_0_33_succeeds_or_is_not_served_by_design() -> None:
     python = await anyio.to_thread.run_sync(sdk_python)
-    async with open_horde() as horde:
-        alice = await horde.create_key("alice", kudos=1000)
-        bob = await horde.create_key("bob")
-        admin = await horde.create_key("root", admin=True)
-        bob_user = await horde.horde.directory.find_user(bob)
+    async with open_env(requester_kudos=1000) as env:
+        admin = await env.horde.create_key("root", admin=True)
+        bob_user = await env.horde.horde.directory.find_user(env.owner)
         setup = {
-            "url": horde.url,
-            "alice": alice,
-            "bob": bob,
+            "url": env.horde.url,
+            "alice": env.requester,
+            "bob": env.owner,
             "admin": admin,
             "bob_name": f"{bob_user.username}#{bob_user.id}",
         }
@@ -143,7 +141,7 @@ async def test_every_request_class_of_horde_sdk_0_33_succeeds_or_is_not_served_b
             env={
                 **os.environ,
                 "HORDE_SDK_DISABLE_CUSTOM_SINKS": "1",
-                "AI_HORDE_URL": horde.url + "/api/",
+                "AI_HORDE_URL": env.horde.url + "/api/",
             },
         )
     assert done.returncode == 0, done.stderr.decode()[-4000:]

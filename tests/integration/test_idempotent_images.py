@@ -43,13 +43,8 @@ from hordelite.config import Config
 from hordelite.contract.chat_request import parse_chat_request
 from hordelite.errors import HordeError
 from hordelite.testing import TestHorde
-from tests.integration._chat_helpers import (
-    CHAT_ASYNC,
-    chat_status_path,
-    open_suite_horde,
-    pop_job,
-    pop_nothing,
-)
+from tests.integration._chat_helpers import CHAT_ASYNC, chat_status_path, pop_job, pop_nothing
+from tests.integration._env import open_suite_horde
 from tests.integration.test_images import (
     MODEL,
     assert_jpeg,

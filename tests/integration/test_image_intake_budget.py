@@ -26,7 +26,8 @@ from sqlalchemy import func, select
 from hordelite.config import Config
 from hordelite.contract.image_normalise import normalise
 from hordelite.storage.schema import requests, users
-from hordelite.testing import TestHorde, open_horde
+from hordelite.testing import TestHorde
+from tests.integration._env import open_env
 from tests.integration.test_image_fetch import serve
 from tests.integration.test_images import blob_files, client_for, image_body, online_vision_worker
 from tests.unit.test_fair_turns import Turns, until
@@ -104,81 +105,89 @@ async def test_a_full_image_budget_refuses_before_any_image_is_fetched_or_decode
     database: str | None,
 ) -> None:
     async with (
-        open_horde(config=config(2 * JPEG_BYTES), database=database) as horde,
-        client_for(horde) as http,
+        open_env(config=config(2 * JPEG_BYTES), database=database) as env,
+        client_for(env.horde) as http,
         serve() as host,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        async with online_vision_worker(horde, await horde.create_key("bob")):
-            assert len(await fill(http, key)) == 2
+        async with online_vision_worker(env.horde, env.owner):
+            assert len(await fill(http, env.requester)) == 2
             junk = data_url(b"no image at all" * 8)
-            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=image_body(junk))
+            r = await http.post(
+                CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(junk)
+            )
             assert_budget_refused(r, 429, "StoredBytesExceeded")
             r = await http.post(
-                CHAT_ASYNC, headers={"apikey": key}, json=image_body(host.url("/image"))
+                CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(host.url("/image"))
             )
             assert_budget_refused(r, 429, "StoredBytesExceeded")
             assert host.connections == 0  # not fetched
-            assert len(blob_files(horde)) == 2  # the held requests' alone
+            assert len(blob_files(env.horde)) == 2  # the held requests' alone
 
 
 async def test_a_data_url_that_cannot_fit_is_refused_before_it_is_decoded() -> None:
     limit = 2 * JPEG_BYTES + JPEG_BYTES // 2
-    async with open_horde(config=config(limit)) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        async with online_vision_worker(horde, await horde.create_key("bob")):
+    async with (
+        open_env(config=config(limit)) as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner):
             junk = data_url(b"\0" * (limit + 1))  # larger than the whole budget
-            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=image_body(junk))
+            r = await http.post(
+                CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(junk)
+            )
             assert_budget_refused(r, 413, "RequestTooLarge")
             for _ in range(2):
                 r = await http.post(
-                    CHAT_ASYNC, headers={"apikey": key}, json=image_body(data_url(IMAGE))
+                    CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(data_url(IMAGE))
                 )
                 assert r.status_code == 202, r.text
-            room = limit - await held_image_bytes(horde)
+            room = limit - await held_image_bytes(env.horde)
             assert 0 < room < JPEG_BYTES
             # Within the budget, not within what is left of it.
             junk = data_url(b"\0" * (room + 1))
-            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=image_body(junk))
+            r = await http.post(
+                CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(junk)
+            )
             assert_budget_refused(r, 429, "StoredBytesExceeded")
-            assert len(blob_files(horde)) == 2
+            assert len(blob_files(env.horde)) == 2
 
 
 @pytest.mark.parametrize("path", ["/declared/{n}", "/endless"])
 async def test_a_fetch_stops_once_its_bytes_cannot_fit(path: str) -> None:
     limit = 4 * JPEG_BYTES
     async with (
-        open_horde(config=config(limit)) as horde,
-        client_for(horde) as http,
+        open_env(config=config(limit)) as env,
+        client_for(env.horde) as http,
         serve() as host,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        async with online_vision_worker(horde, await horde.create_key("bob")):
+        async with online_vision_worker(env.horde, env.owner):
             r = await http.post(
-                CHAT_ASYNC, headers={"apikey": key}, json=image_body(data_url(IMAGE))
+                CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(data_url(IMAGE))
             )
             assert r.status_code == 202, r.text
-            room = limit - await held_image_bytes(horde)
+            room = limit - await held_image_bytes(env.horde)
             # A declared length past what is left, then zeros without end;
             # or zeros without a length.
             url = host.url(path.format(n=room + 1))
-            r = await http.post(CHAT_ASYNC, headers={"apikey": key}, json=image_body(url))
+            r = await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(url))
             assert_budget_refused(r, 429, "StoredBytesExceeded")
             assert host.connections == 1
-            assert len(blob_files(horde)) == 1
+            assert len(blob_files(env.horde)) == 1
 
 
 async def test_an_image_waits_for_no_other_accounts_queue_to_be_normalised() -> None:
-    async with open_horde(config=config(64 * 1024 * 1024)) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
+    async with (
+        open_env(config=config(64 * 1024 * 1024)) as env,
+        client_for(env.horde) as http,
+    ):
 
         def anonymous_id(conn: Any) -> int:
             return int(conn.execute(select(users.c.id).where(users.c.anonymous)).scalar_one())
 
-        flooder = await horde.horde.db.read(anonymous_id)
-        turns = horde.horde.requests._normalising
+        flooder = await env.horde.horde.db.read(anonymous_id)
+        turns = env.horde.horde.requests._normalising
         async with (
-            online_vision_worker(horde, await horde.create_key("bob")),
+            online_vision_worker(env.horde, env.owner),
             anyio.create_task_group() as tg,
         ):
             # The anonymous account holds the one normalising slot, three more
@@ -190,7 +199,9 @@ async def test_an_image_waits_for_no_other_accounts_queue_to_be_normalised() -> 
 
             async def submit() -> None:
                 body = image_body(data_url(IMAGE))
-                answers.append(await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body))
+                answers.append(
+                    await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=body)
+                )
 
             tg.start_soon(submit)
             await until(lambda: turns.waiting == 4)
@@ -208,11 +219,13 @@ async def test_an_image_waits_for_no_other_accounts_queue_to_be_normalised() -> 
 
 async def test_images_being_taken_in_count_toward_the_budget_before_any_is_stored() -> None:
     limit = JPEG_BYTES + JPEG_BYTES // 2  # room for one image, not two
-    async with open_horde(config=config(limit)) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        turns = horde.horde.requests._normalising
+    async with (
+        open_env(config=config(limit)) as env,
+        client_for(env.horde) as http,
+    ):
+        turns = env.horde.horde.requests._normalising
         async with (
-            online_vision_worker(horde, await horde.create_key("bob")),
+            online_vision_worker(env.horde, env.owner),
             anyio.create_task_group() as tg,
         ):
             # Another account holds the normalising slot: alice's first
@@ -223,7 +236,9 @@ async def test_images_being_taken_in_count_toward_the_budget_before_any_is_store
 
             async def first() -> None:
                 body = image_body(data_url(IMAGE))
-                answers.append(await http.post(CHAT_ASYNC, headers={"apikey": key}, json=body))
+                answers.append(
+                    await http.post(CHAT_ASYNC, headers={"apikey": env.requester}, json=body)
+                )
 
             tg.start_soon(first)
             await until(lambda: turns.waiting == 1)
@@ -231,12 +246,12 @@ async def test_images_being_taken_in_count_toward_the_budget_before_any_is_store
             # though nothing of hers is stored yet.
             with anyio.fail_after(10):
                 r = await http.post(
-                    CHAT_ASYNC, headers={"apikey": key}, json=image_body(data_url(IMAGE))
+                    CHAT_ASYNC, headers={"apikey": env.requester}, json=image_body(data_url(IMAGE))
                 )
             assert_budget_refused(r, 429, "StoredBytesExceeded")
             assert "being taken in" in r.json()["message"]
-            assert blob_files(horde) == []
+            assert blob_files(env.horde) == []
             busy.go["elsewhere"].set()
             await until(lambda: bool(answers), seconds=30)
             assert answers[0].status_code == 202, answers[0].text
-            assert len(blob_files(horde)) == 1
+            assert len(blob_files(env.horde)) == 1

@@ -24,8 +24,9 @@ from PIL import Image
 from hordelite.blobs import DirectoryStore
 from hordelite.config import Config
 from hordelite.contract.limits import MESSAGES_URL_SECONDS, MIN_IMAGE_URL_SECONDS
-from hordelite.testing import FakeChatWorker, ManualClock, TestHorde, open_horde
-from tests.integration._chat_helpers import TLS
+from hordelite.testing import FakeChatWorker, ManualClock, TestHorde
+from tests.integration import _env
+from tests.integration._env import Env, open_env
 
 pytestmark = pytest.mark.anyio
 
@@ -69,7 +70,14 @@ async def online_vision_worker(
 
 
 def client_for(horde: TestHorde) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=horde.url, verify=TLS, timeout=30)
+    return _env.client_for(horde, timeout=30)
+
+
+def sdk_of(env: Env, http: httpx.AsyncClient) -> openai.AsyncOpenAI:
+    """The OpenAI SDK as the requester, over ``http``, without retries."""
+    return openai.AsyncOpenAI(
+        base_url=env.horde.url + "/v1", api_key=env.requester, max_retries=0, http_client=http
+    )
 
 
 def image_url_of(job: dict[str, Any]) -> str:
@@ -97,14 +105,13 @@ def assert_jpeg(data: bytes, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("transport", ["url", "base64"])
 async def test_an_openai_image_reaches_a_vision_worker_by_its_transport(transport: str) -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
+    async with (
+        open_env(clock=clock) as env,
+        client_for(env.horde) as http,
+    ):
         async with (
-            online_vision_worker(horde, owner, (transport,)) as worker,
-            openai.AsyncOpenAI(
-                base_url=horde.url + "/v1", api_key=key, max_retries=0, http_client=http
-            ) as sdk,
+            online_vision_worker(env.horde, env.owner, (transport,)) as worker,
+            sdk_of(env, http) as sdk,
         ):
             answers: list[Any] = []
 
@@ -119,7 +126,7 @@ async def test_an_openai_image_reaches_a_vision_worker_by_its_transport(transpor
                     if transport == "url":
                         # A signed URL of this horde, valid for the job's TTL
                         # and at least MIN_IMAGE_URL_SECONDS.
-                        assert url.startswith(horde.url + "/blobs/"), url
+                        assert url.startswith(env.horde.url + "/blobs/"), url
                         expires = int(httpx.URL(url).params["expires"])
                         assert expires >= clock.now() + MIN_IMAGE_URL_SECONDS - 1
                         fetched = await http.get(url)
@@ -137,17 +144,20 @@ async def test_an_openai_image_reaches_a_vision_worker_by_its_transport(transpor
 
 
 async def test_the_stored_request_keeps_a_reference_not_the_image() -> None:
-    async with open_horde() as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner):
+    async with (
+        open_env() as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner):
             big = png_data_url(1500, 1500, "RGB")
             r = await http.post(
-                "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(big)
+                "/api/v2/generate/chat/async",
+                headers={"apikey": env.requester},
+                json=image_body(big),
             )
             assert r.status_code == 202, r.text
             request_id = r.json()["id"]
-            [stored] = blob_files(horde)
+            [stored] = blob_files(env.horde)
             assert stored.startswith(request_id + "-")
 
             def stored_chat(conn: Any) -> str:
@@ -158,7 +168,7 @@ async def test_the_stored_request_keeps_a_reference_not_the_image() -> None:
                 row = conn.execute(select(requests.c.chat).where(requests.c.id == request_id))
                 return str(row.scalar_one())
 
-            chat = await horde.horde.db.read(stored_chat)
+            chat = await env.horde.horde.db.read(stored_chat)
             assert "base64" not in chat
             assert "hordelite-blob:" in chat
             assert big[-40:] not in chat  # none of the image bytes
@@ -176,34 +186,36 @@ async def test_the_stored_request_keeps_a_reference_not_the_image() -> None:
 async def test_a_bad_image_is_refused_naming_its_part_and_nothing_is_kept(
     url: str, reason: str
 ) -> None:
-    async with open_horde() as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner) as worker:
-            before = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
+    async with (
+        open_env() as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner) as worker:
+            before = (await http.get("/api/v2/find_user", headers={"apikey": env.requester})).json()
             r = await http.post(
-                "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(url)
+                "/api/v2/generate/chat/async",
+                headers={"apikey": env.requester},
+                json=image_body(url),
             )
             assert r.status_code == 400, r.text
             body = r.json()
             assert body["rc"] == "ChatRequestInvalid"
             assert "messages[0].content[1].image_url" in body["message"]
             assert reason in body["message"]
-            assert blob_files(horde) == []
+            assert blob_files(env.horde) == []
             assert (await worker.pop())["id"] is None  # nothing queued
-            after = (await http.get("/api/v2/find_user", headers={"apikey": key})).json()
+            after = (await http.get("/api/v2/find_user", headers={"apikey": env.requester})).json()
             assert after["kudos"] == before["kudos"]
 
 
 async def test_the_openai_front_refuses_an_image_no_vision_worker_can_take() -> None:
-    async with open_horde() as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
+    async with (
+        open_env() as env,
+        client_for(env.horde) as http,
+    ):
         async with (
-            FakeChatWorker(horde.url, owner, model_id=MODEL) as worker,  # no vision
-            openai.AsyncOpenAI(
-                base_url=horde.url + "/v1", api_key=key, max_retries=0, http_client=http
-            ) as sdk,
+            FakeChatWorker(env.horde.url, env.owner, model_id=MODEL) as worker,  # no vision
+            sdk_of(env, http) as sdk,
         ):
             assert (await worker.pop())["id"] is None
             with pytest.raises(openai.APIStatusError) as refused:
@@ -217,48 +229,50 @@ async def test_the_openai_front_refuses_an_image_no_vision_worker_can_take() -> 
 
 async def test_a_purged_request_takes_its_images_with_it() -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock, retention=60) as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner) as worker:
+    async with (
+        open_env(clock=clock, retention=60) as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner) as worker:
             r = await http.post(
                 "/api/v2/generate/chat/async",
-                headers={"apikey": key},
+                headers={"apikey": env.requester},
                 json=image_body(png_data_url()),
             )
             assert r.status_code == 202, r.text
-            assert len(blob_files(horde)) == 1
+            assert len(blob_files(env.horde)) == 1
             assert await worker.serve_one(wait=0) is not None
             clock.advance(61)
-            await horde.sweep()
-            assert blob_files(horde) == []
+            await env.horde.sweep()
+            assert blob_files(env.horde) == []
 
 
 async def test_a_native_image_request_waits_for_a_vision_worker() -> None:
-    async with open_horde() as horde, client_for(horde) as http:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with FakeChatWorker(horde.url, owner, model_id=MODEL, name="plain") as plain:
+    async with (
+        open_env() as env,
+        client_for(env.horde) as http,
+    ):
+        async with FakeChatWorker(env.horde.url, env.owner, model_id=MODEL, name="plain") as plain:
             assert (await plain.pop())["id"] is None  # serves the model, no vision
             r = await http.post(
                 "/api/v2/generate/chat/async",
-                headers={"apikey": key},
+                headers={"apikey": env.requester},
                 json=image_body(png_data_url()),
             )
             assert r.status_code == 202, r.text
             assert r.json()["warnings"][0]["code"] == "NoAvailableWorker"
             assert (await plain.pop())["id"] is None  # never handed to it
-            assert len(blob_files(horde)) == 1
+            assert len(blob_files(env.horde)) == 1
             async with FakeChatWorker(
-                horde.url,
-                owner,
+                env.horde.url,
+                env.owner,
                 model_id=MODEL,
                 name="seeing",
                 chat_features=VISION,
                 image_transports=("url",),
             ) as seeing:
                 job = await seeing.pop()
-                assert image_url_of(job).startswith(horde.url + "/blobs/")
+                assert image_url_of(job).startswith(env.horde.url + "/blobs/")
 
 
 # Messages offload ------------------------------------------------------------------
@@ -275,10 +289,11 @@ def offloading(offload_bytes: int) -> Config:
     )
 
 
-async def submit_image_request(horde: TestHorde, http: httpx.AsyncClient) -> str:
-    key = await horde.create_key("alice", kudos=100)
+async def submit_image_request(env: Env, http: httpx.AsyncClient) -> str:
     r = await http.post(
-        "/api/v2/generate/chat/async", headers={"apikey": key}, json=image_body(png_data_url())
+        "/api/v2/generate/chat/async",
+        headers={"apikey": env.requester},
+        json=image_body(png_data_url()),
     )
     assert r.status_code == 202, r.text
     return str(r.json()["id"])
@@ -299,17 +314,16 @@ def assert_inlined_messages(messages: Any) -> None:
 async def test_a_messages_url_worker_fetches_the_offloaded_messages_plain_or_gzipped() -> None:
     clock = ManualClock()
     async with (
-        open_horde(config=offloading(LOW_OFFLOAD_BYTES), clock=clock) as horde,
-        client_for(horde) as http,
+        open_env(config=offloading(LOW_OFFLOAD_BYTES), clock=clock) as env,
+        client_for(env.horde) as http,
     ):
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner, OFFLOADING) as worker:
-            request_id = await submit_image_request(horde, http)
+        async with online_vision_worker(env.horde, env.owner, OFFLOADING) as worker:
+            request_id = await submit_image_request(env, http)
             job = await worker.pop()
             payload = job["payload"]
             assert "messages" not in payload
             url = payload["messages_url"]
-            assert url.startswith(f"{horde.url}/blobs/{request_id}-messages?"), url
+            assert url.startswith(f"{env.horde.url}/blobs/{request_id}-messages?"), url
             assert int(httpx.URL(url).params["expires"]) == int(clock.now() + MESSAGES_URL_SECONDS)
 
             plain = await http.get(url, headers={"Accept-Encoding": "identity"})
@@ -334,23 +348,24 @@ async def test_a_messages_url_worker_fetches_the_offloaded_messages_plain_or_gzi
 
 async def test_a_worker_without_messages_url_receives_an_offloaded_request_inline() -> None:
     async with (
-        open_horde(config=offloading(LOW_OFFLOAD_BYTES)) as horde,
-        client_for(horde) as http,
+        open_env(config=offloading(LOW_OFFLOAD_BYTES)) as env,
+        client_for(env.horde) as http,
     ):
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner, ("base64",)) as worker:
-            await submit_image_request(horde, http)
+        async with online_vision_worker(env.horde, env.owner, ("base64",)) as worker:
+            await submit_image_request(env, http)
             job = await worker.pop()
             assert "messages_url" not in job["payload"]
             assert_inlined_messages(job["payload"]["messages"])
 
 
 async def test_a_request_under_the_threshold_is_not_offloaded() -> None:
-    async with open_horde(config=offloading(64 * 1024)) as horde, client_for(horde) as http:
-        owner = await horde.create_key("bob")
-        async with online_vision_worker(horde, owner, OFFLOADING) as worker:
-            request_id = await submit_image_request(horde, http)
+    async with (
+        open_env(config=offloading(64 * 1024)) as env,
+        client_for(env.horde) as http,
+    ):
+        async with online_vision_worker(env.horde, env.owner, OFFLOADING) as worker:
+            request_id = await submit_image_request(env, http)
             job = await worker.pop()
             assert "messages_url" not in job["payload"]
-            assert image_url_of(job).startswith(f"{horde.url}/blobs/{request_id}-0?")
-            assert blob_files(horde) == [f"{request_id}-0"]  # no messages stored
+            assert image_url_of(job).startswith(f"{env.horde.url}/blobs/{request_id}-0?")
+            assert blob_files(env.horde) == [f"{request_id}-0"]  # no messages stored

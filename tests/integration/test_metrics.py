@@ -31,7 +31,8 @@ from tests.integration._chat_helpers import (
     open_chat_horde,
     pop_job,
 )
-from tests.integration._helpers import RedisServer, eventually, relayed, submit_text
+from tests.integration._env import open_env
+from tests.integration._helpers import RedisServer, eventually, relayed
 
 pytestmark = pytest.mark.anyio
 
@@ -162,11 +163,11 @@ async def test_metrics_count_a_known_sequence_exactly(
 
 
 async def test_the_route_label_of_unknown_paths_is_one_label(anyio_backend: str) -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+    async with open_env() as env:
         for n in range(5):
-            assert (await client.get(f"/nothing/{n}")).status_code == 404
-        assert (await client.get("/api/v2/workers/name/nobody")).status_code == 404
-        samples = await scrape(client)
+            assert (await env.client.get(f"/nothing/{n}")).status_code == 404
+        assert (await env.client.get("/api/v2/workers/name/nobody")).status_code == 404
+        samples = await scrape(env.client)
     routes = {
         dict(labels)["route"]
         for (name, labels), _ in samples.items()
@@ -178,9 +179,9 @@ async def test_the_route_label_of_unknown_paths_is_one_label(anyio_backend: str)
 
 async def test_metrics_turned_off_answer_404_in_the_horde_envelope(anyio_backend: str) -> None:
     config = Config().replace(metrics={"enabled": False})
-    async with open_horde(config=config) as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        response = await client.get("/metrics")
-        assert horde.metrics_url is None
+    async with open_env(config=config) as env:
+        response = await env.client.get("/metrics")
+        assert env.horde.metrics_url is None
     assert response.status_code == 404
     assert response.json()["rc"] == "NotFound"
 
@@ -193,14 +194,11 @@ def free_port() -> int:
 
 async def test_metrics_on_a_port_of_their_own_count_the_horde_port(anyio_backend: str) -> None:
     config = Config().replace(metrics={"port": free_port()})
-    async with (
-        open_horde(config=config) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
-        assert horde.metrics_url is not None
-        async with httpx.AsyncClient(base_url=horde.metrics_url) as metrics:
-            assert (await client.get("/api/v2/status/heartbeat")).status_code == 200
-            main_port = await client.get("/metrics")
+    async with open_env(config=config) as env:
+        assert env.horde.metrics_url is not None
+        async with httpx.AsyncClient(base_url=env.horde.metrics_url) as metrics:
+            assert (await env.client.get("/api/v2/status/heartbeat")).status_code == 200
+            main_port = await env.client.get("/metrics")
             samples = await scrape(metrics)
             other = await metrics.get("/api/v2/status/heartbeat")
     assert main_port.status_code == 404
@@ -288,15 +286,13 @@ async def test_the_kudos_a_cancel_settles_are_counted(anyio_backend: str) -> Non
 
 async def test_a_lease_that_runs_out_is_a_fault_by_lease_expired(anyio_backend: str) -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        requester = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with FakeTextWorker(horde.url, owner, name="w", models=["m1"]) as worker:
-            await submit_text(client, requester, "Lease me", models=["m1"])
-            assert (await worker.pop())["id"] is not None
-            clock.advance(horde.horde.config.horde.job_ttl + 1)
-            await horde.sweep()
-            samples = await scrape(client)
+    async with open_env(clock=clock) as env:
+        worker = await env.text_worker("w")
+        await env.submit_text("Lease me")
+        assert (await worker.pop())["id"] is not None
+        clock.advance(env.horde.horde.config.horde.job_ttl + 1)
+        await env.horde.sweep()
+        samples = await scrape(env.client)
     assert value(samples, "hordelite_faults_total", reason="lease_expired") == 1
     assert value(samples, "hordelite_queue_depth", model="m1", kind="text") == 1
 
@@ -322,15 +318,13 @@ async def test_queue_depth_labels_only_the_models_an_online_worker_serves(
     # Clients name models freely: a request for 60 names nobody serves adds
     # one job to model="unserved", never 60 series of the client's choosing.
     made_up = [f"made-up-{i}" for i in range(60)]
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        requester = await horde.create_key("alice", kudos=1000)
-        owner = await horde.create_key("bob")
-        async with FakeTextWorker(horde.url, owner, name="w", models=["m1"]) as worker:
-            assert (await worker.pop())["id"] is None  # online, the queue empty
-            await submit_text(client, requester, "Nobody serves these", models=made_up)
-            await submit_text(client, requester, "Served and not", models=["m1", *made_up])
-            await submit_text(client, requester, "Any model at all")
-            samples = await scrape(client)
+    async with open_env(requester_kudos=1000) as env:
+        worker = await env.text_worker("w")
+        assert (await worker.pop())["id"] is None  # online, the queue empty
+        await env.submit_text("Nobody serves these", models=made_up)
+        await env.submit_text("Served and not", models=["m1", *made_up])
+        await env.submit_text("Any model at all", models=())
+        samples = await scrape(env.client)
     depth = {
         labels: jobs for (name, labels), jobs in samples.items() if name == "hordelite_queue_depth"
     }
@@ -345,12 +339,13 @@ async def test_queue_depth_labels_only_the_models_an_online_worker_serves(
 async def test_a_served_model_with_nothing_waiting_has_a_queue_depth_of_0(
     anyio_backend: str,
 ) -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        before = await scrape(client)  # no worker: no model to label
-        owner = await horde.create_key("bob")
-        async with FakeTextWorker(horde.url, owner, name="w", models=["m1", "m2"]) as worker:
+    async with open_env() as env:
+        before = await scrape(env.client)  # no worker: no model to label
+        async with FakeTextWorker(
+            env.horde.url, env.owner, name="w", models=["m1", "m2"]
+        ) as worker:
             assert (await worker.pop())["id"] is None  # online, the queue empty
-            samples = await scrape(client)
+            samples = await scrape(env.client)
     assert not [name for name, _ in before if name == "hordelite_queue_depth"]
     depth = {
         labels: jobs for (name, labels), jobs in samples.items() if name == "hordelite_queue_depth"
@@ -361,8 +356,8 @@ async def test_a_served_model_with_nothing_waiting_has_a_queue_depth_of_0(
 
 
 async def test_the_build_and_this_process_are_described(anyio_backend: str) -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        samples = await scrape(client)
+    async with open_env() as env:
+        samples = await scrape(env.client)
     assert value(samples, "hordelite_build_info", version=__version__) == 1
     assert [labels for name, labels in samples if name == "hordelite_build_info"] == [
         (("version", __version__),)

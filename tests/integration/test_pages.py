@@ -47,6 +47,7 @@ from hordelite.contract.limits import (
 )
 from hordelite.storage.transaction import Tx
 from hordelite.testing import TestHorde, open_horde
+from tests.integration._env import open_env
 from tests.integration._helpers import assert_refused, statements
 from tests.storage.helpers import (
     FEW_PARAMETERS,
@@ -236,9 +237,9 @@ async def test_the_native_listings_answer_pages_horde_sdk_reads_with_the_total_a
     "page", ["0", "-1", "abc", "1.5", "1e3", "²", str(MAX_PAGE + 1), "9" * 5000, " 1"]
 )
 async def test_a_page_number_out_of_range_or_not_a_number_is_a_400_naming_page(page: str) -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
+    async with open_env() as env:
         for path in ("/api/v2/workers", "/api/v2/status/models"):
-            response = await client.get(path, params={"page": page})
+            response = await env.client.get(path, params={"page": page})
             assert_refused(response, 400, "BadRequest")
             assert "page" in response.json()["errors"], response.text
 
@@ -250,25 +251,21 @@ async def test_the_dashboard_is_rendered_once_per_period_for_every_client() -> N
     def count(app: Any, template: Any, context: Any) -> None:
         rendered.append(template.name)
 
-    async with (
-        open_horde(clock=clock) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
-        owner = await horde.create_key("owner")
+    async with open_env(clock=clock) as env:
         body = {"name": "first", "models": ["m1"], "max_length": 80, "max_context_length": 1024}
-        await horde.horde.pop(owner, body)
+        await env.horde.horde.pop(env.owner, body)
         with template_rendered.connected_to(count):
-            first = {"/": await client.get("/")}
+            first = {"/": await env.client.get("/")}
             # The page and the pool's JSON share one reading of the pool.
-            with statements(horde) as sent:
-                first["/dashboard/pool"] = await client.get("/dashboard/pool")
+            with statements(env.horde) as sent:
+                first["/dashboard/pool"] = await env.client.get("/dashboard/pool")
             assert sent == []
-            await horde.horde.pop(owner, {**body, "name": "second"})
+            await env.horde.horde.pop(env.owner, {**body, "name": "second"})
             # Within the period: the same bytes for every client, not one
             # statement sent and the page not rendered again.
-            with statements(horde) as sent:
+            with statements(env.horde) as sent:
                 again = [
-                    {path: await client.get(path) for path in ("/", "/dashboard/pool")}
+                    {path: await env.client.get(path) for path in ("/", "/dashboard/pool")}
                     for _ in range(5)
                 ]
             assert sent == []
@@ -279,26 +276,22 @@ async def test_the_dashboard_is_rendered_once_per_period_for_every_client() -> N
             assert [w["name"] for w in first["/dashboard/pool"].json()["workers"]] == ["first"]
             # A period later, rendered again: the second worker shows.
             clock.advance(DASHBOARD_POOL_SECONDS)
-            later = (await client.get("/dashboard/pool")).json()
+            later = (await env.client.get("/dashboard/pool")).json()
             assert sorted(w["name"] for w in later["workers"]) == ["first", "second"]
-            assert "second" in (await client.get("/")).text
+            assert "second" in (await env.client.get("/")).text
             assert rendered == ["dashboard.html"] * 2
 
 
 async def test_the_playground_offers_the_chat_models_with_most_chat_workers() -> None:
-    async with (
-        open_horde(config=UNCAPPED) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
-        owner = await horde.create_key("owner")
+    async with open_env(config=UNCAPPED) as env:
         chat_models = DASHBOARD_CHAT_MODELS + 5
         # Each model is served by one chat worker, the last five by name by two.
         doubled = [f"chat-{i:02d}" for i in range(chat_models - 5, chat_models)]
         for i in range(chat_models):
             model = f"chat-{i:02d}"
             for copy in range(2 if model in doubled else 1):
-                await horde.horde.pop(
-                    owner,
+                await env.horde.horde.pop(
+                    env.owner,
                     {
                         "name": f"chat-worker-{i}-{copy}",
                         "models": [model],
@@ -309,7 +302,7 @@ async def test_the_playground_offers_the_chat_models_with_most_chat_workers() ->
                         "chat_limits": {"max_context_length": 1024, "max_length": 80},
                     },
                 )
-        pool = (await client.get("/dashboard/pool")).json()
+        pool = (await env.client.get("/dashboard/pool")).json()
     offered = pool["chat_models"]
     assert len(offered) == DASHBOARD_CHAT_MODELS
     # Most chat workers first, then by name.
@@ -319,11 +312,11 @@ async def test_the_playground_offers_the_chat_models_with_most_chat_workers() ->
 
 
 async def test_metrics_read_the_queue_at_most_once_a_second_however_many_scrape() -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        with statements(horde) as sent:
+    async with open_env() as env:
+        with statements(env.horde) as sent:
             start = time.monotonic()
             for _ in range(10):
-                assert (await client.get("/metrics")).status_code == 200
+                assert (await env.client.get("/metrics")).status_code == 200
             elapsed = time.monotonic() - start
     # Each read of the queue depth sends one statement of the served
     # models' grouping (the CTE named per_model).
@@ -352,14 +345,14 @@ async def test_a_figure_metrics_cannot_read_is_logged_once_counted_and_the_rest_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="hordelite.metrics")
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        db = horde.horde.db
+    async with open_env() as env:
+        db = env.horde.horde.db
         # The queue table gone from under the horde: its depth cannot be read
         # (a failed read is not kept, so each scrape tries again).
         await db.write(_rename("queue", "queue_away"))
-        scrapes = [(await client.get("/metrics")).text for _ in range(3)]
+        scrapes = [(await env.client.get("/metrics")).text for _ in range(3)]
         await db.write(_rename("queue_away", "queue"))
-        back = (await client.get("/metrics")).text
+        back = (await env.client.get("/metrics")).text
     for exposition in scrapes:
         names = {f.name for f in text_string_to_metric_families(exposition)}
         assert "hordelite_queue_depth" not in names

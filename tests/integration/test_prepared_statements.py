@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from hordelite.config import Config
-from hordelite.testing import FakeTextWorker, open_horde
+from tests.integration._env import open_env
 from tests.integration._helpers import submit_text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -24,19 +24,15 @@ async def test_a_text_cycle_prepares_its_statements_only_when_configured(
     postgres_schema_url: str, prepared: bool
 ) -> None:
     config = Config().replace(storage={"pool_size": 1, "prepared_statements": prepared})
-    async with open_horde(config=config, database=postgres_schema_url) as horde:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as c,
-            FakeTextWorker(horde.url, owner, models=[MODEL]) as worker,
-        ):
-            request_id = await submit_text(c, key, "Once upon a time", models=[MODEL])
+    async with open_env(config=config, database=postgres_schema_url) as env:
+        worker = await env.text_worker(models=[MODEL])
+        async with httpx.AsyncClient(base_url=env.horde.url) as c:
+            request_id = await submit_text(c, env.requester, "Once upon a time", models=[MODEL])
             job = await worker.pop()
             await worker.submit(job["id"], "The end.", state="ok", seed=1)
             status = (await c.get(f"/api/v2/generate/text/status/{request_id}")).json()
 
-        prepared_here = await horde.horde.db.read(
+        prepared_here = await env.horde.horde.db.read(
             lambda conn: conn.exec_driver_sql(
                 "SELECT count(*) FROM pg_prepared_statements WHERE left(name, 3) = 'hl_'"
             ).scalar_one()

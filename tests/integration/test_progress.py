@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,13 +27,14 @@ from tests.integration._chat_helpers import (
     MODEL,
     WEATHER_TOOL,
     ChatEnv,
-    assert_refused,
     chat_body,
+    chat_price,
     chat_status_path,
     open_chat_horde,
     pop_job,
     pop_nothing,
 )
+from tests.integration._helpers import assert_refused
 
 pytestmark = pytest.mark.anyio
 
@@ -51,12 +51,7 @@ PREFERRED_SECONDS = 120  # the job lease preference (worker guide, "Streaming pr
 
 
 def expected_price(chars: int, max_length: int) -> tuple[float, float]:
-    """(reward, charge) by the chat guide's "Pricing": tokens = min(max_length, max(20,
-    ceil(chars / 4))), reward = round(tokens x billions / 21, 2), and the
-    requester pays the reward plus 1."""
-    tokens = min(max_length, max(20, math.ceil(chars / 4)))
-    reward = round(tokens * BILLIONS / 21, 2)
-    return reward, round(reward + 1, 2)
+    return chat_price(chars, max_length, BILLIONS)
 
 
 def text_reply(content: str, reasoning: str | None = None) -> dict[str, Any]:

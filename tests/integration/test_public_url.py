@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from hordelite.config import Config
-from hordelite.testing import FakeChatWorker, TestHorde, open_horde
+from hordelite.testing import FakeChatWorker, TestHorde
+from tests.integration._env import open_env
 from tests.integration.test_images import (
     LOW_OFFLOAD_BYTES,
     OFFLOADING,
@@ -52,14 +53,13 @@ async def popped_url(config: Config, headers: dict[str, str], *, offloaded: bool
     """The signed URL of one image request's job popped with ``headers``
     (its messages_url when ``offloaded``), checked to fetch the image from
     this horde once its start is the horde's own."""
-    async with open_horde(config=config) as horde, client_for(horde) as http:
-        owner = await horde.create_key("bob")
+    async with open_env(config=config) as env, client_for(env.horde) as http:
         transports = OFFLOADING if offloaded else ("url",)
-        async with online_vision_worker(horde, owner, transports) as worker:
-            await submit_image_request(horde, http)
+        async with online_vision_worker(env.horde, env.owner, transports) as worker:
+            await submit_image_request(env, http)
             job = await pop_with(worker, headers)
             url = job["payload"]["messages_url"] if offloaded else image_url_of(job)
-            await assert_signed_by(horde, http, url)
+            await assert_signed_by(env.horde, http, url)
             return url
 
 

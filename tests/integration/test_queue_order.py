@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from hordelite.testing import FakeTextWorker, ManualClock, open_horde
-from tests.integration._helpers import submit_text
+from hordelite.testing import FakeTextWorker, ManualClock
+from tests.integration._env import open_env
 
 pytestmark = pytest.mark.anyio
 
@@ -26,113 +25,85 @@ async def pop_prompts(worker: FakeTextWorker, count: int) -> list[str]:
 
 async def test_a_pop_takes_the_request_of_the_requester_with_the_most_kudos_first() -> None:
     clock = ManualClock()  # never moved: every request has the same age
-    async with open_horde(clock=clock) as horde:
-        poor = await horde.create_key("poor", kudos=10)
-        middle = await horde.create_key("middle", kudos=50)
-        rich = await horde.create_key("rich", kudos=100)
-        owner = await horde.create_key("owner")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
-        ):
-            for key, prompt in ((poor, "poor"), (middle, "middle"), (rich, "rich")):
-                await submit_text(client, key, prompt, models=["m1"])
-            assert await pop_prompts(worker, 3) == ["rich", "middle", "poor"]
+    async with open_env(clock=clock) as env:
+        poor = await env.horde.create_key("poor", kudos=10)
+        middle = await env.horde.create_key("middle", kudos=50)
+        rich = await env.horde.create_key("rich", kudos=100)
+        worker = await env.text_worker()
+        for key, prompt in ((poor, "poor"), (middle, "middle"), (rich, "rich")):
+            await env.submit_text(prompt, key=key)
+        assert await pop_prompts(worker, 3) == ["rich", "middle", "poor"]
 
 
 async def test_among_requesters_with_equal_kudos_the_older_request_is_served_first() -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde:
-        # Created first, so an order by user id would put "later" first.
-        later = await horde.create_key("later", kudos=50)
-        earlier = await horde.create_key("earlier", kudos=50)
-        owner = await horde.create_key("owner")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
-        ):
-            await submit_text(client, earlier, "older", models=["m1"])
-            clock.advance(1)
-            await submit_text(client, later, "newer", models=["m1"])
-            assert await pop_prompts(worker, 2) == ["older", "newer"]
+    async with open_env(clock=clock) as env:
+        later = await env.horde.create_key("later", kudos=50)
+        earlier = await env.horde.create_key("earlier", kudos=50)
+        worker = await env.text_worker()
+        await env.submit_text("older", key=earlier)
+        clock.advance(1)
+        await env.submit_text("newer", key=later)
+        assert await pop_prompts(worker, 2) == ["older", "newer"]
 
 
 KUDOS_GAP = 100
 BREAK_EVEN = KUDOS_GAP / AGING_PER_SECOND  # 20 s of waiting makes up 100 kudos
 
 
-@pytest.mark.parametrize("waited", [10, BREAK_EVEN - 1])
-async def test_a_newer_richer_request_goes_first_while_the_older_ones_aging_is_below_the_kudos_gap(
-    waited: float,
-) -> None:
-    clock = ManualClock()
-    async with open_horde(clock=clock) as horde:
-        poor = await horde.create_key("poor", kudos=0)
-        rich = await horde.create_key("rich", kudos=KUDOS_GAP)
-        owner = await horde.create_key("owner")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
-        ):
-            await submit_text(client, poor, "A: old and poor", models=["m1"])
-            clock.advance(waited)
-            await submit_text(client, rich, "B: new and rich", models=["m1"])
-            assert await pop_prompts(worker, 2) == ["B: new and rich", "A: old and poor"]
+OLD_POOR, NEW_RICH = "A: old and poor", "B: new and rich"
 
 
-@pytest.mark.parametrize("waited", [BREAK_EVEN + 1, 30, 200])
+@pytest.mark.parametrize(
+    ("waited", "order"),
+    [
+        (10, [NEW_RICH, OLD_POOR]),
+        (BREAK_EVEN - 1, [NEW_RICH, OLD_POOR]),
+        (BREAK_EVEN + 1, [OLD_POOR, NEW_RICH]),
+        (30, [OLD_POOR, NEW_RICH]),
+        (200, [OLD_POOR, NEW_RICH]),
+    ],
+)
 async def test_an_older_poorer_request_goes_first_once_its_aging_exceeds_the_kudos_gap(
-    waited: float,
+    waited: float, order: list[str]
 ) -> None:
+    """Below the gap the newer, richer request goes first; past it the older one."""
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde:
-        poor = await horde.create_key("poor", kudos=0)
-        rich = await horde.create_key("rich", kudos=KUDOS_GAP)
-        owner = await horde.create_key("owner")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
-        ):
-            await submit_text(client, poor, "A: old and poor", models=["m1"])
-            clock.advance(waited)
-            await submit_text(client, rich, "B: new and rich", models=["m1"])
-            assert await pop_prompts(worker, 2) == ["A: old and poor", "B: new and rich"]
+    async with open_env(clock=clock) as env:
+        poor = await env.horde.create_key("poor", kudos=0)
+        rich = await env.horde.create_key("rich", kudos=KUDOS_GAP)
+        worker = await env.text_worker()
+        await env.submit_text(OLD_POOR, key=poor)
+        clock.advance(waited)
+        await env.submit_text(NEW_RICH, key=rich)
+        assert await pop_prompts(worker, 2) == order
 
 
 async def test_anonymous_requests_are_served_after_registered_ones_despite_aging() -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde:
-        registered = await horde.create_key("registered", kudos=0)
-        owner = await horde.create_key("owner")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
-        ):
-            await submit_text(client, ANONYMOUS, "anonymous", models=["m1"])
-            clock.advance(100)  # aging alone would put it 500 ahead
-            await submit_text(client, registered, "registered", models=["m1"])
-            assert await pop_prompts(worker, 2) == ["registered", "anonymous"]
+    async with open_env(clock=clock) as env:
+        registered = await env.horde.create_key("registered", kudos=0)
+        worker = await env.text_worker()
+        await env.submit_text("anonymous", key=ANONYMOUS)
+        clock.advance(100)  # aging alone would put it 500 ahead
+        await env.submit_text("registered", key=registered)
+        assert await pop_prompts(worker, 2) == ["registered", "anonymous"]
 
 
 async def test_a_workers_owner_is_served_before_richer_users() -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde:
-        rich = await horde.create_key("rich", kudos=1000)
-        owner = await horde.create_key("owner", kudos=0)
-        stranger = await horde.create_key("stranger")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, name="owners-worker", models=["m1"]) as own_worker,
-            FakeTextWorker(
-                horde.url, stranger, name="strangers-worker", models=["m1"]
-            ) as other_worker,
-        ):
-            await submit_text(client, rich, "rich 1", models=["m1"])
-            clock.advance(1)
-            await submit_text(client, rich, "rich 2", models=["m1"])
-            clock.advance(1)
-            await submit_text(client, owner, "owner's own", models=["m1"])
-            # For anyone else's worker the richer requests come first...
-            assert await pop_prompts(other_worker, 1) == ["rich 1"]
-            # ...but the owner's worker takes the owner's request over the richer one left.
-            assert await pop_prompts(own_worker, 2) == ["owner's own", "rich 2"]
+    async with open_env(clock=clock) as env:
+        rich = await env.horde.create_key("rich", kudos=1000)
+        owner = await env.horde.create_key("owner", kudos=0)
+        stranger = await env.horde.create_key("stranger")
+        own_worker = await env.text_worker("owners-worker", key=owner)
+        other_worker = await env.text_worker("strangers-worker", key=stranger)
+        await env.submit_text("rich 1", key=rich)
+        clock.advance(1)
+        await env.submit_text("rich 2", key=rich)
+        clock.advance(1)
+        await env.submit_text("owner's own", key=owner)
+        # For anyone else's worker the richer requests come first...
+        assert await pop_prompts(other_worker, 1) == ["rich 1"]
+        # ...but the owner's worker takes the owner's request over the richer one left.
+        assert await pop_prompts(own_worker, 2) == ["owner's own", "rich 2"]

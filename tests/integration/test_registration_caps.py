@@ -24,6 +24,7 @@ from horde_sdk.ai_horde_api.apimodels import (
 
 from hordelite.config import Config
 from hordelite.testing import TestHorde, open_horde
+from tests.integration._env import open_env
 from tests.integration.test_horde_sdk import pop_request, send, success
 
 pytestmark = pytest.mark.anyio
@@ -97,16 +98,18 @@ def names(prefix: str, count: int) -> list[str]:
 async def test_the_21st_worker_of_a_user_is_refused_with_403_TooManyWorkers_and_not_registered() -> (
     None
 ):
-    async with open_horde() as horde, httpx.AsyncClient() as client:  # the defaults: 20
-        alice = await horde.create_key("alice")
+    async with (
+        open_env(requester_kudos=0) as env,
+        httpx.AsyncClient() as client,
+    ):
         for name in names("w", 20):
-            await registers(client, horde, alice, name)
-        message = refused(await pop(client, horde, alice, "w20"), 403, "TooManyWorkers")
+            await registers(client, env.horde, env.requester, name)
+        message = refused(await pop(client, env.horde, env.requester, "w20"), 403, "TooManyWorkers")
         assert "has 20 workers registered and may have at most 20" in message
         assert "(budgets.workers_per_user)" in message
         assert "'w20'" in message
-        assert await listed(client, horde) == names("w", 20)
-        missing = await send(client, horde, SingleWorkerNameDetailsRequest(worker_name="w20"))
+        assert await listed(client, env.horde) == names("w", 20)
+        missing = await send(client, env.horde, SingleWorkerNameDetailsRequest(worker_name="w20"))
         assert missing.status_code == 404, missing.text
 
 
@@ -161,31 +164,29 @@ async def test_an_admin_is_exempt_from_the_workers_cap() -> None:
 
 async def test_zero_lifts_the_workers_cap() -> None:
     async with (
-        open_horde(config=budgets(workers_per_user=0)) as horde,
+        open_env(config=budgets(workers_per_user=0), requester_kudos=0) as env,
         httpx.AsyncClient() as client,
     ):
-        alice = await horde.create_key("alice")
         for name in names("w", 25):  # past the default of 20
-            await registers(client, horde, alice, name)
-        assert len(await listed(client, horde)) == 25
+            await registers(client, env.horde, env.requester, name)
+        assert len(await listed(client, env.horde)) == 25
 
 
 async def test_ten_first_pops_at_once_register_exactly_the_cap(database: str) -> None:
     async with (
-        open_horde(config=budgets(workers_per_user=3), database=database) as horde,
+        open_env(config=budgets(workers_per_user=3), database=database, requester_kudos=0) as env,
         httpx.AsyncClient() as client,
     ):
-        alice = await horde.create_key("alice")
         statuses: list[int] = []
 
         async def one(name: str) -> None:
-            statuses.append((await pop(client, horde, alice, name)).status_code)
+            statuses.append((await pop(client, env.horde, env.requester, name)).status_code)
 
         async with anyio.create_task_group() as tg:
             for name in names("w", 10):
                 tg.start_soon(one, name)
         assert sorted(statuses) == [200] * 3 + [403] * 7
-        assert len(await listed(client, horde)) == 3
+        assert len(await listed(client, env.horde)) == 3
 
 
 # Models per worker ------------------------------------------------------------------
@@ -194,9 +195,11 @@ async def test_ten_first_pops_at_once_register_exactly_the_cap(database: str) ->
 async def test_a_pop_declaring_11_models_is_refused_with_400_TooManyModels_and_not_registered() -> (
     None
 ):
-    async with open_horde() as horde, httpx.AsyncClient() as client:  # the default: 10
-        alice = await horde.create_key("alice")
-        response = await pop(client, horde, alice, "many", names("model-", 11))
+    async with (
+        open_env(requester_kudos=0) as env,
+        httpx.AsyncClient() as client,
+    ):
+        response = await pop(client, env.horde, env.requester, "many", names("model-", 11))
         message = refused(response, 400, "TooManyModels")
         assert message == (
             "models: declares 11 models; a worker may declare at most 10 "
@@ -205,29 +208,30 @@ async def test_a_pop_declaring_11_models_is_refused_with_400_TooManyModels_and_n
         assert response.json()["errors"] == {
             "models": "declares 11 models; a worker may declare at most 10"
         }
-        assert await listed(client, horde) == []
+        assert await listed(client, env.horde) == []
         # Ten are fine, and a name sent twice is one model.
-        await pop(client, horde, alice, "ten", [*names("model-", 10), "model-00"])
-        assert await worker_models(client, horde, "ten") == names("model-", 10)
+        await pop(client, env.horde, env.requester, "ten", [*names("model-", 10), "model-00"])
+        assert await worker_models(client, env.horde, "ten") == names("model-", 10)
 
 
 async def test_a_registered_worker_declaring_too_many_models_is_refused_and_left_as_it_was() -> (
     None
 ):
-    async with open_horde() as horde, httpx.AsyncClient() as client:
-        alice = await horde.create_key("alice")
-        assert (await pop(client, horde, alice, "w", ["a", "b"])).status_code == 200
-        response = await pop(client, horde, alice, "w", names("model-", 11))
+    async with (
+        open_env(requester_kudos=0) as env,
+        httpx.AsyncClient() as client,
+    ):
+        assert (await pop(client, env.horde, env.requester, "w", ["a", "b"])).status_code == 200
+        response = await pop(client, env.horde, env.requester, "w", names("model-", 11))
         refused(response, 400, "TooManyModels")
-        assert await worker_models(client, horde, "w") == ["a", "b"]
+        assert await worker_models(client, env.horde, "w") == ["a", "b"]
 
 
 async def test_zero_lifts_the_models_cap() -> None:
     async with (
-        open_horde(config=budgets(models_per_worker=0)) as horde,
+        open_env(config=budgets(models_per_worker=0), requester_kudos=0) as env,
         httpx.AsyncClient() as client,
     ):
-        alice = await horde.create_key("alice")
-        response = await pop(client, horde, alice, "many", names("model-", 50))
+        response = await pop(client, env.horde, env.requester, "many", names("model-", 50))
         assert response.status_code == 200, response.text
-        assert await worker_models(client, horde, "many") == names("model-", 50)
+        assert await worker_models(client, env.horde, "many") == names("model-", 50)

@@ -26,7 +26,7 @@ import pytest
 from hordelite.config import Config
 from hordelite.contract.limits import REDIS_TIMEOUT_SECONDS
 from hordelite.testing import FakeChatWorker, FakeTextWorker, TestHorde, open_horde
-from tests.integration._chat_helpers import TLS
+from tests.integration._env import TLS
 from tests.integration._helpers import RedisServer, eventually, submit_text, text_status
 
 pytestmark = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import ssl
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,17 +15,11 @@ from hordelite import __version__
 from hordelite.contract.limits import STATUS_POSITION_SECONDS
 from hordelite.storage.schema import requests as requests_table
 from hordelite.storage.transaction import Tx
-from hordelite.testing import FakeTextWorker, ManualClock, TestHorde, open_horde
+from hordelite.testing import FakeTextWorker, ManualClock
+from tests.integration._env import Env, open_env
+from tests.integration._helpers import assert_refused
 
 pytestmark = pytest.mark.anyio
-
-# One TLS context for every client: httpx builds a new one per client
-# otherwise, about 30 ms each (the test horde speaks plain HTTP anyway).
-TLS = ssl.create_default_context()
-
-
-def client_for(horde: TestHorde) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=horde.url, verify=TLS)
 
 
 ASYNC = "/api/v2/generate/text/async"
@@ -96,24 +89,18 @@ async def status_of(client: httpx.AsyncClient, request_id: str) -> dict[str, Any
     return r.json()  # type: ignore[no-any-return]
 
 
-async def bobs_worker(horde: TestHorde, **options: Any) -> FakeTextWorker:
-    """A fake worker owned by a new user, bob."""
+def bobs_worker(env: Env, **options: Any) -> FakeTextWorker:
+    """A fake worker of the set-up's owner, bob."""
     options.setdefault("models", [MODEL])
-    return FakeTextWorker(horde.url, await horde.create_key("bob"), **options)
-
-
-def assert_refused(r: httpx.Response, status: int, rc: str) -> None:
-    assert r.status_code == status, r.text
-    assert r.json()["rc"] == rc
+    return FakeTextWorker(env.horde.url, env.owner, **options)
 
 
 # Submitting ------------------------------------------------------------------
 
 
 async def test_a_request_no_online_worker_can_serve_is_accepted_with_a_warning() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        r = await queue_text(client, key, models=[MODEL])
+    async with open_env() as env:
+        r = await queue_text(env.client, env.requester, models=[MODEL])
         assert r.status_code == 202, r.text
         body = r.json()
         assert str(uuid.UUID(body["id"])) == body["id"]
@@ -129,11 +116,10 @@ async def test_a_request_no_online_worker_can_serve_is_accepted_with_a_warning()
 
 
 async def test_a_request_an_online_worker_can_serve_is_accepted_without_a_warning() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        async with await bobs_worker(horde) as worker:
+    async with open_env() as env:
+        async with bobs_worker(env) as worker:
             assert (await worker.pop())["id"] is None  # the worker is online from its first pop
-            r = await queue_text(client, key, models=[MODEL])
+            r = await queue_text(env.client, env.requester, models=[MODEL])
         assert r.status_code == 202, r.text
         assert "warnings" not in r.json()
         assert "message" not in r.json()
@@ -159,22 +145,26 @@ def model_reference(tmp_path: Path) -> str:
 async def test_a_dry_run_answers_200_with_the_price_of_n_jobs_at_full_max_length(
     model_reference: str, models: list[str], billions: float, n: int, max_length: int
 ) -> None:
-    async with open_horde(model_reference=model_reference) as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
+    async with open_env(model_reference=model_reference) as env:
         r = await queue_text(
-            client, key, models=models, dry_run=True, params={"n": n, "max_length": max_length}
+            env.client,
+            env.requester,
+            models=models,
+            dry_run=True,
+            params={"n": n, "max_length": max_length},
         )
         assert r.status_code == 200, r.text
         assert r.json() == {"kudos": pytest.approx(quote(n, max_length, billions), abs=0.005)}
 
 
 async def test_a_dry_run_stores_nothing_and_charges_nothing() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        r = await queue_text(client, key, models=[MODEL], dry_run=True, params={"n": 3})
+    async with open_env() as env:
+        r = await queue_text(
+            env.client, env.requester, models=[MODEL], dry_run=True, params={"n": 3}
+        )
         assert r.status_code == 200, r.text
-        assert await kudos_of(client, key) == 100
-        async with await bobs_worker(horde) as worker:
+        assert await kudos_of(env.client, env.requester) == 100
+        async with bobs_worker(env) as worker:
             assert (await worker.pop())["id"] is None
 
 
@@ -184,28 +174,30 @@ LONG = 1024  # over the up-front threshold of 512 tokens
 LONG_COST = quote(1, LONG, 1.0)  # an unknown model is priced as 1 billion parameters
 
 
-async def long_worker(horde: TestHorde) -> FakeTextWorker:
-    return await bobs_worker(horde, max_length=4096, max_context_length=8192)
+def long_worker(env: Env) -> FakeTextWorker:
+    return bobs_worker(env, max_length=4096, max_context_length=8192)
 
 
 @pytest.mark.parametrize("kudos", [0, LONG_COST - 1], ids=["no-kudos", "just-short"])
 async def test_a_long_request_from_a_user_without_enough_kudos_is_refused_with_KudosUpfront(
     kudos: float,
 ) -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=kudos)
-        r = await queue_text(client, key, models=[MODEL], params={"max_length": LONG})
+    async with open_env(requester_kudos=kudos) as env:
+        r = await queue_text(env.client, env.requester, models=[MODEL], params={"max_length": LONG})
         assert_refused(r, 403, "KudosUpfront")
-        assert await kudos_of(client, key) == pytest.approx(kudos)
-        async with await long_worker(horde) as worker:
+        assert await kudos_of(env.client, env.requester) == pytest.approx(kudos)
+        async with long_worker(env) as worker:
             assert (await worker.pop())["id"] is None
 
 
 async def test_a_long_request_with_allow_downgrade_is_queued_at_512_with_a_warning() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=0)
+    async with open_env(requester_kudos=0) as env:
         r = await queue_text(
-            client, key, models=[MODEL], params={"max_length": LONG}, allow_downgrade=True
+            env.client,
+            env.requester,
+            models=[MODEL],
+            params={"max_length": LONG},
+            allow_downgrade=True,
         )
         assert r.status_code == 202, r.text
         assert r.json()["kudos"] == pytest.approx(quote(1, UPFRONT_MAX_LENGTH, 1.0))
@@ -215,7 +207,7 @@ async def test_a_long_request_with_allow_downgrade_is_queued_at_512_with_a_warni
             if "max_length" in w["message"] and str(UPFRONT_MAX_LENGTH) in w["message"]
         ]
         assert downgrade, r.json()["warnings"]
-        async with await long_worker(horde) as worker:
+        async with long_worker(env) as worker:
             job = await worker.pop()
         assert job["id"] is not None
         assert job["payload"]["max_length"] == UPFRONT_MAX_LENGTH
@@ -225,11 +217,10 @@ async def test_a_long_request_with_allow_downgrade_is_queued_at_512_with_a_warni
 async def test_a_long_request_from_a_user_with_enough_kudos_is_queued_at_its_max_length(
     kudos: float,
 ) -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=kudos)
-        r = await queue_text(client, key, models=[MODEL], params={"max_length": LONG})
+    async with open_env(requester_kudos=kudos) as env:
+        r = await queue_text(env.client, env.requester, models=[MODEL], params={"max_length": LONG})
         assert r.status_code == 202, r.text
-        async with await long_worker(horde) as worker:
+        async with long_worker(env) as worker:
             job = await worker.pop()
         assert job["payload"]["max_length"] == LONG
 
@@ -241,36 +232,34 @@ async def test_a_long_request_from_a_user_with_enough_kudos_is_queued_at_its_max
 async def test_a_user_with_as_many_generations_in_flight_as_allowed_gets_TooManyPrompts(
     ns: list[int],
 ) -> None:
-    async with open_horde(concurrency=3) as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
+    async with open_env(concurrency=3) as env:
         for n in ns:
-            r = await queue_text(client, key, params={"n": n})
+            r = await queue_text(env.client, env.requester, params={"n": n})
             assert r.status_code == 202, r.text
-        assert_refused(await queue_text(client, key), 429, "TooManyPrompts")
+        assert_refused(await queue_text(env.client, env.requester), 429, "TooManyPrompts")
 
 
 async def test_a_user_below_the_concurrency_limit_is_not_refused() -> None:
-    async with open_horde(concurrency=3) as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        assert (await queue_text(client, key, params={"n": 2})).status_code == 202
-        assert (await queue_text(client, key, params={"n": 1})).status_code == 202
+    async with open_env(concurrency=3) as env:
+        assert (await queue_text(env.client, env.requester, params={"n": 2})).status_code == 202
+        assert (await queue_text(env.client, env.requester, params={"n": 1})).status_code == 202
 
 
 async def test_a_finished_generation_frees_its_concurrency_slot() -> None:
-    async with open_horde(concurrency=3) as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        assert (await queue_text(client, key, models=[MODEL], params={"n": 3})).status_code == 202
-        async with await bobs_worker(horde) as worker:
+    async with open_env(concurrency=3) as env:
+        assert (
+            await queue_text(env.client, env.requester, models=[MODEL], params={"n": 3})
+        ).status_code == 202
+        async with bobs_worker(env) as worker:
             assert await worker.serve_one(wait=0) is not None
-        assert (await queue_text(client, key, models=[MODEL])).status_code == 202
+        assert (await queue_text(env.client, env.requester, models=[MODEL])).status_code == 202
 
 
 async def test_a_request_naming_an_unknown_worker_is_refused_with_WorkerNotFound() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        r = await queue_text(client, key, models=[MODEL], workers=[str(uuid.uuid4())])
+    async with open_env() as env:
+        r = await queue_text(env.client, env.requester, models=[MODEL], workers=[str(uuid.uuid4())])
         assert_refused(r, 404, "WorkerNotFound")
-        async with await bobs_worker(horde) as worker:
+        async with bobs_worker(env) as worker:
             assert (await worker.pop())["id"] is None
 
 
@@ -288,18 +277,19 @@ def assert_status_shape(status: dict[str, Any]) -> None:
 async def test_status_has_every_field_with_integer_wait_time_and_queue_position_while_waiting_and_done(
     worker_online: bool,
 ) -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        async with await bobs_worker(horde) as worker:
+    async with open_env() as env:
+        async with bobs_worker(env) as worker:
             if worker_online:
                 assert (await worker.pop())["id"] is None
-            r = await queue_text(client, key, models=[MODEL], params={"max_length": 37})
+            r = await queue_text(
+                env.client, env.requester, models=[MODEL], params={"max_length": 37}
+            )
             request_id = r.json()["id"]
-            waiting = await status_of(client, request_id)
+            waiting = await status_of(env.client, request_id)
             assert_status_shape(waiting)
             assert (waiting["waiting"], waiting["done"]) == (1, False)
             assert await worker.serve_one(wait=0) is not None
-        done = await status_of(client, request_id)
+        done = await status_of(env.client, request_id)
         assert_status_shape(done)
         assert (done["waiting"], done["done"], done["finished"]) == (0, True, 1)
         generation = done["generations"][0]
@@ -308,24 +298,25 @@ async def test_status_has_every_field_with_integer_wait_time_and_queue_position_
 
 async def test_queue_position_counts_the_requests_ahead_for_the_same_model() -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
+    async with open_env(clock=clock) as env:
         ids = {}
         for name, model in [("a", "m1"), ("b", "m1"), ("c", "m2"), ("d", "m1")]:
-            r = await queue_text(client, key, prompt=f"request {name}", models=[model])
+            r = await queue_text(
+                env.client, env.requester, prompt=f"request {name}", models=[model]
+            )
             ids[name] = r.json()["id"]
             clock.advance(1)  # equal kudos: the older request is ahead
         positions = {
-            name: (await status_of(client, rid))["queue_position"] for name, rid in ids.items()
+            name: (await status_of(env.client, rid))["queue_position"] for name, rid in ids.items()
         }
         assert positions == {"a": 0, "b": 1, "c": 0, "d": 2}
-        async with await bobs_worker(horde, models=["m1"]) as worker:
+        async with bobs_worker(env, models=["m1"]) as worker:
             assert (await worker.pop())["payload"]["prompt"] == "request a"  # the head of m1
         # A waiting request's position is at most STATUS_POSITION_SECONDS old
         # (decision 0038): read again past that, it counts the pop of "a".
         clock.advance(STATUS_POSITION_SECONDS)
-        assert (await status_of(client, ids["b"]))["queue_position"] == 0
-        assert (await status_of(client, ids["d"]))["queue_position"] == 1
+        assert (await status_of(env.client, ids["b"]))["queue_position"] == 0
+        assert (await status_of(env.client, ids["d"]))["queue_position"] == 1
 
 
 @pytest.mark.parametrize(
@@ -336,28 +327,28 @@ async def test_queue_position_counts_the_requests_ahead_for_the_same_model() -> 
 async def test_is_possible_turns_true_only_once_a_worker_that_can_serve_the_request_has_popped(
     worker_models: list[str], possible: bool
 ) -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        request_id = (await queue_text(client, key, models=["m1"], params={"n": 2})).json()["id"]
-        assert (await status_of(client, request_id))["is_possible"] is False
-        async with await bobs_worker(horde, models=worker_models) as worker:
+    async with open_env() as env:
+        request_id = (
+            await queue_text(env.client, env.requester, models=["m1"], params={"n": 2})
+        ).json()["id"]
+        assert (await status_of(env.client, request_id))["is_possible"] is False
+        async with bobs_worker(env, models=worker_models) as worker:
             await worker.pop()
-        status = await status_of(client, request_id)
+        status = await status_of(env.client, request_id)
         assert status["waiting"] >= 1  # still waiting, so is_possible is about the queue
         assert status["is_possible"] is possible
 
 
 async def test_delete_on_status_answers_the_status_and_cancels_the_request() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        request_id = (await queue_text(client, key, models=[MODEL])).json()["id"]
-        r = await client.delete(status_path(request_id))
+    async with open_env() as env:
+        request_id = (await queue_text(env.client, env.requester, models=[MODEL])).json()["id"]
+        r = await env.client.delete(status_path(request_id))
         assert r.status_code == 200, r.text
         assert_status_shape(r.json())
-        assert (await status_of(client, request_id))["done"] is True
-        async with await bobs_worker(horde) as worker:
+        assert (await status_of(env.client, request_id))["done"] is True
+        async with bobs_worker(env) as worker:
             assert (await worker.pop())["id"] is None
-        assert await kudos_of(client, key) == 100
+        assert await kudos_of(env.client, env.requester) == 100
 
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
@@ -369,8 +360,8 @@ async def test_delete_on_status_answers_the_status_and_cancels_the_request() -> 
 async def test_an_unknown_or_malformed_request_id_is_RequestNotFound(
     method: str, request_id: str
 ) -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        r = await client.request(method, status_path(request_id))
+    async with open_env() as env:
+        r = await env.client.request(method, status_path(request_id))
         assert_refused(r, 404, "RequestNotFound")
 
 
@@ -385,27 +376,28 @@ def stored_client_agent(conn: Tx, request_id: str) -> str:
 @pytest.mark.parametrize("header", ["Client-Agent", "client_agent"])
 async def test_both_client_agent_header_spellings_are_accepted(header: str) -> None:
     agent = "my-client:1.2:https://example.org"
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        r = await client.post(
-            ASYNC, headers={"apikey": key, header: agent}, json={"prompt": "hi", "models": [MODEL]}
+    async with open_env() as env:
+        r = await env.client.post(
+            ASYNC,
+            headers={"apikey": env.requester, header: agent},
+            json={"prompt": "hi", "models": [MODEL]},
         )
         assert r.status_code == 202, r.text
-        assert await horde.horde.db.read(stored_client_agent, r.json()["id"]) == agent
+        assert await env.horde.horde.db.read(stored_client_agent, r.json()["id"]) == agent
 
 
 async def test_the_anonymous_key_can_queue_requests_by_default() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        r = await queue_text(client, "0000000000", models=[MODEL])
+    async with open_env() as env:
+        r = await queue_text(env.client, "0000000000", models=[MODEL])
         assert r.status_code == 202, r.text
 
 
 async def test_the_anonymous_key_is_refused_with_AnonymousDisabled_when_turned_off() -> None:
-    async with open_horde(allow_anonymous=False) as horde, client_for(horde) as client:
+    async with open_env(allow_anonymous=False) as env:
         assert_refused(
-            await queue_text(client, "0000000000", models=[MODEL]), 403, "AnonymousDisabled"
+            await queue_text(env.client, "0000000000", models=[MODEL]), 403, "AnonymousDisabled"
         )
-        async with await bobs_worker(horde) as worker:
+        async with bobs_worker(env) as worker:
             assert (await worker.pop())["id"] is None
 
 
@@ -471,8 +463,8 @@ ANY_ANSWER = [
 async def test_every_answer_is_json_with_a_cors_header_and_errors_carry_rc_and_message(
     method: str, path: str, headers: dict[str, str], body: Any, status: int, rc: str | None
 ) -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        r = await client.request(method, path, headers=headers, json=body)
+    async with open_env() as env:
+        r = await env.client.request(method, path, headers=headers, json=body)
         assert r.status_code == status, r.text
         assert r.headers["content-type"].split(";")[0].strip() == "application/json"
         assert r.headers["access-control-allow-origin"] == "*"
@@ -487,26 +479,29 @@ async def test_every_answer_is_json_with_a_cors_header_and_errors_carry_rc_and_m
 
 
 async def test_heartbeat_answers_ok_with_the_version() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        r = await client.get("/api/v2/status/heartbeat")
+    async with open_env() as env:
+        r = await env.client.get("/api/v2/status/heartbeat")
         assert r.status_code == 200
         assert r.json() == {"message": "OK", "version": __version__}
 
 
 async def test_status_models_lists_an_online_workers_model_with_its_threads_and_queue() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
-        # The listing is cached for 2 s: the state is built before the first call.
-        async with await bobs_worker(horde, models=["stat-a", "stat-b"], threads=3) as worker:
+    async with open_env() as env:
+        async with bobs_worker(env, models=["stat-a", "stat-b"], threads=3) as worker:
             assert (await worker.pop())["id"] is None
         queued = [(1, 100), (2, 50)]  # (n, max_length) of two waiting requests for stat-a
         for n, max_length in queued:
             r = await queue_text(
-                client, key, models=["stat-a"], params={"n": n, "max_length": max_length}
+                env.client,
+                env.requester,
+                models=["stat-a"],
+                params={"n": n, "max_length": max_length},
             )
             assert r.status_code == 202, r.text
-        assert (await queue_text(client, key, models=["nobody-serves-this"])).status_code == 202
-        r = await client.get("/api/v2/status/models", params={"type": "text"})
+        assert (
+            await queue_text(env.client, env.requester, models=["nobody-serves-this"])
+        ).status_code == 202
+        r = await env.client.get("/api/v2/status/models", params={"type": "text"})
         assert r.status_code == 200, r.text
         by_name = {entry["name"]: entry for entry in r.json()}
         assert set(by_name) == {"stat-a", "stat-b"}
@@ -522,7 +517,7 @@ async def test_status_models_lists_an_online_workers_model_with_its_threads_and_
 
 
 async def test_the_worker_routes_describe_a_worker_as_it_declared_itself() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
+    async with open_env() as env:
         declared: dict[str, Any] = {
             "name": "scribe-1",
             "models": ["koboldcpp/tiny", "other"],
@@ -531,14 +526,14 @@ async def test_the_worker_routes_describe_a_worker_as_it_declared_itself() -> No
             "threads": 2,
             "nsfw": False,
         }
-        async with await bobs_worker(horde, **declared) as worker:
+        async with bobs_worker(env, **declared) as worker:
             assert (await worker.pop())["id"] is None
             bridge_agent = worker.pop_body()["bridge_agent"]
-        listing = await client.get("/api/v2/workers", params={"type": "text"})
+        listing = await env.client.get("/api/v2/workers", params={"type": "text"})
         assert listing.status_code == 200, listing.text
         [listed] = listing.json()
-        by_id = (await client.get(f"/api/v2/workers/{listed['id']}")).json()
-        by_name = (await client.get("/api/v2/workers/name/scribe-1")).json()
+        by_id = (await env.client.get(f"/api/v2/workers/{listed['id']}")).json()
+        by_name = (await env.client.get("/api/v2/workers/name/scribe-1")).json()
         for answer in (listed, by_id, by_name):
             assert WORKER_KEYS <= answer.keys(), answer
             assert {k: answer[k] for k in declared} == declared
@@ -560,11 +555,11 @@ async def test_the_worker_routes_describe_a_worker_as_it_declared_itself() -> No
 
 
 async def test_find_user_describes_the_keys_owner() -> None:
-    async with open_horde(concurrency=7) as horde, client_for(horde) as client:
-        key = await horde.create_key("carol", kudos=42.5, trusted=True)
-        async with FakeTextWorker(horde.url, key, models=[MODEL]) as worker:
-            assert (await worker.pop())["id"] is None
-        r = await client.get("/api/v2/find_user", headers={"apikey": key})
+    async with open_env(concurrency=7) as env:
+        key = await env.horde.create_key("carol", kudos=42.5, trusted=True)
+        worker = await env.text_worker(key=key, models=[MODEL])
+        assert (await worker.pop())["id"] is None
+        r = await env.client.get("/api/v2/find_user", headers={"apikey": key})
         assert r.status_code == 200, r.text
         user = r.json()
         assert isinstance(user["id"], int)
@@ -578,10 +573,10 @@ async def test_find_user_describes_the_keys_owner() -> None:
 
 
 async def test_users_by_id_answers_the_same_user_as_find_user() -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("dave", kudos=3)
-        found = (await client.get("/api/v2/find_user", headers={"apikey": key})).json()
-        r = await client.get(f"/api/v2/users/{found['id']}")
+    async with open_env() as env:
+        key = await env.horde.create_key("dave", kudos=3)
+        found = (await env.client.get("/api/v2/find_user", headers={"apikey": key})).json()
+        r = await env.client.get(f"/api/v2/users/{found['id']}")
         assert r.status_code == 200, r.text
         user = r.json()
         assert (user["username"], user["id"], user["kudos"]) == (found["username"], found["id"], 3)
@@ -589,15 +584,16 @@ async def test_users_by_id_answers_the_same_user_as_find_user() -> None:
 
 @pytest.mark.parametrize("user_id", ["987654", "abc", "-1", "1e3", "9" * 40, "²"], ids=repr)
 async def test_users_by_id_is_UserNotFound_for_unknown_and_non_numeric_ids(user_id: str) -> None:
-    async with open_horde() as horde, client_for(horde) as client:
-        await horde.create_key("dave")
-        assert_refused(await client.get(f"/api/v2/users/{user_id}"), 404, "UserNotFound")
+    async with open_env() as env:
+        await env.horde.create_key("dave")
+        assert_refused(await env.client.get(f"/api/v2/users/{user_id}"), 404, "UserNotFound")
 
 
 async def test_a_text_resubmit_with_the_same_idempotency_key_returns_the_first_request() -> None:
-    async with open_horde() as horde:
-        key = await horde.create_key("alice", kudos=100)
-        async with httpx.AsyncClient(base_url=horde.url, headers={"apikey": key}) as client:
+    async with open_env() as env:
+        async with httpx.AsyncClient(
+            base_url=env.horde.url, headers={"apikey": env.requester}
+        ) as client:
             body = {"prompt": "Once", "params": {"max_length": 32}}
             headers = {"Idempotency-Key": "text-op-1"}
             first = await client.post("/api/v2/generate/text/async", json=body, headers=headers)
@@ -615,9 +611,10 @@ async def test_a_downgraded_text_request_resubmitted_with_its_idempotency_key_is
 ):
     # Queued at its allow_downgrade max_length (no kudos up front), it is
     # still the request the client sent: the resubmit gets its id, not 409.
-    async with open_horde() as horde:
-        key = await horde.create_key("alice", kudos=0)
-        async with httpx.AsyncClient(base_url=horde.url, headers={"apikey": key}) as client:
+    async with open_env(requester_kudos=0) as env:
+        async with httpx.AsyncClient(
+            base_url=env.horde.url, headers={"apikey": env.requester}
+        ) as client:
             body = {"prompt": "Once", "params": {"max_length": 1024}, "allow_downgrade": True}
             headers = {"Idempotency-Key": "text-op-low"}
             first = await client.post("/api/v2/generate/text/async", json=body, headers=headers)
@@ -633,13 +630,12 @@ async def test_the_anonymous_user_s_idempotency_key_is_ignored_and_a_registered_
 ):
     # Every anonymous caller is one user: a shared key must not hand one
     # caller another's request.
-    async with open_horde() as horde, client_for(horde) as client:
-        key = await horde.create_key("alice", kudos=100)
+    async with open_env() as env:
         headers = {"Idempotency-Key": "shared-op"}
         ids = []
         for prompt in ("Mine", "Yours", "Yours"):
             body = {"prompt": prompt, "params": {"max_length": 32}}
-            answer = await client.post(
+            answer = await env.client.post(
                 "/api/v2/generate/text/async",
                 json=body,
                 headers={"apikey": "0000000000", **headers},
@@ -649,8 +645,10 @@ async def test_the_anonymous_user_s_idempotency_key_is_ignored_and_a_registered_
         assert len(set(ids)) == 3
         body = {"prompt": "Mine", "params": {"max_length": 32}}
         first, again = [
-            await client.post(
-                "/api/v2/generate/text/async", json=body, headers={"apikey": key, **headers}
+            await env.client.post(
+                "/api/v2/generate/text/async",
+                json=body,
+                headers={"apikey": env.requester, **headers},
             )
             for _ in range(2)
         ]

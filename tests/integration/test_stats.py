@@ -8,8 +8,8 @@ import httpx
 import pytest
 from horde_sdk.ai_horde_api.apimodels import TextStatsModelResponse, TextStatsModelsTotalResponse
 
-from hordelite.testing import FakeTextWorker, ManualClock, open_horde
-from tests.integration._helpers import submit_text
+from hordelite.testing import ManualClock
+from tests.integration._env import open_env
 
 pytestmark = pytest.mark.anyio
 
@@ -30,39 +30,36 @@ async def test_jobs_done_are_counted_per_period_and_model_before_and_after_the_p
 ) -> None:
     # Noon UTC, so that a few hours stay within the day.
     clock = ManualClock(start=20_000 * DAY + DAY / 2)
-    async with open_horde(clock=clock, database=chat_database, retention=60) as horde:
-        requester = await horde.create_key("alice", kudos=1000)
-        owner = await horde.create_key("bob")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1", "m2"]) as worker,
-        ):
-            empty, none = await read(client)
-            assert empty["total"] == {"requests": 0, "tokens": 0}
-            assert none == {"day": {}, "month": {}, "total": {}}
+    async with open_env(
+        clock=clock, database=chat_database, retention=60, requester_kudos=1000
+    ) as env:
+        worker = await env.text_worker(models=["m1", "m2"])
+        empty, none = await read(env.client)
+        assert empty["total"] == {"requests": 0, "tokens": 0}
+        assert none == {"day": {}, "month": {}, "total": {}}
 
-            for model, n in (("m1", 2), ("m2", 1)):
-                for _ in range(n):
-                    await submit_text(client, requester, "go", models=[model], max_length=50)
-                    job = await worker.pop()
-                    await worker.submit(job["id"], "x" * 200)  # 50 tokens
-            clock.advance(STATS_TTL)
-            totals, models = await read(client)
-            for period in ("hour", "day", "month", "total"):
-                assert totals[period] == {"requests": 3, "tokens": 150}, period
-            assert models["day"] == models["total"] == {"m1": 2, "m2": 1}
+        for model, n in (("m1", 2), ("m2", 1)):
+            for _ in range(n):
+                await env.submit_text("go", models=[model], max_length=50)
+                job = await worker.pop()
+                await worker.submit(job["id"], "x" * 200)  # 50 tokens
+        clock.advance(STATS_TTL)
+        totals, models = await read(env.client)
+        for period in ("hour", "day", "month", "total"):
+            assert totals[period] == {"requests": 3, "tokens": 150}, period
+        assert models["day"] == models["total"] == {"m1": 2, "m2": 1}
 
-            # Past the retention the sweep purges them: the figures stay.
-            clock.advance(120)
-            await horde.sweep()
-            clock.advance(STATS_TTL)
-            totals, models = await read(client)
-            assert totals["minute"] == {"requests": 0, "tokens": 0}
-            assert (totals["day"], totals["total"]) == ({"requests": 3, "tokens": 150},) * 2
-            assert models["total"] == {"m1": 2, "m2": 1}
+        # Past the retention the sweep purges them: the figures stay.
+        clock.advance(120)
+        await env.horde.sweep()
+        clock.advance(STATS_TTL)
+        totals, models = await read(env.client)
+        assert totals["minute"] == {"requests": 0, "tokens": 0}
+        assert (totals["day"], totals["total"]) == ({"requests": 3, "tokens": 150},) * 2
+        assert models["total"] == {"m1": 2, "m2": 1}
 
-            clock.advance(2 * DAY)
-            later, models = await read(client)
-            assert later["day"] == {"requests": 0, "tokens": 0}
-            assert later["month"] == later["total"] == {"requests": 3, "tokens": 150}
-            assert (models["day"], models["month"]) == ({}, {"m1": 2, "m2": 1})
+        clock.advance(2 * DAY)
+        later, models = await read(env.client)
+        assert later["day"] == {"requests": 0, "tokens": 0}
+        assert later["month"] == later["total"] == {"requests": 3, "tokens": 150}
+        assert (models["day"], models["month"]) == ({}, {"m1": 2, "m2": 1})

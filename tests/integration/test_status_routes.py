@@ -5,7 +5,6 @@ empty teams and styles. Each answer is validated by horde_sdk's own model."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from horde_sdk.ai_horde_api.apimodels import (
     HordeDocument,
@@ -17,45 +16,41 @@ from horde_sdk.ai_horde_api.apimodels import (
 )
 
 from hordelite.config import Config
-from hordelite.testing import FakeTextWorker, ManualClock, open_horde
-from tests.integration._helpers import assert_refused, submit_text
+from hordelite.testing import ManualClock
+from tests.integration._env import open_env
+from tests.integration._helpers import assert_refused
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_performance_counts_the_queued_text_requests_their_tokens_and_the_pool() -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock) as horde:
-        requester = await horde.create_key("alice", kudos=1000)
-        owner = await horde.create_key("bob")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1"], threads=3) as worker,
-        ):
-            empty = (await client.get("/api/v2/status/performance")).json()
-            HordePerformanceResponse.model_validate(empty)
-            assert (empty["queued_text_requests"], empty["text_worker_count"]) == (0, 0)
+    async with open_env(clock=clock, requester_kudos=1000) as env:
+        worker = await env.text_worker(threads=3)
+        empty = (await env.client.get("/api/v2/status/performance")).json()
+        HordePerformanceResponse.model_validate(empty)
+        assert (empty["queued_text_requests"], empty["text_worker_count"]) == (0, 0)
 
-            await worker.pop()  # online, with its 3 threads
-            await submit_text(client, requester, "one", models=["m1"], max_length=100)
-            await submit_text(client, requester, "two", models=["m1"], max_length=50, n=2)
-            job = await worker.pop()
-            await worker.submit(job["id"], "y" * 400)  # 100 tokens, at most its max_length
-            paid_tokens = min(job["payload"]["max_length"], 100)
+        await worker.pop()  # online, with its 3 threads
+        await env.submit_text("one", max_length=100)
+        await env.submit_text("two", max_length=50, n=2)
+        job = await worker.pop()
+        await worker.submit(job["id"], "y" * 400)  # 100 tokens, at most its max_length
+        paid_tokens = min(job["payload"]["max_length"], 100)
 
-            clock.advance(10)  # past the cached figures
-            body = (await client.get("/api/v2/status/performance")).json()
-            HordePerformanceResponse.model_validate(body)
-            assert (body["text_worker_count"], body["text_thread_count"]) == (1, 3)
-            # Image and interrogation figures are 0 on a text horde.
-            assert body["queued_requests"] == body["worker_count"] == body["thread_count"] == 0
-            # Two jobs left of 100 + 2 x 50 tokens, one of them done.
-            queued = 150 if paid_tokens == 50 else 100
-            assert (body["queued_text_requests"], body["queued_tokens"]) == (
-                1 if queued == 100 else 2,
-                queued,
-            )
-            assert body["past_minute_tokens"] == paid_tokens
+        clock.advance(10)  # past the cached figures
+        body = (await env.client.get("/api/v2/status/performance")).json()
+        HordePerformanceResponse.model_validate(body)
+        assert (body["text_worker_count"], body["text_thread_count"]) == (1, 3)
+        # Image and interrogation figures are 0 on a text horde.
+        assert body["queued_requests"] == body["worker_count"] == body["thread_count"] == 0
+        # Two jobs left of 100 + 2 x 50 tokens, one of them done.
+        queued = 150 if paid_tokens == 50 else 100
+        assert (body["queued_text_requests"], body["queued_tokens"]) == (
+            1 if queued == 100 else 2,
+            queued,
+        )
+        assert body["past_minute_tokens"] == paid_tokens
 
 
 async def test_modes_say_the_horde_is_open_and_news_and_documents_are_the_operators() -> None:
@@ -68,31 +63,31 @@ async def test_modes_say_the_horde_is_open_and_news_and_documents_are_the_operat
             "news_published": "2026-12-01",
         }
     )
-    async with open_horde(config=config) as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        modes = (await client.get("/api/v2/status/modes")).json()
+    async with open_env(config=config) as env:
+        modes = (await env.client.get("/api/v2/status/modes")).json()
         HordeModes.model_validate(modes)
         assert modes == {"maintenance_mode": False, "invite_only_mode": False}
 
-        news = (await client.get("/api/v2/status/news")).json()
+        news = (await env.client.get("/api/v2/status/news")).json()
         NewsResponse.model_validate(news)
         assert [
             (n["title"], n["newspiece"], n["importance"], n["date_published"]) for n in news
         ] == [("Moved", "The horde moved.", "Workers", "2026-12-01")]
 
-        html = (await client.get("/api/v2/documents/terms")).json()
+        html = (await env.client.get("/api/v2/documents/terms")).json()
         HordeDocument.model_validate(html)
         assert html == {"html": "<p>Be kind.</p><p>No &lt;script&gt; here.</p>"}
-        markdown = await client.get("/api/v2/documents/terms", params={"format": "markdown"})
+        markdown = await env.client.get("/api/v2/documents/terms", params={"format": "markdown"})
         assert markdown.json() == {"markdown": "Be kind.\n\nNo <script> here."}
-        assert (await client.get("/api/v2/documents/privacy")).json() == {"html": ""}
-        refused = await client.get("/api/v2/documents/terms", params={"format": "pdf"})
+        assert (await env.client.get("/api/v2/documents/privacy")).json() == {"html": ""}
+        refused = await env.client.get("/api/v2/documents/terms", params={"format": "pdf"})
         assert_refused(refused, 400, "BadRequest")
         assert "format" in refused.json()["errors"]
 
 
 async def test_no_news_is_an_empty_list() -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        assert (await client.get("/api/v2/status/news")).json() == []
+    async with open_env() as env:
+        assert (await env.client.get("/api/v2/status/news")).json() == []
 
 
 def test_a_bad_news_date_or_importance_is_refused_at_start() -> None:
@@ -105,85 +100,72 @@ def test_a_bad_news_date_or_importance_is_refused_at_start() -> None:
 
 
 async def test_status_models_defaults_to_image_and_a_single_model_is_a_list() -> None:
-    async with open_horde() as horde:
-        owner = await horde.create_key("bob")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["org/m1", "m2"], threads=2) as worker,
-        ):
-            await worker.pop()
-            # The AI Horde's default type is image: none served here.
-            assert (await client.get("/api/v2/status/models")).json() == []
-            text = (await client.get("/api/v2/status/models", params={"type": "text"})).json()
-            HordeStatusModelsAllResponse.model_validate(text)
-            assert sorted(m["name"] for m in text) == ["m2", "org/m1"]
+    async with open_env() as env:
+        worker = await env.text_worker(models=["org/m1", "m2"], threads=2)
+        await worker.pop()
+        # The AI Horde's default type is image: none served here.
+        assert (await env.client.get("/api/v2/status/models")).json() == []
+        text = (await env.client.get("/api/v2/status/models", params={"type": "text"})).json()
+        HordeStatusModelsAllResponse.model_validate(text)
+        assert sorted(m["name"] for m in text) == ["m2", "org/m1"]
 
-            one = (await client.get("/api/v2/status/models/org/m1")).json()
-            HordeStatusModelsSingleResponse.model_validate(one)
-            assert [(m["name"], m["count"], m["type"]) for m in one] == [("org/m1", 2, "text")]
-            assert (await client.get("/api/v2/status/models/unserved")).json() == []
+        one = (await env.client.get("/api/v2/status/models/org/m1")).json()
+        HordeStatusModelsSingleResponse.model_validate(one)
+        assert [(m["name"], m["count"], m["type"]) for m in one] == [("org/m1", 2, "text")]
+        assert (await env.client.get("/api/v2/status/models/unserved")).json() == []
 
-            least = {"type": "text", "min_count": "3"}
-            assert (await client.get("/api/v2/status/models", params=least)).json() == []
-            most = {"type": "text", "max_count": "2"}
-            assert len((await client.get("/api/v2/status/models", params=most)).json()) == 2
-            bad = await client.get("/api/v2/status/models", params={"min_count": "-1"})
-            assert_refused(bad, 400, "BadRequest")
-            assert "min_count" in bad.json()["errors"]
+        least = {"type": "text", "min_count": "3"}
+        assert (await env.client.get("/api/v2/status/models", params=least)).json() == []
+        most = {"type": "text", "max_count": "2"}
+        assert len((await env.client.get("/api/v2/status/models", params=most)).json()) == 2
+        bad = await env.client.get("/api/v2/status/models", params={"min_count": "-1"})
+        assert_refused(bad, 400, "BadRequest")
+        assert "min_count" in bad.json()["errors"]
 
 
 async def test_teams_and_text_styles_are_empty_and_a_team_is_not_found() -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        assert (await client.get("/api/v2/teams")).json() == []
-        assert (await client.get("/api/v2/styles/text")).json() == []
-        assert_refused(await client.get("/api/v2/teams/abc"), 404, "TeamNotFound")
+    async with open_env() as env:
+        assert (await env.client.get("/api/v2/teams")).json() == []
+        assert (await env.client.get("/api/v2/styles/text")).json() == []
+        assert_refused(await env.client.get("/api/v2/teams/abc"), 404, "TeamNotFound")
 
 
 async def test_a_queued_requests_status_counts_its_eligible_workers_and_threads() -> None:
-    async with open_horde() as horde:
-        requester = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, name="a", models=["m1"], threads=2) as a,
-            FakeTextWorker(horde.url, owner, name="b", models=["m1"], threads=3) as b,
-            FakeTextWorker(horde.url, owner, name="c", models=["m2"]) as c,
-        ):
-            for worker in (a, b, c):
-                await worker.pop()
-            served = await submit_text(client, requester, "served", models=["m1"])
-            status = (await client.get(f"/api/v2/generate/text/status/{served}")).json()
-            assert (status["eligible_workers"], status["eligible_worker_threads"]) == (2, 5)
-            assert status["might_stall"] is False
-            stuck = await submit_text(client, requester, "stuck", models=["nobody"])
-            status = (await client.get(f"/api/v2/generate/text/status/{stuck}")).json()
-            assert (status["eligible_workers"], status["might_stall"]) == (0, True)
+    async with open_env() as env:
+        a = await env.text_worker("a", threads=2)
+        b = await env.text_worker("b", threads=3)
+        c = await env.text_worker("c", ["m2"])
+        for worker in (a, b, c):
+            await worker.pop()
+        served = await env.submit_text("served")
+        status = (await env.client.get(f"/api/v2/generate/text/status/{served}")).json()
+        assert (status["eligible_workers"], status["eligible_worker_threads"]) == (2, 5)
+        assert status["might_stall"] is False
+        stuck = await env.submit_text("stuck", models=["nobody"])
+        status = (await env.client.get(f"/api/v2/generate/text/status/{stuck}")).json()
+        assert (status["eligible_workers"], status["might_stall"]) == (0, True)
 
 
 async def test_a_text_request_as_queued_is_read_back_by_its_requester_only() -> None:
-    async with open_horde() as horde:
-        requester = await horde.create_key("alice", kudos=100)
-        other = await horde.create_key("eve")
-        admin = await horde.create_key("root", admin=True)
-        async with httpx.AsyncClient(base_url=horde.url) as client:
-            request_id = await submit_text(
-                client, requester, "Once upon a time", models=["m1"], max_length=60
-            )
-            path = f"/api/v2/generate/text/request/{request_id}"
-            for key in (requester, admin):
-                found = await client.get(path, headers={"apikey": key})
-                assert found.status_code == 200, found.text
-                body = found.json()
-                assert (body["prompt"], body["models"]) == ("Once upon a time", ["m1"])
-                assert body["params"]["max_length"] == 60
-                # horde_sdk 0.33's GenerationSubmittedKobold (0.18 has none).
-                assert {"softprompt", "trusted_workers", "slow_workers", "workers"} <= set(body)
-                assert (body["worker_blacklist"], body["webhook"]) == (False, None)
-            assert_refused(
-                await client.get(path, headers={"apikey": other}), 403, "WrongCredentials"
-            )
-            assert_refused(await client.get(path), 401, "InvalidAPIKey")
-            unknown = "/api/v2/generate/text/request/not-an-id"
-            assert_refused(
-                await client.get(unknown, headers={"apikey": requester}), 404, "RequestNotFound"
-            )
+    async with open_env() as env:
+        other = await env.horde.create_key("eve")
+        admin = await env.horde.create_key("root", admin=True)
+        request_id = await env.submit_text("Once upon a time", max_length=60)
+        path = f"/api/v2/generate/text/request/{request_id}"
+        for key in (env.requester, admin):
+            found = await env.client.get(path, headers={"apikey": key})
+            assert found.status_code == 200, found.text
+            body = found.json()
+            assert (body["prompt"], body["models"]) == ("Once upon a time", ["m1"])
+            assert body["params"]["max_length"] == 60
+            # horde_sdk 0.33's GenerationSubmittedKobold (0.18 has none).
+            assert {"softprompt", "trusted_workers", "slow_workers", "workers"} <= set(body)
+            assert (body["worker_blacklist"], body["webhook"]) == (False, None)
+        assert_refused(
+            await env.client.get(path, headers={"apikey": other}), 403, "WrongCredentials"
+        )
+        assert_refused(await env.client.get(path), 401, "InvalidAPIKey")
+        unknown = "/api/v2/generate/text/request/not-an-id"
+        assert_refused(
+            await env.client.get(unknown, headers={"apikey": env.requester}), 404, "RequestNotFound"
+        )

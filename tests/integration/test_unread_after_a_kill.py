@@ -25,7 +25,7 @@ import pytest
 from hordelite.storage.database import Database
 from hordelite.storage.schema import requests, users
 from hordelite.testing import FakeChatWorker
-from tests.integration._chat_helpers import TLS
+from tests.integration._env import TLS
 from tests.integration._helpers import eventually
 from tests.integration.test_crash_recovery import MODEL, create_accounts, serve
 

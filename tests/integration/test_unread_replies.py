@@ -27,7 +27,8 @@ from hordelite.contract.chat_request import parse_chat_request
 from hordelite.contract.limits import READER_LEASE_SECONDS
 from hordelite.storage.schema import requests
 from hordelite.testing import FakeChatWorker
-from tests.integration._chat_helpers import MODEL, STRICT, TLS, open_chat_horde, pop_nothing
+from tests.integration._chat_helpers import MODEL, STRICT, open_chat_horde, pop_nothing
+from tests.integration._env import TLS
 from tests.integration._helpers import eventually
 from tests.integration.test_front import CHAT, Front, text_reply, user
 

@@ -22,6 +22,7 @@ from hordelite.clock import ManualClock
 from hordelite.storage.schema import users
 from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, open_horde
+from tests.integration._env import open_env
 from tests.integration._helpers import assert_refused, kudos_of
 
 pytestmark = pytest.mark.anyio
@@ -62,91 +63,87 @@ async def test_users_are_listed_25_a_page_by_kudos_or_age_without_their_workers(
 
 
 async def test_a_users_workers_are_shown_to_that_user_and_to_admins_only() -> None:
-    async with open_horde() as horde:
-        owner = await horde.create_key("bob")
-        other = await horde.create_key("eve")
-        admin = await horde.create_key("root", admin=True)
-        async with (
-            httpx.AsyncClient(base_url=horde.url) as client,
-            FakeTextWorker(horde.url, owner, models=["m1"]) as worker,
-        ):
-            await worker.pop()
-            me = (await client.get("/api/v2/find_user", headers={"apikey": owner})).json()
-            path = f"/api/v2/users/{me['id']}"
-            assert "worker_ids" not in (await client.get(path)).json()
-            assert "worker_ids" not in (await client.get(path, headers={"apikey": other})).json()
-            for key in (owner, admin):
-                seen = (await client.get(path, headers={"apikey": key})).json()
-                assert seen["worker_ids"] == me["worker_ids"] != []
-            wrong = await client.get(path, headers={"apikey": "not-a-key"})
-            assert_refused(wrong, 401, "InvalidAPIKey")
+    async with open_env() as env:
+        other = await env.horde.create_key("eve")
+        admin = await env.horde.create_key("root", admin=True)
+        worker = await env.text_worker()
+        await worker.pop()
+        me = (await env.client.get("/api/v2/find_user", headers={"apikey": env.owner})).json()
+        path = f"/api/v2/users/{me['id']}"
+        assert "worker_ids" not in (await env.client.get(path)).json()
+        assert "worker_ids" not in (await env.client.get(path, headers={"apikey": other})).json()
+        for key in (env.owner, admin):
+            seen = (await env.client.get(path, headers={"apikey": key})).json()
+            assert seen["worker_ids"] == me["worker_ids"] != []
+        wrong = await env.client.get(path, headers={"apikey": "not-a-key"})
+        assert_refused(wrong, 401, "InvalidAPIKey")
 
 
 async def test_kudos_move_between_users_and_each_refusal_is_the_ai_hordes() -> None:
-    async with open_horde() as horde:
-        alice = await horde.create_key("alice", kudos=100)
-        bob = await horde.create_key("bob", kudos=5)
-        async with httpx.AsyncClient(base_url=horde.url) as client:
-            to_bob = await handle(client, bob)
+    async with open_env(owner_kudos=5) as env:
+        to_bob = await handle(env.client, env.owner)
 
-            async def send(key: str, body: object) -> httpx.Response:
-                return await client.post(
-                    "/api/v2/kudos/transfer", headers={"apikey": key}, json=body
-                )
+        async def send(key: str, body: object) -> httpx.Response:
+            return await env.client.post(
+                "/api/v2/kudos/transfer", headers={"apikey": key}, json=body
+            )
 
-            sent = await send(alice, {"username": to_bob, "amount": 12.5})
-            assert sent.status_code == 200, sent.text
-            KudosTransferResponse.model_validate(sent.json())
-            assert sent.json() == {"transferred": 12.5}
-            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (87.5, 17.5)
-            details = (await client.get("/api/v2/find_user", headers={"apikey": bob})).json()
-            assert details["kudos_details"]["received"] == 12.5
-            gifted = (await client.get("/api/v2/find_user", headers={"apikey": alice})).json()
-            assert gifted["kudos_details"]["gifted"] == 12.5
+        sent = await send(env.requester, {"username": to_bob, "amount": 12.5})
+        assert sent.status_code == 200, sent.text
+        KudosTransferResponse.model_validate(sent.json())
+        assert sent.json() == {"transferred": 12.5}
+        assert (await env.kudos(), await env.kudos(env.owner)) == (87.5, 17.5)
+        details = (await env.client.get("/api/v2/find_user", headers={"apikey": env.owner})).json()
+        assert details["kudos_details"]["received"] == 12.5
+        gifted = (
+            await env.client.get("/api/v2/find_user", headers={"apikey": env.requester})
+        ).json()
+        assert gifted["kudos_details"]["gifted"] == 12.5
 
-            refusals = [
-                (
-                    alice,
-                    {"username": await handle(client, alice), "amount": 1},
-                    400,
-                    "KudosTransferToSelf",
-                ),
-                (alice, {"username": "Anonymous#0", "amount": 1}, 400, "KudosTransferToAnon"),
-                ("0000000000", {"username": to_bob, "amount": 1}, 400, "KudosTransferFromAnon"),
-                (alice, {"username": to_bob, "amount": -5}, 400, "NegativeKudosTransfer"),
-                (alice, {"username": to_bob, "amount": 0}, 400, "NegativeKudosTransfer"),
-                (alice, {"username": to_bob, "amount": 87.51}, 400, "KudosTransferNotEnough"),
-                (alice, {"username": to_bob, "amount": 0.001}, 400, "BadRequest"),
-                (alice, {"username": to_bob, "amount": "5"}, 400, "BadRequest"),
-                (alice, {"username": to_bob, "amount": 1e300}, 400, "BadRequest"),
-                (alice, {"username": "bob", "amount": 1}, 400, "InvalidTargetUsername"),
-                (
-                    alice,
-                    {"username": "carol" + to_bob[3:], "amount": 1},
-                    400,
-                    "InvalidTargetUsername",
-                ),
-                (alice, {"username": "bob#999", "amount": 1}, 400, "InvalidTargetUsername"),
-                (alice, {"amount": 1}, 400, "BadRequest"),
-                ("nobody", {"username": to_bob, "amount": 1}, 401, "InvalidAPIKey"),
-            ]
-            for key, body, status, rc in refusals:
-                assert_refused(await send(key, body), status, rc)
-            # Nothing moved.
-            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (87.5, 17.5)
-            # The whole balance may go, not a hundredth more.
-            assert (await send(alice, {"username": to_bob, "amount": 87.5})).status_code == 200
-            assert await kudos_of(client, alice) == 0
+        refusals = [
+            (
+                env.requester,
+                {"username": await handle(env.client, env.requester), "amount": 1},
+                400,
+                "KudosTransferToSelf",
+            ),
+            (env.requester, {"username": "Anonymous#0", "amount": 1}, 400, "KudosTransferToAnon"),
+            ("0000000000", {"username": to_bob, "amount": 1}, 400, "KudosTransferFromAnon"),
+            (env.requester, {"username": to_bob, "amount": -5}, 400, "NegativeKudosTransfer"),
+            (env.requester, {"username": to_bob, "amount": 0}, 400, "NegativeKudosTransfer"),
+            (env.requester, {"username": to_bob, "amount": 87.51}, 400, "KudosTransferNotEnough"),
+            (env.requester, {"username": to_bob, "amount": 0.001}, 400, "BadRequest"),
+            (env.requester, {"username": to_bob, "amount": "5"}, 400, "BadRequest"),
+            (env.requester, {"username": to_bob, "amount": 1e300}, 400, "BadRequest"),
+            (env.requester, {"username": "bob", "amount": 1}, 400, "InvalidTargetUsername"),
+            (
+                env.requester,
+                {"username": "carol" + to_bob[3:], "amount": 1},
+                400,
+                "InvalidTargetUsername",
+            ),
+            (env.requester, {"username": "bob#999", "amount": 1}, 400, "InvalidTargetUsername"),
+            (env.requester, {"amount": 1}, 400, "BadRequest"),
+            ("nobody", {"username": to_bob, "amount": 1}, 401, "InvalidAPIKey"),
+        ]
+        for key, body, status, rc in refusals:
+            assert_refused(await send(key, body), status, rc)
+        # Nothing moved.
+        assert (await env.kudos(), await env.kudos(env.owner)) == (87.5, 17.5)
+        # The whole balance may go, not a hundredth more.
+        assert (await send(env.requester, {"username": to_bob, "amount": 87.5})).status_code == 200
+        assert await env.kudos() == 0
 
 
 async def test_concurrent_transfers_never_overdraw_and_keep_the_sum(
     chat_database: str | None,
 ) -> None:
-    async with open_horde(database=chat_database) as horde:
-        alice = await horde.create_key("alice", kudos=100)
-        bob = await horde.create_key("bob", kudos=10)
-        async with httpx.AsyncClient(base_url=horde.url, timeout=30) as client:
-            names = {alice: await handle(client, bob), bob: await handle(client, alice)}
+    async with open_env(database=chat_database, owner_kudos=10) as env:
+        async with httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client:
+            names = {
+                env.requester: await handle(client, env.owner),
+                env.owner: await handle(client, env.requester),
+            }
             answers: list[int] = []
 
             async def send(key: str) -> None:
@@ -162,12 +159,12 @@ async def test_concurrent_transfers_never_overdraw_and_keep_the_sum(
 
             async with anyio.create_task_group() as tg:
                 for i in range(40):
-                    tg.start_soon(send, alice if i % 4 else bob)
-            a, b = await kudos_of(client, alice), await kudos_of(client, bob)
+                    tg.start_soon(send, env.requester if i % 4 else env.owner)
+            a, b = await kudos_of(client, env.requester), await kudos_of(client, env.owner)
             assert a >= 0
             assert b >= 0
             assert math.isclose(a + b, 110)
-            assert answers.count(200) >= 14  # alice alone could send 14 times
+            assert answers.count(200) >= 14  # requester alone could send 14 times
 
 
 # Issue 35: each of these renames was accepted (decision 0073).
@@ -250,26 +247,26 @@ async def test_two_renames_onto_one_name_at_once_leave_it_to_one_user(
 async def test_a_balance_made_of_transfers_is_exact_and_can_be_sent_whole() -> None:
     # As floats, 0.7 + 0.1 is 0.7999999999999999: the balance showed 0.8 and
     # a transfer of 0.8 was refused as more than it.
-    async with open_horde() as horde:
-        alice = await horde.create_key("alice", kudos=100)
-        bob = await horde.create_key("bob")
-        async with httpx.AsyncClient(base_url=horde.url) as client:
-            to_bob, to_alice = await handle(client, bob), await handle(client, alice)
-            for amount in (0.7, 0.1):
-                sent = await client.post(
-                    "/api/v2/kudos/transfer",
-                    headers={"apikey": alice},
-                    json={"username": to_bob, "amount": amount},
-                )
-                assert sent.status_code == 200, sent.text
-            assert await kudos_of(client, bob) == 0.8
-            back = await client.post(
+    async with open_env() as env:
+        to_bob, to_alice = (
+            await handle(env.client, env.owner),
+            await handle(env.client, env.requester),
+        )
+        for amount in (0.7, 0.1):
+            sent = await env.client.post(
                 "/api/v2/kudos/transfer",
-                headers={"apikey": bob},
-                json={"username": to_alice, "amount": 0.8},
+                headers={"apikey": env.requester},
+                json={"username": to_bob, "amount": amount},
             )
-            assert back.status_code == 200, back.text
-            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (100, 0)
+            assert sent.status_code == 200, sent.text
+        assert await env.kudos(env.owner) == 0.8
+        back = await env.client.post(
+            "/api/v2/kudos/transfer",
+            headers={"apikey": env.owner},
+            json={"username": to_alice, "amount": 0.8},
+        )
+        assert back.status_code == 200, back.text
+        assert (await env.kudos(), await env.kudos(env.owner)) == (100, 0)
 
 
 TRANSFERS = 2000
@@ -327,12 +324,10 @@ def _stored_balances(conn: Tx, count: int) -> tuple[list[Decimal], float]:
 async def test_a_transfer_retried_with_its_idempotency_key_moves_once(
     chat_database: str | None,
 ) -> None:
-    async with open_horde(database=chat_database) as horde:
-        alice = await horde.create_key("alice", kudos=100)
-        bob = await horde.create_key("bob")
-        carol = await horde.create_key("carol", kudos=10)
-        async with httpx.AsyncClient(base_url=horde.url, timeout=30) as client:
-            to_bob = await handle(client, bob)
+    async with open_env(database=chat_database) as env:
+        carol = await env.horde.create_key("carol", kudos=10)
+        async with httpx.AsyncClient(base_url=env.horde.url, timeout=30) as client:
+            to_bob = await handle(client, env.owner)
 
             async def send(key: str, amount: float, op: str, to: str = to_bob) -> httpx.Response:
                 return await client.post(
@@ -345,55 +340,57 @@ async def test_a_transfer_retried_with_its_idempotency_key_moves_once(
             answers: list[httpx.Response] = []
 
             async def retry() -> None:
-                answers.append(await send(alice, 12.5, "pay-1"))
+                answers.append(await send(env.requester, 12.5, "pay-1"))
 
             async with anyio.create_task_group() as tg:
                 for _ in range(8):
                     tg.start_soon(retry)
             assert {(r.status_code, r.text) for r in answers} == {
-                (200, (await send(alice, 12.5, "pay-1")).text)
+                (200, (await send(env.requester, 12.5, "pay-1")).text)
             }
             assert answers[0].json() == {"transferred": 12.5}
-            assert (await kudos_of(client, alice), await kudos_of(client, bob)) == (87.5, 12.5)
+            assert (await kudos_of(client, env.requester), await kudos_of(client, env.owner)) == (
+                87.5,
+                12.5,
+            )
 
             # The same key with another transfer is refused, and moves nothing.
-            assert_refused(await send(alice, 13, "pay-1"), 409, "OperationKeyReused")
+            assert_refused(await send(env.requester, 13, "pay-1"), 409, "OperationKeyReused")
             to_carol = await handle(client, carol)
-            assert_refused(await send(alice, 12.5, "pay-1", to_carol), 409, "OperationKeyReused")
-            assert await kudos_of(client, alice) == 87.5
+            assert_refused(
+                await send(env.requester, 12.5, "pay-1", to_carol), 409, "OperationKeyReused"
+            )
+            assert await kudos_of(client, env.requester) == 87.5
             # Keys are the user's own: another user's same key is a transfer of its own.
             assert (await send(carol, 2, "pay-1")).status_code == 200
-            assert await kudos_of(client, bob) == 14.5
+            assert await kudos_of(client, env.owner) == 14.5
             # A new key is a new transfer; a key of 256 characters is refused.
-            assert (await send(alice, 12.5, "pay-2")).status_code == 200
-            assert await kudos_of(client, alice) == 75
-            assert_refused(await send(alice, 1, "k" * 256), 400, "BadRequest")
+            assert (await send(env.requester, 12.5, "pay-2")).status_code == 200
+            assert await kudos_of(client, env.requester) == 75
+            assert_refused(await send(env.requester, 1, "k" * 256), 400, "BadRequest")
             # A refused transfer stores no key: the retry, now affordable, moves.
             assert_refused(await send(carol, 9, "later"), 400, "KudosTransferNotEnough")
-            assert (await send(bob, 1, "top-up", to_carol)).status_code == 200
+            assert (await send(env.owner, 1, "top-up", to_carol)).status_code == 200
             assert (await send(carol, 9, "later")).status_code == 200
             assert await kudos_of(client, carol) == 0
 
 
 async def test_a_transfers_idempotency_key_is_kept_for_the_retention() -> None:
     clock = ManualClock()
-    async with open_horde(clock=clock, retention=600) as horde:
-        alice = await horde.create_key("alice", kudos=100)
-        bob = await horde.create_key("bob")
-        async with httpx.AsyncClient(base_url=horde.url) as client:
-            body = {"username": await handle(client, bob), "amount": 10}
-            headers = {"apikey": alice, "Idempotency-Key": "monthly"}
+    async with open_env(clock=clock, retention=600) as env:
+        body = {"username": await handle(env.client, env.owner), "amount": 10}
+        headers = {"apikey": env.requester, "Idempotency-Key": "monthly"}
 
-            async def send() -> None:
-                sent = await client.post("/api/v2/kudos/transfer", headers=headers, json=body)
-                assert sent.status_code == 200, sent.text
+        async def send() -> None:
+            sent = await env.client.post("/api/v2/kudos/transfer", headers=headers, json=body)
+            assert sent.status_code == 200, sent.text
 
-            await send()
-            clock.advance(599)
-            await horde.sweep()
-            await send()  # a retry: nothing moves
-            assert await kudos_of(client, alice) == 90
-            clock.advance(2)
-            await horde.sweep()
-            await send()  # the key is forgotten: a new transfer
-            assert await kudos_of(client, alice) == 80
+        await send()
+        clock.advance(599)
+        await env.horde.sweep()
+        await send()  # a retry: nothing moves
+        assert await env.kudos() == 90
+        clock.advance(2)
+        await env.horde.sweep()
+        await send()  # the key is forgotten: a new transfer
+        assert await env.kudos() == 80

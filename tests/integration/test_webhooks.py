@@ -33,6 +33,7 @@ from hordelite.contract.limits import (
 )
 from hordelite.outbound.guarded_fetch import open_call_client, post_json
 from hordelite.testing import FakeTextWorker, TestHorde, open_horde
+from tests.integration._env import open_env
 from tests.integration._helpers import assert_refused, eventually
 
 pytestmark = pytest.mark.anyio
@@ -155,50 +156,49 @@ async def test_a_done_requests_webhook_is_called_once_with_the_ai_hordes_body(
 ) -> None:
     async with (
         receiver() as hook,
-        open_horde(config=CALL_PRIVATE, database=chat_database) as horde,
+        open_env(config=CALL_PRIVATE, database=chat_database) as env,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with FakeTextWorker(horde.url, owner, name="w1", models=["m1"]) as worker:
-            request_id = await submit(horde, key, hook.url)
-            job = await worker.serve_one()
-            assert job is not None
-            await eventually(lambda: hook.calls)
-            call = hook.calls[0]
-            assert call["request"] == request_id
-            # The AI Horde's state is the generation's; how the request
-            # ended is told apart.
-            assert (call["state"], call["ended"]) == ("ok", "done")
-            assert call["done"] is True
-            assert call["id"] == job["id"]
-            assert call["text"] == worker.generate(job["payload"]["prompt"])
-            assert (call["seed"], call["model"], call["worker_name"]) == (1, "m1", "w1")
-            assert call["kudos"] > 0
-            assert [g["text"] for g in call["generations"]] == [call["text"]]
-            assert hook.headers[0]["content-type"] == "application/json"
-            assert hook.headers[0]["webhook-id"] == request_id
-            assert hook.headers[0]["webhook-attempt"] == "1"
-            # Nothing more is owed: further rounds and sweeps call nothing.
-            for _ in range(3):
-                await horde.sweep()
-                assert await horde.horde.webhooks.call_due(lambda *a: {}) == 0
-            assert len(hook.calls) == 1
+        worker = await env.text_worker("w1")
+        request_id = await submit(env.horde, env.requester, hook.url)
+        job = await worker.serve_one()
+        assert job is not None
+        await eventually(lambda: hook.calls)
+        call = hook.calls[0]
+        assert call["request"] == request_id
+        # The AI Horde's state is the generation's; how the request
+        # ended is told apart.
+        assert (call["state"], call["ended"]) == ("ok", "done")
+        assert call["done"] is True
+        assert call["id"] == job["id"]
+        assert call["text"] == worker.generate(job["payload"]["prompt"])
+        assert (call["seed"], call["model"], call["worker_name"]) == (1, "m1", "w1")
+        assert call["kudos"] > 0
+        assert [g["text"] for g in call["generations"]] == [call["text"]]
+        assert hook.headers[0]["content-type"] == "application/json"
+        assert hook.headers[0]["webhook-id"] == request_id
+        assert hook.headers[0]["webhook-attempt"] == "1"
+        # Nothing more is owed: further rounds and sweeps call nothing.
+        for _ in range(3):
+            await env.horde.sweep()
+            assert await env.horde.horde.webhooks.call_due(lambda *a: {}) == 0
+        assert len(hook.calls) == 1
 
 
 async def test_a_cancelled_and_a_faulted_request_each_call_their_webhook_once() -> None:
-    async with receiver() as hook, open_horde(config=CALL_PRIVATE, max_faults=0) as horde:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
-            cancelled = await submit(horde, key, hook.url)
-            async with httpx.AsyncClient(base_url=horde.url) as client:
-                r = await client.delete(f"/api/v2/generate/text/status/{cancelled}")
-                assert r.status_code == 200, r.text
-            await eventually(lambda: len(hook.calls) == 1)
-            faulted = await submit(horde, key, hook.url)
-            job = await worker.pop()
-            await worker.submit(job["id"], "faulted", state="faulted", seed=-1)
-            await eventually(lambda: len(hook.calls) == 2)
+    async with (
+        receiver() as hook,
+        open_env(config=CALL_PRIVATE, max_faults=0) as env,
+    ):
+        worker = await env.text_worker()
+        cancelled = await submit(env.horde, env.requester, hook.url)
+        async with httpx.AsyncClient(base_url=env.horde.url) as client:
+            r = await client.delete(f"/api/v2/generate/text/status/{cancelled}")
+            assert r.status_code == 200, r.text
+        await eventually(lambda: len(hook.calls) == 1)
+        faulted = await submit(env.horde, env.requester, hook.url)
+        job = await worker.pop()
+        await worker.submit(job["id"], "faulted", state="faulted", seed=-1)
+        await eventually(lambda: len(hook.calls) == 2)
         ends = {
             c["request"]: (c["state"], c["ended"], c["faulted"], c["generations"])
             for c in hook.calls
@@ -313,15 +313,13 @@ async def test_calls_share_one_client_and_its_connections() -> None:
     connection (and loaded the certificate store) for each."""
     async with (
         receiver(keep_alive=True) as hook,
-        open_horde(config=CALL_PRIVATE) as horde,
+        open_env(config=CALL_PRIVATE) as env,
     ):
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
-        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
-            for calls in (1, 2, 3):
-                await submit(horde, key, hook.url)
-                await worker.serve_one()
-                await eventually(lambda calls=calls: len(hook.calls) == calls)  # type: ignore[misc]
+        worker = await env.text_worker()
+        for calls in (1, 2, 3):
+            await submit(env.horde, env.requester, hook.url)
+            await worker.serve_one()
+            await eventually(lambda calls=calls: len(hook.calls) == calls)  # type: ignore[misc]
         assert hook.connections == 1
 
 
@@ -377,25 +375,25 @@ async def test_a_call_goes_to_the_checked_address_and_an_https_one_to_a_name_is_
 
 
 async def test_a_webhook_at_a_private_address_is_never_called_unless_allowed() -> None:
-    async with receiver() as hook, open_horde() as horde:
-        key = await horde.create_key("alice", kudos=100)
-        owner = await horde.create_key("bob")
+    async with (
+        receiver() as hook,
+        open_env() as env,
+    ):
         https_loopback = hook.url.replace("http://", "https://")
-        async with FakeTextWorker(horde.url, owner, models=["m1"]) as worker:
-            await submit(horde, key, https_loopback)
+        async with FakeTextWorker(env.horde.url, env.owner, models=["m1"]) as worker:
+            await submit(env.horde, env.requester, https_loopback)
             await worker.serve_one()
-            assert await owed(horde, horde.horde.clock.now() + 3600)
+            assert await owed(env.horde, env.horde.horde.clock.now() + 3600)
             # Settled at once, as refused: owed no more, never retried.
-            await eventually(lambda: not_(owed(horde, horde.horde.clock.now() + 3600)))
+            await eventually(lambda: not_(owed(env.horde, env.horde.horde.clock.now() + 3600)))
         assert hook.calls == []
 
 
 async def test_a_plain_http_webhook_is_refused_at_submit_unless_private_calls_are_allowed() -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url) as client:
-        key = await horde.create_key("alice", kudos=100)
-        r = await client.post(
+    async with open_env() as env:
+        r = await env.client.post(
             "/api/v2/generate/text/async",
-            headers={"apikey": key},
+            headers={"apikey": env.requester},
             json={"prompt": "Hi", "webhook": "http://example.org/hook"},
         )
         assert_refused(r, 400, "BadRequest")

@@ -45,7 +45,7 @@ def server(**keys: Any) -> Config:
     return Config().replace(server=keys)
 
 
-async def assert_refused(conn: Raw, status: int, rc: str, *words: str) -> None:
+async def assert_refused_and_closed(conn: Raw, status: int, rc: str, *words: str) -> None:
     """The next answer is ``status`` in the horde's envelope, naming each
     of ``words``, and the connection closes after it."""
     got, headers, body = await conn.response()
@@ -93,7 +93,9 @@ async def test_transfer_encoding_with_content_length_is_refused_and_the_hidden_r
         with anyio.fail_after(PATIENCE):
             async with connect(horde) as conn:
                 await conn.send(head + body)
-                await assert_refused(conn, 400, "BadRequest", "Transfer-Encoding", "Content-Length")
+                await assert_refused_and_closed(
+                    conn, 400, "BadRequest", "Transfer-Encoding", "Content-Length"
+                )
             assert await heartbeats_answered(horde) == 0
             # The count is live: a heartbeat sent plainly is counted.
             async with connect(horde) as conn:
@@ -145,7 +147,7 @@ async def test_an_ambiguous_head_gets_400_naming_it_and_the_connection_closes(
     async with open_horde() as horde, connect(horde) as conn:
         with anyio.fail_after(PATIENCE):
             await conn.send(request_bytes)
-            await assert_refused(conn, 400, "BadRequest", word)
+            await assert_refused_and_closed(conn, 400, "BadRequest", word)
 
 
 @pytest.mark.parametrize(
@@ -184,7 +186,7 @@ async def test_a_head_over_the_bound_in_one_write_gets_431_and_the_connection_cl
     async with open_horde() as horde, connect(horde) as conn:  # 16 KiB by default
         with anyio.fail_after(PATIENCE):
             await conn.send(_head_of(size))
-            await assert_refused(conn, 431, "RequestHeaderFieldsTooLarge", "16384")
+            await assert_refused_and_closed(conn, 431, "RequestHeaderFieldsTooLarge", "16384")
 
 
 async def test_a_head_over_the_bound_completed_by_its_last_write_gets_431() -> None:
@@ -196,7 +198,7 @@ async def test_a_head_over_the_bound_completed_by_its_last_write_gets_431() -> N
             for start in range(0, 16 * 1024, 1024):
                 await conn.send(head[start : start + 1024])
             await conn.send(head[16 * 1024 :])
-            await assert_refused(conn, 431, "RequestHeaderFieldsTooLarge")
+            await assert_refused_and_closed(conn, 431, "RequestHeaderFieldsTooLarge")
 
 
 async def test_a_head_at_the_bound_is_served_whether_written_whole_or_in_pieces() -> None:
@@ -249,7 +251,7 @@ async def test_a_chunk_size_past_the_body_limit_gets_413_at_once(route: str, chu
     async with open_horde(config=CHUNKED_LIMIT) as horde, connect(horde) as conn:
         with anyio.fail_after(PATIENCE):
             await conn.send(_chunked(route, chunks))
-            await assert_refused(conn, 413, "PayloadTooLarge", "1024", "max_body_bytes")
+            await assert_refused_and_closed(conn, 413, "PayloadTooLarge", "1024", "max_body_bytes")
 
 
 @pytest.mark.parametrize("route", CHUNKED_ROUTES)
@@ -257,7 +259,7 @@ async def test_a_chunk_size_line_of_leading_zeros_gets_400_at_once(route: str) -
     async with open_horde(config=CHUNKED_LIMIT) as horde, connect(horde) as conn:
         with anyio.fail_after(PATIENCE):
             await conn.send(_chunked(route, b"0" * 4000))
-            await assert_refused(conn, 400, "BadRequest", "chunk-size line")
+            await assert_refused_and_closed(conn, 400, "BadRequest", "chunk-size line")
 
 
 async def test_chunked_bodies_up_to_the_limit_are_read_on_a_kept_alive_connection() -> None:
@@ -323,7 +325,7 @@ async def test_by_default_the_http2_preface_gets_400_and_the_connection_closes()
     async with open_horde() as horde, connect(horde) as conn:
         with anyio.fail_after(PATIENCE):
             await conn.send(PREFACE)
-            await assert_refused(conn, 400, "BadRequest", "HTTP/2", "server.h2c")
+            await assert_refused_and_closed(conn, 400, "BadRequest", "HTTP/2", "server.h2c")
 
 
 async def test_with_h2c_on_http2_with_prior_knowledge_is_served() -> None:

@@ -36,7 +36,6 @@ from hordelite.storage.transaction import Tx
 from hordelite.testing import (
     FakeBackendConfig,
     FakeChatWorker,
-    TestHorde,
     open_fake_backend,
     open_horde,
 )
@@ -50,8 +49,9 @@ from hordelite.worker import (
 )
 from hordelite.worker._backend import Backend, BackendError
 from hordelite.worker.fake_backend import FakeBackend
-from tests.integration._chat_helpers import TLS, WEATHER_TOOL, chat_body, chat_status_path
-from tests.integration._helpers import eventually
+from tests.integration._chat_helpers import WEATHER_TOOL, ChatEnv, chat_body, chat_status_path
+from tests.integration._env import TLS, open_env, open_env_of
+from tests.integration._helpers import eventually, worker_registered
 
 pytestmark = pytest.mark.anyio
 
@@ -82,13 +82,10 @@ def strict_schema(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 # The environment ------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Env:
-    horde: TestHorde
+class Env(ChatEnv):
+    """The set-up, with a fake backend for the worker under test to call."""
+
     fake: FakeBackend
-    client: httpx.AsyncClient
-    requester: str
-    owner: str
 
     def config(self, name: str = "w1", **keys: Any) -> WorkerConfig:
         """A validated worker configuration: fast retries and progress posts."""
@@ -106,14 +103,7 @@ class Env:
 
     async def chat(self, body: dict[str, Any]) -> str:
         """Queue a chat request; its id."""
-        r = await self.client.post(CHAT_ASYNC, headers={"apikey": self.requester}, json=body)
-        assert r.status_code == 202, r.text
-        return str(r.json()["id"])
-
-    async def status(self, request_id: str) -> dict[str, Any]:
-        r = await self.client.get(chat_status_path(request_id))
-        assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
+        return await self.queue(body)
 
     async def status_when(
         self, request_id: str, ready: Callable[[dict[str, Any]], bool], path: str | None = None
@@ -130,11 +120,6 @@ class Env:
     async def done(self, request_id: str) -> dict[str, Any]:
         return await self.status_when(request_id, lambda s: s["done"] or s["faulted"])
 
-    async def details(self, name: str) -> dict[str, Any]:
-        r = await self.client.get(f"/api/v2/workers/name/{name}")
-        assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
-
     def generations(self) -> list[dict[str, Any]]:
         """The chat completion bodies the backend received, less the start probe's."""
         return [
@@ -149,13 +134,11 @@ async def environment(
     backend: FakeBackendConfig | None = None, *, config: Config | None = None, **horde: Any
 ) -> AsyncIterator[Env]:
     async with (
-        open_horde(config=config, **horde) as running,
+        open_env_of(Env, requester_kudos=100_000, config=config, **horde) as env,
         open_fake_backend(backend) as fake,
-        httpx.AsyncClient(base_url=running.url, verify=TLS, timeout=30) as client,
     ):
-        requester = await running.create_key("alice", kudos=100_000)
-        owner = await running.create_key("bob")
-        yield Env(running, fake, client, requester, owner)
+        env.fake = fake
+        yield env
 
 
 @contextlib.asynccontextmanager
@@ -172,16 +155,7 @@ async def serving(env: Env, config: WorkerConfig, **kwargs: Any) -> AsyncIterato
 
 
 async def online(env: Env, name: str) -> None:
-    await worker_listed(env.client, name)
-
-
-async def worker_listed(client: httpx.AsyncClient, name: str) -> None:
-    """Once the horde knows the worker (its first pop registers it)."""
-    with anyio.fail_after(10):
-        while True:
-            if (await client.get(f"/api/v2/workers/name/{name}")).status_code == 200:
-                return
-            await anyio.sleep(0.01)
+    await worker_registered(env.client, name)
 
 
 def words(text: str) -> list[str]:
@@ -214,7 +188,7 @@ async def test_the_declaration_takes_the_model_and_context_from_the_backend_and_
     async with environment(FakeBackendConfig(context=6144)) as env:
         config = env.config(features="tools,json_schema", max_length=300)
         async with serving(env, config):
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
     assert details["models"] == [MODEL]
     assert details["max_context_length"] == 6144
     assert details["max_length"] == 300
@@ -232,7 +206,7 @@ async def test_settings_override_the_model_id_and_context_and_declare_a_tools_te
     async with environment(FakeBackendConfig(context=6144)) as env:
         config = env.config(model_id="my-model", context=2048, tools_max_temperature=1.0)
         async with serving(env, config):
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
     assert details["models"] == ["my-model"]
     assert details["chat"]["model_id"] == "my-model"
     assert details["chat"]["limits"] == {
@@ -268,7 +242,7 @@ async def test_prompt_overflow_refused_is_declared_only_when_the_probe_backs_the
     backend, settings, declared = PROBE_CASES[case]
     async with environment(FakeBackendConfig(**backend)) as env:
         async with serving(env, env.config(**settings)) as worker:
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
         assert worker.declaration is not None
     assert (OVERFLOW in details["chat"]["features"]) is declared
     assert worker.declaration.guarantee.startswith("declared" if declared else "withheld")
@@ -320,7 +294,7 @@ async def test_a_backend_that_reads_images_makes_the_worker_declare_vision_and_b
 ):
     async with environment(FakeBackendConfig(vision=True)) as env:
         async with serving(env, env.config()) as worker:
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
     assert details["chat"]["features"] == ["vision", OVERFLOW]
     assert details["chat"]["image_transports"] == ["url", "base64"]
     assert worker.declaration is not None
@@ -379,7 +353,7 @@ async def test_a_worker_whose_backend_reads_no_images_is_never_given_an_image_jo
         await eventually(lambda: worker.statistics().pops >= pops + 2)
         status = await env.status(r.json()["id"])
         assert (status["done"], status["faulted"]) == (False, False), status
-        details = await env.details("w1")
+        details = await env.worker_details("w1")
     assert "vision" not in details["chat"]["features"]
     assert details["chat"]["image_transports"] == []
     assert worker.statistics().jobs == 0
@@ -741,7 +715,7 @@ async def test_a_refused_reply_is_faulted_with_reply_refused_and_never_resubmitt
             # The worker counts the job once the horde has answered its fault.
             await eventually(lambda: worker.statistics().refused == 1)
             stats = worker.statistics()
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
     assert status["faulted"] is True
     # The horde keeps the refusal's own message for a reply_refused fault.
     assert status["fault"]["rc"] == "ChatWorkerFault"
@@ -823,7 +797,7 @@ async def test_a_streamed_job_the_client_cancels_stops_generating_and_is_not_sub
             with anyio.fail_after(3):
                 await eventually(lambda: worker.statistics().cancelled == 1)
             stats = worker.statistics()
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
     assert (stats.done, stats.aborted, stats.faulted) == (0, 0, 0)
     assert stats.kudos == 0  # nothing submitted
     # The job was settled on the content posted before the cancel: the worker is paid.
@@ -927,7 +901,7 @@ async def test_a_job_whose_text_cannot_be_encoded_is_faulted_once_and_25_in_an_h
         async with serving(env, config) as worker:
             await eventually(lambda: worker.statistics().unsendable == spoiled)
             statuses = [await env.done(request_id) for request_id in ids]
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
             # It keeps popping, and serves the next request.
             status = await env.done(await env.chat(chat_body(model=MODEL)))
             assert status["done"] is True
@@ -969,7 +943,7 @@ async def test_a_text_job_whose_stop_sequence_cannot_be_encoded_is_faulted_and_t
             again = await env.client.post(TEXT_ASYNC, headers={"apikey": env.requester}, json=body)
             done_path = f"/api/v2/generate/text/status/{again.json()['id']}"
             done = await env.status_when(again.json()["id"], lambda s: s["done"], done_path)
-            details = await env.details("w1")
+            details = await env.worker_details("w1")
     assert faulted["restarted"] == 0
     assert done["generations"][0]["text"] == "echo: Once upon"
     assert details["uncompleted_jobs"] == 0
@@ -1028,7 +1002,7 @@ async def test_the_worker_retries_an_unreachable_horde_with_capped_backoff_and_s
                     open_server(horde_config),
                     httpx.AsyncClient(base_url=url, verify=TLS) as client,
                 ):
-                    await worker_listed(client, "w1")
+                    await worker_registered(client, "w1")
                     r = await client.post(
                         CHAT_ASYNC, headers={"apikey": requester}, json=chat_body(model=MODEL)
                     )
@@ -1200,11 +1174,13 @@ def test_the_worker_command_needs_a_key(
 async def test_the_worker_command_serves_the_fake_backend_and_exits_0_on_sigint(
     isolated: dict[str, str], tmp_path: Path
 ) -> None:
-    async with open_horde() as horde, httpx.AsyncClient(base_url=horde.url, verify=TLS) as client:
-        owner = await horde.create_key("bob")
-        command = [sys.executable, "-m", "hordelite", "worker", "--horde", horde.url]
+    async with (
+        open_env() as env,
+        httpx.AsyncClient(base_url=env.horde.url, verify=TLS) as client,
+    ):
+        command = [sys.executable, "-m", "hordelite", "worker", "--horde", env.horde.url]
         # --key=: a key may start with "-", which argparse would take for a flag.
-        command += [f"--key={owner}", "--name", "cli-worker", "--backend", "fake"]
+        command += [f"--key={env.owner}", "--name", "cli-worker", "--backend", "fake"]
         async with await anyio.open_process(command, cwd=tmp_path, env=isolated) as process:
             output = bytearray()
 

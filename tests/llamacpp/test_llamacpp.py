@@ -26,7 +26,8 @@ import pytest
 from hordelite.contract.chat_reply import FAULT_REASONS
 from hordelite.testing import TestHorde, open_horde
 from hordelite.worker import PROBE_MESSAGES
-from tests.integration._chat_helpers import TLS, chat_status_path, text_status_path
+from tests.integration._chat_helpers import chat_status_path, text_status_path
+from tests.integration._env import TLS
 from tests.integration._helpers import eventually
 from tests.llamacpp._relay import Relay, open_relay
 from tests.llamacpp.conftest import LlamaServer

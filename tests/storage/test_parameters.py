@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from hordelite.contract.eligibility import WorkerView
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from tests.storage.helpers import (
@@ -23,6 +22,7 @@ from tests.storage.helpers import (
     submit,
     text_request,
 )
+from tests.views import worker_view
 
 pytestmark = pytest.mark.anyio
 
@@ -57,18 +57,9 @@ async def test_reads_of_a_pool_of_70000_served_models_send_few_parameters(
     # The pool as the horde's snapshot holds it: 70,000 online workers (a
     # status read counts the busy threads of each).
     pool = [
-        WorkerView(
+        worker_view(
             id=f"00000000-0000-0000-0000-{n:012d}",
             models=("model-009-00",),
-            max_length=512,
-            max_context_length=4096,
-            nsfw=False,
-            trusted=False,
-            threads=1,
-            extra_slow=False,
-            maintenance=False,
-            tokens_generated=0.0,
-            seconds_generating=0.0,
         )
         for n in range(WORKERS * MODELS)
     ]

@@ -14,26 +14,18 @@ from typing import Any
 
 from sqlalchemy import insert
 
-from hordelite.contract.eligibility import WorkerView
 from hordelite.horde.service import new_text_request
 from hordelite.storage import pop, queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import queue, requests, users
 from hordelite.storage.transaction import Tx
 from tests.storage.helpers import NOW, RULES, new_key_hash, pop_request, text_request
+from tests.views import worker_view
 
-WORKER = WorkerView(
+WORKER = worker_view(
     id=str(uuid.uuid4()),
     models=("m1",),
-    max_length=512,
-    max_context_length=4096,
     nsfw=True,
-    trusted=False,
-    threads=1,
-    extra_slow=False,
-    maintenance=False,
-    tokens_generated=0.0,
-    seconds_generating=0.0,
 )
 
 

@@ -13,23 +13,16 @@ from hordelite.contract.chat_admission import AdmissionPlan, Capacity, capacity,
 from hordelite.contract.chat_request import parse_chat_request
 from hordelite.contract.eligibility import WorkerView
 from hordelite.errors import RC, HordeError
+from tests.views import worker_view
 
 MODEL = "m1"
 
 
 def worker(max_length: int, chat_model: str = MODEL) -> WorkerView:
-    return WorkerView(
+    return worker_view(
         id=f"w-{max_length}",
         models=(chat_model,),
         max_length=max_length,
-        max_context_length=4096,
-        nsfw=False,
-        trusted=False,
-        threads=1,
-        extra_slow=False,
-        maintenance=False,
-        tokens_generated=0.0,
-        seconds_generating=0.0,
         chat_model=chat_model,
         chat_max_context_length=4096,
         chat_max_length=max_length,

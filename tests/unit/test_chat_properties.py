@@ -25,6 +25,7 @@ from hordelite.contract.chat_reply import (
 )
 from hordelite.contract.chat_request import ChatRequest, parse_chat_request
 from hordelite.errors import HordeError
+from tests.chat_shapes import calling, json_schema_format, tool_call
 
 EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -87,36 +88,14 @@ CHAT_BODY: dict[str, Any] = {
                 },
             ],
         },
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{}"},
-                }
-            ],
-        },
+        calling(tool_call("call_1", "get_weather")),
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         {"role": "user", "content": "And tomorrow?"},
     ],
     "tools": [WEATHER, TIME],
     "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
     "parallel_tool_calls": False,
-    "response_format": {
-        "type": "json_schema",
-        "json_schema": {
-            "name": "forecast",
-            "strict": True,
-            "schema": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    },
+    "response_format": json_schema_format("forecast", ["city"]),
     "temperature": 0.7,
     "max_tokens": 256,
     "stop": ["\nuser:"],

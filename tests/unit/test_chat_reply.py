@@ -38,35 +38,14 @@ from hordelite.contract.limits import (
     MAX_REPORTED_TOKENS,
 )
 from hordelite.errors import RC, HordeError
+from tests.chat_shapes import function_tool
 
 JOB_ID = str(uuid.uuid4())
 MODEL = "koboldcpp/Llama-3.1-8B-Instruct"
 MODES = ["strict", "best_effort"]
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The local time in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER = function_tool("get_weather", "The current weather in a city.", strings=["city"])
+TIME = function_tool("get_time", "The local time in a city.", strings=["city"])
 FORECAST_SCHEMA = {
     "type": "object",
     "properties": {

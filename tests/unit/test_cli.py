@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -115,16 +117,23 @@ def test_a_created_key_is_stored_only_as_its_hash(
     assert key not in row.values()
 
 
+@contextlib.asynccontextmanager
+async def client_of(database: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a horde served on ``database``, which the CLI wrote."""
+    async with (
+        open_horde(database=database) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        yield client
+
+
 @pytest.mark.anyio
 async def test_a_created_key_authenticates_on_find_user_with_its_kudos_and_name(
     database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["keys", "create", "alice", "--kudos", "50", "--database", database]) == 0
     key, user_id = created_key(capsys.readouterr().out)
-    async with (
-        open_horde(database=database) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
+    async with client_of(database) as client:
         r = await client.get("/api/v2/find_user", headers={"apikey": key})
         assert r.status_code == 200, r.text
         user = r.json()
@@ -280,10 +289,7 @@ async def test_a_revoked_key_is_refused_401_invalid_api_key_and_other_keys_still
     assert f"alice#{alice_id}" in out
     assert "revoked" in out
     assert alice not in out
-    async with (
-        open_horde(database=database) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
+    async with client_of(database) as client:
         await assert_invalid_key(client, alice)
         assert (await client.get("/api/v2/find_user", headers={"apikey": bob})).status_code == 200
 
@@ -303,10 +309,7 @@ async def test_rotate_prints_a_new_key_once_which_authenticates_and_the_old_one_
     assert same_id == user_id
     assert new != old
     assert out.count(new) == 1
-    async with (
-        open_horde(database=database) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
+    async with client_of(database) as client:
         r = await client.get("/api/v2/find_user", headers={"apikey": new})
         assert r.status_code == 200, r.text
         assert (r.json()["id"], r.json()["kudos"]) == (user_id, 9)
@@ -497,17 +500,24 @@ def test_db_upgrade_is_idempotent_and_keeps_the_data(
 # A bad configuration stops serve before it starts ------------------------------
 
 
+def assert_not_served(
+    capsys: pytest.CaptureFixture[str], argv: list[str], key: str, db: Path
+) -> None:
+    """``main(argv)`` returns 2 naming ``key``, serves nothing and creates no ``db``."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert key in err
+    assert "serving at" not in out
+    assert not db.exists()
+
+
 def test_serve_with_a_bad_environment_value_returns_2_naming_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "never.db"
     monkeypatch.setenv("HORDELITE_SERVER_PORT", "abc")
     monkeypatch.setenv("HORDELITE_STORAGE_DATABASE", str(db))
-    assert main(["serve"]) == 2
-    out, err = capsys.readouterr()
-    assert "server.port" in err
-    assert "serving at" not in out
-    assert not db.exists()
+    assert_not_served(capsys, ["serve"], "server.port", db)
 
 
 def test_serve_with_a_bad_key_in_the_config_file_returns_2_naming_the_key(
@@ -518,11 +528,7 @@ def test_serve_with_a_bad_key_in_the_config_file_returns_2_naming_the_key(
     config.write_text(
         f'[server]\nport = 0\ncolour = "red"\n[storage]\ndatabase = "{db}"\n', encoding="utf-8"
     )
-    assert main(["--config", str(config), "serve"]) == 2
-    out, err = capsys.readouterr()
-    assert "server.colour" in err
-    assert "serving at" not in out
-    assert not db.exists()
+    assert_not_served(capsys, ["--config", str(config), "serve"], "server.colour", db)
 
 
 def test_serve_with_an_out_of_range_port_option_returns_2_naming_the_key(
@@ -648,66 +654,10 @@ def _banner(lines: queue.Queue[str | None], deadline: float) -> list[str]:
     return banner
 
 
-@pytest.mark.parametrize("backend", ["trio", "asyncio"])
-def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
-    tmp_path: Path, backend: str
-) -> None:
-    db = tmp_path / "served.db"
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        f'[server]\nhost = "127.0.0.1"\nport = 0\nbackend = "{backend}"\ngrace_period = 2\n'
-        f'[storage]\ndatabase = "{db}"\n',
-        encoding="utf-8",
-    )
-    stderr_path = tmp_path / "stderr.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
-    with stderr_path.open("w", encoding="utf-8") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-        )
-        reader: threading.Thread | None = None
-        try:
-            assert process.stdout is not None
-            lines, reader = _lines(process.stdout)
-            banner = _banner(lines, time.monotonic() + START_DEADLINE)
-            text = "\n".join(banner)
-            match = re.search(r"serving at (http://127\.0\.0\.1:(\d+))", text)
-            assert match, text
-            url, port = match.group(1), int(match.group(2))
-            assert port != 0
-            assert str(db) in text
-            assert "hordelite keys create" in text
-
-            r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
-            assert r.status_code == 200
-            assert r.json()["message"] == "OK"
-            # The printed dashboard URL is the page a new user opens.
-            assert f"dashboard and chat playground: {url}/" in text
-            page = httpx.get(f"{url}/", timeout=10)
-            assert page.status_code == 200
-            assert page.headers["content-type"].startswith("text/html")
-            assert 'id="playground"' in page.text
-
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
-            reader.join(timeout=STOP_TIMEOUT)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if process.stdout is not None and not (reader and reader.is_alive()):
-                process.stdout.close()
-    assert db.exists()
-
-
-def served_banner(tmp_path: Path, config_text: str) -> list[str]:
-    """The start banner of a real ``hordelite serve`` with this configuration
-    (then stopped with SIGTERM, which must exit 0)."""
+@contextlib.contextmanager
+def serving(tmp_path: Path, config_text: str) -> Iterator[list[str]]:
+    """A real ``hordelite serve`` with this configuration, running while the
+    block runs: its start banner; then stopped with SIGTERM, which must exit 0."""
     config = tmp_path / "serve.toml"
     config.write_text(config_text, encoding="utf-8")
     stderr_path = tmp_path / "stderr.log"
@@ -725,17 +675,53 @@ def served_banner(tmp_path: Path, config_text: str) -> list[str]:
         try:
             assert process.stdout is not None
             lines, reader = _lines(process.stdout)
-            banner = _banner(lines, time.monotonic() + START_DEADLINE)
+            yield _banner(lines, time.monotonic() + START_DEADLINE)
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=STOP_TIMEOUT) == 0, stderr_path.read_text()
             reader.join(timeout=STOP_TIMEOUT)
-            return banner
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait()
             if process.stdout is not None and not (reader and reader.is_alive()):
                 process.stdout.close()
+
+
+def served_banner(tmp_path: Path, config_text: str) -> list[str]:
+    """The start banner of a real ``hordelite serve`` with this configuration
+    (then stopped with SIGTERM, which must exit 0)."""
+    with serving(tmp_path, config_text) as banner:
+        return banner
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_serve_on_port_0_prints_its_url_answers_and_stops_cleanly_on_SIGTERM(
+    tmp_path: Path, backend: str
+) -> None:
+    db = tmp_path / "served.db"
+    with serving(
+        tmp_path,
+        f'[server]\nhost = "127.0.0.1"\nport = 0\nbackend = "{backend}"\ngrace_period = 2\n'
+        f'[storage]\ndatabase = "{db}"\n',
+    ) as banner:
+        text = "\n".join(banner)
+        match = re.search(r"serving at (http://127\.0\.0\.1:(\d+))", text)
+        assert match, text
+        url, port = match.group(1), int(match.group(2))
+        assert port != 0
+        assert str(db) in text
+        assert "hordelite keys create" in text
+
+        r = httpx.get(f"{url}/api/v2/status/heartbeat", timeout=10)
+        assert r.status_code == 200
+        assert r.json()["message"] == "OK"
+        # The printed dashboard URL is the page a new user opens.
+        assert f"dashboard and chat playground: {url}/" in text
+        page = httpx.get(f"{url}/", timeout=10)
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert 'id="playground"' in page.text
+    assert db.exists()
 
 
 def test_the_banner_shows_the_anonymous_key_and_the_horde_sdk_base_url(tmp_path: Path) -> None:
@@ -773,24 +759,33 @@ def test_the_banner_masks_a_postgresql_password(tmp_path: Path, postgres_schema_
     assert "database: postgresql://postgres:***@127.0.0.1" in banner
 
 
+def failed_serve(
+    tmp_path: Path, *args: str, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A real ``hordelite serve`` with these arguments that is expected to
+    fail at start. A process of its own: a serve that started anyway would
+    serve until the timeout, which fails the test instead of hanging it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "hordelite", "serve", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, **(environ or {})},
+        timeout=START_DEADLINE,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "hordelite", "serve", "--port", str(port)),
-                *("--backend", backend, "--database", str(tmp_path / "p.db")),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=START_DEADLINE,
-            check=False,
+        done = failed_serve(
+            tmp_path,
+            *("--port", str(port), "--backend", backend, "--database", str(tmp_path / "p.db")),
         )
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
@@ -805,19 +800,10 @@ def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
-        env["HORDELITE_METRICS_PORT"] = str(port)
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "hordelite", "serve", "--port", "0"),
-                *("--database", str(tmp_path / "p.db")),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=START_DEADLINE,
-            check=False,
+        done = failed_serve(
+            tmp_path,
+            *("--port", "0", "--database", str(tmp_path / "p.db")),
+            environ={"HORDELITE_METRICS_PORT": str(port)},
         )
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
@@ -886,18 +872,7 @@ def test_serve_on_an_impossible_sqlite_path_is_one_line_and_creates_nothing(
 ) -> None:
     path, words = bad_database_paths(tmp_path)[case]
     before = sorted(tmp_path.rglob("*"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDELITE_")}
-    # A process of its own: a serve that started anyway would serve until
-    # the timeout, which fails the test instead of hanging it.
-    done = subprocess.run(
-        [sys.executable, "-m", "hordelite", "serve", "--port", "0", "--database", str(path)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=START_DEADLINE,
-        check=False,
-    )
+    done = failed_serve(tmp_path, "--port", "0", "--database", str(path))
     assert done.returncode == 1, done.stderr
     assert_one_line_refusal(done.returncode, done.stderr, *words)
     assert done.stderr.startswith("hordelite: ")
@@ -940,10 +915,7 @@ async def test_a_rotated_or_revoked_key_takes_the_shared_keys_it_lent_along(
     # a revoke as well.
     assert main(["keys", "create", "alice", "--kudos", "100", "--database", database]) == 0
     old, _ = created_key(capsys.readouterr().out)
-    async with (
-        open_horde(database=database) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
+    async with client_of(database) as client:
         lent = [
             (await client.put("/api/v2/sharedkeys", headers={"apikey": old}, json={})).json()["id"]
             for _ in range(2)
@@ -955,10 +927,7 @@ async def test_a_rotated_or_revoked_key_takes_the_shared_keys_it_lent_along(
     assert code == 0
     new, _ = created_key(out)
     assert "shared key" not in out  # none left to take along
-    async with (
-        open_horde(database=database) as horde,
-        httpx.AsyncClient(base_url=horde.url) as client,
-    ):
+    async with client_of(database) as client:
         for key_id in lent:
             await assert_invalid_key(client, key_id)
         r = await client.get("/api/v2/find_user", headers={"apikey": new})

@@ -13,22 +13,14 @@ import pytest
 
 from hordelite.contract.eligibility import RequestView, WorkerView, can_serve, skip_reason
 from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND, SLOW_WORKER_TOKENS_PER_SECOND
+from tests.views import worker_view
 
 WORKER_ID = str(uuid.uuid4())
 OTHER_ID = str(uuid.uuid4())
 
-WORKER = WorkerView(
+WORKER = worker_view(
     id=WORKER_ID,
     models=("koboldcpp/m", "other"),
-    max_length=512,
-    max_context_length=4096,
-    nsfw=False,
-    trusted=False,
-    threads=1,
-    extra_slow=False,
-    maintenance=False,
-    tokens_generated=0.0,
-    seconds_generating=0.0,
 )
 
 REQUEST = RequestView(

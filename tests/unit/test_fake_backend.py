@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 
 from hordelite.testing import FakeBackend, FakeBackendConfig, open_fake_backend
+from tests.chat_shapes import calling, tool_call
 
 pytestmark = pytest.mark.anyio
 
@@ -172,17 +173,7 @@ CONVERSATIONS = [
     [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "call get_time"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_9",
-                    "type": "function",
-                    "function": {"name": "get_time", "arguments": "{}"},
-                }
-            ],
-        },
+        calling(tool_call("call_9", "get_time")),
         {"role": "tool", "tool_call_id": "call_9", "content": "12:00"},
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]},
     ],

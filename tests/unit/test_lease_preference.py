@@ -17,18 +17,12 @@ from hordelite.contract.eligibility import (
     preferred_tokens,
 )
 from hordelite.contract.limits import PREFERRED_SECONDS
+from tests.views import worker_view
 
 # 2 tokens a second (20 tokens in 10 s): 240 tokens within 120 s, short of 512.
-SLOW = WorkerView(
+SLOW = worker_view(
     id="slow",
     models=(),
-    max_length=512,
-    max_context_length=4096,
-    nsfw=False,
-    trusted=False,
-    threads=1,
-    extra_slow=False,
-    maintenance=False,
     tokens_generated=20.0,
     seconds_generating=10.0,
     prompt_jobs=False,
