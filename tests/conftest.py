@@ -4,11 +4,40 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import pytest
+
+if TYPE_CHECKING:
+    from tests.integration._helpers import RedisServer
+
+REDIS_URL_ENV = "HORDELITE_TEST_REDIS_URL"
+_WORKER_REDIS: list[RedisServer] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n``), each worker gets a redis-server of its
+    own and names it in ``HORDELITE_TEST_REDIS_URL``. Keys are per request
+    and job, but Redis's pub/sub channels are server-wide, whatever the
+    database number: hordes of two workers on one Redis would hear each
+    other's ``horde:queue`` wake-ups and ``horde:pool`` resets. A serial run
+    uses the Redis the variable names, as before."""
+    if hasattr(config, "workerinput") and shutil.which("redis-server"):
+        from tests.integration._helpers import RedisServer
+
+        redis = RedisServer()
+        redis.start()
+        _WORKER_REDIS.append(redis)
+        os.environ[REDIS_URL_ENV] = redis.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _WORKER_REDIS:
+        _WORKER_REDIS.pop().kill()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
