@@ -4,11 +4,72 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import pytest
+
+if TYPE_CHECKING:
+    from tests.integration._helpers import RedisServer
+
+REDIS_URL_ENV = "HORDELITE_TEST_REDIS_URL"
+_WORKER_REDIS: list[RedisServer] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n``), each worker gets a redis-server of its
+    own and names it in ``HORDELITE_TEST_REDIS_URL``. Keys are per request
+    and job, but Redis's pub/sub channels are server-wide, whatever the
+    database number: hordes of two workers on one Redis would hear each
+    other's ``horde:queue`` wake-ups and ``horde:pool`` resets. A serial run
+    uses the Redis the variable names, as before."""
+    if hasattr(config, "workerinput") and shutil.which("redis-server"):
+        from tests.integration._helpers import RedisServer
+
+        redis = RedisServer()
+        redis.start()
+        _WORKER_REDIS.append(redis)
+        os.environ[REDIS_URL_ENV] = redis.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _WORKER_REDIS:
+        _WORKER_REDIS.pop().kill()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """Under pytest-xdist the tiers' end-of-run reports (the fuzz tier's
+    cases, the dashboard's screenshots) are counted in the workers, which
+    hand them over in ``workeroutput`` (see those conftests); summed here."""
+    output = getattr(node, "workeroutput", {})
+    if "fuzz_cases" in output:
+        from tests.fuzz._harness import CASES
+
+        CASES.update(output["fuzz_cases"])
+    if "artifacts" in output:
+        from tests.integration import conftest as integration
+
+        integration.ARTIFACT_PATHS.extend(Path(p) for p in output["artifacts"])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The xdist controller collects no test folder, so the folders'
+    conftests that print the reports are not loaded in it: run theirs here."""
+    config = terminalreporter.config
+    if not config.pluginmanager.has_plugin("dsession"):
+        return  # a serial run, or a worker: the folders' conftests print
+    from tests.fuzz import conftest as fuzz
+    from tests.integration import conftest as integration
+
+    loaded = config.pluginmanager.get_plugins()
+    for folder in (fuzz, integration):
+        if folder not in loaded:
+            folder.pytest_terminal_summary(terminalreporter)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -69,8 +69,9 @@ def create_named_user(
 ) -> UserRecord | list[UserRecord]:
     """The new user, or the users already named so (nothing created)."""
     if conn.dialect.name == "postgresql":
-        # Two creations of one name at once: the second sees the first.
-        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7002)")
+        # Two creations of one name at once: the second sees the first. Keyed
+        # by the schema too, as names are unique within one horde's schema.
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7002, hashtext(current_schema()))")
     taken = users_named(conn, username)
     if taken:
         return taken

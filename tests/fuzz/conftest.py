@@ -40,3 +40,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if CASES:
         parts = ", ".join(f"{label} {n}" for label, n in sorted(CASES.items()))
         terminalreporter.write_line(f"fuzz tier: {sum(CASES.values())} cases sent ({parts})")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # An xdist worker hands its count to the controller (tests/conftest.py).
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["fuzz_cases"] = dict(CASES)

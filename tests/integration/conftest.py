@@ -53,3 +53,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("test artifacts")
         for path in ARTIFACT_PATHS:
             terminalreporter.write_line(str(path))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # An xdist worker hands its list to the controller (tests/conftest.py).
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["artifacts"] = [str(path) for path in ARTIFACT_PATHS]
