@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
 import anyio
@@ -66,7 +66,7 @@ async def serve_timers(
     task_status.started()
     interval = horde.config.horde.sweep_interval
     while not stop.is_set():
-        try:
+        with _one_round("sweep skipped", "sweep failed"):
             result = await horde.sweep()
             if result.expired_jobs or result.ended_requests:
                 log.info(
@@ -75,14 +75,22 @@ async def serve_timers(
                     result.requeued,
                     len(result.ended_requests),
                 )
-        except StorageUnavailable as exc:
-            log.warning("sweep skipped, storage unavailable: %s", exc)
-        except Exception:
-            # A failing sweep must not take the horde down with it: requests
-            # are still served, and the next sweep tries again.
-            log.exception("sweep failed")
         with anyio.move_on_after(interval):
             await stop.wait()
+
+
+@contextlib.contextmanager
+def _one_round(skipped: str, failed: str) -> Iterator[None]:
+    """One round of a background loop (a sweep, a round of webhook calls):
+    its failure must not take the horde down with it, as requests are still
+    served and the next round tries again; storage being down is only
+    warned of (``skipped``), anything else logged with its trace (``failed``)."""
+    try:
+        yield
+    except StorageUnavailable as exc:
+        log.warning("%s, storage unavailable: %s", skipped, exc)
+    except Exception:
+        log.exception(failed)
 
 
 async def serve_readers(
@@ -123,14 +131,9 @@ async def serve_webhooks(
         task_status.started()
         while not stop.is_set():
             woken = horde.webhooks.arm()
-            try:
+            with _one_round("webhooks not called", "webhook round failed"):
                 if await horde.webhooks.call_due(_render.webhook):
                     continue  # more may be due: look again at once
-            except StorageUnavailable as exc:
-                log.warning("webhooks not called, storage unavailable: %s", exc)
-            except Exception:
-                # As a failing sweep: the horde goes on, the next round tries again.
-                log.exception("webhook round failed")
             with anyio.move_on_after(WEBHOOK_POLL_SECONDS):
                 await woken.wait()
 

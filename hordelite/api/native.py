@@ -9,7 +9,8 @@ field of a validation failure) with the return code's HTTP status
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlencode
 
 from hordelite.api import _render
@@ -21,6 +22,9 @@ from hordelite.horde.service import Horde
 from hordelite.http.answer import Answer, json_answer
 from hordelite.http.request import Request
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 class NativeRoutes:
     """The generation, worker, user and kudos routes under /api/v2."""
@@ -31,27 +35,24 @@ class NativeRoutes:
     # Generation ----------------------------------------------------------------
 
     async def text_async(self, request: Request) -> Answer:
-        body = await request.json()
-        answer = await self.horde.requests.submit_text(
-            request.api_key(),
-            body,
-            request.client_agent(),
-            request.operation_key(),
-            client=request.client_address(),
-        )
-        # A dry run queues nothing: 200 with its quote.
-        return json_answer(_render.queued(answer), 202 if isinstance(answer, Queued) else 200)
+        return await self._submit("text", request)
 
     async def chat_async(self, request: Request) -> Answer:
+        return await self._submit("chat", request)
+
+    async def _submit(self, kind: str, request: Request) -> Answer:
+        requests = self.horde.requests
+        submit = requests.submit_text if kind == "text" else requests.submit_chat
         body = await request.json()
-        answer = await self.horde.requests.submit_chat(
+        answer = await submit(
             request.api_key(),
             body,
             request.client_agent(),
             request.operation_key(),
             client=request.client_address(),
         )
-        return json_answer(_render.queued(answer), 202)
+        # A dry run (text only) queues nothing: 200 with its quote.
+        return json_answer(_render.queued(answer), 202 if isinstance(answer, Queued) else 200)
 
     async def text_status(self, request: Request) -> Answer:
         return await self._status("text", request)
@@ -70,19 +71,19 @@ class NativeRoutes:
         return json_answer(_render.status(found))
 
     async def text_cancel(self, request: Request) -> Answer:
-        found = await self.horde.requests.cancel("text", request.params["request_id"])
-        return json_answer(_render.status(found))
+        return await self._cancel("text", request)
 
     async def chat_cancel(self, request: Request) -> Answer:
-        found = await self.horde.requests.cancel("chat", request.params["request_id"])
+        return await self._cancel("chat", request)
+
+    async def _cancel(self, kind: str, request: Request) -> Answer:
+        found = await self.horde.requests.cancel(kind, request.params["request_id"])
         return json_answer(_render.status(found))
 
     async def text_request(self, request: Request) -> Answer:
         # The request as queued: its prompt is the requester's, so the key is.
-        found = await self.horde.requests.submitted_text(
-            request.api_key(), request.params["request_id"]
-        )
-        return json_answer(_render.submitted_text(found))
+        submitted_text = self.horde.requests.submitted_text
+        return await keyed(request, "request_id", submitted_text, _render.submitted_text)
 
     async def text_pop(self, request: Request) -> Answer:
         body = await request.json()
@@ -160,16 +161,12 @@ class NativeRoutes:
 
     async def worker_update(self, request: Request) -> Answer:
         body = await request.json()
-        changed = await self.horde.directory.update_worker(
-            request.api_key(), request.params["worker_id"], body
-        )
-        return json_answer(_render.worker_update(changed))
+        update = self.horde.directory.update_worker
+        return await keyed(request, "worker_id", update, _render.worker_update, body)
 
     async def worker_delete(self, request: Request) -> Answer:
-        deleted = await self.horde.directory.delete_worker(
-            request.api_key(), request.params["worker_id"]
-        )
-        return json_answer(_render.deleted_worker(deleted))
+        delete = self.horde.directory.delete_worker
+        return await keyed(request, "worker_id", delete, _render.deleted_worker)
 
     async def worker_by_name(self, request: Request) -> Answer:
         found = await self.horde.directory.worker_by_name(request.params["name"])
@@ -215,10 +212,8 @@ class NativeRoutes:
 
     async def modify_user(self, request: Request) -> Answer:
         body = await request.json(optional=True)
-        changed = await self.horde.directory.modify_user(
-            request.api_key(), request.params["user_id"], body
-        )
-        return json_answer(_render.user_modified(changed))
+        modify = self.horde.directory.modify_user
+        return await keyed(request, "user_id", modify, _render.user_modified, body)
 
     async def users(self, request: Request) -> Answer:
         # Anyone's view of every user, a page at a time (KoboldAI Lite's ranking).
@@ -233,6 +228,23 @@ class NativeRoutes:
             request.api_key(), body, request.operation_key()
         )
         return json_answer({"transferred": moved})
+
+
+async def keyed(
+    request: Request,
+    param: str,
+    call: Callable[Concatenate[str, str, P], Awaitable[T]],
+    render: Callable[[T], Any],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> Answer:
+    """The answer of a route acting under the caller's key on what the
+    path's ``param`` names: the service's ``call`` of (key, that id, then
+    ``args``, e.g. the body read first), rendered. The body is read before
+    the key is looked at, so a bad body is refused ahead of a missing key
+    on every such route alike."""
+    found = await call(request.api_key(), request.params[param], *args, **kwargs)
+    return json_answer(render(found))
 
 
 def paged(request: Request, body: list[dict[str, Any]], page: int, size: int, total: int) -> Answer:

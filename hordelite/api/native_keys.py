@@ -5,6 +5,7 @@ is the AI Horde's JSON."""
 from __future__ import annotations
 
 from hordelite.api import _render
+from hordelite.api.native import keyed
 from hordelite.horde.service import Horde
 from hordelite.http.answer import Answer, json_answer
 from hordelite.http.request import Request
@@ -25,10 +26,7 @@ class SharedKeyRoutes:
 
     async def edit(self, request: Request) -> Answer:
         body = await request.json()
-        changed = await self.horde.shared_keys.edit(
-            request.api_key(), request.params["key_id"], body
-        )
-        return json_answer(_render.shared_key(changed))
+        return await keyed(request, "key_id", self.horde.shared_keys.edit, _render.shared_key, body)
 
     async def delete(self, request: Request) -> Answer:
         await self.horde.shared_keys.delete(request.api_key(), request.params["key_id"])

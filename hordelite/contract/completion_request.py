@@ -40,7 +40,7 @@ from hordelite.contract.chat_request import (
     parse_stream_options,
     unsupported,
 )
-from hordelite.contract.eligibility import RequestView, WorkerView, can_serve
+from hordelite.contract.eligibility import WorkerView, can_serve
 from hordelite.contract.limits import (
     MAX_CONTEXT_LENGTH,
     MAX_MAX_LENGTH,
@@ -257,16 +257,7 @@ def prompt_fits(prompt: str, max_tokens: int) -> int:
 def completion_offers(req: TextRequest, online: Sequence[WorkerView]) -> list[int]:
     """The contexts of the online workers that could take ``req`` whatever
     its context: every other rule of eligibility holds."""
-    view = RequestView(
-        models=req.models,
-        max_length=req.max_length,
-        max_context_length=0,
-        trusted_workers=req.trusted_workers,
-        slow_workers=req.slow_workers,
-        nsfw=req.nsfw,
-        worker_ids=req.workers,
-        worker_blacklist=req.worker_blacklist,
-    )
+    view = req.eligibility(max_context_length=0)
     return [w.max_context_length for w in online if can_serve(w, view)]
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from hordelite.contract import _fields as f
 from hordelite.contract.budgets import over_models_cap
 from hordelite.contract.chat_declaration import ChatDeclaration, parse_chat_declaration
+from hordelite.contract.eligibility import RequestView
 from hordelite.contract.generations import MAX_GENERATION_CHARS
 from hordelite.contract.limits import (
     DEFAULT_MAX_CONTEXT_LENGTH,
@@ -94,6 +95,23 @@ class TextRequest:
     allow_downgrade: bool
     proxied_account: str | None
     webhook: str | None
+
+    def eligibility(self, max_context_length: int | None = None) -> RequestView:
+        """What eligibility reads of this request; ``max_context_length``
+        in place of its own where the context is still to be chosen (0: any
+        worker's, as completion_offers asks)."""
+        return RequestView(
+            models=self.models,
+            max_length=self.max_length,
+            max_context_length=(
+                self.max_context_length if max_context_length is None else max_context_length
+            ),
+            trusted_workers=self.trusted_workers,
+            slow_workers=self.slow_workers,
+            nsfw=self.nsfw,
+            worker_ids=self.workers,
+            worker_blacklist=self.worker_blacklist,
+        )
 
 
 def parse_text_request(body: Any, *, http_webhooks: bool = False) -> TextRequest:

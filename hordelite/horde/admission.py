@@ -17,7 +17,7 @@ from hordelite.contract import kudos as kudos_rules
 from hordelite.contract.admission import NewRequest, text_bytes
 from hordelite.contract.chat_admission import Capacity, heavy_to_admit, plan_admission
 from hordelite.contract.chat_request import ChatRequest
-from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.eligibility import WorkerView
 from hordelite.contract.limits import UPFRONT_MAX_LENGTH
 from hordelite.contract.models import ModelReference
 from hordelite.contract.text import TextRequest
@@ -72,16 +72,7 @@ def new_text_request(
 
     def build(r: TextRequest) -> NewRequest:
         return NewRequest(
-            eligibility=RequestView(
-                models=r.models,
-                max_length=r.max_length,
-                max_context_length=r.max_context_length,
-                trusted_workers=r.trusted_workers,
-                slow_workers=r.slow_workers,
-                nsfw=r.nsfw,
-                worker_ids=r.workers,
-                worker_blacklist=r.worker_blacklist,
-            ),
+            eligibility=r.eligibility(),
             prompt=r.prompt,
             params=r.params,
             n=r.n,

@@ -246,27 +246,7 @@ class Requests:
         if req.has_images:
             allowance = await self._image_allowance(key_hash, req, client)
         intake = Intake(str(uuid.uuid4()), client_agent, reader, client)
-        try:
-            return await self._queue_taken(
-                key_hash, req, operation_key, fingerprint, intake, allowance
-            )
-        finally:
-            if allowance is not None:  # its images are held in storage now, or gone
-                allowance.release()
-
-    async def _queue_taken(
-        self,
-        key_hash: str,
-        req: ChatRequest,
-        operation_key: str | None,
-        fingerprint: str | None,
-        intake: Intake,
-        allowance: ImageAllowance | None,
-    ) -> Queued:
-        """queue_chat's intake of the images and admission."""
-        request_id = intake.request_id
-        taken = await self._take_images(req, request_id, allowance)
-        try:
+        async with self._images_taken(req, intake.request_id, allowance) as taken:
             outcome = await self._admission.queue(
                 key_hash=key_hash,
                 req=taken,
@@ -274,14 +254,30 @@ class Requests:
                 fingerprint=fingerprint,
                 intake=intake,
             )
-        except BaseException:
-            await self._drop_images(taken, request_id)  # not queued: its images go
-            raise
-        if isinstance(outcome, FirstRequest):
-            await self._drop_images(taken, request_id)  # the first request has its own
-            return self._first_again(outcome)
+            if isinstance(outcome, FirstRequest):
+                await self._drop_images(taken, intake.request_id)  # the first request has its own
+                return self._first_again(outcome)
         await self._core.queue_changed(outcome.view)
         return _chat_queued(outcome)
+
+    @contextlib.asynccontextmanager
+    async def _images_taken(
+        self, req: ChatRequest, request_id: str, allowance: ImageAllowance | None
+    ) -> AsyncIterator[ChatRequest]:
+        """``req`` with its images taken in under ``request_id`` while the
+        block admits it: dropped again when the block fails (not queued:
+        its images go), and ``allowance`` released at the end (its images
+        are held in storage then, or gone)."""
+        try:
+            taken = await self._take_images(req, request_id, allowance)
+            try:
+                yield taken
+            except BaseException:
+                await self._drop_images(taken, request_id)
+                raise
+        finally:
+            if allowance is not None:
+                allowance.release()
 
     def _first_again(self, first: FirstRequest) -> Queued:
         """The answer to a resubmit: the first request's id and quote."""

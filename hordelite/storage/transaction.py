@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
@@ -464,6 +465,7 @@ class _Bind(NamedTuple):
     process: Callable[[Any], Any] | None
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Plan:
     """A prepared statement compiled for one database (see the module).
 
@@ -471,25 +473,19 @@ class _Plan:
     depend on the type the server reports for the column (a ``sum`` of
     integers comes back as ``numeric``)."""
 
-    __slots__ = ("binds", "make_row", "names", "positional", "processors", "row", "sql", "types")
+    sql: str
+    names: list[str]
+    binds: list[_Bind]
+    positional: bool
+    row: type | None
+    types: list[Any]
+    processors: list[tuple[int, Callable[[Any], Any]]] = dataclasses.field(
+        default_factory=list, init=False
+    )
+    make_row: Callable[[Sequence[Any]], Any] = dataclasses.field(init=False)
 
-    def __init__(
-        self,
-        sql: str,
-        names: list[str],
-        binds: list[_Bind],
-        positional: bool,
-        row: type | None,
-        types: list[Any],
-    ) -> None:
-        self.sql = sql
-        self.names = names
-        self.binds = binds
-        self.positional = positional
-        self.row = row
-        self.types = types
-        self.processors: list[tuple[int, Callable[[Any], Any]]] = []
-        self.make_row: Callable[[Sequence[Any]], Any] = self._first_row
+    def __post_init__(self) -> None:
+        self.make_row = self._first_row
 
     def _first_row(self, raw: Sequence[Any]) -> Any:
         raise AssertionError("a plan's rows are made once it has read its description")

@@ -582,18 +582,19 @@ _TEXT = _Shape(
 )
 
 
+@dataclasses.dataclass(eq=False)
 class _Exchange:
     """One completion request being answered, whole or as a stream."""
 
-    def __init__(
-        self, backend: FakeBackend, shape: _Shape, body: JSON, reply: _Reply, prompt_tokens: int
-    ) -> None:
-        self.backend = backend
-        self.shape = shape
-        self.body = body
-        self.reply = reply
-        self.prompt_tokens = prompt_tokens
-        self.id = f"{shape.id_prefix}-{backend._next_reply_id()}"
+    backend: FakeBackend
+    shape: _Shape
+    body: JSON
+    reply: _Reply
+    prompt_tokens: int
+    id: str = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = f"{self.shape.id_prefix}-{self.backend._next_reply_id()}"
 
     def envelope(self, obj: str, choices: list[JSON]) -> JSON:
         return {

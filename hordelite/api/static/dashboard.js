@@ -51,36 +51,38 @@
     return tr;
   }
 
-  function renderModels(pool) {
-    const rows = pool.models.map(function (m) {
+  // A listing's table: a row of each item's cells, the empty row when there
+  // is none, and the "more" row when the horde holds more than the page.
+  function fillTable(table, items, cellsOf, empty, more, what) {
+    const columns = table.tHead.rows[0].cells.length;
+    const rows = items.map(function (item) {
       const tr = document.createElement("tr");
-      const features = m.chat_features === null ? "—" : (m.chat_features.join(", ") || "chat");
-      tr.append(
-        cell(m.name, "name"), cell(m.workers), cell(m.threads), cell(m.jobs),
-        cell(m.queued), cell(m.eta + " s"), cell(m.performance + " t/s"), cell(features));
-      return labelled($("models"), tr);
+      tr.append(...cellsOf(item));
+      return labelled(table, tr);
     });
-    if (!rows.length) rows.push(emptyRow(8, "No model is served now: start a worker."));
-    if (pool.more_models) {
-      rows.push(moreRow(8, pool.more_models, "models (fewer threads): see /api/v2/status/models?type=text"));
-    }
-    $("models").tBodies[0].replaceChildren(...rows);
+    if (!rows.length) rows.push(emptyRow(columns, empty));
+    if (more) rows.push(moreRow(columns, more, what));
+    table.tBodies[0].replaceChildren(...rows);
+  }
+
+  function renderModels(pool) {
+    fillTable($("models"), pool.models, function (m) {
+      const features = m.chat_features === null ? "—" : (m.chat_features.join(", ") || "chat");
+      return [
+        cell(m.name, "name"), cell(m.workers), cell(m.threads), cell(m.jobs),
+        cell(m.queued), cell(m.eta + " s"), cell(m.performance + " t/s"), cell(features)];
+    }, "No model is served now: start a worker.",
+    pool.more_models, "models (fewer threads): see /api/v2/status/models?type=text");
   }
 
   function renderWorkers(pool) {
-    const rows = pool.workers.map(function (w) {
-      const tr = document.createElement("tr");
+    fillTable($("workers"), pool.workers, function (w) {
       const models = w.models.join(", ") + (w.more_models ? " and " + w.more_models + " more" : "");
-      tr.append(
+      return [
         cell(w.name, "name"), cell(models), cell(w.performance), cell(w.threads),
-        cell(w.jobs_done), cell(w.status, "status " + w.status));
-      return labelled($("workers"), tr);
-    });
-    if (!rows.length) rows.push(emptyRow(6, "No worker has checked in."));
-    if (pool.more_workers) {
-      rows.push(moreRow(6, pool.more_workers, "workers (fewer jobs done): see /api/v2/workers"));
-    }
-    $("workers").tBodies[0].replaceChildren(...rows);
+        cell(w.jobs_done), cell(w.status, "status " + w.status)];
+    }, "No worker has checked in.",
+    pool.more_workers, "workers (fewer jobs done): see /api/v2/workers");
   }
 
   function renderModelChoice(pool) {
