@@ -33,7 +33,7 @@ from hordelite.errors import RC, HordeError
 from hordelite.http.answer import Answer
 from hordelite.http.envelopes import Envelope, as_refusal, for_path
 from hordelite.http.guard import ASGIApp, Message, Receive, Send
-from hordelite.http.request import Gone, Request, Settings
+from hordelite.http.request import Gone, Request, Settings, header
 
 Scope = MutableMapping[str, Any]
 Handler = Callable[[Request], Awaitable[Answer]]
@@ -223,7 +223,7 @@ class Dispatcher:
         """A shell route: the Quart app answers, with the CORS headers and
         the count added to its answer's head."""
         assert self._shell is not None, f"{route.template} is the shell's, and there is none"
-        origin = Request(scope, receive, self._settings, {}).header("origin")
+        origin = header(scope, "origin")
 
         async def shell_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -279,7 +279,7 @@ async def _send_whole(request: Request, send: Send, start: Message, body: bytes)
     sent now and its end held until the body's drain (hordelite/http/guard);
     one that declares no body has its (empty) body read first, so the answer
     goes in one piece."""
-    if not request.read_all and not _declares_body(request.scope):
+    if not request.read_all and not request.declares_body():
         await request.body()
     await send(start)
     if request.read_all:
@@ -311,13 +311,3 @@ async def _send_pieces(send: Send, events: AsyncIterator[bytes]) -> None:
     async for piece in events:
         await send({"type": "http.response.body", "body": piece, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
-
-
-def _declares_body(scope: Scope) -> bool:
-    """Whether a request declares a body: a chunked one, or a length other
-    than 0 (which some clients send with every GET)."""
-    for name, value in scope["headers"]:
-        name = name.lower()
-        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
-            return True
-    return False

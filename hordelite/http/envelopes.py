@@ -18,7 +18,6 @@ answered 500 ``InternalServerError``, never with its text.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -113,17 +112,19 @@ def openai_error(exc: HordeError, metadata: dict[str, Any] | None = None) -> dic
     }
 
 
-def openai(exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None) -> Answer:
+def openai(
+    exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
+) -> Answer:
     """OpenAI's envelope. ``held``: the horde may hold the request, so the
     SDK must not retry on its own (a retry is a second charged request)."""
     status, _ = openai_status(exc.rc)
-    headers = [("content-type", "application/json")]
+    headers = []
     if held:
         headers.append(("x-should-retry", "false"))
     retry_after = exc.extra.get("retry_after")
     if retry_after is not None:
         headers.append(("Retry-After", str(retry_after)))
-    return Answer(status, headers, json.dumps(openai_error(exc, metadata)).encode())
+    return json_answer(openai_error(exc, metadata), status, headers)
 
 
 def _named_field(exc: HordeError) -> str | None:

@@ -141,5 +141,3 @@ def guard_connections(app: ASGIApp) -> ASGIApp:
             await exchange.finish()
 
     return guarded
-
-

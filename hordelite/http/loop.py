@@ -29,8 +29,6 @@ def quart_app(name: str, backend: str) -> Quart:
     return Quart(name, static_folder=None)
 
 
-
-
 async def run_to_completion(fn: Callable[[], Awaitable[T]]) -> T:
     """``fn()`` run to its end even when the caller is cancelled meanwhile;
     the cancellation is then raised at the caller's next checkpoint.

@@ -38,6 +38,17 @@ T = TypeVar("T")
 DECODE_OFF_LOOP_BYTES = 256 * 1024
 
 
+def header(scope: Scope, name: str) -> str | None:
+    """The first value of header ``name`` (matched case-blind) in ``scope``."""
+    values = _header_values(scope, name)
+    return values[0] if values else None
+
+
+def _header_values(scope: Scope, name: str) -> list[str]:
+    wanted = name.lower().encode()
+    return [v.decode("latin-1") for n, v in scope["headers"] if n.lower() == wanted]
+
+
 class Gone(HordeliteError):
     """The client left while its answer was awaited: nobody to answer."""
 
@@ -106,17 +117,13 @@ class Request:
                 return value
         return default
 
-    def _values(self, name: bytes) -> list[str]:
-        return [v.decode("latin-1") for n, v in self.scope["headers"] if n.lower() == name]
-
     def header(self, name: str) -> str | None:
         """A header's first value (names are matched case-blind)."""
-        values = self._values(name.lower().encode())
-        return values[0] if values else None
+        return header(self.scope, name)
 
     def joined(self, name: str) -> str | None:
         """Repeated header lines as one comma-separated list (RFC 9110 5.3)."""
-        values = self._values(name.lower().encode())
+        values = _header_values(self.scope, name)
         return ", ".join(values) if values else None
 
     # The headers the routes share ---------------------------------------------
@@ -179,13 +186,19 @@ class Request:
 
     def declared_length(self) -> int | None:
         """The body's Content-Length; None without one (a chunked body)."""
-        for name, value in self.scope["headers"]:
-            if name.lower() == b"content-length":
-                try:
-                    return int(value)
-                except ValueError:
-                    return None
-        return None
+        value = self.header("content-length")
+        try:
+            return None if value is None else int(value)
+        except ValueError:
+            return None
+
+    def declares_body(self) -> bool:
+        """Whether the request declares a body: a chunked one, or a length
+        other than 0 (which some clients send with every GET)."""
+        if self.header("transfer-encoding") is not None:
+            return True
+        length = self.header("content-length")
+        return length is not None and length.strip() != "0"
 
     async def json(self, *, optional: bool = False) -> Any:
         """The decoded, checked body (contract.json_body): 400 naming the

@@ -41,10 +41,16 @@ def _openai(method: str, template: str, handler: Handler) -> Route:
     return Route(method, template, handler, envelopes.openai)
 
 
-def horde_routes(horde: Horde, front: OpenAIRoutes, blobs: DirectoryStore | None) -> list[Route]:
+def horde_routes(
+    horde: Horde,
+    front: OpenAIRoutes,
+    blobs: DirectoryStore | None,
+    counts: MetricsRoutes | None = None,
+) -> list[Route]:
     """Every route of the horde's port, as its configuration has them:
     the dashboard with ``[dashboard] enabled``, ``/metrics`` with metrics on
-    and no port of their own, ``/blobs`` with a directory store."""
+    and no port of their own (``counts`` serves it), ``/blobs`` with a
+    directory store."""
     native = NativeRoutes(horde)
     about = AboutRoutes(horde)
     keys = SharedKeyRoutes(horde)
@@ -114,7 +120,7 @@ def horde_routes(horde: Horde, front: OpenAIRoutes, blobs: DirectoryStore | None
             _native("GET", "/dashboard/activity", dashboard.activity),
         ]
     if horde.config.metrics.enabled and not horde.config.metrics.port:
-        routes.append(_native("GET", "/metrics", MetricsRoutes(horde).metrics))
+        routes.append(_native("GET", "/metrics", (counts or MetricsRoutes(horde)).metrics))
     if blobs is not None:
         routes.append(_native("GET", f"{BLOB_ROUTE}/<key>", BlobRoutes(blobs, horde.clock).blob))
     return routes
@@ -129,14 +135,12 @@ class HordeApp:
     admission: Admission
 
 
-def horde_app(
-    horde: Horde, backend: str = "trio", blobs: DirectoryStore | None = None
-) -> HordeApp:
+def horde_app(horde: Horde, backend: str = "trio", blobs: DirectoryStore | None = None) -> HordeApp:
     """The app serving ``horde``; with ``blobs``, also its blobs' signed
     URLs (``GET /blobs/<key>``)."""
     front = OpenAIRoutes(horde)
-    routes = horde_routes(horde, front, blobs)
     counts = MetricsRoutes(horde)
+    routes = horde_routes(horde, front, blobs, counts)
     shell: ASGIApp | None = None
     if any(route.handler is None for route in routes):
         # Quart types the ASGI call with its own message dicts.

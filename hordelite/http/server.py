@@ -266,5 +266,3 @@ async def _run_connection(
         await handler(stream, conn)
     finally:
         await trio.aclose_forcefully(stream)
-
-

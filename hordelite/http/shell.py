@@ -48,9 +48,7 @@ def shell_app(
     app.register_blueprint(files)
     for route in routes:
         if route.handler is None and route.view is not None:
-            app.add_url_rule(
-                route.template, route.template, route.view, methods=[route.method]
-            )
+            app.add_url_rule(route.template, route.template, route.view, methods=[route.method])
     fixed = list(headers)
 
     @app.after_request

@@ -46,7 +46,7 @@ def _in_envelope(route: Route, body: object, rc: RC) -> bool:
     return isinstance(body, dict) and body["rc"] == rc.name and "message" in body
 
 
-async def _table(horde: TestHorde) -> list[Route]:
+def _table(horde: TestHorde) -> list[Route]:
     served = horde_app(horde.horde)
     return served.dispatcher.table.routes
 
@@ -80,7 +80,7 @@ async def test_each_route_refuses_in_its_own_envelope(anyio_backend: str) -> Non
         open_horde(config=EVERY_ROUTE) as horde,
         httpx.AsyncClient(base_url=horde.url) as client,
     ):
-        routes = await _table(horde)
+        routes = _table(horde)
         taken: dict[str, set[str]] = {}
         for route in routes:
             taken.setdefault(_path(route), set()).add(route.method)
