@@ -126,6 +126,33 @@ async def test_head_is_get_without_the_body_and_a_preflight_names_the_methods(
     assert set(options.headers["allow"].split(", ")) == {"GET", "HEAD", "PUT", "OPTIONS"}
 
 
+async def test_the_shells_pages_get_the_cors_headers_and_are_counted_as_any_route() -> None:
+    """The dispatcher hands ``GET /`` and the static files to Quart, and
+    adds to their answers what it adds to its own: the CORS headers by
+    ``server.cors_origins`` (with Vary: Origin) and the metrics' count."""
+    listed = "https://chat.example.org"
+    config = EVERY_ROUTE.replace(server={"cors_origins": listed})
+    async with open_horde(config=config) as horde, httpx.AsyncClient(base_url=horde.url) as client:
+        page = await client.get("/", headers={"Origin": listed})
+        static = await client.get("/dashboard/static/dashboard.css", headers={"Origin": listed})
+        other = await client.get("/", headers={"Origin": "https://evil.example"})
+        counted = {
+            (s.labels["route"], s.labels["status"]): s.value
+            for family in horde.horde.metrics.http_requests.collect()
+            for s in family.samples
+            if s.name.endswith("_total")
+        }
+    for answer in (page, static):
+        assert answer.status_code == 200
+        assert answer.headers["access-control-allow-origin"] == listed
+        assert "Origin" in [v.strip() for v in answer.headers["vary"].split(",")]
+        # The page's own headers, which the shell adds.
+        assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "access-control-allow-origin" not in other.headers
+    assert counted[("/", "200")] == 2
+    assert counted[("/dashboard/static/<path:filename>", "200")] == 1
+
+
 async def test_a_route_that_takes_the_path_but_not_the_method_gives_way() -> None:
     """``PUT /workers/messages`` is the worker route's (``<worker_id>`` =
     "messages"), as Werkzeug's map had it: not a 405 of the messages route."""
