@@ -11,6 +11,16 @@ from tests.integration import _env
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> str | None:
+    """The test's database, on both loops: None (a temporary SQLite file,
+    open_horde's own) or a fresh PostgreSQL schema (skipped without
+    HORDELITE_TEST_POSTGRES_URL). A module may define its own."""
+    if request.param == "sqlite":
+        return None
+    return str(request.getfixturevalue("postgres_schema_url"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
 def chat_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
     """Run the test on SQLite (a temporary file) and on PostgreSQL (a schema
     of its own, skipped without HORDELITE_TEST_POSTGRES_URL): the hordes the

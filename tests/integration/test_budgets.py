@@ -47,15 +47,6 @@ def budgets(**values: int) -> Config:
     )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest) -> str | None:
-    """A temporary SQLite file (None: open_horde's own), or a fresh
-    PostgreSQL schema: the budgets' reads run on both."""
-    if request.param == "sqlite":
-        return None
-    return str(request.getfixturevalue("postgres_schema_url"))
-
-
 def text_body(prompt: str = "Hello") -> dict[str, Any]:
     return {"prompt": prompt, "params": {"max_length": 16}, "models": ["m"]}
 

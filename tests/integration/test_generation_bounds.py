@@ -22,7 +22,6 @@ from tests.integration.test_budgets import (
     assert_over_budget,
     budgets,
     client_from,
-    database,  # noqa: F401 (the fixture, over both databases)
     text_body,
 )
 from tests.integration.test_images import client_for
@@ -55,7 +54,7 @@ async def job_state(horde: TestHorde, job_id: str) -> tuple[str, str | None]:
 
 
 async def test_a_text_generation_past_its_jobs_bound_is_refused_and_one_at_it_is_taken(
-    database: str | None,  # noqa: F811
+    database: str | None,
 ) -> None:
     async with (
         open_env(config=budgets(), database=database) as env,
@@ -86,7 +85,7 @@ async def test_a_text_generation_past_its_jobs_bound_is_refused_and_one_at_it_is
 
 
 async def test_generations_count_toward_the_requesters_stored_bytes_until_the_purge(
-    database: str | None,  # noqa: F811
+    database: str | None,
 ) -> None:
     clock = ManualClock()
     prompt = "Hello"
@@ -122,7 +121,7 @@ async def test_generations_count_toward_the_requesters_stored_bytes_until_the_pu
 
 
 async def test_an_anonymous_addresss_generations_count_toward_its_own_stored_bytes_only(
-    database: str | None,  # noqa: F811
+    database: str | None,
 ) -> None:
     # The anonymous user's budgets are each address's (decision 0071): the
     # generations one address's requests keep until their purge fill its
@@ -165,7 +164,7 @@ def _client_rows(conn: Any) -> list[Any]:
 
 
 async def test_the_bridges_null_generation_is_the_fault_it_reports(
-    database: str | None,  # noqa: F811
+    database: str | None,
 ) -> None:
     # AI-Horde-Worker's scribe bridge, when its backend answered 500 to
     # every try, submits its text None with no state.

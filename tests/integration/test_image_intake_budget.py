@@ -73,15 +73,6 @@ async def held_image_bytes(horde: TestHorde) -> int:
     return await horde.horde.db.read(read)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest) -> str | None:
-    """A temporary SQLite file (None: open_horde's own), or a fresh
-    PostgreSQL schema: the read before the intake runs on both."""
-    if request.param == "sqlite":
-        return None
-    return str(request.getfixturevalue("postgres_schema_url"))
-
-
 def assert_budget_refused(r: httpx.Response, status: int, rc: str) -> None:
     assert r.status_code == status, r.text
     assert (r.json()["rc"], r.json()["limit"]) == (rc, LIMIT)

@@ -1,4 +1,5 @@
-"""The whole text cycle over real HTTP: submit, pop, submit, status."""
+"""The whole text cycle over real HTTP: submit, pop, submit, status, with the
+horde's storage on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from tests.integration._env import open_env
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_text_request_is_popped_generated_and_done() -> None:
-    async with open_env() as env:
+async def test_a_text_request_is_popped_generated_and_done(database: str | None) -> None:
+    async with open_env(database=database) as env:
+        assert env.horde.horde.db.is_sqlite is (database is None)
         worker = await env.text_worker(models=["fake-model"])
         r = await env.client.post(
             "/api/v2/generate/text/async",
