@@ -1,18 +1,27 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import functools
 import os
+import shutil
+import sqlite3
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from hordelite.blobs import BlobStore
 from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.horde.service import Horde
 from hordelite.server import open_server
+from hordelite.storage.database import Database
+from hordelite.storage.migrations import upgrade
 from hordelite.storage.queries import SweepResult
 
 
@@ -44,6 +53,43 @@ class TestHorde:
         return await self.horde.sweep(wait=True)
 
 
+_template_lock = threading.Lock()
+
+
+@functools.cache
+def _migrated_template() -> str:
+    """A SQLite file holding the current schema and nothing else, made
+    once per process and removed at its exit."""
+    folder = tempfile.mkdtemp(prefix="hordelite-template-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = str(Path(folder) / "migrated.db")
+    db = Database(path, 1)
+    try:
+        db.run_sync(upgrade, True)
+    finally:
+        db.dispose()
+    return path
+
+
+def _copy_migrated(path: str) -> None:
+    """A fresh database at ``path``, copied from the migrated template.
+
+    Migrating a new file costs tens of milliseconds, which a suite opening
+    thousands of hordes pays each time; a copy costs about one. The horde
+    still migrates it at start (nothing is pending) and creates the
+    anonymous user then, at its own clock, as on any new database. SQLite's
+    backup API copies the file whole, its write-ahead log included."""
+    with _template_lock:
+        template = _migrated_template()
+    source = sqlite3.connect(template)
+    target = sqlite3.connect(path)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+
+
 @contextlib.asynccontextmanager
 async def open_horde(
     *,
@@ -63,7 +109,10 @@ async def open_horde(
     ``grace_period``: the server's, for its drain at the block's end.
     """
     with tempfile.TemporaryDirectory(prefix="hordelite-") as tmp:
-        db = database or str(Path(tmp) / "horde.db")
+        db = database
+        if db is None:
+            db = str(Path(tmp) / "horde.db")
+            await anyio.to_thread.run_sync(_copy_migrated, db)
         # HORDELITE_SIGNALS_URL, as for `hordelite serve`: the same suites
         # then run on Redis signals.
         base = config or Config().replace(
