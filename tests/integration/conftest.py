@@ -13,21 +13,23 @@ from tests.integration import _env
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request: pytest.FixtureRequest) -> str | None:
     """The test's database, on both loops: None (a temporary SQLite file,
-    open_horde's own) or a fresh PostgreSQL schema (skipped without
-    HORDELITE_TEST_POSTGRES_URL). A module may define its own."""
+    open_horde's own) or a PostgreSQL schema of the test's own, migrated and
+    empty (skipped without HORDELITE_TEST_POSTGRES_URL). A module may define
+    its own."""
     if request.param == "sqlite":
         return None
-    return str(request.getfixturevalue("postgres_schema_url"))
+    return str(request.getfixturevalue("migrated_schema_url"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def chat_database(request: pytest.FixtureRequest) -> Iterator[str | None]:
     """Run the test on SQLite (a temporary file) and on PostgreSQL (a schema
-    of its own, skipped without HORDELITE_TEST_POSTGRES_URL): the hordes the
-    set-ups of tests/integration/_env.py open use it."""
+    of its own, migrated and empty, skipped without
+    HORDELITE_TEST_POSTGRES_URL): the hordes the set-ups of
+    tests/integration/_env.py open use it."""
     url: str | None = None
     if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_schema_url")
+        url = request.getfixturevalue("migrated_schema_url")
     _env.select_database(url)
     try:
         yield url
