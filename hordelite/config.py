@@ -514,6 +514,16 @@ class NoticesConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModerationConfig:
+    """What moderators and the horde's countermeasures keep and how
+    (decision 0077)."""
+
+    # Seconds an audit entry (a moderator's action, a request a filter
+    # refused or flagged) is kept: 90 days.
+    audit_retention: float = bounded(90 * 86400.0, gt=0)
+
+
+@dataclasses.dataclass(frozen=True)
 class MetricsConfig:
     # Serve GET /metrics, the Prometheus text format (decision 0043).
     enabled: bool = True
@@ -590,6 +600,7 @@ class Config:
     dashboard: DashboardConfig = dataclasses.field(default_factory=DashboardConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     notices: NoticesConfig = dataclasses.field(default_factory=NoticesConfig)
+    moderation: ModerationConfig = dataclasses.field(default_factory=ModerationConfig)
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
 
     def replace(self, **sections: Mapping[str, Any]) -> Config:
@@ -615,6 +626,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "dashboard": DashboardConfig,
     "metrics": MetricsConfig,
     "notices": NoticesConfig,
+    "moderation": ModerationConfig,
     "worker": WorkerConfig,
 }
 

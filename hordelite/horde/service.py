@@ -83,6 +83,7 @@ def rules_of(config: Config) -> Rules:
         workers_per_user=b.workers_per_user,
         trusted_workers_per_user=b.trusted_workers_per_user,
         budgets=budgets_of(config),
+        audit_retention=config.moderation.audit_retention,
     )
 
 

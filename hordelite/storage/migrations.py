@@ -320,6 +320,14 @@ def _v16_generations_in_the_budget(conn: Connection) -> None:
     conn.execute(insert(generations).from_select(["client", "generation_bytes"], per_client))
 
 
+def _v17_moderation(conn: Connection) -> None:
+    # Moderation and countermeasures (decision 0077): the tables they keep
+    # (the audit trail, filters, address timeouts and blocks, the horde's
+    # modes) and the columns they add, each created when missing.
+    schema.metadata.create_all(conn, checkfirst=True)
+    _add_missing_columns(conn)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [
     _v1,
     _v2,
@@ -337,6 +345,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v14_shared_key_reservations,
     _v15_anonymous_by_address,
     _v16_generations_in_the_budget,
+    _v17_moderation,
 ]
 LATEST = len(MIGRATIONS)
 

@@ -26,3 +26,5 @@ class Rules:
     trusted_workers_per_user: int
     # The per-user budgets of requests (contract/budgets.py).
     budgets: Budgets = UNLIMITED
+    # Seconds an audit entry is kept ([moderation] audit_retention).
+    audit_retention: float = 90 * 86400.0

@@ -576,3 +576,25 @@ activity_minutes = Table(
     # Seconds from each job's request submit to its own, summed.
     Column("latency_sum", Float, nullable=False),
 )
+
+# The audit trail (decision 0077): every moderator's action, through the
+# routes or the CLI, and every request a filter refused or flagged. Who
+# (``actor``: ``name#id`` of the admin, ``cli`` for the operator at the
+# shell, ``horde`` for the horde's own countermeasures), from which address
+# (the client's; "" at the shell), what (``action``, a name from
+# hordelite.storage.audit.ACTIONS), on what (``target``: a user, a worker,
+# a filter, an address) and the rest in ``detail``. The sweep deletes
+# entries older than [moderation] audit_retention.
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False, index=True),
+    Column("actor", String(MAX_NAME), nullable=False),
+    Column("actor_id", Integer, nullable=True),
+    Column("address", String(MAX_CLIENT_KEY_CHARS), nullable=False, default=""),
+    Column("action", String(64), nullable=False),
+    Column("target", String(MAX_NAME), nullable=False, default=""),
+    Column("detail", JSON, nullable=False),
+    Index("ix_audit_action_at", "action", "at"),
+)

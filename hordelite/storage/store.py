@@ -28,7 +28,7 @@ from hordelite.contract.user_edit import UserEdit
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
-from hordelite.storage import admin, messages, shared_keys, webhooks
+from hordelite.storage import admin, audit, messages, shared_keys, webhooks
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import modify_user, transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -64,6 +64,42 @@ class Store:
         result = self.db.run_sync(upgrade, True)
         self.db.run_sync(q.ensure_anonymous, True, anonymous_key_hash, now)
         return result
+
+    # The audit trail (decision 0077) ------------------------------------
+
+    async def record_audit(
+        self,
+        *,
+        actor: audit.Actor,
+        action: str,
+        target: str,
+        now: float,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        """One entry in a transaction of its own: for an action whose change
+        is not in the database (a mode read from it is: see its writer)."""
+        await self.db.write(audit.record, actor, action, target, now, detail)
+
+    def record_audit_sync(
+        self,
+        *,
+        actor: audit.Actor,
+        action: str,
+        target: str,
+        now: float,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``record_audit`` for the CLI, which runs without a loop."""
+        self.db.run_sync(audit.record, True, actor, action, target, now, detail)
+
+    def audit_entries(self, **query: Any) -> list[audit.AuditEntry]:
+        """A page of the trail, newest first (``audit.entries``'s query);
+        synchronous, for the CLI."""
+        return self.db.run_sync(audit.entries, False, **query)
+
+    async def read_audit(self, **query: Any) -> list[audit.AuditEntry]:
+        """``audit_entries`` from a loop (the admin routes)."""
+        return await self.db.read(audit.entries, **query)
 
     async def ping(self) -> None:
         """One round trip to the database; raises StorageUnavailable."""
