@@ -162,11 +162,13 @@ class NativeRoutes:
     async def worker_update(self, request: Request) -> Answer:
         body = await request.json()
         update = self.horde.directory.update_worker
-        return await keyed(request, "worker_id", update, _render.worker_update, body)
+        client = request.client_address()  # an admin's moderation is audited from it
+        return await keyed(request, "worker_id", update, _render.worker_update, body, client=client)
 
     async def worker_delete(self, request: Request) -> Answer:
         delete = self.horde.directory.delete_worker
-        return await keyed(request, "worker_id", delete, _render.deleted_worker)
+        client = request.client_address()
+        return await keyed(request, "worker_id", delete, _render.deleted_worker, client=client)
 
     async def worker_by_name(self, request: Request) -> Answer:
         found = await self.horde.directory.worker_by_name(request.params["name"])
@@ -213,7 +215,8 @@ class NativeRoutes:
     async def modify_user(self, request: Request) -> Answer:
         body = await request.json(optional=True)
         modify = self.horde.directory.modify_user
-        return await keyed(request, "user_id", modify, _render.user_modified, body)
+        client = request.client_address()  # an admin's change is audited from it
+        return await keyed(request, "user_id", modify, _render.user_modified, body, client=client)
 
     async def users(self, request: Request) -> Answer:
         # Anyone's view of every user, a page at a time (KoboldAI Lite's ranking).
