@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -42,6 +42,7 @@ from hordelite.contract.presence import is_online
 from hordelite.contract.unicode_rules import fold_name
 from hordelite.contract.user_edit import username_problem
 from hordelite.errors import HordeError, HordeliteError
+from hordelite.horde.audit_trail import entry_json
 from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage import audit
 from hordelite.storage.accounts import UserRecord
@@ -403,7 +404,7 @@ def audit_read(config: Config, where: Target, args: AuditArgs) -> list[str]:
     if args.as_json:
         for note in notes:
             print(note, file=sys.stderr)
-        return [json.dumps(audit_json(e), ensure_ascii=False) for e in found]
+        return [json.dumps(entry_json(e), ensure_ascii=False) for e in found]
     rows = [
         (
             str(e.id),
@@ -419,20 +420,6 @@ def audit_read(config: Config, where: Target, args: AuditArgs) -> list[str]:
     header = ("ID", "WHEN (UTC)", "ACTOR", "ADDRESS", "ACTION", "TARGET", "DETAIL")
     table = _table(header, rows) if rows else []
     return [notes[0], *table, *notes[1:]]
-
-
-def audit_json(entry: audit.AuditEntry) -> dict[str, Any]:
-    """An entry as ``--json`` and the admin route show it."""
-    return {
-        "id": entry.id,
-        "at": _when(entry.at, "T") + "Z",
-        "actor": entry.actor,
-        "actor_id": entry.actor_id,
-        "address": entry.address,
-        "action": entry.action,
-        "target": entry.target,
-        "detail": dict(entry.detail),
-    }
 
 
 def _audit_query(args: AuditArgs, now: float) -> AuditQuery:

@@ -8,15 +8,19 @@ replaced by ``revoked:<user id>`` (``accounts.REVOKED_PREFIX``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from sqlalchemy import false, or_, select, update
 
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.unicode_rules import fold_name
+from hordelite.errors import RC, HordeError
 from hordelite.storage import audit
-from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
+from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, authenticate, user_record
 from hordelite.storage.accounts import create_user as _create_user
 from hordelite.storage.accounts import user_by_id as _user_by_id
+from hordelite.storage.rules import Rules
 from hordelite.storage.schema import RETIRED_NAME_KEY, users, workers
 from hordelite.storage.shared_keys import delete_lent_keys
 from hordelite.storage.transaction import Tx
@@ -112,3 +116,12 @@ def grant_kudos(
     detail = {"amount": amount, "before": before, "after": after}
     audit.record(conn, actor, "kudos.grant", f"{name}#{user_id}", now, detail)
     return before, after
+
+
+def admin_audit(conn: Tx, key_hash: str, rules: Rules, query: AuditQuery) -> list[audit.AuditEntry]:
+    """A page of the audit trail for the key's user, an admin: 403
+    NotModerator for anyone else (the AI Horde's refusal of a moderator's
+    route). A read: reading the trail is not recorded."""
+    if not authenticate(conn, key_hash, rules)["admin"]:
+        raise HordeError(RC.NotModerator, "Only an admin of this horde may read the audit trail.")
+    return audit.entries(conn, **dataclasses.asdict(query))

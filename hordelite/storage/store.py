@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
@@ -100,6 +101,11 @@ class Store:
     async def read_audit(self, **query: Any) -> list[audit.AuditEntry]:
         """``audit_entries`` from a loop (the admin routes)."""
         return await self.db.read(audit.entries, **query)
+
+    async def admin_audit(self, *, key_hash: str, query: AuditQuery) -> list[audit.AuditEntry]:
+        """A page of the trail for an admin (the admin route); raises
+        InvalidAPIKey, NotModerator for anyone else."""
+        return await self.db.read(admin.admin_audit, key_hash, self.rules, query)
 
     async def ping(self) -> None:
         """One round trip to the database; raises StorageUnavailable."""
