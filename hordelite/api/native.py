@@ -183,7 +183,9 @@ class NativeRoutes:
 
     async def worker_message_send(self, request: Request) -> Answer:
         body = await request.json()
-        sent = await self.horde.messages.send(request.api_key(), body)
+        sent = await self.horde.messages.send(
+            request.api_key(), body, client=request.client_address()
+        )
         return json_answer(_render.worker_message(sent))
 
     async def worker_message(self, request: Request) -> Answer:
@@ -195,7 +197,10 @@ class NativeRoutes:
 
     async def worker_message_delete(self, request: Request) -> Answer:
         message_id = request.params["message_id"]
-        if not await self.horde.messages.delete(request.api_key(), message_id):
+        deleted = await self.horde.messages.delete(
+            request.api_key(), message_id, client=request.client_address()
+        )
+        if not deleted:
             raise HordeError(RC.MessageNotFound, f"No message with id {message_id[:64]!r}.")
         return json_answer({"message": "OK"})
 

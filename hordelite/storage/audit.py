@@ -47,6 +47,8 @@ ACTIONS = (
     "key.rotate",
     "user.edit",
     "user.create",
+    "message.send",
+    "message.delete",
 )
 
 # Longest page ``entries`` answers.

@@ -415,9 +415,12 @@ class Store:
         An admin's delete of another's worker is in the audit trail."""
         return await self.db.write(q.delete_worker, key_hash, worker_id, self.rules, now, address)
 
-    async def send_message(self, *, key_hash: str, new: NewMessage, now: float) -> MessageRecord:
-        """An admin's message to a worker; raises NotModerator, WorkerNotFound."""
-        return await self.db.write(messages.send_message, key_hash, new, self.rules, now)
+    async def send_message(
+        self, *, key_hash: str, new: NewMessage, now: float, address: str | None = None
+    ) -> MessageRecord:
+        """An admin's message to a worker; raises NotModerator, WorkerNotFound.
+        In the audit trail, from ``address``."""
+        return await self.db.write(messages.send_message, key_hash, new, self.rules, now, address)
 
     async def list_messages(
         self,
@@ -435,9 +438,14 @@ class Store:
         """The message with this id, None when there is none."""
         return await self.db.read(messages.message_by_id, message_id)
 
-    async def delete_message(self, *, key_hash: str, message_id: str) -> bool:
-        """Whether an admin's delete found the message; raises NotModerator."""
-        return await self.db.write(messages.delete_message, key_hash, message_id, self.rules)
+    async def delete_message(
+        self, *, key_hash: str, message_id: str, now: float, address: str | None = None
+    ) -> bool:
+        """Whether an admin's delete found the message; raises NotModerator.
+        A delete that found one is in the audit trail, from ``address``."""
+        return await self.db.write(
+            messages.delete_message, key_hash, message_id, self.rules, now, address
+        )
 
     async def active_messages(self, *, now: float, limit: int) -> list[MessageRecord]:
         """The messages not yet expired at ``now``, newest first, at most ``limit``."""

@@ -8,6 +8,7 @@ change (decision 0077), on SQLite and PostgreSQL:
   fall together;
 * an admin's pause and resume of a worker; maintenance, rename and delete of
   another user's worker; an owner's own maintenance is not recorded;
+* an admin's worker message sent and deleted;
 * the operator's kudos grant, key revoke and rotate and user creation, as
   ``cli`` with no address.
 """
@@ -19,8 +20,9 @@ from sqlalchemy import update
 
 from hordelite.contract.user_edit import UserEdit
 from hordelite.contract.worker_edit import WorkerEdit
+from hordelite.contract.worker_messages import NewMessage
 from hordelite.errors import RC, HordeError
-from hordelite.storage import admin, audit, queries
+from hordelite.storage import admin, audit, messages, queries
 from hordelite.storage.accounts import modify_user
 from hordelite.storage.database import Database
 from hordelite.storage.schema import users
@@ -157,3 +159,22 @@ async def test_the_operators_actions_are_recorded_as_cli(database: Database) -> 
     assert trail[1].detail == {"amount": 4.0, "before": 1.0, "after": 5.0}
     assert trail[2].detail == {"was_active": True, "shared_keys_deleted": 0}
     assert trail[3].detail == {"was_active": True, "shared_keys_deleted": 0}
+
+
+async def test_an_admins_worker_messages_sent_and_deleted_are_recorded(database: Database) -> None:
+    mod = await _admin(database)
+    owner = await create_user(database, "owner")
+    worker_id = (await pop(database, owner, "w1", ["m"])).worker.id
+    new = NewMessage(worker_id, "please update", "mods", 2)
+    sent = await database.write(messages.send_message, mod, new, RULES, NOW, ADDRESS)
+    assert await database.write(messages.delete_message, mod, sent.id, RULES, NOW + 1, ADDRESS)
+    # A delete that finds nothing changes nothing: no entry.
+    assert not await database.write(messages.delete_message, mod, sent.id, RULES, NOW + 2, ADDRESS)
+
+    trail = list(reversed(await _trail(database)))
+    assert [(e.action, e.target, e.address, e.at) for e in trail] == [
+        ("message.send", worker_id, ADDRESS, NOW),
+        ("message.delete", worker_id, ADDRESS, NOW + 1),
+    ]
+    assert trail[0].detail == {"message_id": sent.id, "message": "please update", "origin": "mods"}
+    assert trail[1].detail == {"message_id": sent.id, "message": "please update"}
