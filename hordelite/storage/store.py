@@ -15,6 +15,7 @@ are synchronous: the CLI runs them in its own thread, as it runs ``migrate``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -93,14 +94,15 @@ class Store:
         """``record_audit`` for the CLI, which runs without a loop."""
         self.db.run_sync(audit.record, True, actor, action, target, now, detail)
 
-    def audit_entries(self, **query: Any) -> list[audit.AuditEntry]:
+    def audit_entries(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
         """A page of the trail, newest first (``audit.entries``'s query);
         synchronous, for the CLI."""
-        return self.db.run_sync(audit.entries, False, **query)
+        return self.db.run_sync(audit.entries, False, **dataclasses.asdict(query))
 
-    async def read_audit(self, **query: Any) -> list[audit.AuditEntry]:
-        """``audit_entries`` from a loop (the admin routes)."""
-        return await self.db.read(audit.entries, **query)
+    async def read_audit(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
+        """``audit_entries`` from a loop, for the horde's own reads (an
+        admin's read through the routes is ``admin_audit``)."""
+        return await self.db.read(audit.entries, **dataclasses.asdict(query))
 
     async def admin_audit(self, *, key_hash: str, query: AuditQuery) -> list[audit.AuditEntry]:
         """A page of the trail for an admin (the admin route); raises
