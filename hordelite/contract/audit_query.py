@@ -47,7 +47,9 @@ def parse_actions(values: Iterable[str], known: Sequence[str], field: str) -> tu
             if not name:
                 continue
             if name not in known:
-                raise bad_request(field, f"no action {name[:64]!r}; the actions: {', '.join(known)}")
+                raise bad_request(
+                    field, f"no action {name[:64]!r}; the actions: {', '.join(known)}"
+                )
             if name not in found:
                 found.append(name)
     return tuple(found)
