@@ -4,6 +4,8 @@ comma lists, each once), counts bounded; each refusal names its field."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hordelite.contract.audit_query import parse_actions, parse_count, parse_since, parse_text
@@ -21,7 +23,18 @@ def test_a_duration_counts_back_from_now(text: str, seconds: int) -> None:
     assert parse_since(text, NOW, "since") == NOW - seconds
 
 
-def test_an_iso_time_is_utc_unless_it_says_its_offset() -> None:
+def test_an_iso_time_is_utc_unless_it_says_its_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not the machine's time zone: a naive time read as local would be 5 h off.
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        _check_iso_times()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def _check_iso_times() -> None:
     assert parse_since("2027-01-15T08:00:00", NOW, "since") == parse_since(
         "2027-01-15T08:00:00Z", NOW, "since"
     )
