@@ -92,14 +92,49 @@ class Store:
         """``record_audit`` for the CLI, which runs without a loop."""
         self.db.run_sync(audit.record, True, actor, action, target, now, detail)
 
-    def audit_entries(self, **query: Any) -> list[audit.AuditEntry]:
-        """A page of the trail, newest first (``audit.entries``'s query);
+    def audit_entries(
+        self,
+        *,
+        actions: tuple[str, ...] = (),
+        actor: str | None = None,
+        target: str | None = None,
+        since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[audit.AuditEntry]:
+        """A page of the trail, newest first (``audit.entries``);
         synchronous, for the CLI."""
-        return self.db.run_sync(audit.entries, False, **query)
+        return self.db.run_sync(
+            audit.entries,
+            False,
+            actions=actions,
+            actor=actor,
+            target=target,
+            since=since,
+            before_id=before_id,
+            limit=limit,
+        )
 
-    async def read_audit(self, **query: Any) -> list[audit.AuditEntry]:
+    async def read_audit(
+        self,
+        *,
+        actions: tuple[str, ...] = (),
+        actor: str | None = None,
+        target: str | None = None,
+        since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[audit.AuditEntry]:
         """``audit_entries`` from a loop (the admin routes)."""
-        return await self.db.read(audit.entries, **query)
+        return await self.db.read(
+            audit.entries,
+            actions=actions,
+            actor=actor,
+            target=target,
+            since=since,
+            before_id=before_id,
+            limit=limit,
+        )
 
     async def ping(self) -> None:
         """One round trip to the database; raises StorageUnavailable."""
