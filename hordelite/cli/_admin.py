@@ -37,7 +37,7 @@ from hordelite.contract.audit_query import (
     parse_since,
     parse_text,
 )
-from hordelite.contract.limits import MAX_NAME
+from hordelite.contract.limits import AUDIT_PAGE, MAX_NAME
 from hordelite.contract.presence import is_online
 from hordelite.contract.unicode_rules import fold_name
 from hordelite.contract.user_edit import username_problem
@@ -395,7 +395,7 @@ def audit_read(config: Config, where: Target, args: AuditArgs) -> list[str]:
     one JSON object a line (the database and the next page's command then
     go to stderr, so that stdout is JSON alone)."""
     query = _audit_query(args, time.time())
-    found = run(config, where, lambda store: store.audit_entries(query=query))
+    found = run(config, where, lambda store: store.audit_entries(**dataclasses.asdict(query)))
     notes = [f"database: {where.shown}"]
     if len(found) == query.limit:
         notes.append(f"next page: {_next_page(query, found[-1].id, args.as_json)}")
@@ -434,7 +434,7 @@ def _audit_query(args: AuditArgs, now: float) -> AuditQuery:
             limit=(
                 DEFAULT_PAGE
                 if args.limit is None
-                else parse_count(args.limit, "--limit", audit.MAX_PAGE)
+                else parse_count(args.limit, "--limit", AUDIT_PAGE)
             ),
         )
     except HordeError as refusal:

@@ -20,7 +20,7 @@ from hordelite.contract.audit_query import (
     parse_since,
     parse_text,
 )
-from hordelite.contract.limits import MAX_NAME
+from hordelite.contract.limits import AUDIT_PAGE, MAX_NAME
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key
 from hordelite.storage import audit
@@ -61,7 +61,7 @@ def query_of(pairs: Sequence[tuple[str, str]], now: float) -> AuditQuery:
         target=None if target is None else parse_text(target, "target", MAX_NAME),
         since=None if since is None else parse_since(since, now, "since"),
         before_id=None if before is None else parse_count(before, "before"),
-        limit=DEFAULT_PAGE if limit is None else parse_count(limit, "limit", audit.MAX_PAGE),
+        limit=DEFAULT_PAGE if limit is None else parse_count(limit, "limit", AUDIT_PAGE),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import delete, insert, select
 
+from hordelite.contract.limits import AUDIT_PAGE
 from hordelite.storage.schema import audit
 from hordelite.storage.transaction import Tx
 
@@ -50,9 +51,6 @@ ACTIONS = (
     "message.send",
     "message.delete",
 )
-
-# Longest page ``entries`` answers.
-MAX_PAGE = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +128,7 @@ def entries(
     """A page of entries, newest first: those of ``actions`` (any when
     empty), by ``actor``, on ``target``, at or after ``since``, older than
     the entry ``before_id`` (the next page's cursor: the last id shown)."""
-    query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, MAX_PAGE)))
+    query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, AUDIT_PAGE)))
     if actions:
         query = query.where(audit.c.action.in_(actions))
     if actor is not None:

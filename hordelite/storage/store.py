@@ -15,7 +15,6 @@ are synchronous: the CLI runs them in its own thread, as it runs ``migrate``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,15 +93,51 @@ class Store:
         """``record_audit`` for the CLI, which runs without a loop."""
         self.db.run_sync(audit.record, True, actor, action, target, now, detail)
 
-    def audit_entries(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
-        """A page of the trail, newest first (``audit.entries``'s query);
+    def audit_entries(
+        self,
+        *,
+        actions: tuple[str, ...] = (),
+        actor: str | None = None,
+        target: str | None = None,
+        since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[audit.AuditEntry]:
+        """A page of the trail, newest first (``audit.entries``);
         synchronous, for the CLI."""
-        return self.db.run_sync(audit.entries, False, **dataclasses.asdict(query))
+        return self.db.run_sync(
+            audit.entries,
+            False,
+            actions=actions,
+            actor=actor,
+            target=target,
+            since=since,
+            before_id=before_id,
+            limit=limit,
+        )
 
-    async def read_audit(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
+    async def read_audit(
+        self,
+        *,
+        actions: tuple[str, ...] = (),
+        actor: str | None = None,
+        target: str | None = None,
+        since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[audit.AuditEntry]:
         """``audit_entries`` from a loop, for the horde's own reads (an
-        admin's read through the routes is ``admin_audit``)."""
-        return await self.db.read(audit.entries, **dataclasses.asdict(query))
+        admin's read through the routes is ``admin_audit``, which checks
+        the key)."""
+        return await self.db.read(
+            audit.entries,
+            actions=actions,
+            actor=actor,
+            target=target,
+            since=since,
+            before_id=before_id,
+            limit=limit,
+        )
 
     async def admin_audit(self, *, key_hash: str, query: AuditQuery) -> list[audit.AuditEntry]:
         """A page of the trail for an admin (the admin route); raises
