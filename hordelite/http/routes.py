@@ -20,6 +20,7 @@ from hordelite.api.metrics import MetricsRoutes
 from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
+from hordelite.api.operations import OperationsRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
 from hordelite.front.openai import Admission, OpenAIRoutes
@@ -55,6 +56,7 @@ def horde_routes(
     about = AboutRoutes(horde)
     keys = SharedKeyRoutes(horde)
     health = HealthRoutes(horde)
+    operations = OperationsRoutes(horde)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
         _native("POST", f"{V2}/generate/text/async", native.text_async),
@@ -102,6 +104,8 @@ def horde_routes(
         _native("GET", f"{V2}/sharedkeys/<key_id>", keys.details),
         _native("PATCH", f"{V2}/sharedkeys/<key_id>", keys.edit),
         _native("DELETE", f"{V2}/sharedkeys/<key_id>", keys.delete),
+        # hordelite's own admin routes (the AI Horde has none of them).
+        _native("GET", f"{V2}/operations/audit", operations.audit),
         # The OpenAI front.
         _openai("POST", "/v1/chat/completions", front.chat_completions),
         _openai("POST", "/v1/completions", front.completions),

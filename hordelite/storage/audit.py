@@ -37,6 +37,8 @@ ACTIONS = (
     "worker.pause",
     "worker.resume",
     "worker.maintenance",
+    "worker.edit",
+    "worker.delete",
     "worker.suspicion",
     "worker.suspicion_reset",
     "worker.address_block",
@@ -45,7 +47,11 @@ ACTIONS = (
     "key.revoke",
     "key.rotate",
     "user.edit",
+    "user.create",
+    "message.send",
+    "message.delete",
 )
+
 
 @dataclasses.dataclass(frozen=True)
 class Actor:
@@ -59,6 +65,18 @@ class Actor:
 
 CLI_ACTOR = Actor(CLI)
 HORDE_ACTOR = Actor(HORDE)
+
+
+def user_actor(user: Mapping[str, Any], address: str | None) -> Actor:
+    """The actor of a user's row (authenticated in the transaction that
+    records it) acting from ``address`` (None: not known)."""
+    return Actor(handle(user), user["id"], address or "")
+
+
+def handle(user: Mapping[str, Any]) -> str:
+    """``name#id`` of a user's row: how the trail names a user, as actor or
+    target (the name it had when the entry was written)."""
+    return f"{user['username']}#{user['id']}"
 
 
 @dataclasses.dataclass(frozen=True)
