@@ -270,15 +270,6 @@ class Performance:
 
 
 @dataclasses.dataclass(frozen=True)
-class Modes:
-    """The horde's modes (/status/modes): ``maintenance`` while it drains
-    for shutdown; hordelite has no invite-only mode."""
-
-    maintenance: bool
-    invite_only: bool
-
-
-@dataclasses.dataclass(frozen=True)
 class NewsPiece:
     """One piece of the operator's news ([notices])."""
 
