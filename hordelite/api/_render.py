@@ -253,6 +253,7 @@ def worker(w: WorkerAnswer) -> dict[str, Any]:
         "max_context_length": w.max_context_length,
         "info": w.info,
         "paused": w.paused,
+        "suspicious": w.suspicious,
         "owner": w.owner,
         "accepts_chat_jobs": w.chat is not None,
         "accepts_prompt_jobs": w.prompt_jobs,
@@ -263,7 +264,16 @@ def worker(w: WorkerAnswer) -> dict[str, Any]:
 
 def worker_update(u: WorkerUpdate) -> dict[str, Any]:
     """What a worker update changed, and only that."""
-    fields = ("maintenance", "aborts_in_window", "online", "info", "name", "paused", "team")
+    fields = (
+        "maintenance",
+        "aborts_in_window",
+        "online",
+        "info",
+        "name",
+        "paused",
+        "team",
+        "new_suspicion",
+    )
     return {key: getattr(u, key) for key in fields if getattr(u, key) is not None}
 
 

@@ -162,7 +162,10 @@ class NativeRoutes:
     async def worker_update(self, request: Request) -> Answer:
         body = await request.json()
         update = self.horde.directory.update_worker
-        return await keyed(request, "worker_id", update, _render.worker_update, body)
+        address = request.client_address() or ""  # the audit trail's
+        return await keyed(
+            request, "worker_id", update, _render.worker_update, body, address=address
+        )
 
     async def worker_delete(self, request: Request) -> Answer:
         delete = self.horde.directory.delete_worker

@@ -211,15 +211,22 @@ class Directory:
         )
         return WorkerListing(tuple(_worker_answer(w, now) for w in found.workers), found.total)
 
-    async def update_worker(self, api_key: str, worker_id: str, body: Any) -> WorkerUpdate:
+    async def update_worker(
+        self, api_key: str, worker_id: str, body: Any, address: str = ""
+    ) -> WorkerUpdate:
         """An owner's change to its worker (``contract.worker_edit``):
         ``maintenance``, ``info``, ``name``, ``team`` ``""``, ``online:
-        false``; an admin's ``paused``."""
+        false``; an admin's ``paused`` and ``reset_suspicion`` (audited with
+        the admin's ``address``)."""
         canonical = _worker_id(worker_id)
         edit = parse_worker_edit(body)
         core = self._core
         changes = await core.store.update_worker(
-            key_hash=hash_key(api_key), worker_id=canonical, edit=edit, now=core.clock.now()
+            key_hash=hash_key(api_key),
+            worker_id=canonical,
+            edit=edit,
+            now=core.clock.now(),
+            address=address,
         )
         await core.signals.notify_pool()  # in or out of maintenance, paused, or gone
         return WorkerUpdate(
@@ -230,6 +237,7 @@ class Directory:
             name=changes.name,
             paused=changes.paused,
             team=changes.team,
+            new_suspicion=changes.new_suspicion,
         )
 
     async def delete_worker(self, api_key: str, worker_id: str) -> DeletedWorkerAnswer:
@@ -383,4 +391,5 @@ def _worker_answer(w: WorkerRecord, now: float) -> WorkerAnswer:
         info=w.info,
         paused=w.paused,
         tokens_generated=int(w.tokens_generated),
+        suspicious=w.suspicion,
     )

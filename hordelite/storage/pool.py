@@ -37,6 +37,7 @@ from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND
 from hordelite.contract.text import PopRequest
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.errors import RC, HordeError
+from hordelite.storage import audit, suspicion
 from hordelite.storage.accounts import admitted, authenticate
 from hordelite.storage.arrays import by_codepoint, json_elements, one_of
 from hordelite.storage.ledger import lapse_job
@@ -390,18 +391,27 @@ class WorkerChanges:
     name: str | None = None
     paused: bool | None = None
     team: str | None = None
+    new_suspicion: int | None = None  # 0 once an admin reset it
 
 
 def update_worker(
-    conn: Tx, key_hash: str, worker_id: str, edit: WorkerEdit, rules: Rules, now: float
+    conn: Tx,
+    key_hash: str,
+    worker_id: str,
+    edit: WorkerEdit,
+    rules: Rules,
+    now: float,
+    address: str = "",
 ) -> WorkerChanges:
-    """Apply ``edit`` for the worker's owner or an admin (``paused``: an
-    admin only). ``edit.offline``: the worker says it stops; it is offline
+    """Apply ``edit`` for the worker's owner or an admin (``paused``,
+    ``reset_suspicion``: an admin only, the reset audited with the admin's
+    ``address``). ``edit.offline``: the worker says it stops; it is offline
     from ``now`` until its next pop (hordelite.contract.presence)."""
     user = authenticate(conn, key_hash, rules)
     row = _worker_to_change(conn, user, worker_id)
     if edit.admin_only and not user["admin"]:
-        raise HordeError(RC.NotModerator, "paused: only an admin may pause a worker.")
+        field = "paused" if edit.paused is not None else "reset_suspicion"
+        raise HordeError(RC.NotModerator, f"{field}: only an admin may pause a worker.")
     values = _edited_values(conn, row, edit, now)
     if values:
         try:
@@ -411,6 +421,10 @@ def update_worker(
                 conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
         except IntegrityError:
             raise refusals.worker_name_exists(edit.name or "") from None
+    if edit.reset_suspicion:
+        actor = audit.Actor(f"{user['username']}#{user['id']}", user["id"], address)
+        detail = {"name": row["name"], "suspicion": row["suspicion"], "paused": values["paused"]}
+        audit.record(conn, actor, "worker.suspicion_reset", worker_id, now, detail)
     # The answer lists what changed: clearing maintenance also reset the count.
     return WorkerChanges(
         maintenance=edit.maintenance,
@@ -418,8 +432,9 @@ def update_worker(
         online=False if edit.offline else None,
         info=edit.info,
         name=edit.name,
-        paused=edit.paused,
+        paused=values.get("paused") if edit.reset_suspicion else edit.paused,
         team=edit.team,
+        new_suspicion=0 if edit.reset_suspicion else None,
     )
 
 
@@ -437,6 +452,8 @@ def _edited_values(
         values["online_until"] = min(row["online_until"], now)
     if edit.info is not None:
         values["info"] = edit.info or None
+    if edit.reset_suspicion:
+        values.update(suspicion.reset_values(edit.paused))
     if edit.paused is not None:
         values["paused"] = edit.paused
     if edit.name is not None and edit.name_key is not None:
@@ -565,6 +582,7 @@ class WorkerRecord:
     nonconformant_replies: int
     info: str | None = None  # the owner's description
     paused: bool = False
+    suspicion: int = 0  # contract.suspicion
 
 
 # A worker with its owner's trust and name (worker details, the worker list).
@@ -605,6 +623,7 @@ def _worker_record(row: Mapping[str, Any]) -> WorkerRecord:
         nonconformant_replies=row["nonconformant_replies"],
         info=row["info"],
         paused=bool(row["paused"]),
+        suspicion=row["suspicion"],
     )
 
 

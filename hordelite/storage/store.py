@@ -418,12 +418,15 @@ class Store:
         return await self.db.read(q.worker_page, now, limit, offset, busiest)
 
     async def update_worker(
-        self, *, key_hash: str, worker_id: str, edit: WorkerEdit, now: float
+        self, *, key_hash: str, worker_id: str, edit: WorkerEdit, now: float, address: str = ""
     ) -> q.WorkerChanges:
         """What the owner's (or an admin's) update changed; raises InvalidAPIKey,
         WorkerNotFound, WrongCredentials for another user's worker,
-        NotModerator for a pause by a non-admin, NameAlreadyExists."""
-        return await self.db.write(q.update_worker, key_hash, worker_id, edit, self.rules, now)
+        NotModerator for a pause or a suspicion reset by a non-admin,
+        NameAlreadyExists. ``address``: the client's, for the audit trail."""
+        return await self.db.write(
+            q.update_worker, key_hash, worker_id, edit, self.rules, now, address
+        )
 
     async def delete_worker(self, *, key_hash: str, worker_id: str, now: float) -> q.DeletedWorker:
         """Delete the owner's (or, for an admin, any) worker, its jobs in hand
