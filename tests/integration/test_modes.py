@@ -258,3 +258,15 @@ async def test_a_second_horde_on_the_same_postgresql_database_sees_a_change_with
         await eventually(refused, within=10)
         assert_refused(await submit_there(), 400, "MaintenanceMode")
         assert (await other.get(MODES)).json()["maintenance_mode"] is True
+
+
+async def test_a_process_draining_for_shutdown_shows_maintenance_mode() -> None:
+    async with open_env() as env:
+        modes, raid_shown = await env.horde.horde.modes.show(None)
+        assert (modes.maintenance, raid_shown) == (False, False)
+        env.horde.horde.core.stopping = True  # as Upkeep.begin_shutdown sets it
+        try:
+            modes, _ = await env.horde.horde.modes.show(None)
+            assert modes.maintenance is True
+        finally:
+            env.horde.horde.core.stopping = False
