@@ -181,6 +181,13 @@ async def test_raid_mode_refuses_anonymous_requests_and_new_workers_while_known_
         body = assert_refused(new, 403, "WorkerInviteOnly")
         assert "raid" not in body["message"].lower()
         assert (await env.client.get("/api/v2/workers/name/newcomer")).status_code == 404
+        # The anonymous user still gets the pop's own refusal.
+        anon = await env.client.post(
+            "/api/v2/generate/text/pop",
+            headers={"apikey": ANONYMOUS_API_KEY},
+            json=newcomer.pop_body(),
+        )
+        assert_refused(anon, 403, "AnonForbiddenWorker")
         # A trusted owner's new worker is let in (the AI Horde's exemption).
         vouched = await env.text_worker("vouched", key=trusted)
         assert (await vouched.pop())["id"] is None
