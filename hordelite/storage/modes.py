@@ -73,13 +73,19 @@ def may_register(conn: Tx, key_hash: str, name_key: str) -> bool:
     """Whether a pop of the key's user under this name may go on while the
     horde is closed to new workers: the name is a worker's already (its
     pop registers nothing; whose it is, the pop checks), or the user is
-    trusted or an admin. An unknown key goes on too: the pop refuses it."""
+    trusted or an admin. An unknown or the anonymous key goes on too: the
+    pop refuses it (InvalidAPIKey, AnonForbiddenWorker)."""
     user = (
-        conn.execute(select(users.c.trusted, users.c.admin).where(users.c.key_hash == key_hash))
+        conn.execute(
+            select(users.c.trusted, users.c.admin, users.c.anonymous).where(
+                users.c.key_hash == key_hash
+            )
+        )
         .mappings()
         .first()
     )
-    if user is None or user["trusted"] or user["admin"]:
+    # The pop refuses an unknown key, and the anonymous user, as always.
+    if user is None or user["anonymous"] or user["trusted"] or user["admin"]:
         return True
     known = conn.execute(
         select(workers.c.id).where(workers.c.name_key == name_key, workers.c.deleted == false())
