@@ -11,6 +11,7 @@ import pytest
 from hordelite.config import Config
 from hordelite.contract.suspicion import THRESHOLD
 from hordelite.testing import ManualClock
+from tests.integration._chat_helpers import chat_body, open_chat_horde
 from tests.integration._env import Env, open_env
 from tests.integration._helpers import assert_refused, worker_id
 
@@ -132,3 +133,17 @@ async def test_a_bad_worker_name_adds_suspicion_once_per_reason(
             await worker.pop()
             await worker.pop()  # popping again adds nothing
             assert (await env.worker_details(name))["suspicious"] == expected, name
+
+
+async def test_a_chat_worker_replying_at_an_implausible_speed_is_paused(
+    chat_database: str | None,
+) -> None:
+    clock = ManualClock()  # the clock stands still: each reply takes no time
+    async with open_chat_horde(database=chat_database, clock=clock, suspect_speed=True) as chat:
+        worker = await chat.chat_worker("chatty")
+        for _ in range(THRESHOLD):
+            request_id = await chat.queue(chat_body())
+            assert await worker.serve_one() is not None
+            assert (await chat.status(request_id))["done"] is True
+        details = await chat.worker_details("chatty")
+        assert (details["suspicious"], details["paused"]) == (THRESHOLD, True)
