@@ -36,6 +36,7 @@ from hordelite.contract.limits import (
     MAX_POP_THREADS,
     NEWS_IMPORTANCE,
 )
+from hordelite.contract.modes import RAID_ANONYMOUS
 from hordelite.errors import ConfigError
 
 T = TypeVar("T")
@@ -521,6 +522,20 @@ class ModerationConfig:
     # Seconds an audit entry (a moderator's action, a request a filter
     # refused or flagged) is kept: 90 days.
     audit_retention: float = bounded(90 * 86400.0, gt=0)
+    # Raid mode (PUT /status/modes): what an anonymous request gets, refused
+    # (403 AnonymousDisabled) or throttled to raid_anonymous_per_minute
+    # requests a minute per client address and serving process (429
+    # RequestRateExceeded, told no time to wait).
+    raid_anonymous: str = bounded("refuse", one_of=RAID_ANONYMOUS)
+    raid_anonymous_per_minute: int = bounded(2, ge=1)
+    # A job done faster than this many tokens a second (as billed, from its
+    # pop to its submit) adds to its worker's suspicion; 0: never. The AI
+    # Horde's bound for text.
+    suspicious_tokens_per_second: float = bounded(150.0, ge=0)
+    # Words (comma-separated, any case) a worker's name must not hold: a
+    # worker registered with one is suspected once (the AI Horde's
+    # profanity check, here the operator's list).
+    suspicious_name_words: str = bounded("", max_chars=4000)
 
 
 @dataclasses.dataclass(frozen=True)

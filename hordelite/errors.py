@@ -60,6 +60,10 @@ class RC(enum.Enum):
     NoWorkerModSelected = (400, "No worker modification selected.")
     NoSharedKeyModSelected = (400, "No shared key modification selected.")
     NoValidActions = (400, "No usermod operations selected!")
+    # PUT /status/modes setting no mode (the AI Horde's).
+    NoHordeModSelected = (400, "No mod change selected!")
+    # The horde's maintenance mode: no new request (the AI Horde's status).
+    MaintenanceMode = (400, "This horde has entered maintenance mode. Please try again later.")
     # A user's name is another's under Unicode normalisation (decision 0073).
     UsernameAlreadyExists = (400, "Another user already has this name.")
     # Kudos transfers, with the AI Horde's codes.
@@ -99,6 +103,9 @@ class RC(enum.Enum):
     )
     WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
+    # A new worker name while the horde is closed to new workers (invite-only
+    # or raid mode: one answer for both, so that raid mode does not show).
+    WorkerInviteOnly = (403, "This horde takes new workers only from trusted users right now.")
     NotModerator = (403, "Only an admin of this horde may do this.")
     KudosUpfront = (403, "This request needs kudos up front.")
     # Shared keys, with the AI Horde's codes.

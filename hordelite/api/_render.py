@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Mapping
 from typing import Any
 
+from hordelite.contract.modes import FIELDS as MODE_FIELDS
+from hordelite.contract.modes import Modes
 from hordelite.horde.results import (
     DeletedWorkerAnswer,
     Document,
     Generation,
     ModelStats,
-    Modes,
     NewsPiece,
     Performance,
     PopAnswer,
@@ -251,6 +253,7 @@ def worker(w: WorkerAnswer) -> dict[str, Any]:
         "max_context_length": w.max_context_length,
         "info": w.info,
         "paused": w.paused,
+        "suspicious": w.suspicious,
         "owner": w.owner,
         "accepts_chat_jobs": w.chat is not None,
         "accepts_prompt_jobs": w.prompt_jobs,
@@ -261,7 +264,16 @@ def worker(w: WorkerAnswer) -> dict[str, Any]:
 
 def worker_update(u: WorkerUpdate) -> dict[str, Any]:
     """What a worker update changed, and only that."""
-    fields = ("maintenance", "aborts_in_window", "online", "info", "name", "paused", "team")
+    fields = (
+        "maintenance",
+        "aborts_in_window",
+        "online",
+        "info",
+        "name",
+        "paused",
+        "team",
+        "new_suspicion",
+    )
     return {key: getattr(u, key) for key in fields if getattr(u, key) is not None}
 
 
@@ -325,9 +337,18 @@ def performance(p: Performance) -> dict[str, Any]:
     }
 
 
-def modes(m: Modes) -> dict[str, Any]:
-    # raid_mode is the AI Horde's moderators' only: not shown.
-    return {"maintenance_mode": m.maintenance, "invite_only_mode": m.invite_only}
+def modes(m: Modes, raid_shown: bool) -> dict[str, Any]:
+    """GET /status/modes: raid_mode only for an admin (the AI Horde's
+    moderators'), so that raid mode does not show to those it is against."""
+    shown = {"maintenance_mode": m.maintenance, "invite_only_mode": m.invite_only}
+    return {**shown, "raid_mode": m.raid} if raid_shown else shown
+
+
+def modes_set(changes: Mapping[str, bool], m: Modes) -> dict[str, Any]:
+    """PUT /status/modes: the modes the body set, as they are now (the AI
+    Horde answers only those)."""
+    after = modes(m, raid_shown=True)
+    return {field: after[field] for field, mode in MODE_FIELDS.items() if mode in changes}
 
 
 def news_piece(n: NewsPiece) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The native routes of what the horde says of itself and of what hordelite
-does not keep: /status/performance, /stats/text/*, /status/modes, /status/news,
+does not keep: /status/performance, /stats/text/*, /status/news,
 /documents/*, and the AI Horde's teams and text styles (empty here,
 decision 0055). Every answer is the AI Horde's JSON."""
 
@@ -29,9 +29,6 @@ class AboutRoutes:
 
     async def text_models(self, request: Request) -> Answer:
         return json_answer((await self.horde.about.stats()).models)
-
-    async def modes(self, request: Request) -> Answer:
-        return json_answer(_render.modes(self.horde.about.modes()))
 
     async def news(self, request: Request) -> Answer:
         return json_answer([_render.news_piece(n) for n in self.horde.about.news()])

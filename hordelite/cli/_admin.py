@@ -1,5 +1,5 @@
 """The operator's commands on a horde's database: keys, kudos, workers,
-audit, db.
+audit, modes, db.
 
 Each names the database it used (a postgresql URL with its password
 masked). ``keys``, ``kudos`` and ``workers`` work only on an existing
@@ -38,6 +38,7 @@ from hordelite.contract.audit_query import (
     parse_text,
 )
 from hordelite.contract.limits import AUDIT_PAGE, MAX_NAME
+from hordelite.contract.modes import Modes
 from hordelite.contract.presence import is_online
 from hordelite.contract.unicode_rules import fold_name
 from hordelite.contract.user_edit import username_problem
@@ -351,6 +352,37 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in (header, *rows)
     ]
+
+
+# modes ----------------------------------------------------------------------------
+
+# The modes by their CLI name (``hordelite modes set MODE on|off``).
+MODE_NAMES = ("maintenance", "invite_only", "raid")
+
+
+def modes_show(config: Config, where: Target) -> list[str]:
+    modes = run(config, where, lambda store: store.read_modes_sync())
+    return [f"database: {where.shown}", *_mode_lines(modes)]
+
+
+def modes_set(config: Config, where: Target, mode: str, state: str) -> list[str]:
+    if mode not in MODE_NAMES:
+        raise Refused(f"MODE: expected one of {', '.join(MODE_NAMES)}, got {mode!r}")
+    if state not in ("on", "off"):
+        raise Refused(f"STATE: expected on or off, got {state!r}")
+    changes = {mode: state == "on"}
+    _, after = run(
+        config, where, lambda store: store.set_modes_sync(changes=changes, now=time.time())
+    )
+    return [
+        f"database: {where.shown}",
+        *_mode_lines(after),
+        "every serving process sees the change within 2 s",
+    ]
+
+
+def _mode_lines(modes: Modes) -> list[str]:
+    return [f"{name}: {'on' if getattr(modes, name) else 'off'}" for name in MODE_NAMES]
 
 
 # db upgrade -----------------------------------------------------------------------

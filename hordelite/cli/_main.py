@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"configuration file (default: ./{DEFAULT_CONFIG} when it exists)",
     )
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{serve,keys,kudos,workers,audit,worker,db}"
+        dest="command", required=True, metavar="{serve,keys,kudos,workers,audit,modes,worker,db}"
     )
     # The parent of every command that opens the database: each takes --database.
     database = _Parser(add_help=False)
@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     _kudos_parser(commands, database)
     _workers_parser(commands, database)
     _audit_parser(commands, database)
+    _modes_parser(commands, database)
     _worker_parser(commands)
     _db_parser(commands, database)
     return parser
@@ -151,6 +152,19 @@ def _audit_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     audit.add_argument("--before", metavar="ID", help="the next page: entries older than ID")
     audit.add_argument("--limit", help="entries a page (default 50, at most 500)")
     audit.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
+def _modes_parser(commands: Any, database: argparse.ArgumentParser) -> None:
+    modes = commands.add_parser("modes", help="the horde's maintenance, invite-only and raid modes")
+    mode_commands = modes.add_subparsers(dest="modes_command", required=True, metavar="{show,set}")
+    mode_commands.add_parser("show", help="the modes as stored", parents=[database])
+    set_mode = mode_commands.add_parser(
+        "set", help="turn a mode on or off (audited as cli)", parents=[database]
+    )
+    set_mode.add_argument(
+        "mode", choices=_admin.MODE_NAMES, metavar="MODE", help="maintenance, invite_only or raid"
+    )
+    set_mode.add_argument("state", choices=("on", "off"), metavar="STATE", help="on or off")
 
 
 def _db_parser(commands: Any, database: argparse.ArgumentParser) -> None:
@@ -274,6 +288,8 @@ _ADMIN: dict[tuple[str, str], Callable[[Config, _admin.Target, argparse.Namespac
         w,
         _admin.AuditArgs(a.audit_actions, a.actor, a.target, a.since, a.before, a.limit, a.json),
     ),
+    ("modes", "show"): lambda c, w, a: _admin.modes_show(c, w),
+    ("modes", "set"): lambda c, w, a: _admin.modes_set(c, w, a.mode, a.state),
     ("db", "upgrade"): lambda c, w, a: _admin.db_upgrade(c, w),
 }
 

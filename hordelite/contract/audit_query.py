@@ -15,6 +15,7 @@ import datetime
 import re
 from collections.abc import Iterable, Sequence
 
+from hordelite.contract.limits import MAX_COUNT_DIGITS
 from hordelite.errors import bad_request
 
 # A duration back from now: a whole number and its unit.
@@ -77,7 +78,7 @@ def parse_since(text: str, now: float, field: str) -> float:
 def parse_count(text: str, field: str, most: int | None = None) -> int:
     """A whole number from 1 (to ``most``), refused naming ``field``."""
     text = text.strip()
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_COUNT_DIGITS or int(text) < 1:
         raise bad_request(field, f"expected a whole number from 1; got {text[:64]!r}")
     value = int(text)
     if most is not None and value > most:

@@ -57,6 +57,9 @@ MAX_GEN_METADATA_REF_CHARS: Final = 255
 MAX_STATE_CHARS: Final = 16
 # A user id in a route: digits, few enough to fit a 64-bit integer.
 MAX_USER_ID_DIGITS: Final = 18
+# A count given as text (the audit trail's limit, an entry id): as many
+# digits, so that it fits a 64-bit integer.
+MAX_COUNT_DIGITS: Final = MAX_USER_ID_DIGITS
 # params.sampler_order names every one of the seven KoboldAI samplers.
 MIN_SAMPLER_ORDER: Final = 7
 MAX_STOP_SEQUENCES: Final = 128
@@ -185,6 +188,14 @@ STATUS_POSITION_SECONDS: Final = 1.0
 # against are read at most this long ago; a worker joining, leaving or
 # declaring anew is seen at once (decision 0038).
 POOL_SNAPSHOT_SECONDS: Final = 1.0
+# The horde's modes are read at most this long ago by each process: a change
+# through another process or replica is seen within it (at once through the
+# pool version where Redis signals are shared). One small read a process
+# per interval, never one per request.
+MODES_SECONDS: Final = 2.0
+# Anonymous clients a process throttles at once in raid mode (decision in
+# hordelite.horde.modes): past it, a new client is refused as throttled.
+RAID_THROTTLED_CLIENTS: Final = 100_000
 # Statuses kept by the cache (the most recently read), and request versions
 # kept by the in-process signals (the most recently changed).
 STATUS_CACHE_ENTRIES: Final = 8192

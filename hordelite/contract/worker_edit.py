@@ -2,8 +2,8 @@
 checked field by field as the AI Horde takes it. Pure: storage applies it.
 
 Each field the AI Horde's ModifyWorker knows is applied or refused by name,
-never dropped: ``maintenance``, ``info``, ``name``, ``paused`` (an admin's,
-as the AI Horde's moderators'), ``team`` (no teams here: only ``""``, no
+never dropped: ``maintenance``, ``info``, ``name``, ``paused`` and
+``reset_suspicion`` (an admin's, as the AI Horde's moderators'), ``team`` (no teams here: only ``""``, no
 team, is taken, decision 0055), and hordelite's ``online: false``.
 """
 
@@ -29,11 +29,14 @@ class WorkerEdit:
     paused: bool | None = None
     team: str | None = None  # only "" (no team) gets here
     offline: bool = False
+    # The AI Horde's reset_suspicion (contract.suspicion): the count back
+    # to 0 and the pause lifted, unless ``paused`` is set too.
+    reset_suspicion: bool = False
 
     @property
     def admin_only(self) -> bool:
-        """Only an admin may pause or unpause a worker."""
-        return self.paused is not None
+        """Only an admin may pause or unpause a worker, or reset its suspicion."""
+        return self.paused is not None or self.reset_suspicion
 
 
 def parse_worker_edit(body: Any) -> WorkerEdit:
@@ -44,6 +47,7 @@ def parse_worker_edit(body: Any) -> WorkerEdit:
         raise bad_request("maintenance_msg", "this horde keeps no maintenance message")
     maintenance = _flag(body, "maintenance")
     paused = _flag(body, "paused")
+    reset_suspicion = _flag(body, "reset_suspicion")
     info = get_str(body, "info", "info", MAX_WORKER_INFO, None)
     name = get_str(body, "name", "name", MAX_NAME, None)
     name_key = None if name is None else worker_name_key(name, "name")
@@ -67,6 +71,7 @@ def parse_worker_edit(body: Any) -> WorkerEdit:
         paused=paused,
         team=team,
         offline=online is False,
+        reset_suspicion=bool(reset_suspicion),
     )
     if edit == WorkerEdit():
         raise HordeError(RC.NoWorkerModSelected)

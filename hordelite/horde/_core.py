@@ -19,6 +19,7 @@ from hordelite.contract.eligibility import RequestView
 from hordelite.contract.models import ModelReference
 from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
 from hordelite.horde.metrics import HordeMetrics
+from hordelite.horde.modes import ModeSnapshot
 from hordelite.signals import Signals
 from hordelite.storage.store import Store
 
@@ -62,6 +63,8 @@ class HordeCore:
     statuses: StatusCache
     skipped: SkippedSample
     messages: MessageSnapshot
+    # The horde's modes (hordelite.horde.modes): what requests and pops check.
+    modes: ModeSnapshot
     stopping: bool = False
     # A request ended in this process: its webhook may be owed now.
     webhooks_due: Nudge = dataclasses.field(default_factory=Nudge)

@@ -1,5 +1,6 @@
-"""What the horde says of itself: its load, its modes, the operator's news
-and documents (the AI Horde's /status and /documents routes)."""
+"""What the horde says of itself: its load, the operator's news and
+documents (the AI Horde's /status and /documents routes; its modes are
+hordelite.horde.modes)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import anyio
 from hordelite.contract.limits import PERFORMANCE_TTL, STATS_TTL
 from hordelite.errors import bad_request
 from hordelite.horde._core import HordeCore
-from hordelite.horde.results import Document, Modes, NewsPiece, Performance
+from hordelite.horde.results import Document, NewsPiece, Performance
 from hordelite.storage.stats import TextStats
 
 # The documents the operator writes in [notices], by their route's name.
@@ -61,11 +62,6 @@ class About:
                 cached = (now, await self._core.store.text_stats(now=now))
                 self._stats = cached
             return cached[1]
-
-    def modes(self) -> Modes:
-        # A process draining for shutdown takes no new connections: the
-        # nearest thing to the AI Horde's maintenance, which takes no new work.
-        return Modes(maintenance=self._core.stopping, invite_only=False)
 
     def news(self) -> tuple[NewsPiece, ...]:
         n = self._core.config.notices

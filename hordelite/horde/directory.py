@@ -223,8 +223,9 @@ class Directory:
     ) -> WorkerUpdate:
         """An owner's change to its worker (``contract.worker_edit``):
         ``maintenance``, ``info``, ``name``, ``team`` ``""``, ``online:
-        false``; an admin's ``paused``. An admin's moderation is in the
-        audit trail with the ``client`` address it came from."""
+        false``; an admin's ``paused`` and ``reset_suspicion``. An admin's
+        moderation is in the audit trail with the ``client`` address it came
+        from."""
         canonical = _worker_id(worker_id)
         edit = parse_worker_edit(body)
         core = self._core
@@ -244,6 +245,7 @@ class Directory:
             name=changes.name,
             paused=changes.paused,
             team=changes.team,
+            new_suspicion=changes.new_suspicion,
         )
 
     async def delete_worker(
@@ -400,4 +402,5 @@ def _worker_answer(w: WorkerRecord, now: float) -> WorkerAnswer:
         info=w.info,
         paused=w.paused,
         tokens_generated=int(w.tokens_generated),
+        suspicious=w.suspicion,
     )

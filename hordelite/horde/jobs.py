@@ -68,6 +68,7 @@ class Jobs:
         config = self._core.config
         pop = parse_pop_request(body, config.horde.max_pop_wait, config.budgets.models_per_worker)
         key_hash = hash_key(api_key)
+        await self._core.modes.admit_pop(key_hash, pop.name)  # invite-only, raid
         deadline = (anyio.current_time() if arrived is None else arrived) + pop.wait
         result = await self._wait_for_job(key_hash, pop, deadline)
         if isinstance(result, PopAnswer):

@@ -116,6 +116,7 @@ class Requests:
         """Queue a validated text request; answers the 202 body. ``reader``:
         the process holding the OpenAI call that is its only reader."""
         core = self._core
+        await core.modes.admit_request(api_key, client)  # maintenance, raid
         online = await core.pool.get(core.clock.now())
         new = new_text_request(
             req,
@@ -210,6 +211,7 @@ class Requests:
         refusals counted toward the rate). ``reader``: the process holding
         the OpenAI call that is its only reader; ``client``: the address it
         came from."""
+        await self._core.modes.admit_request(api_key, client)  # maintenance, raid
         async with self._refusals_counted(hash_key(api_key), client):
             return await self._queue_chat(
                 api_key, req, client_agent, operation_key, reader=reader, client=client

@@ -181,6 +181,7 @@ class WorkerAnswer:
     info: str | None = None
     paused: bool = False
     tokens_generated: int = 0
+    suspicious: int = 0  # its suspicion (contract.suspicion)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +203,7 @@ class WorkerUpdate:
     name: str | None = None
     paused: bool | None = None
     team: str | None = None
+    new_suspicion: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,15 +269,6 @@ class Performance:
     workers: int
     threads: int
     past_minute_tokens: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Modes:
-    """The horde's modes (/status/modes): ``maintenance`` while it drains
-    for shutdown; hordelite has no invite-only mode."""
-
-    maintenance: bool
-    invite_only: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,9 @@ Each room serves one audience and is what the routes call:
   cancels requests;
 - ``jobs`` (hordelite.horde.jobs): a worker pops, posts progress, submits;
 - ``directory`` (hordelite.horde.directory): users, workers and models;
-- ``about`` (hordelite.horde.about): the horde's load and modes, the
-  operator's news and documents;
+- ``about`` (hordelite.horde.about): the horde's load, the operator's
+  news and documents;
+- ``modes`` (hordelite.horde.modes): the horde's modes, as admins set them;
 - ``messages`` (hordelite.horde.messages): an admin's messages to workers;
 - ``shared_keys`` (hordelite.horde.shared_keys): the keys users lend;
 - ``readers`` (hordelite.horde.readers): the OpenAI calls as their
@@ -35,6 +36,7 @@ from hordelite.config import Config
 from hordelite.contract.budgets import Budget, Budgets
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.models import ModelReference
+from hordelite.contract.suspicion import name_words
 from hordelite.horde._core import HordeCore
 from hordelite.horde.about import About
 from hordelite.horde.admission import new_text_request
@@ -45,6 +47,7 @@ from hordelite.horde.jobs import Jobs
 from hordelite.horde.keys import hash_key, new_api_key
 from hordelite.horde.messages import Messages
 from hordelite.horde.metrics import HordeMetrics
+from hordelite.horde.modes import ModeSnapshot, ModesRoom
 from hordelite.horde.operator import Operator
 from hordelite.horde.readers import Readers
 from hordelite.horde.requests import Requests
@@ -86,6 +89,8 @@ def rules_of(config: Config) -> Rules:
         trusted_workers_per_user=b.trusted_workers_per_user,
         budgets=budgets_of(config),
         audit_retention=config.moderation.audit_retention,
+        suspicious_tokens_per_second=config.moderation.suspicious_tokens_per_second,
+        suspicious_name_words=name_words(config.moderation.suspicious_name_words),
     )
 
 
@@ -139,6 +144,7 @@ class Horde:
             statuses=StatusCache(),
             skipped=SkippedSample(store),
             messages=MessageSnapshot(store, signals),
+            modes=ModeSnapshot(store, signals, config),
         )
         self.core.metrics.watch_signals(signals)
         self.requests = Requests(self.core)
@@ -146,6 +152,7 @@ class Horde:
         self.jobs = Jobs(self.core)
         self.directory = Directory(self.core)
         self.about = About(self.core)
+        self.modes = ModesRoom(store, signals, self.core.modes, lambda: self.core.stopping)
         self.messages = Messages(self.core)
         self.shared_keys = SharedKeys(self.core)
         self.upkeep = Upkeep(self.core)

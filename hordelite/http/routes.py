@@ -20,6 +20,7 @@ from hordelite.api.metrics import MetricsRoutes
 from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
+from hordelite.api.native_modes import ModeRoutes
 from hordelite.api.operations import OperationsRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
@@ -55,6 +56,7 @@ def horde_routes(
     native = NativeRoutes(horde)
     about = AboutRoutes(horde)
     keys = SharedKeyRoutes(horde)
+    modes = ModeRoutes(horde)
     health = HealthRoutes(horde)
     operations = OperationsRoutes(horde)
     routes = [
@@ -74,7 +76,8 @@ def horde_routes(
         _native("GET", f"{V2}/status/models", native.status_models),
         _native("GET", f"{V2}/status/models/<path:name>", native.status_model),
         _native("GET", f"{V2}/status/performance", about.performance),
-        _native("GET", f"{V2}/status/modes", about.modes),
+        _native("GET", f"{V2}/status/modes", modes.show),
+        _native("PUT", f"{V2}/status/modes", modes.set),
         _native("GET", f"{V2}/status/news", about.news),
         _native("GET", f"{V2}/stats/text/totals", about.text_totals),
         _native("GET", f"{V2}/stats/text/models", about.text_models),

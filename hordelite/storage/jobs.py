@@ -124,7 +124,7 @@ def submit_job(
         reason = sub.fault_reason if isinstance(sub, ChatSubmit) else None
         return fault_job(conn, job, now, rules, reason)
     if isinstance(sub, ChatSubmit):
-        return _accept_chat_reply(conn, job, sub, now, billions, verdict)
+        return _accept_chat_reply(conn, job, sub, now, billions, verdict, rules)
     too_large = generations.text_refusal(sub.generation, job["request_max_length"])
     if too_large is not None:
         raise too_large
@@ -136,7 +136,8 @@ def submit_job(
         "gen_metadata": sub.gen_metadata,
     }
     stored = generations.text_generation_bytes(sub.generation)
-    return settle(conn, job, paid, values, now, stored=stored)
+    speed_bound = rules.suspicious_tokens_per_second
+    return settle(conn, job, paid, values, now, stored=stored, speed_bound=speed_bound)
 
 
 def _accept_chat_reply(
@@ -146,6 +147,7 @@ def _accept_chat_reply(
     now: float,
     billions: Callable[[str], float],
     verdict: Verdict | None,
+    rules: Rules,
 ) -> SubmitResult:
     if verdict is None or verdict.job_id != job["id"] or verdict.model != job["model"]:
         # Judging is the horde's, outside the transaction: roll back, and
@@ -174,4 +176,5 @@ def _accept_chat_reply(
         "reply": reply.to_json(),
         "charge_basis": "output_estimate",
     }
-    return settle(conn, job, paid, values, now, stored=stored)
+    speed_bound = rules.suspicious_tokens_per_second
+    return settle(conn, job, paid, values, now, stored=stored, speed_bound=speed_bound)

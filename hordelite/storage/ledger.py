@@ -21,6 +21,7 @@ from hordelite.contract.eligibility import (
 )
 from hordelite.contract.unicode_rules import unsendable
 from hordelite.errors import HordeError
+from hordelite.storage import suspicion
 from hordelite.storage.queueing import end_request, enqueue, get_request, hook_due_at
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
@@ -136,6 +137,7 @@ def settle(
     now: float,
     state: str = "done",
     stored: int = 0,
+    speed_bound: float = 0.0,  # past it, its worker is suspected (_credit_worker)
 ) -> SubmitResult:
     """Store a finished job: reward its worker's owner, charge the requester,
     with the amounts of ``paid``; ``stored``: its generation's bytes.
@@ -163,8 +165,7 @@ def settle(
     move_kudos(conn, payer=job["requester_id"], cost=cost, earner=job["owner_id"], reward=reward)
     if job["request_shared_key"] is not None:
         spend(conn, job["request_shared_key"], cost)  # what the lent key paid
-    credit = {"reward": reward, "tokens": tokens, "seconds": paid.seconds}
-    conn.defer(_CREDIT_WORKER, {"wid": job["worker_id"], **credit})
+    _credit_worker(conn, job["worker_id"], paid, now, speed_bound if state == "done" else 0.0)
     if state != "done":
         conn.execute(
             update(requests)
@@ -189,6 +190,18 @@ def settle(
         created=job["request_created"] if ends else 0.0,
         hook_owed=ends and bool(job["request_has_webhook"]),
     )
+
+
+def _credit_worker(
+    conn: Tx, worker_id: str, paid: kudos_rules.Settlement, now: float, speed_bound: float
+) -> None:
+    """The worker's counters of a settled job; a job done faster than
+    ``speed_bound`` tokens a second ([moderation]
+    suspicious_tokens_per_second; 0: not judged, as a cancel's settlement
+    is not) adds to its suspicion (hordelite.storage.suspicion)."""
+    credit = {"reward": paid.reward, "tokens": paid.tokens, "seconds": paid.seconds}
+    conn.defer(_CREDIT_WORKER, {"wid": worker_id, **credit})
+    suspicion.judge_speed(conn, worker_id, paid.tokens, paid.seconds, speed_bound, now)
 
 
 def _finish_request(

@@ -37,7 +37,7 @@ from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND
 from hordelite.contract.text import PopRequest
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.errors import RC, HordeError
-from hordelite.storage import audit
+from hordelite.storage import audit, suspicion
 from hordelite.storage.accounts import admitted, authenticate
 from hordelite.storage.arrays import by_codepoint, json_elements, one_of
 from hordelite.storage.ledger import lapse_job
@@ -391,6 +391,7 @@ class WorkerChanges:
     name: str | None = None
     paused: bool | None = None
     team: str | None = None
+    new_suspicion: int | None = None  # 0 once an admin reset it
 
 
 def update_worker(
@@ -402,15 +403,17 @@ def update_worker(
     now: float,
     address: str | None = None,
 ) -> WorkerChanges:
-    """Apply ``edit`` for the worker's owner or an admin (``paused``: an
-    admin only). ``edit.offline``: the worker says it stops; it is offline
-    from ``now`` until its next pop (hordelite.contract.presence). An
-    admin's pause, and an admin's change of another user's worker, are in
-    the audit trail (``_audit_worker_edit``), from ``address``."""
+    """Apply ``edit`` for the worker's owner or an admin (``paused``,
+    ``reset_suspicion``: an admin only). ``edit.offline``: the worker says it
+    stops; it is offline from ``now`` until its next pop
+    (hordelite.contract.presence). An admin's pause, reset and change of
+    another user's worker are in the audit trail (``_audit_worker_edit``),
+    from ``address``."""
     user = authenticate(conn, key_hash, rules)
     row = _worker_to_change(conn, user, worker_id)
     if edit.admin_only and not user["admin"]:
-        raise HordeError(RC.NotModerator, "paused: only an admin may pause a worker.")
+        field = "paused" if edit.paused is not None else "reset_suspicion"
+        raise HordeError(RC.NotModerator, f"{field}: only an admin may pause a worker.")
     values = _edited_values(conn, row, edit, now)
     if values:
         try:
@@ -422,6 +425,10 @@ def update_worker(
             raise refusals.worker_name_exists(edit.name or "") from None
     if user["admin"]:
         _audit_worker_edit(conn, audit.user_actor(user, address), row, edit, now)
+    if edit.reset_suspicion:
+        detail = {"name": row["name"], "suspicion": row["suspicion"], "paused": values["paused"]}
+        actor = audit.user_actor(user, address)
+        audit.record(conn, actor, "worker.suspicion_reset", worker_id, now, detail)
     # The answer lists what changed: clearing maintenance also reset the count.
     return WorkerChanges(
         maintenance=edit.maintenance,
@@ -429,8 +436,9 @@ def update_worker(
         online=False if edit.offline else None,
         info=edit.info,
         name=edit.name,
-        paused=edit.paused,
+        paused=values.get("paused") if edit.reset_suspicion else edit.paused,
         team=edit.team,
+        new_suspicion=0 if edit.reset_suspicion else None,
     )
 
 
@@ -477,6 +485,8 @@ def _edited_values(
         values["online_until"] = min(row["online_until"], now)
     if edit.info is not None:
         values["info"] = edit.info or None
+    if edit.reset_suspicion:
+        values.update(suspicion.reset_values(edit.paused))
     if edit.paused is not None:
         values["paused"] = edit.paused
     if edit.name is not None and edit.name_key is not None:
@@ -615,6 +625,7 @@ class WorkerRecord:
     nonconformant_replies: int
     info: str | None = None  # the owner's description
     paused: bool = False
+    suspicion: int = 0  # contract.suspicion
 
 
 # A worker with its owner's trust and name (worker details, the worker list).
@@ -655,6 +666,7 @@ def _worker_record(row: Mapping[str, Any]) -> WorkerRecord:
         nonconformant_replies=row["nonconformant_replies"],
         info=row["info"],
         paused=bool(row["paused"]),
+        suspicion=row["suspicion"],
     )
 
 

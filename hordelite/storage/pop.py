@@ -37,6 +37,7 @@ from hordelite.contract.limits import (
 )
 from hordelite.contract.presence import online_until
 from hordelite.contract.text import PopRequest
+from hordelite.storage import suspicion
 from hordelite.storage.pool import (
     declaration_changed,
     hold_worker_cap,
@@ -161,6 +162,8 @@ def pop_job(
     if row is None:
         # First pop: the worker exists (and is online) from this transaction.
         row = register_worker(conn, user, pop, declared, now, rules)
+        words = rules.suspicious_name_words
+        suspicion.judge_name(conn, row["id"], pop.name, user["trusted"], words, now)
     pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
     worker = worker_view({**row, **declared, "trusted": user["trusted"]})
     # A paused worker checks in and is handed nothing (the AI Horde's pause);

@@ -28,3 +28,8 @@ class Rules:
     budgets: Budgets = UNLIMITED
     # Seconds an audit entry is kept ([moderation] audit_retention).
     audit_retention: float = 90 * 86400.0
+    # [moderation]: the speed past which a job's worker is suspected (0:
+    # never) and the words a worker's name is suspected for
+    # (contract.suspicion).
+    suspicious_tokens_per_second: float = 0.0
+    suspicious_name_words: frozenset[str] = frozenset()

@@ -194,6 +194,10 @@ workers = Table(
     # Deleted by its owner (DELETE /workers/{id}): kept for the jobs that
     # name it, its name and key retired so that the name can be popped anew.
     Column("deleted", Boolean, nullable=False, default=False, server_default=false()),
+    # Its suspicion (hordelite.contract.suspicion): the count, paused at the
+    # threshold, and the bitmask of the reasons that count once (1 << code).
+    Column("suspicion", Integer, nullable=False, default=0, server_default="0"),
+    Column("suspicion_reasons", Integer, nullable=False, default=0, server_default="0"),
     Index("ux_workers_name_key", "name_key", unique=True),
 )
 
@@ -597,4 +601,18 @@ audit = Table(
     Column("target", String(MAX_NAME), nullable=False, default=""),
     Column("detail", JSON, nullable=False),
     Index("ix_audit_action_at", "action", "at"),
+)
+
+# The horde's modes (hordelite.contract.modes): one row, id 1, absent until
+# they are first set (all off). ``version`` grows with every change: each
+# process reads the row at most every MODES_SECONDS (hordelite.horde.modes).
+horde_modes = Table(
+    "horde_modes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("maintenance", Boolean, nullable=False, default=False),
+    Column("invite_only", Boolean, nullable=False, default=False),
+    Column("raid", Boolean, nullable=False, default=False),
+    Column("version", Integer, nullable=False, default=0),
+    Column("changed", Float, nullable=False),
 )

@@ -22,6 +22,7 @@ from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.modes import Modes
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.transfers import Transfer
@@ -29,7 +30,7 @@ from hordelite.contract.user_edit import UserEdit
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
-from hordelite.storage import admin, audit, messages, shared_keys, webhooks
+from hordelite.storage import admin, audit, messages, modes, shared_keys, webhooks
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import modify_user, transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -143,6 +144,38 @@ class Store:
         """A page of the trail for an admin (the admin route); raises
         InvalidAPIKey, NotModerator for anyone else."""
         return await self.db.read(admin.admin_audit, key_hash, self.rules, query)
+
+    # The horde's modes (hordelite.contract.modes) ------------------------
+
+    async def read_modes(self) -> Modes:
+        """The modes as stored (all off before they were first set)."""
+        return await self.db.read(modes.read_modes)
+
+    async def modes_for(self, *, key_hash: str) -> Modes:
+        """The modes, for an admin's key; raises InvalidAPIKey, NotModerator."""
+        return await self.db.read(modes.modes_for, key_hash, self.rules)
+
+    async def set_modes(
+        self, *, key_hash: str, changes: Mapping[str, bool], address: str, now: float
+    ) -> tuple[Modes, Modes]:
+        """An admin sets modes (audited ``mode.set`` in the same transaction);
+        the modes before and after; raises InvalidAPIKey, NotModerator."""
+        return await self.db.write(
+            modes.modes_as_admin, key_hash, changes, address, self.rules, now
+        )
+
+    async def may_register(self, *, key_hash: str, name_key: str) -> bool:
+        """Whether this pop may go on while the horde is closed to new
+        workers (``modes.may_register``)."""
+        return await self.db.read(modes.may_register, key_hash, name_key)
+
+    def read_modes_sync(self) -> Modes:
+        """``read_modes`` for the CLI."""
+        return self.db.run_sync(modes.read_modes, False)
+
+    def set_modes_sync(self, *, changes: Mapping[str, bool], now: float) -> tuple[Modes, Modes]:
+        """The operator sets modes at the shell (audited as ``cli``)."""
+        return self.db.run_sync(modes.set_modes, True, changes, audit.CLI_ACTOR, now)
 
     async def ping(self) -> None:
         """One round trip to the database; raises StorageUnavailable."""
@@ -438,8 +471,9 @@ class Store:
     ) -> q.WorkerChanges:
         """What the owner's (or an admin's) update changed; raises InvalidAPIKey,
         WorkerNotFound, WrongCredentials for another user's worker,
-        NotModerator for a pause by a non-admin, NameAlreadyExists. An
-        admin's moderation is in the audit trail, from ``address``."""
+        NotModerator for a pause or a suspicion reset by a non-admin,
+        NameAlreadyExists. An admin's moderation is in the audit trail,
+        from ``address``."""
         return await self.db.write(
             q.update_worker, key_hash, worker_id, edit, self.rules, now, address
         )

@@ -97,6 +97,7 @@ async def open_horde(
     clock: Clock | None = None,
     database: str | None = None,
     grace_period: float = 2,
+    suspect_speed: bool = False,
     **horde: Any,
 ) -> AsyncIterator[TestHorde]:
     """Run a horde until the block exits.
@@ -107,6 +108,10 @@ async def open_horde(
     as ``clock`` to move time instead of sleeping; the periodic sweep then
     still runs, but only ``TestHorde.sweep()`` right after a move is certain.
     ``grace_period``: the server's, for its drain at the block's end.
+    ``suspect_speed``: keep ``[moderation] suspicious_tokens_per_second``
+    as configured; by default it is 0 (off): a fake worker answers in
+    milliseconds, far past any plausible speed, and would be paused after
+    five jobs in every test that is not about suspicion.
     """
     with tempfile.TemporaryDirectory(prefix="hordelite-") as tmp:
         db = database
@@ -123,6 +128,8 @@ async def open_horde(
             storage={"database": db},
             horde=horde,
         )
+        if not suspect_speed:
+            cfg = cfg.replace(moderation={"suspicious_tokens_per_second": 0})
         if not cfg.blobs.directory and not cfg.blobs.s3_endpoint:
             cfg = cfg.replace(blobs={"directory": str(Path(tmp) / "hordelite-blobs")})
         async with open_server(cfg, clock=clock) as running:

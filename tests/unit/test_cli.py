@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO
 
+import anyio
 import httpx
 import pytest
 from sqlalchemy import select, update
@@ -935,3 +936,44 @@ async def test_a_rotated_or_revoked_key_takes_the_shared_keys_it_lent_along(
         made = await client.put("/api/v2/sharedkeys", headers={"apikey": new}, json={})
         r = await client.get("/api/v2/find_user", headers={"apikey": new})
         assert r.json()["sharedkey_ids"] == [made.json()["id"]]
+
+
+@pytest.mark.anyio
+async def test_modes_set_turns_a_mode_on_audited_as_cli_and_a_running_horde_sees_it(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli(capsys, "modes", "show", "--database", database)
+    assert code == 0
+    assert out.splitlines()[1:] == ["maintenance: off", "invite_only: off", "raid: off"]
+    async with (
+        open_horde(database=database) as horde,
+        httpx.AsyncClient(base_url=horde.url) as client,
+    ):
+        assert (await client.get("/api/v2/status/modes")).json()["maintenance_mode"] is False
+        code, out, _ = cli(capsys, "modes", "set", "maintenance", "on", "--database", database)
+        assert code == 0
+        assert "maintenance: on" in out.splitlines()
+        with anyio.fail_after(10):  # within the horde's interval, polled
+            while True:
+                if (await client.get("/api/v2/status/modes")).json()["maintenance_mode"]:
+                    break
+                await anyio.sleep(0.05)
+    code, out, _ = cli(capsys, "modes", "show", "--database", database)
+    assert out.splitlines()[1:] == ["maintenance: on", "invite_only: off", "raid: off"]
+    db = Database(database, 1)
+    try:
+        entries = Horde(Config(), db).store.audit_entries(actions=("mode.set",))
+    finally:
+        db.dispose()
+    assert [(e.actor, e.address, e.detail["set"]) for e in entries] == [
+        ("cli", "", {"maintenance": True})
+    ]
+
+
+@pytest.mark.parametrize("argv", [["modes", "set", "turbo", "on"], ["modes", "set", "raid", "yes"]])
+def test_modes_set_refuses_an_unknown_mode_or_state(
+    argv: list[str], database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, *argv, "--database", database)
+    assert code == 2
+    assert "invalid choice" in err
