@@ -100,6 +100,8 @@ class RC(enum.Enum):
     WrongCredentials = (403, "Wrong credentials: this belongs to another user.")
     WorkerMaintenance = (403, "This worker is in maintenance mode.")
     NotModerator = (403, "Only an admin of this horde may do this.")
+    # An address (or its range) timed out or blocked (contract.addresses).
+    TimeoutIP = (403, "Due to abuse prevention, your IP address has been put into timeout.")
     KudosUpfront = (403, "This request needs kudos up front.")
     # Shared keys, with the AI Horde's codes.
     SharedKeyEmpty = (403, "This shared key has run out of kudos.")

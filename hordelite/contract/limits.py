@@ -185,6 +185,11 @@ STATUS_POSITION_SECONDS: Final = 1.0
 # against are read at most this long ago; a worker joining, leaving or
 # declaring anew is seen at once (decision 0038).
 POOL_SNAPSHOT_SECONDS: Final = 1.0
+# Each process looks whether the timeouts and blocks by address changed (one
+# read of their version) at most this often, and re-reads them only when
+# they did: a change made on another replica is enforced here within this,
+# with no Redis; one made here, at once.
+ADDRESS_RULES_SECONDS: Final = 2.0
 # Statuses kept by the cache (the most recently read), and request versions
 # kept by the in-process signals (the most recently changed).
 STATUS_CACHE_ENTRIES: Final = 8192

@@ -17,6 +17,7 @@ from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.contract.eligibility import RequestView
 from hordelite.contract.models import ModelReference
+from hordelite.horde.addresses import AddressRules
 from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.signals import Signals
@@ -62,6 +63,9 @@ class HordeCore:
     statuses: StatusCache
     skipped: SkippedSample
     messages: MessageSnapshot
+    # The timeouts and blocks by address in force: every submit and pop
+    # checks its client against them.
+    addresses: AddressRules
     stopping: bool = False
     # A request ended in this process: its webhook may be owed now.
     webhooks_due: Nudge = dataclasses.field(default_factory=Nudge)

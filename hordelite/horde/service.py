@@ -31,11 +31,13 @@ from typing import Any
 from hordelite.blobs import BlobStore
 from hordelite.clock import Clock, SystemClock
 from hordelite.config import Config
+from hordelite.contract.addresses import Policy
 from hordelite.contract.budgets import Budget, Budgets
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.models import ModelReference
 from hordelite.horde._core import HordeCore
 from hordelite.horde.about import About
+from hordelite.horde.addresses import Addresses, AddressRules
 from hordelite.horde.admission import new_text_request
 from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
 from hordelite.horde.directory import Directory
@@ -84,6 +86,18 @@ def rules_of(config: Config) -> Rules:
         trusted_workers_per_user=b.trusted_workers_per_user,
         budgets=budgets_of(config),
         audit_retention=config.moderation.audit_retention,
+        offences=offence_policy(config),
+    )
+
+
+def offence_policy(config: Config) -> Policy:
+    """How offences time an address out, as [moderation] says."""
+    m = config.moderation
+    return Policy(
+        first=m.offence_timeout,
+        longest=m.offence_timeout_max,
+        memory=m.offence_memory,
+        refusals_per_offence=m.budget_refusals_per_offence,
     )
 
 
@@ -125,11 +139,12 @@ class Horde:
         signals = signals or LocalSignals()
         self.rules = rules_of(config)
         store = Store(db, self.rules, models.billions)
+        clock = clock or SystemClock()
         self.core = HordeCore(
             config=config,
             store=store,
             signals=signals,
-            clock=clock or SystemClock(),
+            clock=clock,
             models=models,
             blobs=blobs,
             metrics=HordeMetrics(),
@@ -137,6 +152,7 @@ class Horde:
             statuses=StatusCache(),
             skipped=SkippedSample(store),
             messages=MessageSnapshot(store, signals),
+            addresses=AddressRules(store, clock),
         )
         self.core.metrics.watch_signals(signals)
         self.requests = Requests(self.core)
@@ -151,6 +167,7 @@ class Horde:
             self.core, lambda kind, rid: self.requests.status(kind, rid, with_position=False)
         )
         self.operator = Operator(self.core)
+        self.addresses = Addresses(self.core.addresses, store, clock)
         # What the routes and tests read of the horde's state.
         self.config = config
         self.db = db

@@ -19,6 +19,7 @@ from hordelite.api.health import HealthRoutes
 from hordelite.api.metrics import MetricsRoutes
 from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
+from hordelite.api.native_addresses import AddressRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
@@ -55,6 +56,7 @@ def horde_routes(
     about = AboutRoutes(horde)
     keys = SharedKeyRoutes(horde)
     health = HealthRoutes(horde)
+    addresses = AddressRoutes(horde)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
         _native("POST", f"{V2}/generate/text/async", native.text_async),
@@ -102,6 +104,15 @@ def horde_routes(
         _native("GET", f"{V2}/sharedkeys/<key_id>", keys.details),
         _native("PATCH", f"{V2}/sharedkeys/<key_id>", keys.edit),
         _native("DELETE", f"{V2}/sharedkeys/<key_id>", keys.delete),
+        # Timeouts and blocks by address (admins).
+        _native("GET", f"{V2}/operations/ipaddr", addresses.listed),
+        _native("POST", f"{V2}/operations/ipaddr", addresses.time_out),
+        _native("DELETE", f"{V2}/operations/ipaddr", addresses.lift),
+        _native("GET", f"{V2}/operations/ipaddr/<path:ipaddr>", addresses.one),
+        _native("PUT", f"{V2}/operations/block_worker_ipaddr/<worker_id>", addresses.block_worker),
+        _native(
+            "DELETE", f"{V2}/operations/block_worker_ipaddr/<worker_id>", addresses.unblock_worker
+        ),
         # The OpenAI front.
         _openai("POST", "/v1/chat/completions", front.chat_completions),
         _openai("POST", "/v1/completions", front.completions),

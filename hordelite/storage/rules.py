@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hordelite.contract.addresses import Policy
 from hordelite.contract.budgets import UNLIMITED, Budgets
 
 
@@ -28,3 +29,5 @@ class Rules:
     budgets: Budgets = UNLIMITED
     # Seconds an audit entry is kept ([moderation] audit_retention).
     audit_retention: float = 90 * 86400.0
+    # How offences time an address out ([moderation] offence_* keys).
+    offences: Policy = dataclasses.field(default_factory=Policy)
