@@ -21,6 +21,7 @@ from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
 from hordelite.api.native_addresses import AddressRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
+from hordelite.api.operations import OperationsRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
 from hordelite.front.openai import Admission, OpenAIRoutes
@@ -57,6 +58,7 @@ def horde_routes(
     keys = SharedKeyRoutes(horde)
     health = HealthRoutes(horde)
     addresses = AddressRoutes(horde)
+    operations = OperationsRoutes(horde)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
         _native("POST", f"{V2}/generate/text/async", native.text_async),
@@ -113,6 +115,8 @@ def horde_routes(
         _native(
             "DELETE", f"{V2}/operations/block_worker_ipaddr/<worker_id>", addresses.unblock_worker
         ),
+        # hordelite's own admin routes (the AI Horde has none of them).
+        _native("GET", f"{V2}/operations/audit", operations.audit),
         # The OpenAI front.
         _openai("POST", "/v1/chat/completions", front.chat_completions),
         _openai("POST", "/v1/completions", front.completions),
