@@ -25,7 +25,7 @@ def _left(rule: Rule, now: float) -> str:
     if rule.until is None:
         return "blocked"
     seconds = math.ceil(rule.until - now)
-    if seconds < 7200:
+    if seconds < 3600:
         return f"{seconds} s"
     return f"{seconds / 3600:.1f} h"
 

@@ -43,7 +43,7 @@ def admin_actor(conn: Tx, key_hash: str, rules: Rules, address: str | None) -> a
     user = authenticate(conn, key_hash, rules)
     if not user["admin"]:
         raise HordeError(RC.NotModerator, "Only an admin of this horde may time out addresses.")
-    return audit.Actor(f"{user['username']}#{user['id']}", user["id"], address or "")
+    return audit.user_actor(user, address)
 
 
 def version(conn: Tx) -> int:
