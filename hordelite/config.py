@@ -536,6 +536,21 @@ class ModerationConfig:
     # worker registered with one is suspected once (the AI Horde's
     # profanity check, here the operator's list).
     suspicious_name_words: str = bounded("", max_chars=4000)
+    # Growing timeouts by address (docs/reference/addresses.md): seconds of
+    # the timeout an address's first offence carries (a filter's refusal,
+    # or budget_refusals_per_offence budget refusals); the n-th offence's
+    # is (2n - 1) times it, as the AI Horde's (3, 9, 15 ... minutes). 0: no
+    # offence times an address out.
+    offence_timeout: float = bounded(180.0, ge=0)
+    # The longest timeout an offence carries: a day.
+    offence_timeout_max: float = bounded(86400.0, gt=0)
+    # Seconds after its last offence that an address's offences are
+    # forgotten (the AI Horde's suspicion lasts a day).
+    offence_memory: float = bounded(86400.0, gt=0)
+    # Budget refusals (too many requests held, stored bytes, a request too
+    # large, too many images) from one address that make one offence; 0:
+    # budget refusals never time an address out.
+    budget_refusals_per_offence: int = bounded(10, ge=0)
 
 
 @dataclasses.dataclass(frozen=True)

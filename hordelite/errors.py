@@ -107,6 +107,8 @@ class RC(enum.Enum):
     # or raid mode: one answer for both, so that raid mode does not show).
     WorkerInviteOnly = (403, "This horde takes new workers only from trusted users right now.")
     NotModerator = (403, "Only an admin of this horde may do this.")
+    # An address (or its range) timed out or blocked (contract.addresses).
+    TimeoutIP = (403, "Due to abuse prevention, your IP address has been put into timeout.")
     KudosUpfront = (403, "This request needs kudos up front.")
     # Shared keys, with the AI Horde's codes.
     SharedKeyEmpty = (403, "This shared key has run out of kudos.")

@@ -9,6 +9,7 @@ field of a validation failure) with the return code's HTTP status
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlencode
@@ -91,14 +92,15 @@ class NativeRoutes:
         # The signed image and messages URLs start with it.
         base_url = request.public_base_url()
         arrived = request.arrived
-        pop = self.horde.jobs.pop
+        client = request.client_address()  # refused when timed out, kept on the worker
+        pop = functools.partial(
+            self.horde.jobs.pop, key, body, arrived=arrived, base_url=base_url, client=client
+        )
         wait = body.get("wait") if isinstance(body, dict) else None
         if wait:  # a long poll: the worker may leave meanwhile
-            answer = await request.unless_gone(
-                lambda: pop(key, body, arrived=arrived, base_url=base_url)
-            )
+            answer = await request.unless_gone(pop)
         else:
-            answer = await pop(key, body, arrived=arrived, base_url=base_url)
+            answer = await pop()
         return json_answer(_render.pop(answer))
 
     async def text_progress(self, request: Request) -> Answer:

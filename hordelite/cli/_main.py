@@ -16,7 +16,7 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
 from hordelite import __version__, pinned
-from hordelite.cli import _admin
+from hordelite.cli import _addresses, _admin
 from hordelite.cli._processes import Supervisor, serve_child
 from hordelite.config import Config, load_config, processes_problem
 from hordelite.contract.limits import ANONYMOUS_API_KEY
@@ -46,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"configuration file (default: ./{DEFAULT_CONFIG} when it exists)",
     )
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{serve,keys,kudos,workers,audit,modes,worker,db}"
+        dest="command",
+        required=True,
+        metavar="{serve,keys,kudos,workers,addresses,audit,modes,worker,db}",
     )
     # The parent of every command that opens the database: each takes --database.
     database = _Parser(add_help=False)
@@ -59,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     _keys_parser(commands, database)
     _kudos_parser(commands, database)
     _workers_parser(commands, database)
+    _addresses_parser(commands, database)
     _audit_parser(commands, database)
     _modes_parser(commands, database)
     _worker_parser(commands)
@@ -130,6 +133,32 @@ def _workers_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     )
 
 
+def _addresses_parser(commands: Any, database: argparse.ArgumentParser) -> None:
+    addresses = commands.add_parser(
+        "addresses", help="time out or block client addresses and ranges"
+    )
+    address_commands = addresses.add_subparsers(
+        dest="addresses_command", required=True, metavar="{list,timeout,block,lift}"
+    )
+    address_commands.add_parser(
+        "list", help="every timeout and block in force", parents=[database]
+    )
+    timeout = address_commands.add_parser(
+        "timeout", help="refuse an address or range for some hours", parents=[database]
+    )
+    timeout.add_argument("address", help=_ADDRESS_HELP)
+    timeout.add_argument("--hours", type=float, required=True, help="how long, in hours")
+    block = address_commands.add_parser(
+        "block", help="refuse an address or range until lifted", parents=[database]
+    )
+    block.add_argument("address", help=_ADDRESS_HELP)
+    lift = address_commands.add_parser(
+        "lift", help="lift an address's or range's timeout or block", parents=[database]
+    )
+    lift.add_argument("address", help=_ADDRESS_HELP)
+
+
+_ADDRESS_HELP = "an IP address (an IPv6 one counts as its /64) or a CIDR range"
 def _audit_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     # Values are checked by _admin.audit_read: a bad one is refused in one
     # line naming its flag (exit 1), as the other operator commands refuse.
@@ -283,6 +312,12 @@ _ADMIN: dict[tuple[str, str], Callable[[Config, _admin.Target, argparse.Namespac
     ("keys", "rotate"): lambda c, w, a: _admin.keys_rotate(c, w, a.user),
     ("kudos", "grant"): lambda c, w, a: _admin.kudos_grant(c, w, a.user, a.amount),
     ("workers", "list"): lambda c, w, a: _admin.workers_list(c, w),
+    ("addresses", "list"): lambda c, w, a: _addresses.addresses_list(c, w),
+    ("addresses", "timeout"): lambda c, w, a: _addresses.addresses_timeout(
+        c, w, a.address, a.hours
+    ),
+    ("addresses", "block"): lambda c, w, a: _addresses.addresses_block(c, w, a.address),
+    ("addresses", "lift"): lambda c, w, a: _addresses.addresses_lift(c, w, a.address),
     ("audit", ""): lambda c, w, a: _admin.audit_read(
         c,
         w,

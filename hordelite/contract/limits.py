@@ -143,6 +143,9 @@ ANONYMOUS_IPV6_PREFIX: Final = 64
 # The stored form of such a client: an IPv4 address, or a /64 as
 # ``ffff:ffff:ffff:ffff::/64`` (24 characters).
 MAX_CLIENT_KEY_CHARS: Final = 48
+# An address or range a moderator writes (/operations/ipaddr, hordelite
+# addresses): a stored form with room for a long IPv6 form and a prefix.
+MAX_ADDRESS_TARGET_CHARS: Final = MAX_CLIENT_KEY_CHARS + 4
 
 # Pricing (AI Horde text formula): tokens are estimated at 4 characters each,
 # floored at 20, capped at max_length; a job is worth tokens x the model's
@@ -196,6 +199,11 @@ MODES_SECONDS: Final = 2.0
 # Anonymous clients a process throttles at once in raid mode (decision in
 # hordelite.horde.modes): past it, a new client is refused as throttled.
 RAID_THROTTLED_CLIENTS: Final = 100_000
+# Each process looks whether the timeouts and blocks by address changed (one
+# read of their version) at most this often, and re-reads them only when
+# they did: a change made on another replica is enforced here within this,
+# with no Redis; one made here, at once.
+ADDRESS_RULES_SECONDS: Final = 2.0
 # Statuses kept by the cache (the most recently read), and request versions
 # kept by the in-process signals (the most recently changed).
 STATUS_CACHE_ENTRIES: Final = 8192

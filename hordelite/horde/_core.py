@@ -17,6 +17,7 @@ from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.contract.eligibility import RequestView
 from hordelite.contract.models import ModelReference
+from hordelite.horde.addresses import AddressRules
 from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.horde.modes import ModeSnapshot
@@ -65,6 +66,9 @@ class HordeCore:
     messages: MessageSnapshot
     # The horde's modes (hordelite.horde.modes): what requests and pops check.
     modes: ModeSnapshot
+    # The timeouts and blocks by address in force: every submit and pop
+    # checks its client against them.
+    addresses: AddressRules
     stopping: bool = False
     # A request ended in this process: its webhook may be owed now.
     webhooks_due: Nudge = dataclasses.field(default_factory=Nudge)

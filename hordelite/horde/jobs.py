@@ -51,7 +51,13 @@ class Jobs:
     # Pop ---------------------------------------------------------------
 
     async def pop(
-        self, api_key: str, body: Any, *, arrived: float | None = None, base_url: str = ""
+        self,
+        api_key: str,
+        body: Any,
+        *,
+        arrived: float | None = None,
+        base_url: str = "",
+        client: str | None = None,
     ) -> PopAnswer:
         """Check a worker in and hand it a job, waiting up to ``wait`` seconds for one.
 
@@ -62,7 +68,10 @@ class Jobs:
         reached the server; the wait counts from then, so a pop that waited
         for a busy loop to run it is not answered that much later than its
         client asked. Cancelled while it waits, it passes a wake-up it took on.
+        ``client``: the address it came from, refused when timed out or
+        blocked (horde.addresses), kept on the worker.
         """
+        await self._core.addresses.check(client, worker=True)
         # A name no worker can have, or more models than a worker may
         # declare, is refused here, before the key is read.
         config = self._core.config
@@ -70,13 +79,13 @@ class Jobs:
         key_hash = hash_key(api_key)
         await self._core.modes.admit_pop(key_hash, pop.name)  # invite-only, raid
         deadline = (anyio.current_time() if arrived is None else arrived) + pop.wait
-        result = await self._wait_for_job(key_hash, pop, deadline)
+        result = await self._wait_for_job(key_hash, pop, deadline, client)
         if isinstance(result, PopAnswer):
             return result
         return await self._hand_out(result, key_hash, pop, base_url)
 
     async def _wait_for_job(
-        self, key_hash: str, pop: PopRequest, deadline: float
+        self, key_hash: str, pop: PopRequest, deadline: float, client: str | None
     ) -> PopResult | PopAnswer:
         """Attempts until one hands out a job (its PopResult), or the empty
         answer once the wait ran out or the horde stops."""
@@ -93,7 +102,7 @@ class Jobs:
                     # the worker's next pop is the next attempt. (So 1,000
                     # long-polls ending together cost no 1,000 writes.)
                     return await self._nothing_for(worker)
-                result = await self._attempt(key_hash, pop, deadline, last)
+                result = await self._attempt(key_hash, pop, deadline, last, client)
                 if result.job is not None:
                     return result
                 if last:
@@ -102,7 +111,7 @@ class Jobs:
                 await self._sleep(waiter.event, deadline)
 
     async def _attempt(
-        self, key_hash: str, pop: PopRequest, deadline: float, last: bool
+        self, key_hash: str, pop: PopRequest, deadline: float, last: bool, client: str | None
     ) -> PopResult:
         """One pop transaction. ``skipped`` is counted after it, and only when
         it hands out nothing: a pop that takes a job reads no sample."""
@@ -110,7 +119,7 @@ class Jobs:
         # How long this check-in lasts depends on how long the pop still waits.
         poll_left = None if pop.wait <= 0 else 0.0 if last else deadline - anyio.current_time()
         result = await core.store.pop_job(
-            key_hash=key_hash, pop=pop, now=core.clock.now(), poll_left=poll_left
+            key_hash=key_hash, pop=pop, now=core.clock.now(), poll_left=poll_left, address=client
         )
         if result.pool_changed:
             await core.signals.notify_pool()

@@ -291,12 +291,17 @@ class Requests:
         """A budget refusal raised inside counted toward the requester's
         rate (its anonymous client's), as a request queued would be
         (decision 0071): a flooder past a budget is then refused by the
-        rate's one read. Counting is best-effort: the refusal stands."""
+        rate's one read. Counting is best-effort: the refusal stands.
+        First, a client timed out or blocked is refused (TimeoutIP), and a
+        filter's or budget's refusal inside counts as its offence
+        (horde.addresses)."""
+        core = self._core
+        await core.addresses.check(client)
         try:
             yield
         except HordeError as exc:
+            await core.addresses.offended(client, exc.rc.name)
             if exc.rc in budgets.COUNTED_REFUSALS:
-                core = self._core
                 try:
                     await core.store.count_refusal(
                         key_hash=key_hash, client=client, now=core.clock.now()

@@ -33,12 +33,14 @@ from typing import Any
 from hordelite.blobs import BlobStore
 from hordelite.clock import Clock, SystemClock
 from hordelite.config import Config
+from hordelite.contract.addresses import Policy
 from hordelite.contract.budgets import Budget, Budgets
 from hordelite.contract.chat_request import ChatRequest
 from hordelite.contract.models import ModelReference
 from hordelite.contract.suspicion import name_words
 from hordelite.horde._core import HordeCore
 from hordelite.horde.about import About
+from hordelite.horde.addresses import Addresses, AddressRules
 from hordelite.horde.admission import new_text_request
 from hordelite.horde.audit_trail import AuditTrail
 from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
@@ -91,6 +93,18 @@ def rules_of(config: Config) -> Rules:
         audit_retention=config.moderation.audit_retention,
         suspicious_tokens_per_second=config.moderation.suspicious_tokens_per_second,
         suspicious_name_words=name_words(config.moderation.suspicious_name_words),
+        offences=offence_policy(config),
+    )
+
+
+def offence_policy(config: Config) -> Policy:
+    """How offences time an address out, as [moderation] says."""
+    m = config.moderation
+    return Policy(
+        first=m.offence_timeout,
+        longest=m.offence_timeout_max,
+        memory=m.offence_memory,
+        refusals_per_offence=m.budget_refusals_per_offence,
     )
 
 
@@ -132,11 +146,12 @@ class Horde:
         signals = signals or LocalSignals()
         self.rules = rules_of(config)
         store = Store(db, self.rules, models.billions)
+        clock = clock or SystemClock()
         self.core = HordeCore(
             config=config,
             store=store,
             signals=signals,
-            clock=clock or SystemClock(),
+            clock=clock,
             models=models,
             blobs=blobs,
             metrics=HordeMetrics(),
@@ -145,6 +160,7 @@ class Horde:
             skipped=SkippedSample(store),
             messages=MessageSnapshot(store, signals),
             modes=ModeSnapshot(store, signals, config),
+            addresses=AddressRules(store, clock),
         )
         self.core.metrics.watch_signals(signals)
         self.requests = Requests(self.core)
@@ -160,6 +176,7 @@ class Horde:
             self.core, lambda kind, rid: self.requests.status(kind, rid, with_position=False)
         )
         self.operator = Operator(self.core)
+        self.addresses = Addresses(self.core.addresses, store, clock)
         self.audit = AuditTrail(self.core)
         # What the routes and tests read of the horde's state.
         self.config = config

@@ -64,6 +64,7 @@ _OPENAI: dict[RC, tuple[int, str]] = {
     RC.KudosUpfront: (402, "insufficient_kudos"),
     RC.MaxKudosExceeded: (402, "insufficient_kudos"),
     RC.WrongCredentials: (403, "permission_error"),
+    RC.TimeoutIP: (403, "permission_error"),
     RC.model_not_found: (404, "invalid_request_error"),
     RC.no_worker_supports_features: (404, "invalid_request_error"),
     RC.RequestNotFound: (404, "not_found_error"),

@@ -19,6 +19,7 @@ from hordelite.api.health import HealthRoutes
 from hordelite.api.metrics import MetricsRoutes
 from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
+from hordelite.api.native_addresses import AddressRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
 from hordelite.api.native_modes import ModeRoutes
 from hordelite.api.operations import OperationsRoutes
@@ -58,6 +59,7 @@ def horde_routes(
     keys = SharedKeyRoutes(horde)
     modes = ModeRoutes(horde)
     health = HealthRoutes(horde)
+    addresses = AddressRoutes(horde)
     operations = OperationsRoutes(horde)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
@@ -107,6 +109,15 @@ def horde_routes(
         _native("GET", f"{V2}/sharedkeys/<key_id>", keys.details),
         _native("PATCH", f"{V2}/sharedkeys/<key_id>", keys.edit),
         _native("DELETE", f"{V2}/sharedkeys/<key_id>", keys.delete),
+        # Timeouts and blocks by address (admins).
+        _native("GET", f"{V2}/operations/ipaddr", addresses.listed),
+        _native("POST", f"{V2}/operations/ipaddr", addresses.time_out),
+        _native("DELETE", f"{V2}/operations/ipaddr", addresses.lift),
+        _native("GET", f"{V2}/operations/ipaddr/<path:ipaddr>", addresses.one),
+        _native("PUT", f"{V2}/operations/block_worker_ipaddr/<worker_id>", addresses.block_worker),
+        _native(
+            "DELETE", f"{V2}/operations/block_worker_ipaddr/<worker_id>", addresses.unblock_worker
+        ),
         # hordelite's own admin routes (the AI Horde has none of them).
         _native("GET", f"{V2}/operations/audit", operations.audit),
         # The OpenAI front.

@@ -38,6 +38,7 @@ from hordelite.contract.limits import (
 from hordelite.contract.presence import online_until
 from hordelite.contract.text import PopRequest
 from hordelite.storage import suspicion
+from hordelite.storage.addresses import note_worker_address
 from hordelite.storage.pool import (
     declaration_changed,
     hold_worker_cap,
@@ -142,6 +143,7 @@ def pop_job(
     rules: Rules,
     skip_locked: bool | None = None,
     poll_left: float | None = None,
+    address: str | None = None,
 ) -> PopResult:
     """Check the worker in and hand it the best job it may take, if any.
 
@@ -152,7 +154,8 @@ def pop_job(
     attempt (None: it does not long-poll); how long the check-in lasts
     depends on it (hordelite.contract.presence). What the worker skipped is
     counted by the service after the transaction, and only for a pop that
-    hands out nothing (``skipped_sample``)."""
+    hands out nothing (``skipped_sample``). ``address``: where the pop came
+    from, kept on the worker (a moderator may block it)."""
     if skip_locked is None:
         skip_locked = conn.dialect.name == "postgresql"
     found = popper(conn, key_hash, pop, rules)
@@ -164,6 +167,7 @@ def pop_job(
         row = register_worker(conn, user, pop, declared, now, rules)
         words = rules.suspicious_name_words
         suspicion.judge_name(conn, row["id"], pop.name, user["trusted"], words, now)
+    note_worker_address(conn, row["id"], row.get("address"), address)
     pool_changed = fresh or row["online_until"] <= now or declaration_changed(row, declared)
     worker = worker_view({**row, **declared, "trusted": user["trusted"]})
     # A paused worker checks in and is handed nothing (the AI Horde's pause);

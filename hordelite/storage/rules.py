@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hordelite.contract.addresses import Policy
 from hordelite.contract.budgets import UNLIMITED, Budgets
 
 
@@ -33,3 +34,5 @@ class Rules:
     # (contract.suspicion).
     suspicious_tokens_per_second: float = 0.0
     suspicious_name_words: frozenset[str] = frozenset()
+    # How offences time an address out ([moderation] offence_* keys).
+    offences: Policy = dataclasses.field(default_factory=Policy)

@@ -198,6 +198,10 @@ workers = Table(
     # threshold, and the bitmask of the reasons that count once (1 << code).
     Column("suspicion", Integer, nullable=False, default=0, server_default="0"),
     Column("suspicion_reasons", Integer, nullable=False, default=0, server_default="0"),
+    # The address its last pop came from (an IPv4 address or an IPv6 /64, as
+    # contract.forwarded gives it), which a moderator may block
+    # (/operations/block_worker_ipaddr); null before its first pop since.
+    Column("address", String(MAX_CLIENT_KEY_CHARS), nullable=True),
     Index("ux_workers_name_key", "name_key", unique=True),
 )
 
@@ -615,4 +619,42 @@ horde_modes = Table(
     Column("raid", Boolean, nullable=False, default=False),
     Column("version", Integer, nullable=False, default=0),
     Column("changed", Float, nullable=False),
+)
+
+# Timeouts and blocks by address (contract.addresses): one row per target in
+# its canonical form (an IPv4 address, an IPv6 /64, a CIDR range). ``until``
+# None is a block until lifted; a lapsed timeout is not in force (compared
+# with the horde's clock) and the sweep deletes it. ``automatic``: set by
+# the horde for repeated offences, which never shorten an operator's rule.
+address_rules = Table(
+    "address_rules",
+    metadata,
+    Column("target", String(MAX_CLIENT_KEY_CHARS), primary_key=True),
+    Column("until", Float, nullable=True, index=True),
+    Column("created", Float, nullable=False),
+    Column("automatic", Boolean, nullable=False, default=False),
+)
+
+# The version of address_rules, one row bumped by every change to them: each
+# process re-reads the rules only when it moved, looking at most every
+# ADDRESS_RULES_SECONDS (one read by primary key), so that a change made on
+# one replica is enforced by every other within seconds, with no Redis.
+address_rules_version = Table(
+    "address_rules_version",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+# The offences of a client address (contract.addresses.after_offence): its
+# count, the budget refusals toward the next, and when it last offended; a
+# record older than [moderation] offence_memory is forgotten (the sweep
+# deletes it).
+address_offences = Table(
+    "address_offences",
+    metadata,
+    Column("client", String(MAX_CLIENT_KEY_CHARS), primary_key=True),
+    Column("offences", Integer, nullable=False),
+    Column("refusals", Integer, nullable=False),
+    Column("last", Float, nullable=False, index=True),
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hordelite.contract.addresses import Rule
 from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
@@ -30,7 +31,7 @@ from hordelite.contract.user_edit import UserEdit
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
-from hordelite.storage import admin, audit, messages, modes, shared_keys, webhooks
+from hordelite.storage import addresses, admin, audit, messages, modes, shared_keys, webhooks
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import modify_user, transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -176,6 +177,84 @@ class Store:
     def set_modes_sync(self, *, changes: Mapping[str, bool], now: float) -> tuple[Modes, Modes]:
         """The operator sets modes at the shell (audited as ``cli``)."""
         return self.db.run_sync(modes.set_modes, True, changes, audit.CLI_ACTOR, now)
+
+    # Timeouts and blocks by address (contract.addresses) ----------------
+
+    async def address_version(self) -> int:
+        """The version of the address rules: one read by primary key."""
+        return await self.db.read(addresses.version)
+
+    async def address_rules(self, *, now: float) -> tuple[int, list[Rule]]:
+        """The rules' version and the rules in force at ``now``."""
+        return await self.db.read(addresses.in_force, now)
+
+    async def listed_address_rules(self, *, key_hash: str, now: float) -> list[Rule]:
+        """The rules in force, for an admin; raises InvalidAPIKey, NotModerator."""
+        return await self.db.read(addresses.listed, key_hash, self.rules, now)
+
+    async def set_address_rule(
+        self, *, key_hash: str, client: str | None, target: str, until: float | None, now: float
+    ) -> Rule:
+        """An admin's timeout (``until`` a moment) or block (None) of
+        ``target``, audited; raises InvalidAPIKey, NotModerator."""
+        return await self.db.write(
+            addresses.by_admin, key_hash, self.rules, client, addresses.set_rule, target, until, now
+        )
+
+    async def lift_address_rule(
+        self, *, key_hash: str, client: str | None, target: str, now: float
+    ) -> bool:
+        """An admin's lift of ``target``'s rule, audited; whether it had one."""
+        return await self.db.write(
+            addresses.by_admin, key_hash, self.rules, client, addresses.lift, target, now
+        )
+
+    async def block_worker_address(
+        self, *, key_hash: str, client: str | None, worker_id: str, seconds: float, now: float
+    ) -> str:
+        """An admin's timeout of the address a worker last popped from,
+        audited; the address. Raises WorkerNotFound, BadRequest (no address)."""
+        return await self.db.write(
+            addresses.by_admin,
+            key_hash,
+            self.rules,
+            client,
+            addresses.block_worker,
+            worker_id,
+            seconds,
+            now,
+        )
+
+    async def unblock_worker_address(
+        self, *, key_hash: str, client: str | None, worker_id: str, now: float
+    ) -> str:
+        """An admin's lift of a worker's address, audited; the address."""
+        return await self.db.write(
+            addresses.by_admin,
+            key_hash,
+            self.rules,
+            client,
+            addresses.unblock_worker,
+            worker_id,
+            now,
+        )
+
+    async def address_offence(self, *, client: str, kind: str, now: float) -> Rule | None:
+        """A refusal of ``kind`` counted against ``client``: the timeout it
+        earned, or None."""
+        return await self.db.write(addresses.offend, client, kind, now, self.rules.offences)
+
+    def address_rules_sync(self, *, now: float) -> list[Rule]:
+        """The rules in force, for the CLI."""
+        return self.db.run_sync(addresses.in_force, False, now)[1]
+
+    def set_address_rule_sync(self, *, target: str, until: float | None, now: float) -> Rule:
+        """The operator's timeout or block from the shell, audited as ``cli``."""
+        return self.db.run_sync(addresses.set_rule, True, audit.CLI_ACTOR, target, until, now)
+
+    def lift_address_rule_sync(self, *, target: str, now: float) -> bool:
+        """The operator's lift from the shell, audited as ``cli``."""
+        return self.db.run_sync(addresses.lift, True, audit.CLI_ACTOR, target, now)
 
     async def ping(self) -> None:
         """One round trip to the database; raises StorageUnavailable."""
@@ -371,11 +450,20 @@ class Store:
     # Workers and jobs ----------------------------------------------------
 
     async def pop_job(
-        self, *, key_hash: str, pop: PopRequest, now: float, poll_left: float | None
+        self,
+        *,
+        key_hash: str,
+        pop: PopRequest,
+        now: float,
+        poll_left: float | None,
+        address: str | None = None,
     ) -> q.PopResult:
         """The worker checked in and the job it was handed (or none); raises
-        InvalidAPIKey, AnonForbiddenWorker and the pop's refusals."""
-        return await self.db.write(q.pop_job, key_hash, pop, now, self.rules, None, poll_left)
+        InvalidAPIKey, AnonForbiddenWorker and the pop's refusals.
+        ``address``: where the pop came from, kept on the worker."""
+        return await self.db.write(
+            q.pop_job, key_hash, pop, now, self.rules, None, poll_left, address
+        )
 
     async def skipped_sample(self) -> list[RequestView]:
         """The best waiting requests, the sample an empty pop counts ``skipped`` over."""

@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import Select
 
 from hordelite.contract import faults
-from hordelite.storage import audit
+from hordelite.storage import addresses, audit
 from hordelite.storage.accounts import purge_transfer_keys
 from hordelite.storage.activity import roll_up
 from hordelite.storage.arrays import by_codepoint
@@ -96,6 +96,7 @@ def sweep(
     forget_refusals(conn, now)
     purge_transfer_keys(conn, now - rules.retention)
     audit.purge(conn, now - rules.audit_retention)
+    addresses.purge(conn, now, rules.offences.memory)
     released, with_images = _release_ended(conn)
     _drop_idle_classes(conn, now)
     # Every request of an expired job changed (requeued or ended), and a

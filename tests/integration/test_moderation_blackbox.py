@@ -12,7 +12,11 @@ The fixture ``moderated`` is the harness: a running horde with an admin
 * an admin's user edit and worker pause through the routes, and a
   ``hordelite kudos grant`` at the CLI, each appear in ``hordelite audit``
   with its actor and address (the forwarded one for the routes, none for
-  the CLI).
+  the CLI);
+* an admin's timeout of a range through the AI Horde's route refuses a
+  client in it (403 TimeoutIP), ``hordelite addresses list`` and
+  ``hordelite audit`` show it, and ``hordelite addresses lift`` is
+  enforced by the running horde within seconds.
 """
 
 from __future__ import annotations
@@ -277,3 +281,34 @@ def test_route_and_cli_actions_appear_in_hordelite_audit_with_actor_and_address(
         read = client.get("/operations/audit", params={"action": "worker.pause"})
         assert read.status_code == 200, read.text
         assert [e["id"] for e in read.json()] == [moderation[1]["id"]]
+
+
+def test_an_address_timed_out_by_a_route_and_lifted_at_the_cli(moderated: Moderated) -> None:
+    requester_key, _ = moderated.create_user("requester")
+    text = {"prompt": "Hello", "params": {"max_length": 16}, "models": [MODEL]}
+    with moderated.client("203.0.113.70") as admin:
+        timed = admin.post("/operations/ipaddr", json={"ipaddr": "203.0.113.0/24", "hours": 2})
+        assert (timed.status_code, timed.json()) == (200, {"message": "OK"})
+    with moderated.client("203.0.113.9", requester_key) as flooder:
+        refused = flooder.post("/generate/text/async", json=text)
+        assert (refused.status_code, refused.json()["rc"]) == (403, "TimeoutIP"), refused.text
+        assert re.search(r"for 7(199|200) more seconds", refused.json()["message"])
+    listed = moderated.cli("addresses", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[2].split()[:3] == ["203.0.113.0/24", "2.0", "h"]
+    entries = moderated.audit("--action", "address.timeout")
+    assert [(e["actor"], e["address"], e["target"]) for e in entries] == [
+        (moderated.admin, "203.0.113.70", "203.0.113.0/24")
+    ]
+
+    lifted = moderated.cli("addresses", "lift", "203.0.113.0/24")
+    assert lifted.returncode == 0, lifted.stderr
+    # The running horde sees the change within seconds (it polls the
+    # rules' version); polled with a deadline.
+    deadline = time.monotonic() + 20.0
+    with moderated.client("203.0.113.9", requester_key) as requester:
+        while (status := requester.post("/generate/text/async", json=text).status_code) == 403:
+            assert time.monotonic() < deadline, "the lift was not enforced within 20 s"
+            time.sleep(0.05)
+        assert status == 202
+    assert moderated.audit("--action", "address.lift")[0]["actor"] == "cli"
