@@ -60,6 +60,15 @@ class RC(enum.Enum):
     NoWorkerModSelected = (400, "No worker modification selected.")
     NoSharedKeyModSelected = (400, "No shared key modification selected.")
     NoValidActions = (400, "No usermod operations selected!")
+    # Prompt filters (docs/reference/filters.md), with the AI Horde's codes;
+    # a refusal never echoes what matched.
+    CorruptPrompt = (
+        400,
+        "This prompt appears to violate this horde's terms of service. "
+        "Please contact its operators if you think this is an error.",
+    )
+    NoFilterModSelected = (400, "No filter modification selected.")
+    TooManyFilters = (400, "This horde holds as many filters as it may.")
     # A user's name is another's under Unicode normalisation (decision 0073).
     UsernameAlreadyExists = (400, "Another user already has this name.")
     # Kudos transfers, with the AI Horde's codes.
@@ -118,6 +127,7 @@ class RC(enum.Enum):
     UserNotFound = (404, "No user with this id.")
     TeamNotFound = (404, "No team with this id.")
     MessageNotFound = (404, "No message to a worker with this id.")
+    FilterNotFound = (404, "No filter with this id.")
     BlobNotFound = (404, "No blob with this key.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")

@@ -17,7 +17,13 @@ from hordelite.clock import Clock
 from hordelite.config import Config
 from hordelite.contract.eligibility import RequestView
 from hordelite.contract.models import ModelReference
-from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
+from hordelite.horde.caches import (
+    FilterSnapshot,
+    MessageSnapshot,
+    PoolSnapshot,
+    SkippedSample,
+    StatusCache,
+)
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.signals import Signals
 from hordelite.storage.store import Store
@@ -62,6 +68,7 @@ class HordeCore:
     statuses: StatusCache
     skipped: SkippedSample
     messages: MessageSnapshot
+    filters: FilterSnapshot
     stopping: bool = False
     # A request ended in this process: its webhook may be owed now.
     webhooks_due: Nudge = dataclasses.field(default_factory=Nudge)

@@ -19,6 +19,7 @@ from hordelite.api.health import HealthRoutes
 from hordelite.api.metrics import MetricsRoutes
 from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
+from hordelite.api.native_filters import FilterRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
@@ -54,6 +55,7 @@ def horde_routes(
     native = NativeRoutes(horde)
     about = AboutRoutes(horde)
     keys = SharedKeyRoutes(horde)
+    filters = FilterRoutes(horde)
     health = HealthRoutes(horde)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
@@ -102,6 +104,14 @@ def horde_routes(
         _native("GET", f"{V2}/sharedkeys/<key_id>", keys.details),
         _native("PATCH", f"{V2}/sharedkeys/<key_id>", keys.edit),
         _native("DELETE", f"{V2}/sharedkeys/<key_id>", keys.delete),
+        # Prompt filters, for admins (docs/reference/filters.md).
+        _native("GET", f"{V2}/filters", filters.listing),
+        _native("PUT", f"{V2}/filters", filters.create),
+        _native("POST", f"{V2}/filters", filters.test),
+        _native("GET", f"{V2}/filters/regex", filters.regex),
+        _native("GET", f"{V2}/filters/<filter_id>", filters.one),
+        _native("PATCH", f"{V2}/filters/<filter_id>", filters.edit),
+        _native("DELETE", f"{V2}/filters/<filter_id>", filters.delete),
         # The OpenAI front.
         _openai("POST", "/v1/chat/completions", front.chat_completions),
         _openai("POST", "/v1/completions", front.completions),

@@ -21,6 +21,7 @@ from typing import Any
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.filters import FilterEdit, FilterSpec
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.contract.text import JobSubmit, PopRequest
 from hordelite.contract.transfers import Transfer
@@ -29,6 +30,7 @@ from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
 from hordelite.storage import admin, audit, messages, shared_keys, webhooks
+from hordelite.storage import filters as filter_rows
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import modify_user, transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -100,6 +102,76 @@ class Store:
     async def read_audit(self, **query: Any) -> list[audit.AuditEntry]:
         """``audit_entries`` from a loop (the admin routes)."""
         return await self.db.read(audit.entries, **query)
+
+    # Prompt filters (docs/reference/filters.md) ----------------------------
+    # ``key_hash`` None: the operator at the shell (the CLI's, synchronous).
+
+    async def filter_revision(self) -> int:
+        """The filters' revision (one row): what a process checks its
+        compiled filters against."""
+        return await self.db.read(filter_rows.revision)
+
+    async def every_filter(self) -> filter_rows.FilterRules:
+        return await self.db.read(filter_rows.every_filter)
+
+    async def list_filters(
+        self, *, key_hash: str | None, filter_type: int | None, contains: str | None
+    ) -> list[filter_rows.FilterRecord]:
+        return await self.db.read(
+            filter_rows.list_filters, key_hash, self.rules, filter_type, contains
+        )
+
+    async def one_filter(self, *, key_hash: str | None, filter_id: int) -> filter_rows.FilterRecord:
+        return await self.db.read(filter_rows.one_filter, key_hash, self.rules, filter_id)
+
+    async def create_filter(
+        self, *, key_hash: str | None, spec: FilterSpec, address: str, now: float
+    ) -> tuple[filter_rows.FilterRecord, bool]:
+        return await self.db.write(
+            filter_rows.create_filter, key_hash, self.rules, spec, address, now
+        )
+
+    async def edit_filter(
+        self, *, key_hash: str | None, filter_id: int, edit: FilterEdit, address: str, now: float
+    ) -> filter_rows.FilterRecord:
+        return await self.db.write(
+            filter_rows.edit_filter, key_hash, self.rules, filter_id, edit, address, now
+        )
+
+    async def delete_filter(
+        self, *, key_hash: str | None, filter_id: int, address: str, now: float
+    ) -> None:
+        await self.db.write(
+            filter_rows.delete_filter, key_hash, self.rules, filter_id, address, now
+        )
+
+    async def record_screened(
+        self,
+        *,
+        key_hash: str,
+        client: str | None,
+        action: str,
+        filter_ids: tuple[int, ...],
+        now: float,
+        detail: Mapping[str, Any],
+    ) -> None:
+        """A request refused or flagged by filters, in the audit trail."""
+        await self.db.write(
+            filter_rows.record_screened,
+            key_hash,
+            self.rules,
+            client,
+            action,
+            filter_ids,
+            now,
+            detail,
+        )
+
+    def filters_sync(self, op: str, *args: Any, write: bool = False) -> Any:
+        """The CLI's filter operations (``hordelite filters``): the storage
+        function ``op`` of storage.filters run as the operator."""
+        fn = getattr(filter_rows, op)
+        return self.db.run_sync(fn, write, None, self.rules, *args)
 
     async def ping(self) -> None:
         """One round trip to the database; raises StorageUnavailable."""
