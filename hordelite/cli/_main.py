@@ -16,7 +16,7 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
 from hordelite import __version__, pinned
-from hordelite.cli import _admin
+from hordelite.cli import _admin, _filters
 from hordelite.cli._processes import Supervisor, serve_child
 from hordelite.config import Config, load_config, processes_problem
 from hordelite.contract.limits import ANONYMOUS_API_KEY
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"configuration file (default: ./{DEFAULT_CONFIG} when it exists)",
     )
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{serve,keys,kudos,workers,worker,db}"
+        dest="command", required=True, metavar="{serve,keys,kudos,workers,filters,worker,db}"
     )
     # The parent of every command that opens the database: each takes --database.
     database = _Parser(add_help=False)
@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     _keys_parser(commands, database)
     _kudos_parser(commands, database)
     _workers_parser(commands, database)
+    _filters_parser(commands, database)
     _worker_parser(commands)
     _db_parser(commands, database)
     return parser
@@ -126,6 +127,43 @@ def _workers_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     worker_commands.add_parser(
         "list", help="every worker, online or not, with its owner", parents=[database]
     )
+
+
+def _filters_parser(commands: Any, database: argparse.ArgumentParser) -> None:
+    filters = commands.add_parser("filters", help="prompt filters (docs/reference/filters.md)")
+    sub = filters.add_subparsers(
+        dest="filters_command", required=True, metavar="{list,add,edit,remove,test}"
+    )
+    listing = sub.add_parser("list", help="every filter", parents=[database])
+    listing.add_argument("--type", type=int, dest="filter_type", help="only this filter type")
+    listing.add_argument("--contains", help="only those whose regex or description has this")
+    add = sub.add_parser("add", help="add a filter", parents=[database])
+    add.add_argument("regex", help="an RE2 regular expression, matched on normalised text")
+    _filter_fields(add, required_type=True)
+    edit = sub.add_parser("edit", help="change a filter's fields", parents=[database])
+    edit.add_argument("filter_id", metavar="FILTER")
+    edit.add_argument("--regex")
+    _filter_fields(edit, required_type=False)
+    remove = sub.add_parser("remove", help="delete a filter", parents=[database])
+    remove.add_argument("filter_id", metavar="FILTER")
+    test = sub.add_parser(
+        "test", help="what the filters would do with a prompt", parents=[database]
+    )
+    test.add_argument("prompt")
+
+
+def _filter_fields(parser: argparse.ArgumentParser, *, required_type: bool) -> None:
+    parser.add_argument(
+        "--type", type=int, dest="filter_type", required=required_type, help="10 to 29"
+    )
+    parser.add_argument("--action", choices=["refuse", "flag", "replace"])
+    parser.add_argument("--replacement", help="what a replace filter puts in place of a match")
+    parser.add_argument("--description")
+
+
+def _filter_body(args: argparse.Namespace) -> dict[str, Any]:
+    fields = ("regex", "filter_type", "action", "replacement", "description")
+    return {name: getattr(args, name, None) for name in fields}
 
 
 def _db_parser(commands: Any, database: argparse.ArgumentParser) -> None:
@@ -244,6 +282,11 @@ _ADMIN: dict[tuple[str, str], Callable[[Config, _admin.Target, argparse.Namespac
     ("keys", "rotate"): lambda c, w, a: _admin.keys_rotate(c, w, a.user),
     ("kudos", "grant"): lambda c, w, a: _admin.kudos_grant(c, w, a.user, a.amount),
     ("workers", "list"): lambda c, w, a: _admin.workers_list(c, w),
+    ("filters", "list"): lambda c, w, a: _filters.filters_list(c, w, a.filter_type, a.contains),
+    ("filters", "add"): lambda c, w, a: _filters.filters_add(c, w, _filter_body(a)),
+    ("filters", "edit"): lambda c, w, a: _filters.filters_edit(c, w, a.filter_id, _filter_body(a)),
+    ("filters", "remove"): lambda c, w, a: _filters.filters_remove(c, w, a.filter_id),
+    ("filters", "test"): lambda c, w, a: _filters.filters_test(c, w, a.prompt),
     ("db", "upgrade"): lambda c, w, a: _admin.db_upgrade(c, w),
 }
 

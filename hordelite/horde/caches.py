@@ -215,12 +215,13 @@ class FilterSnapshot:
         checked_at = anyio.current_time()
         if await self._store.filter_revision() != self._revision:
             found = await self._store.every_filter()
-            self._set = FilterSet(_compiled(found.records))
+            self._set = FilterSet(compiled_rules(found.records))
             self._revision = found.revision
         self._checked_at = checked_at
 
 
-def _compiled(records: tuple[FilterRecord, ...]) -> list[Rule]:
+def compiled_rules(records: tuple[FilterRecord, ...]) -> list[Rule]:
+    """The stored rules compiled, less any RE2 no longer compiles."""
     rules = []
     for r in records:
         try:

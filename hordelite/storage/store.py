@@ -16,7 +16,7 @@ are synchronous: the CLI runs them in its own thread, as it runs ``migrate``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
@@ -47,6 +47,8 @@ from hordelite.storage.requests import (
 from hordelite.storage.shared_keys import SharedKeyRecord
 from hordelite.storage.stats import HordeLoad, TextStats, horde_load, text_stats
 from hordelite.storage.webhooks import OwedCall
+
+T = TypeVar("T")
 
 
 class Store:
@@ -167,10 +169,9 @@ class Store:
             detail,
         )
 
-    def filters_sync(self, op: str, *args: Any, write: bool = False) -> Any:
-        """The CLI's filter operations (``hordelite filters``): the storage
-        function ``op`` of storage.filters run as the operator."""
-        fn = getattr(filter_rows, op)
+    def filters_sync(self, fn: Callable[..., T], *args: Any, write: bool = False) -> T:
+        """The CLI's filter operations (``hordelite filters``): ``fn`` of
+        storage.filters run as the operator at the shell (no key)."""
         return self.db.run_sync(fn, write, None, self.rules, *args)
 
     async def ping(self) -> None:

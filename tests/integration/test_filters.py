@@ -64,7 +64,9 @@ async def test_a_filter_refuses_text_chat_and_openai_calls_storing_and_charging_
         await env.chat_worker("w", limits={"max_context_length": 1024, "max_length": 64})
         mod = await _admin(env)
         made = await _add(env.client, mod, "forbidden", description="a test rule")
-        assert made["id"] == "1" and made["action"] == "refuse" and made["user"] == "mod#3"
+        assert made["id"] == "1"
+        assert made["action"] == "refuse"
+        assert made["user"] == "mod#3"
         kudos = await env.kudos()
         headers = {"apikey": env.requester}
 
@@ -125,7 +127,8 @@ async def test_flag_serves_and_records_and_replace_rewrites_what_the_worker_gets
             {"role": "user", "content": "draw a dragon with the cat please"}
         ]
         [entry] = await _trail(env, "request.flagged")
-        assert entry.actor == "alice#1" and entry.target == f"filter:{flag['id']}"
+        assert entry.actor == "alice#1"
+        assert entry.target == f"filter:{flag['id']}"
         assert request_id
 
         # Unhidden, the replacement keeps the text as it was sent.
@@ -144,7 +147,8 @@ async def test_the_filter_routes_answer_as_the_ai_horde_does(chat_database: str 
         again = await env.client.put(
             FILTERS, headers=headers, json={"regex": "alpha", "filter_type": 10}
         )
-        assert again.status_code == 200 and again.json() == first
+        assert again.status_code == 200
+        assert again.json() == first
 
         listed = await env.client.get(FILTERS, headers=headers, params={"filter_type": 20})
         assert listed.json() == [second]
@@ -167,15 +171,18 @@ async def test_the_filter_routes_answer_as_the_ai_horde_does(chat_database: str 
         patched = await env.client.patch(
             f"{FILTERS}/{first['id']}", headers=headers, json={"regex": "gamma"}
         )
-        assert patched.status_code == 200 and patched.json()["regex"] == "gamma"
+        assert patched.status_code == 200
+        assert patched.json()["regex"] == "gamma"
         one = await env.client.get(f"{FILTERS}/{first['id']}", headers=headers)
         assert one.json() == patched.json()
         nothing = await env.client.patch(f"{FILTERS}/{first['id']}", headers=headers, json={})
-        assert nothing.status_code == 400 and nothing.json()["rc"] == "NoFilterModSelected"
+        assert nothing.status_code == 400
+        assert nothing.json()["rc"] == "NoFilterModSelected"
         gone = await env.client.delete(f"{FILTERS}/{first['id']}", headers=headers)
         assert gone.json() == {"message": "OK"}
         missing = await env.client.get(f"{FILTERS}/{first['id']}", headers=headers)
-        assert missing.status_code == 404 and missing.json()["rc"] == "FilterNotFound"
+        assert missing.status_code == 404
+        assert missing.json()["rc"] == "FilterNotFound"
 
         trail = await env.horde.horde.store.read_audit(
             actions=("filter.create", "filter.edit", "filter.delete")

@@ -43,7 +43,7 @@ def rule(rule_id: int, regex: str, action: str = "refuse", **kw: object) -> Rule
     ("sent", "seen"),
     [
         ("Hello World", "hello world"),
-        ("ＦＵＬＬ ｗｉｄｔｈ", "full width"),  # NFKC
+        ("\uff26\uff35\uff2c\uff2c \uff57\uff49\uff44\uff54\uff48", "full width"),  # NFKC
         ("s\u200be\u200dx\u2060y\ufeff", "sexy"),  # zero-width and format characters
         ("so\u00adft", "soft"),  # a soft hyphen
         ("Crème brûlée NAÏVE", "creme brulee naive"),  # accents
@@ -67,7 +67,9 @@ def test_normalise_undoes_the_tricks_that_hide_a_word(sent: str, seen: str) -> N
 def test_normalise_is_idempotent_and_leaves_no_format_characters(text: str) -> None:
     once = normalise(text)
     assert normalise(once) == once
-    assert "\u200b" not in once and "  " not in once and once == once.strip()
+    assert "\u200b" not in once
+    assert "  " not in once
+    assert once == once.strip()
 
 
 def test_normalise_of_hostile_prompts_is_linear() -> None:
@@ -113,7 +115,8 @@ def test_parse_filter_takes_the_ai_hordes_fields_and_the_action() -> None:
     spec = parse_filter({"regex": "ac.*", "filter_type": 20, "description": "d"})
     assert spec == FilterSpec("ac.*", 20, "d", "", "refuse")
     spec = parse_filter({"regex": "x", "filter_type": 10, "replacement": "y", "action": "replace"})
-    assert spec.action == "replace" and spec.replacement == "y"
+    assert spec.action == "replace"
+    assert spec.replacement == "y"
 
 
 @pytest.mark.parametrize(
@@ -151,7 +154,8 @@ def test_an_edit_changes_only_what_it_names_and_must_name_something() -> None:
 
 
 def test_a_query_filter_type_is_read_from_its_text() -> None:
-    assert parse_filter_type(None) is None and parse_filter_type("") is None
+    assert parse_filter_type(None) is None
+    assert parse_filter_type("") is None
     assert parse_filter_type("11") == 11
     with pytest.raises(HordeError):
         parse_filter_type("abc")
@@ -178,7 +182,8 @@ def test_a_screen_sorts_matches_by_action_and_matches_the_normalised_text() -> N
 def test_a_screen_with_no_rules_or_no_match_changes_nothing() -> None:
     assert FilterSet([]).screen(["x"]).texts == ("x",)
     verdict = FilterSet([rule(1, "zebra")]).screen(["Hello, world."])
-    assert verdict.matched == () and verdict.texts == ("Hello, world.",)
+    assert verdict.matched == ()
+    assert verdict.texts == ("Hello, world.",)
 
 
 def test_a_replacement_is_literal_and_a_hidden_match_is_replaced_in_the_normalised_text() -> None:
