@@ -13,6 +13,7 @@ from hordelite.contract.filters import (
     FilterSet,
     FilterSpec,
     Rule,
+    _normalised,
     chat_texts,
     combined_regex,
     compile_regex,
@@ -223,3 +224,8 @@ def test_every_text_of_every_message_is_screened_and_replaced_in_place() -> None
     assert out[1]["content"] == [{"type": "text", "text": "a cat"}, {"type": "image_url"}]
     assert out[3]["content"] == "cat?"
     assert messages[1]["content"][0]["text"] == "a kitten"  # the request as parsed is kept
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=200))
+def test_the_ascii_way_of_normalise_agrees_with_every_step(text: str) -> None:
+    assert normalise(text) == _normalised(text)
