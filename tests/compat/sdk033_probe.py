@@ -47,8 +47,7 @@ for _name in (
 ).split():
     NOT_SERVED[_name] = "images: this horde serves text"
 for _name in (
-    "FiltersListRequest FilterPromptSuspicionRequest PutNewFilterRequest FilterRegexRequest "
-    "DeleteFilterRequest SingleFilterRequest PatchExistingFilter DeleteWorkerIPAddressRequest "
+    "DeleteWorkerIPAddressRequest "
     "BlockWorkerIPAddressRequest DeleteIPAddressRequest AllIPTimeoutsRequest "
     "SingleIPTimeoutsRequest BlockIPAddressRequest ModerationOverviewRequest "
     "PromptModerationEventsRequest PromptModerationNoteRequest WorkerSuspicionEventsRequest "
@@ -211,6 +210,16 @@ def steps(p: Probe, setup: dict[str, Any]) -> None:
     run(m.AllWorkerMessagesRequest(apikey=bob, worker_id=worker_id))
     run(m.SingleWorkerMessageRequest(id=message_id))
     run(m.DeleteWorkerMessageRequest(apikey=admin, id=message_id))
+    made = run(
+        m.PutNewFilterRequest(apikey=admin, regex="probe[0-9]+", filter_type=10, description="p")
+    )
+    filter_id = str(made.id_)
+    run(m.FiltersListRequest(apikey=admin, filter_type=10))
+    run(m.SingleFilterRequest(apikey=admin, filter_id=filter_id))
+    run(m.PatchExistingFilter(apikey=admin, filter_id=filter_id, description="q", filter_type=11))
+    run(m.FilterRegexRequest(apikey=admin))
+    run(m.FilterPromptSuspicionRequest(apikey=admin, prompt="a probe42", filter_type=11))
+    run(m.DeleteFilterRequest(apikey=admin, filter_id=filter_id))
     key = run(
         m.SharedKeyCreateRequest(
             apikey=alice,
