@@ -162,11 +162,13 @@ class NativeRoutes:
     async def worker_update(self, request: Request) -> Answer:
         body = await request.json()
         update = self.horde.directory.update_worker
-        return await keyed(request, "worker_id", update, _render.worker_update, body)
+        client = request.client_address()  # an admin's moderation is audited from it
+        return await keyed(request, "worker_id", update, _render.worker_update, body, client=client)
 
     async def worker_delete(self, request: Request) -> Answer:
         delete = self.horde.directory.delete_worker
-        return await keyed(request, "worker_id", delete, _render.deleted_worker)
+        client = request.client_address()
+        return await keyed(request, "worker_id", delete, _render.deleted_worker, client=client)
 
     async def worker_by_name(self, request: Request) -> Answer:
         found = await self.horde.directory.worker_by_name(request.params["name"])
@@ -181,7 +183,9 @@ class NativeRoutes:
 
     async def worker_message_send(self, request: Request) -> Answer:
         body = await request.json()
-        sent = await self.horde.messages.send(request.api_key(), body)
+        sent = await self.horde.messages.send(
+            request.api_key(), body, client=request.client_address()
+        )
         return json_answer(_render.worker_message(sent))
 
     async def worker_message(self, request: Request) -> Answer:
@@ -193,7 +197,10 @@ class NativeRoutes:
 
     async def worker_message_delete(self, request: Request) -> Answer:
         message_id = request.params["message_id"]
-        if not await self.horde.messages.delete(request.api_key(), message_id):
+        deleted = await self.horde.messages.delete(
+            request.api_key(), message_id, client=request.client_address()
+        )
+        if not deleted:
             raise HordeError(RC.MessageNotFound, f"No message with id {message_id[:64]!r}.")
         return json_answer({"message": "OK"})
 
@@ -213,7 +220,8 @@ class NativeRoutes:
     async def modify_user(self, request: Request) -> Answer:
         body = await request.json(optional=True)
         modify = self.horde.directory.modify_user
-        return await keyed(request, "user_id", modify, _render.user_modified, body)
+        client = request.client_address()  # an admin's change is audited from it
+        return await keyed(request, "user_id", modify, _render.user_modified, body, client=client)
 
     async def users(self, request: Request) -> Answer:
         # Anyone's view of every user, a page at a time (KoboldAI Lite's ranking).

@@ -1,4 +1,5 @@
-"""The operator's commands on a horde's database: keys, kudos, workers, db.
+"""The operator's commands on a horde's database: keys, kudos, workers,
+audit, db.
 
 Each names the database it used (a postgresql URL with its password
 masked). ``keys``, ``kudos`` and ``workers`` work only on an existing
@@ -12,9 +13,13 @@ create it.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import json
 import math
 import os
 import re
+import shlex
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,11 +29,22 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from hordelite.config import Config, StorageConfig
+from hordelite.contract.audit_query import (
+    DEFAULT_PAGE,
+    AuditQuery,
+    parse_actions,
+    parse_count,
+    parse_since,
+    parse_text,
+)
+from hordelite.contract.limits import AUDIT_PAGE, MAX_NAME
 from hordelite.contract.presence import is_online
 from hordelite.contract.unicode_rules import fold_name
 from hordelite.contract.user_edit import username_problem
-from hordelite.errors import HordeliteError
+from hordelite.errors import HordeError, HordeliteError
+from hordelite.horde.audit_trail import entry_json
 from hordelite.horde.service import Horde, hash_key, new_api_key
+from hordelite.storage import audit
 from hordelite.storage.accounts import UserRecord
 from hordelite.storage.database import Database
 from hordelite.storage.migrations import current_version
@@ -174,6 +190,7 @@ def keys_create(
             admin=is_admin,
             trusted=trusted,
             now=time.time(),
+            actor=audit.CLI_ACTOR,
         )
 
     created = run(config, where, create)
@@ -219,7 +236,9 @@ def _key_state(user: UserRecord, config: Config) -> str:
 def keys_revoke(config: Config, where: Target, user: str) -> list[str]:
     def revoke(store: Store) -> tuple[UserRecord, int]:
         entry = _registered(resolve_user(store, user), "revoke")
-        return entry, store.set_key(user_id=entry.id, key_hash=None)
+        return entry, store.set_key(
+            user_id=entry.id, key_hash=None, now=time.time(), actor=audit.CLI_ACTOR
+        )
 
     entry, lent = run(config, where, revoke)
     note = "" if entry.active else " (it was revoked already)"
@@ -236,7 +255,9 @@ def keys_rotate(config: Config, where: Target, user: str) -> list[str]:
 
     def rotate(store: Store) -> tuple[UserRecord, int]:
         entry = _registered(resolve_user(store, user), "rotate")
-        return entry, store.set_key(user_id=entry.id, key_hash=hash_key(key))
+        return entry, store.set_key(
+            user_id=entry.id, key_hash=hash_key(key), now=time.time(), actor=audit.CLI_ACTOR
+        )
 
     entry, lent = run(config, where, rotate)
     return [
@@ -268,7 +289,9 @@ def kudos_grant(config: Config, where: Target, user: str, amount: float) -> list
 
     def grant(store: Store) -> tuple[UserRecord, tuple[float, float]]:
         entry = resolve_user(store, user)
-        return entry, store.grant_kudos(user_id=entry.id, amount=amount)
+        return entry, store.grant_kudos(
+            user_id=entry.id, amount=amount, now=time.time(), actor=audit.CLI_ACTOR
+        )
 
     entry, (before, after) = run(config, where, grant)
     return [
@@ -349,3 +372,94 @@ def _migrate(config: Config, db: Database, where: Target) -> tuple[Store, tuple[
         return horde.store, horde.migrate()
     except RuntimeError as exc:  # a schema newer than this hordelite
         raise Refused(f"{where.shown}: {exc}") from None
+
+
+# audit ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditArgs:
+    """``hordelite audit``'s flags as given (checked by ``audit_read``)."""
+
+    actions: Sequence[str] = ()
+    actor: str | None = None
+    target: str | None = None
+    since: str | None = None
+    before: str | None = None
+    limit: str | None = None
+    as_json: bool = False
+
+
+def audit_read(config: Config, where: Target, args: AuditArgs) -> list[str]:
+    """A page of the audit trail, newest first: a table, or with ``--json``
+    one JSON object a line (the database and the next page's command then
+    go to stderr, so that stdout is JSON alone)."""
+    query = _audit_query(args, time.time())
+    found = run(config, where, lambda store: store.audit_entries(**dataclasses.asdict(query)))
+    notes = [f"database: {where.shown}"]
+    if len(found) == query.limit:
+        notes.append(f"next page: {_next_page(query, found[-1].id, args.as_json)}")
+    elif not found:
+        notes.append("no entries" + (" match" if query != AuditQuery(limit=query.limit) else ""))
+    if args.as_json:
+        for note in notes:
+            print(note, file=sys.stderr)
+        return [json.dumps(entry_json(e), ensure_ascii=False) for e in found]
+    rows = [
+        (
+            str(e.id),
+            _when(e.at),
+            e.actor,
+            e.address or "-",
+            e.action,
+            e.target or "-",
+            json.dumps(dict(e.detail), ensure_ascii=False) if e.detail else "-",
+        )
+        for e in found
+    ]
+    header = ("ID", "WHEN (UTC)", "ACTOR", "ADDRESS", "ACTION", "TARGET", "DETAIL")
+    table = _table(header, rows) if rows else []
+    return [notes[0], *table, *notes[1:]]
+
+
+def _audit_query(args: AuditArgs, now: float) -> AuditQuery:
+    """The query of the flags; refused naming the flag of a bad value."""
+    try:
+        return AuditQuery(
+            actions=parse_actions(args.actions, audit.ACTIONS, "--action"),
+            actor=None if args.actor is None else parse_text(args.actor, "--actor", MAX_NAME),
+            target=None if args.target is None else parse_text(args.target, "--target", MAX_NAME),
+            since=None if args.since is None else parse_since(args.since, now, "--since"),
+            before_id=None if args.before is None else parse_count(args.before, "--before"),
+            limit=(
+                DEFAULT_PAGE
+                if args.limit is None
+                else parse_count(args.limit, "--limit", AUDIT_PAGE)
+            ),
+        )
+    except HordeError as refusal:
+        raise Refused(refusal.message) from None
+
+
+def _next_page(query: AuditQuery, last_id: int, as_json: bool) -> str:
+    """The command of the page after the one shown: the same filters (a
+    duration as the time it named), older than its last entry."""
+    words = ["hordelite", "audit"]
+    for action in query.actions:
+        words += ["--action", action]
+    if query.actor is not None:
+        words += ["--actor", query.actor]
+    if query.target is not None:
+        words += ["--target", query.target]
+    if query.since is not None:
+        words += ["--since", _when(query.since, "T") + "Z"]
+    if query.limit != DEFAULT_PAGE:
+        words += ["--limit", str(query.limit)]
+    words += ["--before", str(last_id)]
+    if as_json:
+        words.append("--json")
+    return shlex.join(words)
+
+
+def _when(at: float, sep: str = " ") -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(sep, "seconds")[:19]

@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"configuration file (default: ./{DEFAULT_CONFIG} when it exists)",
     )
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{serve,keys,kudos,workers,filters,worker,db}"
+        dest="command", required=True, metavar="{serve,keys,kudos,workers,audit,filters,worker,db}"
     )
     # The parent of every command that opens the database: each takes --database.
     database = _Parser(add_help=False)
@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     _keys_parser(commands, database)
     _kudos_parser(commands, database)
     _workers_parser(commands, database)
+    _audit_parser(commands, database)
     _filters_parser(commands, database)
     _worker_parser(commands)
     _db_parser(commands, database)
@@ -127,6 +128,30 @@ def _workers_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     worker_commands.add_parser(
         "list", help="every worker, online or not, with its owner", parents=[database]
     )
+
+
+def _audit_parser(commands: Any, database: argparse.ArgumentParser) -> None:
+    # Values are checked by _admin.audit_read: a bad one is refused in one
+    # line naming its flag (exit 1), as the other operator commands refuse.
+    audit = commands.add_parser(
+        "audit",
+        help="the audit trail: moderators' actions, newest first",
+        parents=[database],
+    )
+    audit.add_argument(
+        "--action",
+        action="append",
+        default=[],
+        dest="audit_actions",
+        metavar="ACTION",
+        help="only these actions (repeat it, or a,b,c); see docs/reference/audit.md",
+    )
+    audit.add_argument("--actor", help="only this actor: NAME#ID, cli or horde")
+    audit.add_argument("--target", help="only on this target (a user's NAME#ID, a worker's id)")
+    audit.add_argument("--since", help="only since: a duration back (2h, 7d) or an ISO time")
+    audit.add_argument("--before", metavar="ID", help="the next page: entries older than ID")
+    audit.add_argument("--limit", help="entries a page (default 50, at most 500)")
+    audit.add_argument("--json", action="store_true", help="one JSON object a line")
 
 
 def _filters_parser(commands: Any, database: argparse.ArgumentParser) -> None:
@@ -270,7 +295,7 @@ def _refuse(message: str) -> None:
 
 
 def _subcommand(args: argparse.Namespace) -> str:
-    return str(getattr(args, f"{args.command}_command"))
+    return str(getattr(args, f"{args.command}_command", ""))
 
 
 _ADMIN: dict[tuple[str, str], Callable[[Config, _admin.Target, argparse.Namespace], list[str]]] = {
@@ -282,6 +307,11 @@ _ADMIN: dict[tuple[str, str], Callable[[Config, _admin.Target, argparse.Namespac
     ("keys", "rotate"): lambda c, w, a: _admin.keys_rotate(c, w, a.user),
     ("kudos", "grant"): lambda c, w, a: _admin.kudos_grant(c, w, a.user, a.amount),
     ("workers", "list"): lambda c, w, a: _admin.workers_list(c, w),
+    ("audit", ""): lambda c, w, a: _admin.audit_read(
+        c,
+        w,
+        _admin.AuditArgs(a.audit_actions, a.actor, a.target, a.since, a.before, a.limit, a.json),
+    ),
     ("filters", "list"): lambda c, w, a: _filters.filters_list(c, w, a.filter_type, a.contains),
     ("filters", "add"): lambda c, w, a: _filters.filters_add(c, w, _filter_body(a)),
     ("filters", "edit"): lambda c, w, a: _filters.filters_edit(c, w, a.filter_id, _filter_body(a)),

@@ -280,6 +280,9 @@ DASHBOARD_CACHE_SECONDS: Final = 5.0
 WORKERS_PAGE: Final = 50
 MODELS_PAGE: Final = 500
 MAX_PAGE: Final = 100_000
+# The longest page of the audit trail one read answers (the CLI's --limit,
+# the admin route's limit): bounds what one read costs the database.
+AUDIT_PAGE: Final = 500
 # A worker's description (PUT /workers/{id} info), as the AI Horde bounds it.
 MAX_WORKER_INFO: Final = 1000
 # Messages to workers (POST /workers/messages): at most this many characters,

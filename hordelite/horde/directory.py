@@ -102,14 +102,21 @@ class Directory:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
         return self._user_answer(await self._core.store.user_by_id(user_id=int(user_id)))
 
-    async def modify_user(self, api_key: str, user_id: str, body: object) -> UserModified:
+    async def modify_user(
+        self, api_key: str, user_id: str, body: object, *, client: str | None = None
+    ) -> UserModified:
         """``PUT /users/{id}``: an admin's change of a user, or a user's own
-        new name (hordelite.contract.user_edit)."""
+        new name (hordelite.contract.user_edit). An admin's change is in the
+        audit trail with the ``client`` address it came from."""
         edit = parse_user_edit(body)
         if not (user_id.isascii() and user_id.isdigit()) or len(user_id) > MAX_USER_ID_DIGITS:
             raise HordeError(RC.UserNotFound, f"No user with id {user_id[:64]!r}.")
         user = await self._core.store.modify_user(
-            key_hash=hash_key(api_key), user_id=int(user_id), edit=edit
+            key_hash=hash_key(api_key),
+            user_id=int(user_id),
+            edit=edit,
+            now=self._core.clock.now(),
+            address=client,
         )
         return UserModified(edit, self._user_answer(user))
 
@@ -211,15 +218,22 @@ class Directory:
         )
         return WorkerListing(tuple(_worker_answer(w, now) for w in found.workers), found.total)
 
-    async def update_worker(self, api_key: str, worker_id: str, body: Any) -> WorkerUpdate:
+    async def update_worker(
+        self, api_key: str, worker_id: str, body: Any, *, client: str | None = None
+    ) -> WorkerUpdate:
         """An owner's change to its worker (``contract.worker_edit``):
         ``maintenance``, ``info``, ``name``, ``team`` ``""``, ``online:
-        false``; an admin's ``paused``."""
+        false``; an admin's ``paused``. An admin's moderation is in the
+        audit trail with the ``client`` address it came from."""
         canonical = _worker_id(worker_id)
         edit = parse_worker_edit(body)
         core = self._core
         changes = await core.store.update_worker(
-            key_hash=hash_key(api_key), worker_id=canonical, edit=edit, now=core.clock.now()
+            key_hash=hash_key(api_key),
+            worker_id=canonical,
+            edit=edit,
+            now=core.clock.now(),
+            address=client,
         )
         await core.signals.notify_pool()  # in or out of maintenance, paused, or gone
         return WorkerUpdate(
@@ -232,14 +246,17 @@ class Directory:
             team=changes.team,
         )
 
-    async def delete_worker(self, api_key: str, worker_id: str) -> DeletedWorkerAnswer:
+    async def delete_worker(
+        self, api_key: str, worker_id: str, *, client: str | None = None
+    ) -> DeletedWorkerAnswer:
         """The owner deletes its worker (an admin, any): the jobs it held go
-        back to the queue at once, as when their lease runs out."""
+        back to the queue at once, as when their lease runs out. An admin's
+        delete of another's worker is in the audit trail, from ``client``."""
         canonical = _worker_id(worker_id)
         core = self._core
         now = core.clock.now()
         gone = await core.store.delete_worker(
-            key_hash=hash_key(api_key), worker_id=canonical, now=now
+            key_hash=hash_key(api_key), worker_id=canonical, now=now, address=client
         )
         if gone.job_ids:
             core.metrics.faults.labels("lease_expired").inc(len(gone.job_ids))

@@ -15,11 +15,14 @@ class Messages:
     def __init__(self, core: HordeCore) -> None:
         self._core = core
 
-    async def send(self, api_key: str, body: object) -> WorkerMessage:
+    async def send(self, api_key: str, body: object, *, client: str | None = None) -> WorkerMessage:
+        """An admin's message, in the audit trail from the ``client`` address."""
         new = parse_message(body)
         core = self._core
         now = core.clock.now()
-        sent = await core.store.send_message(key_hash=hash_key(api_key), new=new, now=now)
+        sent = await core.store.send_message(
+            key_hash=hash_key(api_key), new=new, now=now, address=client
+        )
         await core.signals.notify_pool()  # every process's pops carry it from now
         return _answer(sent, now)
 
@@ -40,11 +43,15 @@ class Messages:
         found = await self._core.store.message(message_id=canonical)
         return None if found is None else _answer(found, self._core.clock.now())
 
-    async def delete(self, api_key: str, message_id: str) -> bool:
+    async def delete(self, api_key: str, message_id: str, *, client: str | None = None) -> bool:
+        """An admin's delete, in the audit trail from the ``client`` address."""
         canonical = parse_uuid(message_id)
         core = self._core
         gone = canonical is not None and await core.store.delete_message(
-            key_hash=hash_key(api_key), message_id=canonical
+            key_hash=hash_key(api_key),
+            message_id=canonical,
+            now=core.clock.now(),
+            address=client,
         )
         if gone:
             await core.signals.notify_pool()

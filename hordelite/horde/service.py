@@ -16,7 +16,8 @@ Each room serves one audience and is what the routes call:
   requests' only readers, and the requests of calls a gone process held;
 - ``upkeep`` (hordelite.horde.upkeep): the sweep, readiness, shutdown;
 - ``webhooks`` (hordelite.horde.webhooks): the calls ended requests owe;
-- ``operator`` (hordelite.horde.operator): the schema and new users.
+- ``operator`` (hordelite.horde.operator): the schema and new users;
+- ``audit`` (hordelite.horde.audit_trail): the audit trail, as admins read it.
 
 They share one HordeCore (hordelite.horde._core): configuration, the Store,
 signals, clock, metrics and caches. ``Horde``'s own methods are the few that
@@ -39,6 +40,7 @@ from hordelite.contract.models import ModelReference
 from hordelite.horde._core import HordeCore
 from hordelite.horde.about import About
 from hordelite.horde.admission import new_text_request
+from hordelite.horde.audit_trail import AuditTrail
 from hordelite.horde.caches import (
     FilterSnapshot,
     MessageSnapshot,
@@ -162,6 +164,7 @@ class Horde:
             self.core, lambda kind, rid: self.requests.status(kind, rid, with_position=False)
         )
         self.operator = Operator(self.core)
+        self.audit = AuditTrail(self.core)
         # What the routes and tests read of the horde's state.
         self.config = config
         self.db = db

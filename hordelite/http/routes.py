@@ -21,6 +21,7 @@ from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
 from hordelite.api.native_filters import FilterRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
+from hordelite.api.operations import OperationsRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
 from hordelite.front.openai import Admission, OpenAIRoutes
@@ -57,6 +58,7 @@ def horde_routes(
     keys = SharedKeyRoutes(horde)
     filters = FilterRoutes(horde)
     health = HealthRoutes(horde)
+    operations = OperationsRoutes(horde)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
         _native("POST", f"{V2}/generate/text/async", native.text_async),
@@ -104,6 +106,8 @@ def horde_routes(
         _native("GET", f"{V2}/sharedkeys/<key_id>", keys.details),
         _native("PATCH", f"{V2}/sharedkeys/<key_id>", keys.edit),
         _native("DELETE", f"{V2}/sharedkeys/<key_id>", keys.delete),
+        # hordelite's own admin routes (the AI Horde has none of them).
+        _native("GET", f"{V2}/operations/audit", operations.audit),
         # Prompt filters, for admins (docs/reference/filters.md).
         _native("GET", f"{V2}/filters", filters.listing),
         _native("PUT", f"{V2}/filters", filters.create),

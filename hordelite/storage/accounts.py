@@ -22,6 +22,7 @@ from hordelite.contract.transfers import Transfer
 from hordelite.contract.unicode_rules import fold_name
 from hordelite.contract.user_edit import UserEdit
 from hordelite.errors import RC, HordeError
+from hordelite.storage import audit
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import (
     transfer_keys,
@@ -285,10 +286,22 @@ def purge_transfer_keys(conn: Tx, before: float) -> None:
     conn.execute(_PURGE_TRANSFER_KEYS, {"before": before})
 
 
-def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Rules) -> UserRecord:
+def modify_user(
+    conn: Tx,
+    key_hash: str,
+    user_id: int,
+    edit: UserEdit,
+    rules: Rules,
+    now: float,
+    address: str | None = None,
+) -> UserRecord:
     """Apply ``PUT /users/{id}``: an admin changes anything kept; a user only
     its own name. 403 NotModerator otherwise, 404 UserNotFound for no such
-    user, 403 AnonForbiddenUserMod for the anonymous user."""
+    user, 403 AnonForbiddenUserMod for the anonymous user.
+
+    An admin's change is in the audit trail, in this transaction, as the
+    admin acting from ``address``: ``kudos.grant`` for kudos, ``user.edit``
+    for the rest; a user's new name of its own is no moderator's action."""
     editor = authenticate(conn, key_hash, rules)
     target = (
         conn.execute(select(users).where(users.c.id == user_id).with_for_update())
@@ -320,7 +333,36 @@ def modify_user(conn: Tx, key_hash: str, user_id: int, edit: UserEdit, rules: Ru
             conn.execute(update(users).where(users.c.id == user_id).values(**values))
     except IntegrityError:
         raise refusals.username_exists(edit.username or "") from None
-    return user_by_id(conn, user_id)
+    changed = user_by_id(conn, user_id)
+    if edit.needs_admin or editor["id"] != user_id:
+        _audit_user_edit(conn, audit.user_actor(editor, address), target, edit, changed, now)
+    return changed
+
+
+def _audit_user_edit(
+    conn: Tx,
+    actor: audit.Actor,
+    before: Mapping[str, Any],
+    edit: UserEdit,
+    after: UserRecord,
+    now: float,
+) -> None:
+    """An admin's ``PUT /users/{id}`` in the trail: ``kudos.grant`` with
+    the amount and the balance before and after, ``user.edit`` with each
+    other field asked for, ``[before, after]``."""
+    target = audit.handle(before)
+    if edit.kudos is not None:
+        detail = {"amount": edit.kudos, "before": before["kudos"], "after": after.kudos}
+        audit.record(conn, actor, "kudos.grant", target, now, detail)
+    fields = {
+        "username": (before["username"], after.username),
+        "concurrency": (before["concurrency"], after.concurrency),
+        "trusted": (bool(before["trusted"]), after.trusted),
+        "moderator": (bool(before["admin"]), after.admin),
+    }
+    changed = {k: list(v) for k, v in fields.items() if getattr(edit, k) is not None}
+    if changed:
+        audit.record(conn, actor, "user.edit", target, now, changed)
 
 
 def _renamed(conn: Tx, target: Mapping[str, Any], name: str) -> dict[str, Any]:

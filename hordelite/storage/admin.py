@@ -8,14 +8,19 @@ replaced by ``revoked:<user id>`` (``accounts.REVOKED_PREFIX``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from sqlalchemy import false, or_, select, update
 
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.unicode_rules import fold_name
-from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, user_record
+from hordelite.errors import RC, HordeError
+from hordelite.storage import audit
+from hordelite.storage.accounts import REVOKED_PREFIX, UserRecord, authenticate, user_record
 from hordelite.storage.accounts import create_user as _create_user
 from hordelite.storage.accounts import user_by_id as _user_by_id
+from hordelite.storage.rules import Rules
 from hordelite.storage.schema import RETIRED_NAME_KEY, users, workers
 from hordelite.storage.shared_keys import delete_lent_keys
 from hordelite.storage.transaction import Tx
@@ -66,8 +71,10 @@ def create_named_user(
     admin: bool,
     trusted: bool,
     now: float,
+    actor: audit.Actor,
 ) -> UserRecord | list[UserRecord]:
-    """The new user, or the users already named so (nothing created)."""
+    """The new user, or the users already named so (nothing created); the
+    creation is in the audit trail (``user.create``) as ``actor``'s."""
     if conn.dialect.name == "postgresql":
         # Two creations of one name at once: the second sees the first. Keyed
         # by the schema too, as names are unique within one horde's schema.
@@ -75,22 +82,46 @@ def create_named_user(
     taken = users_named(conn, username)
     if taken:
         return taken
-    return _user_by_id(conn, _create_user(conn, username, key_hash, kudos, admin, trusted, now))
+    created = _user_by_id(conn, _create_user(conn, username, key_hash, kudos, admin, trusted, now))
+    detail = {"kudos": kudos, "admin": admin, "trusted": trusted}
+    audit.record(conn, actor, "user.create", created.handle, now, detail)
+    return created
 
 
-def set_key(conn: Tx, user_id: int, key_hash: str | None) -> int:
+def set_key(conn: Tx, user_id: int, key_hash: str | None, actor: audit.Actor, now: float) -> int:
     """Store a new key's hash for the user, or revoke its key (None); the
     shared keys it lent with the old key go with it (decision 0058,
-    amended): how many."""
+    amended): how many. In the audit trail as ``actor``'s ``key.rotate``
+    or ``key.revoke``."""
     value = key_hash if key_hash is not None else f"{REVOKED_PREFIX}{user_id}"
+    user = _user_by_id(conn, user_id)
     conn.execute(update(users).where(users.c.id == user_id).values(key_hash=value))
-    return delete_lent_keys(conn, user_id)
+    lent = delete_lent_keys(conn, user_id)
+    action = "key.revoke" if key_hash is None else "key.rotate"
+    detail = {"was_active": user.active, "shared_keys_deleted": lent}
+    audit.record(conn, actor, action, user.handle, now, detail)
+    return lent
 
 
-def grant_kudos(conn: Tx, user_id: int, amount: float) -> tuple[float, float]:
+def grant_kudos(
+    conn: Tx, user_id: int, amount: float, actor: audit.Actor, now: float
+) -> tuple[float, float]:
     """Add ``amount`` (may be negative) to the user's kudos; its balance
-    before and after."""
+    before and after. In the audit trail as ``actor``'s ``kudos.grant``."""
     balance = select(users.c.kudos).where(users.c.id == user_id)
     before = float(conn.execute(balance.with_for_update()).scalar_one())
     conn.execute(update(users).where(users.c.id == user_id).values(kudos=users.c.kudos + amount))
-    return before, float(conn.execute(balance).scalar_one())
+    after = float(conn.execute(balance).scalar_one())
+    name = conn.execute(select(users.c.username).where(users.c.id == user_id)).scalar_one()
+    detail = {"amount": amount, "before": before, "after": after}
+    audit.record(conn, actor, "kudos.grant", f"{name}#{user_id}", now, detail)
+    return before, after
+
+
+def admin_audit(conn: Tx, key_hash: str, rules: Rules, query: AuditQuery) -> list[audit.AuditEntry]:
+    """A page of the audit trail for the key's user, an admin: 403
+    NotModerator for anyone else (the AI Horde's refusal of a moderator's
+    route). A read: reading the trail is not recorded."""
+    if not authenticate(conn, key_hash, rules)["admin"]:
+        raise HordeError(RC.NotModerator, "Only an admin of this horde may read the audit trail.")
+    return audit.entries(conn, **dataclasses.asdict(query))

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import delete, insert, select
 
+from hordelite.contract.limits import AUDIT_PAGE
 from hordelite.storage.schema import audit
 from hordelite.storage.transaction import Tx
 
@@ -36,6 +37,8 @@ ACTIONS = (
     "worker.pause",
     "worker.resume",
     "worker.maintenance",
+    "worker.edit",
+    "worker.delete",
     "worker.suspicion",
     "worker.suspicion_reset",
     "worker.address_block",
@@ -44,10 +47,10 @@ ACTIONS = (
     "key.revoke",
     "key.rotate",
     "user.edit",
+    "user.create",
+    "message.send",
+    "message.delete",
 )
-
-# Longest page ``entries`` answers.
-MAX_PAGE = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,18 @@ class Actor:
 
 CLI_ACTOR = Actor(CLI)
 HORDE_ACTOR = Actor(HORDE)
+
+
+def user_actor(user: Mapping[str, Any], address: str | None) -> Actor:
+    """The actor of a user's row (authenticated in the transaction that
+    records it) acting from ``address`` (None: not known)."""
+    return Actor(handle(user), user["id"], address or "")
+
+
+def handle(user: Mapping[str, Any]) -> str:
+    """``name#id`` of a user's row: how the trail names a user, as actor or
+    target (the name it had when the entry was written)."""
+    return f"{user['username']}#{user['id']}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +128,7 @@ def entries(
     """A page of entries, newest first: those of ``actions`` (any when
     empty), by ``actor``, on ``target``, at or after ``since``, older than
     the entry ``before_id`` (the next page's cursor: the last id shown)."""
-    query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, MAX_PAGE)))
+    query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, AUDIT_PAGE)))
     if actions:
         query = query.where(audit.c.action.in_(actions))
     if actor is not None:

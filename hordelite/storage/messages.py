@@ -13,6 +13,7 @@ from sqlalchemy import delete, false, insert, select
 from hordelite.contract import refusals
 from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
+from hordelite.storage import audit
 from hordelite.storage.accounts import authenticate
 from hordelite.storage.rules import Rules
 from hordelite.storage.schema import worker_messages, workers
@@ -43,10 +44,11 @@ def _admin(conn: Tx, key_hash: str, rules: Rules, action: str) -> Mapping[str, A
 
 
 def send_message(
-    conn: Tx, key_hash: str, new: NewMessage, rules: Rules, now: float
+    conn: Tx, key_hash: str, new: NewMessage, rules: Rules, now: float, address: str | None = None
 ) -> MessageRecord:
-    """An admin's message to a (not deleted) worker, lasting ``new.hours``."""
-    _admin(conn, key_hash, rules, "send a worker a message")
+    """An admin's message to a (not deleted) worker, lasting ``new.hours``;
+    in the audit trail (``message.send``) from ``address``."""
+    sender = _admin(conn, key_hash, rules, "send a worker a message")
     known = conn.execute(
         select(workers.c.id).where(workers.c.id == new.worker_id, workers.c.deleted == false())
     ).first()
@@ -61,6 +63,10 @@ def send_message(
         expires=new.expires_at(now),
     )
     conn.execute(insert(worker_messages).values(**dataclasses.asdict(sent)))
+    detail = {"message_id": sent.id, "message": sent.message, "origin": sent.origin}
+    audit.record(
+        conn, audit.user_actor(sender, address), "message.send", new.worker_id, now, detail
+    )
     return sent
 
 
@@ -100,11 +106,29 @@ def message_by_id(conn: Tx, message_id: str) -> MessageRecord | None:
     return None if row is None else _record(row)
 
 
-def delete_message(conn: Tx, key_hash: str, message_id: str, rules: Rules) -> bool:
-    """An admin deletes a message; whether there was one."""
-    _admin(conn, key_hash, rules, "delete a worker's message")
-    gone = conn.execute(delete(worker_messages).where(worker_messages.c.id == message_id))
-    return bool(gone.rowcount)
+def delete_message(
+    conn: Tx,
+    key_hash: str,
+    message_id: str,
+    rules: Rules,
+    now: float,
+    address: str | None = None,
+) -> bool:
+    """An admin deletes a message; whether there was one. A delete that
+    found one is in the audit trail (``message.delete``) from ``address``."""
+    deleter = _admin(conn, key_hash, rules, "delete a worker's message")
+    found = conn.execute(
+        delete(worker_messages)
+        .where(worker_messages.c.id == message_id)
+        .returning(worker_messages.c.worker_id, worker_messages.c.message)
+    ).first()
+    if found is None:
+        return False
+    detail = {"message_id": message_id, "message": found.message}
+    audit.record(
+        conn, audit.user_actor(deleter, address), "message.delete", found.worker_id, now, detail
+    )
+    return True
 
 
 def active_messages(conn: Tx, now: float, limit: int) -> list[MessageRecord]:

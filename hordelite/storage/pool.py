@@ -37,6 +37,7 @@ from hordelite.contract.limits import ASSUMED_TOKENS_PER_SECOND
 from hordelite.contract.text import PopRequest
 from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.errors import RC, HordeError
+from hordelite.storage import audit
 from hordelite.storage.accounts import admitted, authenticate
 from hordelite.storage.arrays import by_codepoint, json_elements, one_of
 from hordelite.storage.ledger import lapse_job
@@ -393,11 +394,19 @@ class WorkerChanges:
 
 
 def update_worker(
-    conn: Tx, key_hash: str, worker_id: str, edit: WorkerEdit, rules: Rules, now: float
+    conn: Tx,
+    key_hash: str,
+    worker_id: str,
+    edit: WorkerEdit,
+    rules: Rules,
+    now: float,
+    address: str | None = None,
 ) -> WorkerChanges:
     """Apply ``edit`` for the worker's owner or an admin (``paused``: an
     admin only). ``edit.offline``: the worker says it stops; it is offline
-    from ``now`` until its next pop (hordelite.contract.presence)."""
+    from ``now`` until its next pop (hordelite.contract.presence). An
+    admin's pause, and an admin's change of another user's worker, are in
+    the audit trail (``_audit_worker_edit``), from ``address``."""
     user = authenticate(conn, key_hash, rules)
     row = _worker_to_change(conn, user, worker_id)
     if edit.admin_only and not user["admin"]:
@@ -411,6 +420,8 @@ def update_worker(
                 conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
         except IntegrityError:
             raise refusals.worker_name_exists(edit.name or "") from None
+    if user["admin"]:
+        _audit_worker_edit(conn, audit.user_actor(user, address), row, edit, now)
     # The answer lists what changed: clearing maintenance also reset the count.
     return WorkerChanges(
         maintenance=edit.maintenance,
@@ -421,6 +432,35 @@ def update_worker(
         paused=edit.paused,
         team=edit.team,
     )
+
+
+def _audit_worker_edit(
+    conn: Tx, actor: audit.Actor, row: Mapping[str, Any], edit: WorkerEdit, now: float
+) -> None:
+    """An admin's edit of a worker in the trail, on the worker's id: a pause
+    or resume (``paused`` is an admin's alone) always; maintenance and any
+    other change only on another user's worker. An owner's own maintenance
+    is its worker's state, not moderation: not recorded, whether or not
+    the owner is an admin."""
+    name = row["name"]
+    if edit.paused is not None:
+        action = "worker.pause" if edit.paused else "worker.resume"
+        detail = {"name": name, "paused": [bool(row["paused"]), edit.paused]}
+        audit.record(conn, actor, action, row["id"], now, detail)
+    if row["user_id"] == actor.user_id:
+        return
+    if edit.maintenance is not None:
+        detail = {"name": name, "maintenance": [bool(row["maintenance"]), edit.maintenance]}
+        audit.record(conn, actor, "worker.maintenance", row["id"], now, detail)
+    changed: dict[str, Any] = {}
+    if edit.name is not None:
+        changed["name"] = [name, edit.name]
+    if edit.info is not None:
+        changed["info"] = [row["info"] or "", edit.info]
+    if edit.offline:
+        changed["online"] = False
+    if changed:
+        audit.record(conn, actor, "worker.edit", row["id"], now, {"worker": name, **changed})
 
 
 def _edited_values(
@@ -494,12 +534,19 @@ class DeletedWorker:
 
 
 def delete_worker(
-    conn: Tx, key_hash: str, worker_id: str, rules: Rules, now: float
+    conn: Tx,
+    key_hash: str,
+    worker_id: str,
+    rules: Rules,
+    now: float,
+    address: str | None = None,
 ) -> DeletedWorker:
     """Delete the worker for its owner or an admin. Its jobs in hand go back
     to their requests as when a lease runs out (it can no longer submit
     them); its row stays for the jobs that name it, out of every listing,
-    its name and key retired so that anyone may pop with the name again."""
+    its name and key retired so that anyone may pop with the name again.
+    An admin's delete of another user's worker is in the audit trail
+    (``worker.delete``), from ``address``."""
     user = authenticate(conn, key_hash, rules)
     found = conn.execute(
         select(workers.c.user_id).where(workers.c.id == worker_id, workers.c.deleted == false())
@@ -525,6 +572,9 @@ def delete_worker(
         (requeued if was_requeued else ended if was_ended else []).append(job["request_id"])
     row = _worker_to_change(conn, user, worker_id)
     leave_hold(conn, row)
+    if row["user_id"] != user["id"]:
+        detail = {"name": row["name"], "owner_id": row["user_id"], "jobs_given_back": len(held)}
+        audit.record(conn, audit.user_actor(user, address), "worker.delete", worker_id, now, detail)
     retired = f"{RETIRED_NAME}{worker_id}"
     conn.execute(
         update(workers)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
@@ -96,14 +97,56 @@ class Store:
         """``record_audit`` for the CLI, which runs without a loop."""
         self.db.run_sync(audit.record, True, actor, action, target, now, detail)
 
-    def audit_entries(self, **query: Any) -> list[audit.AuditEntry]:
-        """A page of the trail, newest first (``audit.entries``'s query);
+    def audit_entries(
+        self,
+        *,
+        actions: tuple[str, ...] = (),
+        actor: str | None = None,
+        target: str | None = None,
+        since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[audit.AuditEntry]:
+        """A page of the trail, newest first (``audit.entries``);
         synchronous, for the CLI."""
-        return self.db.run_sync(audit.entries, False, **query)
+        return self.db.run_sync(
+            audit.entries,
+            False,
+            actions=actions,
+            actor=actor,
+            target=target,
+            since=since,
+            before_id=before_id,
+            limit=limit,
+        )
 
-    async def read_audit(self, **query: Any) -> list[audit.AuditEntry]:
-        """``audit_entries`` from a loop (the admin routes)."""
-        return await self.db.read(audit.entries, **query)
+    async def read_audit(
+        self,
+        *,
+        actions: tuple[str, ...] = (),
+        actor: str | None = None,
+        target: str | None = None,
+        since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[audit.AuditEntry]:
+        """``audit_entries`` from a loop, for the horde's own reads (an
+        admin's read through the routes is ``admin_audit``, which checks
+        the key)."""
+        return await self.db.read(
+            audit.entries,
+            actions=actions,
+            actor=actor,
+            target=target,
+            since=since,
+            before_id=before_id,
+            limit=limit,
+        )
+
+    async def admin_audit(self, *, key_hash: str, query: AuditQuery) -> list[audit.AuditEntry]:
+        """A page of the trail for an admin (the admin route); raises
+        InvalidAPIKey, NotModerator for anyone else."""
+        return await self.db.read(admin.admin_audit, key_hash, self.rules, query)
 
     # Prompt filters (docs/reference/filters.md) ----------------------------
     # ``key_hash`` None: the operator at the shell (the CLI's, synchronous).
@@ -458,21 +501,36 @@ class Store:
         return await self.db.read(q.worker_page, now, limit, offset, busiest)
 
     async def update_worker(
-        self, *, key_hash: str, worker_id: str, edit: WorkerEdit, now: float
+        self,
+        *,
+        key_hash: str,
+        worker_id: str,
+        edit: WorkerEdit,
+        now: float,
+        address: str | None = None,
     ) -> q.WorkerChanges:
         """What the owner's (or an admin's) update changed; raises InvalidAPIKey,
         WorkerNotFound, WrongCredentials for another user's worker,
-        NotModerator for a pause by a non-admin, NameAlreadyExists."""
-        return await self.db.write(q.update_worker, key_hash, worker_id, edit, self.rules, now)
+        NotModerator for a pause by a non-admin, NameAlreadyExists. An
+        admin's moderation is in the audit trail, from ``address``."""
+        return await self.db.write(
+            q.update_worker, key_hash, worker_id, edit, self.rules, now, address
+        )
 
-    async def delete_worker(self, *, key_hash: str, worker_id: str, now: float) -> q.DeletedWorker:
+    async def delete_worker(
+        self, *, key_hash: str, worker_id: str, now: float, address: str | None = None
+    ) -> q.DeletedWorker:
         """Delete the owner's (or, for an admin, any) worker, its jobs in hand
-        given back; raises InvalidAPIKey, WorkerNotFound, WrongCredentials."""
-        return await self.db.write(q.delete_worker, key_hash, worker_id, self.rules, now)
+        given back; raises InvalidAPIKey, WorkerNotFound, WrongCredentials.
+        An admin's delete of another's worker is in the audit trail."""
+        return await self.db.write(q.delete_worker, key_hash, worker_id, self.rules, now, address)
 
-    async def send_message(self, *, key_hash: str, new: NewMessage, now: float) -> MessageRecord:
-        """An admin's message to a worker; raises NotModerator, WorkerNotFound."""
-        return await self.db.write(messages.send_message, key_hash, new, self.rules, now)
+    async def send_message(
+        self, *, key_hash: str, new: NewMessage, now: float, address: str | None = None
+    ) -> MessageRecord:
+        """An admin's message to a worker; raises NotModerator, WorkerNotFound.
+        In the audit trail, from ``address``."""
+        return await self.db.write(messages.send_message, key_hash, new, self.rules, now, address)
 
     async def list_messages(
         self,
@@ -490,18 +548,32 @@ class Store:
         """The message with this id, None when there is none."""
         return await self.db.read(messages.message_by_id, message_id)
 
-    async def delete_message(self, *, key_hash: str, message_id: str) -> bool:
-        """Whether an admin's delete found the message; raises NotModerator."""
-        return await self.db.write(messages.delete_message, key_hash, message_id, self.rules)
+    async def delete_message(
+        self, *, key_hash: str, message_id: str, now: float, address: str | None = None
+    ) -> bool:
+        """Whether an admin's delete found the message; raises NotModerator.
+        A delete that found one is in the audit trail, from ``address``."""
+        return await self.db.write(
+            messages.delete_message, key_hash, message_id, self.rules, now, address
+        )
 
     async def active_messages(self, *, now: float, limit: int) -> list[MessageRecord]:
         """The messages not yet expired at ``now``, newest first, at most ``limit``."""
         return await self.db.read(messages.active_messages, now, limit)
 
-    async def modify_user(self, *, key_hash: str, user_id: int, edit: UserEdit) -> q.UserRecord:
+    async def modify_user(
+        self,
+        *,
+        key_hash: str,
+        user_id: int,
+        edit: UserEdit,
+        now: float,
+        address: str | None = None,
+    ) -> q.UserRecord:
         """The user as an admin's (or its own) change left it; raises
-        InvalidAPIKey, UserNotFound, NotModerator, AnonForbiddenUserMod."""
-        return await self.db.write(modify_user, key_hash, user_id, edit, self.rules)
+        InvalidAPIKey, UserNotFound, NotModerator, AnonForbiddenUserMod. An
+        admin's change is in the audit trail, from ``address``."""
+        return await self.db.write(modify_user, key_hash, user_id, edit, self.rules, now, address)
 
     async def create_shared_key(
         self, *, owner_hash: str, key_hash: str, nonce: str, terms: SharedKeyTerms, now: float
@@ -568,21 +640,41 @@ class Store:
         return self.db.run_sync(admin.users_named, False, name)
 
     def create_named_user(
-        self, *, username: str, key_hash: str, kudos: float, admin: bool, trusted: bool, now: float
+        self,
+        *,
+        username: str,
+        key_hash: str,
+        kudos: float,
+        admin: bool,
+        trusted: bool,
+        now: float,
+        actor: audit.Actor = audit.CLI_ACTOR,
     ) -> q.UserRecord | list[q.UserRecord]:
-        """The new user, or the users already so named (nothing created)."""
+        """The new user, or the users already so named (nothing created);
+        its creation is in the audit trail as ``actor``'s."""
         return self.db.run_sync(
-            _create_named_user, True, username, key_hash, kudos, admin, trusted, now
+            _create_named_user, True, username, key_hash, kudos, admin, trusted, now, actor
         )
 
-    def set_key(self, *, user_id: int, key_hash: str | None) -> int:
+    def set_key(
+        self,
+        *,
+        user_id: int,
+        key_hash: str | None,
+        now: float,
+        actor: audit.Actor = audit.CLI_ACTOR,
+    ) -> int:
         """Store the user's new key hash, or revoke its key (None); the
-        shared keys it lent go too: how many."""
-        return self.db.run_sync(admin.set_key, True, user_id, key_hash)
+        shared keys it lent go too: how many. In the audit trail as
+        ``actor``'s."""
+        return self.db.run_sync(admin.set_key, True, user_id, key_hash, actor, now)
 
-    def grant_kudos(self, *, user_id: int, amount: float) -> tuple[float, float]:
-        """The user's balance before and after adding ``amount`` (may be negative)."""
-        return self.db.run_sync(admin.grant_kudos, True, user_id, amount)
+    def grant_kudos(
+        self, *, user_id: int, amount: float, now: float, actor: audit.Actor = audit.CLI_ACTOR
+    ) -> tuple[float, float]:
+        """The user's balance before and after adding ``amount`` (may be
+        negative); in the audit trail as ``actor``'s."""
+        return self.db.run_sync(admin.grant_kudos, True, user_id, amount, actor, now)
 
     def list_all_workers(self) -> list[q.WorkerRecord]:
         """Every worker the horde knows, online or not, by name."""

@@ -1,0 +1,279 @@
+"""Moderation, black box: a fresh ``hordelite serve`` subprocess on SQLite
+and on PostgreSQL (a schema of its own), reached over HTTP as clients
+behind a trusted proxy reach it (``server.trusted_proxies`` is 127.0.0.1,
+so each request's X-Forwarded-For is its client's address), and the
+``hordelite`` commands run as the operator runs them, in subprocesses on
+the same database.
+
+The fixture ``moderated`` is the harness: a running horde with an admin
+(created by ``hordelite keys create --admin``), its ``cli(...)`` and
+``client(address)``. Scenarios:
+
+* an admin's user edit and worker pause through the routes, and a
+  ``hordelite kudos grant`` at the CLI, each appear in ``hordelite audit``
+  with its actor and address (the forwarded one for the routes, none for
+  the CLI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+
+START_DEADLINE = 30.0
+STOP_DEADLINE = 10.0
+MODEL = "blackbox-model"
+
+
+def _environment() -> dict[str, str]:
+    """This environment without hordelite's configuration variables: the
+    config file alone says what the horde runs with."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HORDELITE_") or k.startswith("HORDELITE_TEST_")
+    }
+
+
+def hordelite(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """One ``hordelite`` command, as the operator types it."""
+    return subprocess.run(
+        [sys.executable, "-m", "hordelite", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=_environment(),
+        timeout=60,
+        check=False,
+    )
+
+
+@dataclasses.dataclass
+class Moderated:
+    """A running ``hordelite serve`` and its operator's view.
+
+    ``url``: where it serves; ``config``: its config file (every ``cli``
+    command is given it, so each finds the same database); ``admin_key`` /
+    ``admin``: the admin created at the CLI and its ``name#id``."""
+
+    url: str
+    config: Path
+    admin_key: str
+    admin: str
+
+    def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """``hordelite --config CONFIG argv...``."""
+        return hordelite("--config", str(self.config), *argv, cwd=self.config.parent)
+
+    def create_user(self, name: str, *flags: str) -> tuple[str, str]:
+        """A user created at the CLI: its key and ``name#id``."""
+        done = self.cli("keys", "create", name, *flags)
+        assert done.returncode == 0, done.stderr
+        created = re.search(r"user (\S+#\d+) created", done.stdout)
+        key = re.search(r"API key \(shown once, keep it\): (\S+)", done.stdout)
+        assert created, done.stdout
+        assert key, done.stdout
+        return key.group(1), created.group(1)
+
+    def audit(self, *flags: str) -> list[dict[str, Any]]:
+        """``hordelite audit --json`` and its entries, newest first."""
+        done = self.cli("audit", "--json", *flags)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    def client(self, address: str, key: str | None = None) -> httpx.Client:
+        """A client whose requests come, through the trusted proxy, from
+        ``address``, under ``key`` (the admin's by default)."""
+        headers = {"X-Forwarded-For": address, "apikey": key or self.admin_key}
+        return httpx.Client(base_url=f"{self.url}/api/v2", headers=headers, timeout=10)
+
+
+class _Serve:
+    """``hordelite serve`` in a subprocess, until ``close``."""
+
+    def __init__(self, config: Path) -> None:
+        self.log = config.parent / "serve.log"
+        self._stderr = self.log.open("w", encoding="utf-8")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=config.parent,
+            env=_environment(),
+        )
+        assert self.process.stdout is not None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, args=(self.process.stdout,))
+        self.reader.start()
+        banner = self._banner()
+        match = re.search(r"serving at (http://127\.0\.0\.1:\d+)", "\n".join(banner))
+        assert match, banner
+        self.url = match.group(1)
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _banner(self) -> list[str]:
+        deadline = time.monotonic() + START_DEADLINE
+        banner: list[str] = []
+        while not any("keys create" in line for line in banner):
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                pytest.fail(f"no start banner within {START_DEADLINE} s: {banner}")
+            if line is None:
+                self.close()
+                pytest.fail(f"serve exited before its banner: {banner} {self.log.read_text()}")
+            banner.append(line)
+        return banner
+
+    def close(self) -> None:
+        """SIGTERM, then SIGKILL past the deadline; the streams closed."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_DEADLINE)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.reader.join(timeout=STOP_DEADLINE)
+        if self.process.stdout is not None and not self.reader.is_alive():
+            self.process.stdout.close()
+        self._stderr.close()
+
+
+def write_config(folder: Path, database: str, **sections: dict[str, Any]) -> Path:
+    """A config file: the horde on a free port of 127.0.0.1, believing
+    127.0.0.1's forwarded headers, on ``database``; ``sections`` add keys
+    (``horde={"allow_anonymous": False}``)."""
+    base: dict[str, dict[str, Any]] = {
+        "server": {"host": "127.0.0.1", "port": 0, "trusted_proxies": "127.0.0.1"},
+        "storage": {"database": database},
+    }
+    for name, keys in sections.items():
+        base.setdefault(name, {}).update(keys)
+    lines: list[str] = []
+    for name, keys in base.items():
+        lines.append(f"[{name}]")
+        # A JSON string, number or boolean is TOML's too.
+        lines += [f"{key} = {json.dumps(value)}" for key, value in keys.items()]
+    config = folder / "hordelite.toml"
+    config.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return config
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def blackbox_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database no horde used yet: a SQLite file in the test's folder, or
+    a fresh PostgreSQL schema (``serve`` migrates it, as in production)."""
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("postgres_schema_url"))
+    return str(tmp_path / "horde.db")
+
+
+@contextlib.contextmanager
+def serve_moderated(folder: Path, database: str, **sections: dict[str, Any]) -> Iterator[Moderated]:
+    """A fresh horde served from ``folder`` on ``database``, with an admin
+    created at the CLI once it runs; stopped at the block's end."""
+    config = write_config(folder, database, **sections)
+    served = _Serve(config)
+    try:
+        horde = Moderated(served.url, config, "", "")
+        horde.admin_key, horde.admin = horde.create_user("moderator", "--admin")
+        yield horde
+    finally:
+        served.close()
+
+
+@pytest.fixture
+def moderated(tmp_path: Path, blackbox_database: str) -> Iterator[Moderated]:
+    """The harness: a fresh ``hordelite serve`` on SQLite and on PostgreSQL,
+    with an admin. A test that needs other settings calls
+    ``serve_moderated(tmp_path, blackbox_database, horde={...})`` itself."""
+    with serve_moderated(tmp_path, blackbox_database) as horde:
+        yield horde
+
+
+# Scenarios --------------------------------------------------------------------------
+
+
+def _worker(horde: Moderated, key: str) -> str:
+    """A worker of ``key``'s user, registered by its first pop; its id."""
+    with httpx.Client(base_url=f"{horde.url}/api/v2", timeout=10) as client:
+        pop = client.post(
+            "/generate/text/pop",
+            headers={"apikey": key},
+            json={
+                "name": "blackbox-worker",
+                "models": [MODEL],
+                "max_length": 64,
+                "max_context_length": 1024,
+                "bridge_agent": "blackbox-worker:1:test",
+            },
+        )
+        assert pop.status_code == 200, pop.text
+        found = client.get("/workers/name/blackbox-worker")
+        assert found.status_code == 200, found.text
+        return str(found.json()["id"])
+
+
+def test_route_and_cli_actions_appear_in_hordelite_audit_with_actor_and_address(
+    moderated: Moderated,
+) -> None:
+    owner_key, owner = moderated.create_user("owner")
+    worker_id = _worker(moderated, owner_key)
+    owner_id = owner.split("#")[1]
+    with moderated.client("203.0.113.50") as client:
+        edited = client.put(f"/users/{owner_id}", json={"trusted": True, "concurrency": 4})
+        assert edited.status_code == 200, edited.text
+    with moderated.client("2001:db8::7") as client:
+        paused = client.put(f"/workers/{worker_id}", json={"paused": True})
+        assert paused.status_code == 200, paused.text
+    granted = moderated.cli("kudos", "grant", owner, "12")
+    assert granted.returncode == 0, granted.stderr
+
+    admin_id = int(moderated.admin.split("#")[1])
+    moderation = moderated.audit("--action", "user.edit,worker.pause,kudos.grant")
+    assert [
+        (e["action"], e["actor"], e["actor_id"], e["address"], e["target"]) for e in moderation
+    ] == [
+        ("kudos.grant", "cli", None, "", owner),
+        # An IPv6 client as the horde counts it: its /64.
+        ("worker.pause", moderated.admin, admin_id, "2001:db8::/64", worker_id),
+        ("user.edit", moderated.admin, admin_id, "203.0.113.50", owner),
+    ]
+    assert moderation[0]["detail"] == {"amount": 12.0, "before": 0.0, "after": 12.0}
+    assert moderation[1]["detail"] == {"name": "blackbox-worker", "paused": [False, True]}
+    assert moderation[2]["detail"] == {"concurrency": [None, 4], "trusted": [False, True]}
+
+    # The table an operator reads, and the admin route, say the same.
+    table = moderated.cli("audit", "--actor", moderated.admin)
+    assert table.returncode == 0, table.stderr
+    rows = [line.split() for line in table.stdout.splitlines()[2:]]
+    assert [(r[3], r[4], r[5]) for r in rows] == [
+        (moderated.admin, "2001:db8::/64", "worker.pause"),
+        (moderated.admin, "203.0.113.50", "user.edit"),
+    ]
+    with moderated.client("203.0.113.50") as client:
+        read = client.get("/operations/audit", params={"action": "worker.pause"})
+        assert read.status_code == 200, read.text
+        assert [e["id"] for e in read.json()] == [moderation[1]["id"]]
