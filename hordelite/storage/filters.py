@@ -70,7 +70,7 @@ def moderator(
     user = authenticate(conn, key_hash, rules)
     if not user["admin"] or user["anonymous"]:
         raise HordeError(RC.NotModerator, f"Only an admin of this horde may {doing}.")
-    return audit.Actor(f"{user['username']}#{user['id']}", user["id"], address)
+    return audit.user_actor(user, address)
 
 
 def revision(conn: Tx) -> int:
@@ -225,6 +225,6 @@ def record_screened(
     requester (a shared key's lender) as the actor, from its client
     address; the filters it matched as the target. Never the prompt."""
     user, _shared = requester(conn, key_hash, rules, None)
-    actor = audit.Actor(f"{user['username']}#{user['id']}", user["id"], client or "")
+    actor = audit.user_actor(user, client)
     target = "filter:" + ",".join(str(i) for i in filter_ids)
     audit.record(conn, actor, action, target, now, {**detail, "filters": list(filter_ids)})
