@@ -23,6 +23,13 @@ to TREE's, measured in the same run.
 CPU time on a shared machine drifts by tens of percent between rounds;
 ``--instructions`` counts instead (valgrind's callgrind, about fifty times
 slower), which gives the same figure run after run.
+
+``--filters N`` gives every horde N prompt filters (bench/filters.py's
+rules, none matching the cycles' prompts) before its cycles, so that the
+cycles pay for the screen of every prompt and message; a tree without
+prompt filters runs without them:
+
+    .venv/bin/python bench/service_cycle.py --against ../old-tree --instructions --filters 100
 """
 
 from __future__ import annotations
@@ -93,6 +100,21 @@ CHAT_POP = {
 }
 
 
+# Prompt filters each horde holds (--filters), set in the process before it runs.
+FILTERS = [0]
+
+
+async def add_filters(horde: Any) -> None:
+    """FILTERS[0] prompt filters, written by an admin, when the tree has them."""
+    if not FILTERS[0] or not hasattr(horde, "moderation"):
+        return
+    from filters import _rules  # bench/filters.py, beside this script
+
+    _, admin = await horde.create_user("bench-admin", admin=True)
+    for regex in _rules(FILTERS[0]):
+        await horde.moderation.create(admin, {"regex": regex, "filter_type": 10}, "")
+
+
 def budgets() -> dict[str, dict[str, int]]:
     """The [budgets] section of a tree that has them, never refusing."""
     section = never_refusing_budgets()
@@ -117,6 +139,7 @@ async def cycles(kind: str, count: int, warmup: int, storage: str = "sqlite") ->
             horde = Horde(config, db, signals=signals)
             horde.migrate()
             _, key = await horde.create_user("bench", kudos=1e9, trusted=True)
+            await add_filters(horde)
             await horde.pop(key, CHAT_POP if kind == "chat" else POP)  # the worker comes online
             started = 0.0
             for n in range(warmup + count):
@@ -172,6 +195,7 @@ async def http_cycles(count: int, warmup: int, storage: str = "sqlite") -> float
         config = _config(database, signals_url)
         async with open_horde(config=config) as horde:
             key = await horde.create_key("bench", kudos=1e9, trusted=True)
+            await add_filters(horde.horde)
             base = horde.url + "/api/v2"
             async with httpx.AsyncClient(base_url=base, headers={"apikey": key}) as client:
                 await client.post("/generate/text/pop", json=POP)  # the worker comes online
@@ -226,6 +250,8 @@ def _child_command(count: int, warmup: int, kinds: str, storage: str = "sqlite")
         kinds,
         "--storage",
         storage,
+        "--filters",
+        str(FILTERS[0]),
     ]
 
 
@@ -278,11 +304,15 @@ def main() -> int:
         help="a fresh SQLite file (default); a new PostgreSQL schema "
         f"(${POSTGRES_ENV}); or that and Redis signals (${REDIS_ENV}, database {REDIS_DB})",
     )
+    parser.add_argument(
+        "--filters", type=int, default=0, help="prompt filters each horde holds (default 0)"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--kinds", default=",".join(KINDS), help="the cycles to count with --instructions"
     )
     args = parser.parse_args()
+    FILTERS[0] = args.filters
     if args.child:
         print(json.dumps(child(args.cycles, args.warmup, args.kinds.split(","), args.storage)))
         return 0

@@ -64,6 +64,15 @@ class RC(enum.Enum):
     NoHordeModSelected = (400, "No mod change selected!")
     # The horde's maintenance mode: no new request (the AI Horde's status).
     MaintenanceMode = (400, "This horde has entered maintenance mode. Please try again later.")
+    # Prompt filters (docs/reference/filters.md), with the AI Horde's codes;
+    # a refusal never echoes what matched.
+    CorruptPrompt = (
+        400,
+        "This prompt appears to violate this horde's terms of service. "
+        "Please contact its operators if you think this is an error.",
+    )
+    NoFilterModSelected = (400, "No filter modification selected.")
+    TooManyFilters = (400, "This horde holds as many filters as it may.")
     # A user's name is another's under Unicode normalisation (decision 0073).
     UsernameAlreadyExists = (400, "Another user already has this name.")
     # Kudos transfers, with the AI Horde's codes.
@@ -127,6 +136,7 @@ class RC(enum.Enum):
     UserNotFound = (404, "No user with this id.")
     TeamNotFound = (404, "No team with this id.")
     MessageNotFound = (404, "No message to a worker with this id.")
+    FilterNotFound = (404, "No filter with this id.")
     BlobNotFound = (404, "No blob with this key.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")

@@ -16,7 +16,7 @@ import anyio
 from sqlalchemy.exc import SQLAlchemyError
 
 from hordelite import __version__, pinned
-from hordelite.cli import _addresses, _admin
+from hordelite.cli import _addresses, _admin, _filters
 from hordelite.cli._processes import Supervisor, serve_child
 from hordelite.config import Config, load_config, processes_problem
 from hordelite.contract.limits import ANONYMOUS_API_KEY
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{serve,keys,kudos,workers,addresses,audit,modes,worker,db}",
+        metavar="{serve,keys,kudos,workers,addresses,audit,filters,modes,worker,db}",
     )
     # The parent of every command that opens the database: each takes --database.
     database = _Parser(add_help=False)
@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     _addresses_parser(commands, database)
     _audit_parser(commands, database)
     _modes_parser(commands, database)
+    _filters_parser(commands, database)
     _worker_parser(commands)
     _db_parser(commands, database)
     return parser
@@ -196,6 +197,43 @@ def _modes_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     set_mode.add_argument("state", choices=("on", "off"), metavar="STATE", help="on or off")
 
 
+def _filters_parser(commands: Any, database: argparse.ArgumentParser) -> None:
+    filters = commands.add_parser("filters", help="prompt filters (docs/reference/filters.md)")
+    sub = filters.add_subparsers(
+        dest="filters_command", required=True, metavar="{list,add,edit,remove,test}"
+    )
+    listing = sub.add_parser("list", help="every filter", parents=[database])
+    listing.add_argument("--type", type=int, dest="filter_type", help="only this filter type")
+    listing.add_argument("--contains", help="only those whose regex or description has this")
+    add = sub.add_parser("add", help="add a filter", parents=[database])
+    add.add_argument("regex", help="an RE2 regular expression, matched on normalised text")
+    _filter_fields(add, required_type=True)
+    edit = sub.add_parser("edit", help="change a filter's fields", parents=[database])
+    edit.add_argument("filter_id", metavar="FILTER")
+    edit.add_argument("--regex")
+    _filter_fields(edit, required_type=False)
+    remove = sub.add_parser("remove", help="delete a filter", parents=[database])
+    remove.add_argument("filter_id", metavar="FILTER")
+    test = sub.add_parser(
+        "test", help="what the filters would do with a prompt", parents=[database]
+    )
+    test.add_argument("prompt")
+
+
+def _filter_fields(parser: argparse.ArgumentParser, *, required_type: bool) -> None:
+    parser.add_argument(
+        "--type", type=int, dest="filter_type", required=required_type, help="10 to 29"
+    )
+    parser.add_argument("--action", choices=["refuse", "flag", "replace"])
+    parser.add_argument("--replacement", help="what a replace filter puts in place of a match")
+    parser.add_argument("--description")
+
+
+def _filter_body(args: argparse.Namespace) -> dict[str, Any]:
+    fields = ("regex", "filter_type", "action", "replacement", "description")
+    return {name: getattr(args, name, None) for name in fields}
+
+
 def _db_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     db = commands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="{upgrade}")
@@ -325,6 +363,11 @@ _ADMIN: dict[tuple[str, str], Callable[[Config, _admin.Target, argparse.Namespac
     ),
     ("modes", "show"): lambda c, w, a: _admin.modes_show(c, w),
     ("modes", "set"): lambda c, w, a: _admin.modes_set(c, w, a.mode, a.state),
+    ("filters", "list"): lambda c, w, a: _filters.filters_list(c, w, a.filter_type, a.contains),
+    ("filters", "add"): lambda c, w, a: _filters.filters_add(c, w, _filter_body(a)),
+    ("filters", "edit"): lambda c, w, a: _filters.filters_edit(c, w, a.filter_id, _filter_body(a)),
+    ("filters", "remove"): lambda c, w, a: _filters.filters_remove(c, w, a.filter_id),
+    ("filters", "test"): lambda c, w, a: _filters.filters_test(c, w, a.prompt),
     ("db", "upgrade"): lambda c, w, a: _admin.db_upgrade(c, w),
 }
 

@@ -401,3 +401,20 @@ MAX_SHARED_KEY_LIMIT: Final = 2**31 - 1
 MAX_USERNAME: Final = 100
 # The most requests in flight an admin may grant one user.
 MAX_CONCURRENCY: Final = 100_000
+# Prompt filters (docs/reference/filters.md): a rule's regex has at most
+# MAX_FILTER_REGEX_CHARS characters, its description and replacement at most
+# MAX_FILTER_TEXT_CHARS, and a horde holds at most MAX_FILTERS rules; each
+# compiled RE2 program may use at most FILTER_RE2_MEMORY bytes. Matching is
+# linear in the text (RE2), so these bound a screen's cost with the rules'.
+MAX_FILTER_REGEX_CHARS: Final = 1000
+MAX_FILTER_TEXT_CHARS: Final = 1000
+MAX_FILTERS: Final = 1000
+FILTER_RE2_MEMORY: Final = 8 << 20
+# Filter types, the AI Horde's (10..29; 10-19 one suspicion group, 20-29
+# another).
+MIN_FILTER_TYPE: Final = 10
+MAX_FILTER_TYPE: Final = 29
+# How long a process serves its compiled filters before it reads their
+# revision again (one small read): a filter changed on another process or
+# replica applies here within this many seconds.
+FILTERS_CHECK_SECONDS: Final = 2.0

@@ -18,7 +18,13 @@ from hordelite.config import Config
 from hordelite.contract.eligibility import RequestView
 from hordelite.contract.models import ModelReference
 from hordelite.horde.addresses import AddressRules
-from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
+from hordelite.horde.caches import (
+    FilterSnapshot,
+    MessageSnapshot,
+    PoolSnapshot,
+    SkippedSample,
+    StatusCache,
+)
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.horde.modes import ModeSnapshot
 from hordelite.signals import Signals
@@ -69,6 +75,7 @@ class HordeCore:
     # The timeouts and blocks by address in force: every submit and pop
     # checks its client against them.
     addresses: AddressRules
+    filters: FilterSnapshot
     stopping: bool = False
     # A request ended in this process: its webhook may be owed now.
     webhooks_due: Nudge = dataclasses.field(default_factory=Nudge)

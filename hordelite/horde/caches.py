@@ -1,7 +1,7 @@
 """What the horde keeps in memory between requests, each entry invalidated
 by the change that makes it wrong (decision 0038): the online pool, the
 statuses by request version, the sample an empty pop counts ``skipped``
-over, and the active messages to workers."""
+over, the active messages to workers, and the compiled prompt filters."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import anyio
 
 from hordelite.contract.chat_reply import output_estimate_chars
 from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.filters import FilterSet, Rule, compile_regex
 from hordelite.contract.limits import (
+    FILTERS_CHECK_SECONDS,
     MAX_ACTIVE_MESSAGES,
     MESSAGES_PER_POP,
     MESSAGES_SECONDS,
@@ -22,8 +24,10 @@ from hordelite.contract.limits import (
     STATUS_CACHE_ENTRIES,
     STATUS_POSITION_SECONDS,
 )
+from hordelite.errors import HordeError
 from hordelite.horde.results import RequestStatus
 from hordelite.signals import Signals
+from hordelite.storage.filters import FilterRecord
 from hordelite.storage.messages import MessageRecord
 from hordelite.storage.pool import OnlineWorker
 from hordelite.storage.store import Store
@@ -176,3 +180,53 @@ class MessageSnapshot:
                     self._version = version
         mine = self._by_worker.get(worker_id, ())
         return [m for m in mine if m.expires > now][:MESSAGES_PER_POP]
+
+
+class FilterSnapshot:
+    """The prompt filters, compiled once per change (docs/reference/filters.md).
+
+    Served while read at most FILTERS_CHECK_SECONDS ago; past that, the
+    next screen reads the filters' revision (one row) and reads and
+    compiles the filters again only when it moved: a filter changed in
+    another process or replica applies here within FILTERS_CHECK_SECONDS,
+    and a screen never reads the rules themselves. A change made in this
+    process applies at once (``stale``). A stored rule RE2 no longer
+    compiles (written by a newer release) is left out, not fatal.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = anyio.Lock()
+        self._set = FilterSet(())
+        self._revision = -1
+        self._checked_at = -math.inf
+
+    def stale(self) -> None:
+        self._checked_at = -math.inf
+
+    async def get(self) -> FilterSet:
+        if anyio.current_time() - self._checked_at >= FILTERS_CHECK_SECONDS:
+            async with self._lock:  # one check for every screen that needs one
+                if anyio.current_time() - self._checked_at >= FILTERS_CHECK_SECONDS:
+                    await self._refresh()
+        return self._set
+
+    async def _refresh(self) -> None:
+        checked_at = anyio.current_time()
+        if await self._store.filter_revision() != self._revision:
+            found = await self._store.every_filter()
+            self._set = FilterSet(compiled_rules(found.records))
+            self._revision = found.revision
+        self._checked_at = checked_at
+
+
+def compiled_rules(records: tuple[FilterRecord, ...]) -> list[Rule]:
+    """The stored rules compiled, less any RE2 no longer compiles."""
+    rules = []
+    for r in records:
+        try:
+            program = compile_regex(r.regex)
+        except HordeError:
+            continue
+        rules.append(Rule(r.id, r.filter_type, r.action, r.replacement, program))
+    return rules

@@ -40,6 +40,7 @@ from hordelite.horde.admission import (
 from hordelite.horde.fair_turns import FairTurns
 from hordelite.horde.image_allowance import ImageAllowance, IntakeLedger
 from hordelite.horde.keys import hash_key, scoped_operation_key
+from hordelite.horde.moderation import Moderation
 from hordelite.horde.results import (
     Queued,
     Quote,
@@ -67,6 +68,7 @@ class Requests:
         self._normalising = FairTurns(IMAGES_NORMALISED_AT_ONCE)
         self._intakes = IntakeLedger()
         self._fetching: anyio.CapacityLimiter | None = None
+        self._moderation = Moderation(core)  # the prompt filters' screen
 
     # Queueing ----------------------------------------------------------
 
@@ -89,6 +91,7 @@ class Requests:
         core = self._core
         req = parse_text_request(body, http_webhooks=core.config.webhooks.call_private)
         if req.dry_run:
+            await self._moderation.screen_text(api_key, req, client)
             # A shared key is served as its lender's key, and checked as
             # its request would be (the AI Horde's dry run checks it so).
             quote = self.quote(req)
@@ -115,6 +118,7 @@ class Requests:
     ) -> Queued:
         """Queue a validated text request; answers the 202 body. ``reader``:
         the process holding the OpenAI call that is its only reader."""
+        req = await self._moderation.screen_text(api_key, req, client)
         core = self._core
         await core.modes.admit_request(api_key, client)  # maintenance, raid
         online = await core.pool.get(core.clock.now())
@@ -212,6 +216,7 @@ class Requests:
         the OpenAI call that is its only reader; ``client``: the address it
         came from."""
         await self._core.modes.admit_request(api_key, client)  # maintenance, raid
+        req = await self._moderation.screen_chat(api_key, req, client)
         async with self._refusals_counted(hash_key(api_key), client):
             return await self._queue_chat(
                 api_key, req, client_agent, operation_key, reader=reader, client=client

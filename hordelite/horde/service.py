@@ -11,6 +11,8 @@ Each room serves one audience and is what the routes call:
 - ``modes`` (hordelite.horde.modes): the horde's modes, as admins set them;
 - ``messages`` (hordelite.horde.messages): an admin's messages to workers;
 - ``shared_keys`` (hordelite.horde.shared_keys): the keys users lend;
+- ``moderation`` (hordelite.horde.moderation): the admins' prompt filters
+  (the requests' screen is ``requests``'s);
 - ``readers`` (hordelite.horde.readers): the OpenAI calls as their
   requests' only readers, and the requests of calls a gone process held;
 - ``upkeep`` (hordelite.horde.upkeep): the sweep, readiness, shutdown;
@@ -43,12 +45,19 @@ from hordelite.horde.about import About
 from hordelite.horde.addresses import Addresses, AddressRules
 from hordelite.horde.admission import new_text_request
 from hordelite.horde.audit_trail import AuditTrail
-from hordelite.horde.caches import MessageSnapshot, PoolSnapshot, SkippedSample, StatusCache
+from hordelite.horde.caches import (
+    FilterSnapshot,
+    MessageSnapshot,
+    PoolSnapshot,
+    SkippedSample,
+    StatusCache,
+)
 from hordelite.horde.directory import Directory
 from hordelite.horde.jobs import Jobs
 from hordelite.horde.keys import hash_key, new_api_key
 from hordelite.horde.messages import Messages
 from hordelite.horde.metrics import HordeMetrics
+from hordelite.horde.moderation import Moderation
 from hordelite.horde.modes import ModeSnapshot, ModesRoom
 from hordelite.horde.operator import Operator
 from hordelite.horde.readers import Readers
@@ -161,6 +170,7 @@ class Horde:
             messages=MessageSnapshot(store, signals),
             modes=ModeSnapshot(store, signals, config),
             addresses=AddressRules(store, clock),
+            filters=FilterSnapshot(store),
         )
         self.core.metrics.watch_signals(signals)
         self.requests = Requests(self.core)
@@ -171,6 +181,7 @@ class Horde:
         self.modes = ModesRoom(store, signals, self.core.modes, lambda: self.core.stopping)
         self.messages = Messages(self.core)
         self.shared_keys = SharedKeys(self.core)
+        self.moderation = Moderation(self.core)
         self.upkeep = Upkeep(self.core)
         self.webhooks = Webhooks(
             self.core, lambda kind, rid: self.requests.status(kind, rid, with_position=False)

@@ -20,6 +20,7 @@ from hordelite.api.metrics import MetricsRoutes
 from hordelite.api.native import NativeRoutes
 from hordelite.api.native_about import AboutRoutes
 from hordelite.api.native_addresses import AddressRoutes
+from hordelite.api.native_filters import FilterRoutes
 from hordelite.api.native_keys import SharedKeyRoutes
 from hordelite.api.native_modes import ModeRoutes
 from hordelite.api.operations import OperationsRoutes
@@ -58,6 +59,7 @@ def horde_routes(
     about = AboutRoutes(horde)
     keys = SharedKeyRoutes(horde)
     modes = ModeRoutes(horde)
+    filters = FilterRoutes(horde)
     health = HealthRoutes(horde)
     addresses = AddressRoutes(horde)
     operations = OperationsRoutes(horde)
@@ -120,6 +122,14 @@ def horde_routes(
         ),
         # hordelite's own admin routes (the AI Horde has none of them).
         _native("GET", f"{V2}/operations/audit", operations.audit),
+        # Prompt filters, for admins (docs/reference/filters.md).
+        _native("GET", f"{V2}/filters", filters.listing),
+        _native("PUT", f"{V2}/filters", filters.create),
+        _native("POST", f"{V2}/filters", filters.test),
+        _native("GET", f"{V2}/filters/regex", filters.regex),
+        _native("GET", f"{V2}/filters/<filter_id>", filters.one),
+        _native("PATCH", f"{V2}/filters/<filter_id>", filters.edit),
+        _native("DELETE", f"{V2}/filters/<filter_id>", filters.delete),
         # The OpenAI front.
         _openai("POST", "/v1/chat/completions", front.chat_completions),
         _openai("POST", "/v1/completions", front.completions),

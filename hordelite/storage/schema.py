@@ -658,3 +658,32 @@ address_offences = Table(
     Column("refusals", Integer, nullable=False),
     Column("last", Float, nullable=False, index=True),
 )
+
+# Prompt filters (docs/reference/filters.md): an admin's rules, each a
+# regex RE2 compiles, with the AI Horde's fields and hordelite's action.
+# ``user_id``: the admin who wrote or last changed it (no foreign key: a
+# filter outlives its author's account, as its audit entries do).
+filters = Table(
+    "filters",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("regex", Text, nullable=False),
+    Column("filter_type", Integer, nullable=False, index=True),
+    Column("description", Text, nullable=True),
+    Column("replacement", Text, nullable=False, default=""),
+    Column("action", String(16), nullable=False, default="refuse"),
+    Column("user_id", Integer, nullable=True),
+    Column("author", String(MAX_NAME), nullable=False, default=""),
+    Column("created", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+)
+
+# One row: the filters' revision, bumped in the transaction of every change
+# to them, so that each process sees a change by reading this one number
+# (hordelite.horde.moderation), never the rules on every request.
+filter_revision = Table(
+    "filter_revision",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("revision", BigInteger, nullable=False),
+)

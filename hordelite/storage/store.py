@@ -16,13 +16,14 @@ are synchronous: the CLI runs them in its own thread, as it runs ``migrate``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from hordelite.contract.addresses import Rule
 from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
+from hordelite.contract.filters import FilterEdit, FilterSpec
 from hordelite.contract.modes import Modes
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.contract.text import JobSubmit, PopRequest
@@ -32,6 +33,7 @@ from hordelite.contract.worker_edit import WorkerEdit
 from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
 from hordelite.storage import addresses, admin, audit, messages, modes, shared_keys, webhooks
+from hordelite.storage import filters as filter_rows
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import modify_user, transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -48,6 +50,8 @@ from hordelite.storage.requests import (
 from hordelite.storage.shared_keys import SharedKeyRecord
 from hordelite.storage.stats import HordeLoad, TextStats, horde_load, text_stats
 from hordelite.storage.webhooks import OwedCall
+
+T = TypeVar("T")
 
 
 class Store:
@@ -255,6 +259,88 @@ class Store:
     def lift_address_rule_sync(self, *, target: str, now: float) -> bool:
         """The operator's lift from the shell, audited as ``cli``."""
         return self.db.run_sync(addresses.lift, True, audit.CLI_ACTOR, target, now)
+
+    # Prompt filters (docs/reference/filters.md) ----------------------------
+    # ``key_hash`` None: the operator at the shell (the CLI's, synchronous).
+
+    async def filter_revision(self) -> int:
+        """The filters' revision (one row): what a process checks its
+        compiled filters against."""
+        return await self.db.read(filter_rows.revision)
+
+    async def every_filter(self) -> filter_rows.FilterRules:
+        """Every filter with the revision it was read at, for the
+        process's compiled set."""
+        return await self.db.read(filter_rows.every_filter)
+
+    async def list_filters(
+        self, *, key_hash: str | None, filter_type: int | None, contains: str | None
+    ) -> list[filter_rows.FilterRecord]:
+        """The filters of ``filter_type`` whose regex or description holds
+        ``contains`` (None: any), for an admin; raises InvalidAPIKey,
+        NotModerator."""
+        return await self.db.read(
+            filter_rows.list_filters, key_hash, self.rules, filter_type, contains
+        )
+
+    async def one_filter(self, *, key_hash: str | None, filter_id: int) -> filter_rows.FilterRecord:
+        """One filter, for an admin; raises FilterNotFound, NotModerator."""
+        return await self.db.read(filter_rows.one_filter, key_hash, self.rules, filter_id)
+
+    async def create_filter(
+        self, *, key_hash: str | None, spec: FilterSpec, address: str, now: float
+    ) -> tuple[filter_rows.FilterRecord, bool]:
+        """An admin's new filter (audited ``filter.create``), or the one
+        with its regex and type already; whether it is new."""
+        return await self.db.write(
+            filter_rows.create_filter, key_hash, self.rules, spec, address, now
+        )
+
+    async def edit_filter(
+        self, *, key_hash: str | None, filter_id: int, edit: FilterEdit, address: str, now: float
+    ) -> filter_rows.FilterRecord:
+        """An admin's change of a filter (audited ``filter.edit``); the
+        filter as changed."""
+        return await self.db.write(
+            filter_rows.edit_filter, key_hash, self.rules, filter_id, edit, address, now
+        )
+
+    async def delete_filter(
+        self, *, key_hash: str | None, filter_id: int, address: str, now: float
+    ) -> None:
+        """An admin's deletion of a filter (audited ``filter.delete``)."""
+        await self.db.write(
+            filter_rows.delete_filter, key_hash, self.rules, filter_id, address, now
+        )
+
+    async def record_screened(
+        self,
+        *,
+        key_hash: str,
+        client: str | None,
+        action: str,
+        filter_ids: tuple[int, ...],
+        now: float,
+        detail: Mapping[str, Any],
+    ) -> None:
+        """A request refused or flagged by filters, in the audit trail."""
+        await self.db.write(
+            filter_rows.record_screened,
+            key_hash,
+            self.rules,
+            client,
+            action,
+            filter_ids,
+            now,
+            detail,
+        )
+
+    def filters_sync(
+        self, *, fn: Callable[..., T], args: tuple[Any, ...] = (), write: bool = False
+    ) -> T:
+        """The CLI's filter operations (``hordelite filters``): ``fn`` of
+        storage.filters run as the operator at the shell (no key)."""
+        return self.db.run_sync(fn, write, None, self.rules, *args)
 
     async def ping(self) -> None:
         """One round trip to the database; raises StorageUnavailable."""

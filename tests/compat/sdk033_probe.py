@@ -47,8 +47,7 @@ for _name in (
 ).split():
     NOT_SERVED[_name] = "images: this horde serves text"
 for _name in (
-    "FiltersListRequest FilterPromptSuspicionRequest PutNewFilterRequest FilterRegexRequest "
-    "DeleteFilterRequest SingleFilterRequest PatchExistingFilter ModerationOverviewRequest "
+    "ModerationOverviewRequest "
     "PromptModerationEventsRequest PromptModerationNoteRequest WorkerSuspicionEventsRequest "
     "KudosAwardRequest DeleteUserRequest"
 ).split():
@@ -217,6 +216,16 @@ def steps(p: Probe, setup: dict[str, Any]) -> None:
     run(m.AllIPTimeoutsRequest(apikey=admin))
     run(m.SingleIPTimeoutsRequest(apikey=admin))
     run(m.DeleteIPAddressRequest(apikey=admin, ipaddr="203.0.113.7"))
+    made = run(
+        m.PutNewFilterRequest(apikey=admin, regex="probe[0-9]+", filter_type=10, description="p")
+    )
+    filter_id = str(made.id_)
+    run(m.FiltersListRequest(apikey=admin, filter_type=10))
+    run(m.SingleFilterRequest(apikey=admin, filter_id=filter_id))
+    run(m.PatchExistingFilter(apikey=admin, filter_id=filter_id, description="q", filter_type=11))
+    run(m.FilterRegexRequest(apikey=admin))
+    run(m.FilterPromptSuspicionRequest(apikey=admin, prompt="a probe42", filter_type=11))
+    run(m.DeleteFilterRequest(apikey=admin, filter_id=filter_id))
     key = run(
         m.SharedKeyCreateRequest(
             apikey=alice,
