@@ -96,6 +96,22 @@ async def eventually(check: Callable[[], object], within: float = 10.0) -> None:
             await anyio.sleep(0.01)
 
 
+def serve_environment(*, suspect_speed: bool = False) -> dict[str, str]:
+    """The environment of a ``hordelite serve`` (or ``worker``) subprocess:
+    this one's without hordelite's configuration variables (the test's
+    own, ``HORDELITE_TEST_*``, kept). Unless ``suspect_speed``, worker
+    suspicion by speed is off, as ``open_horde`` has it: the fake workers
+    answer in milliseconds and would be paused after five jobs."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HORDELITE_") or k.startswith("HORDELITE_TEST_")
+    }
+    if not suspect_speed:
+        env["HORDELITE_MODERATION_SUSPICIOUS_TOKENS_PER_SECOND"] = "0"
+    return env
+
+
 @contextlib.contextmanager
 def statements(horde: TestHorde) -> Iterator[list[str]]:
     """The SQL statements the horde sends while the block runs, less the

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.testing import FakeBackendConfig, FakeChatWorker, open_fake_backend
 from tests.integration._env import TLS, open_env
+from tests.integration._helpers import serve_environment
 from tests.integration._ledger import ledger_errors, settled_jobs
 
 pytestmark = pytest.mark.anyio
@@ -64,13 +64,6 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(tmp_path / "crash.db")
 
 
-def _environment() -> dict[str, str]:
-    """This environment without hordelite's configuration variables."""
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("HORDELITE_") or k.startswith("HORDELITE_TEST_")
-    }
 
 
 # hordelite serve as a process --------------------------------------------------------
@@ -107,7 +100,7 @@ async def serve(config: Path, log: Path) -> AsyncIterator[Served]:
             stdout=subprocess.PIPE,
             stderr=stderr,
             cwd=config.parent,
-            env=_environment(),
+            env=serve_environment(),
         )
         try:
             yield Served(process, await _serving_url(process))
@@ -376,7 +369,7 @@ async def test_a_worker_killed_mid_job_has_its_job_requeued_when_its_lease_ends(
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 cwd=tmp_path,
-                env=_environment(),
+                env=serve_environment(),
             )
             try:
                 # Online (it has popped once), then its backend stops answering.

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import queue
 import re
 import subprocess
@@ -38,19 +37,13 @@ from typing import IO, Any
 import httpx
 import pytest
 
+from tests.integration._helpers import serve_environment
+
 START_DEADLINE = 30.0
 STOP_DEADLINE = 10.0
 MODEL = "blackbox-model"
 
 
-def _environment() -> dict[str, str]:
-    """This environment without hordelite's configuration variables: the
-    config file alone says what the horde runs with."""
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("HORDELITE_") or k.startswith("HORDELITE_TEST_")
-    }
 
 
 def hordelite(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -60,7 +53,7 @@ def hordelite(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=_environment(),
+        env=serve_environment(),
         timeout=60,
         check=False,
     )
@@ -119,7 +112,7 @@ class _Serve:
             stderr=self._stderr,
             text=True,
             cwd=config.parent,
-            env=_environment(),
+            env=serve_environment(),
         )
         assert self.process.stdout is not None
         self.lines: queue.Queue[str | None] = queue.Queue()

@@ -49,6 +49,7 @@ from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.timers import SWEEP_LOCK_KEY
+from tests.integration._helpers import serve_environment
 
 pytestmark = pytest.mark.postgres
 
@@ -82,13 +83,6 @@ def redis_url() -> str:
     return os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def _environment() -> dict[str, str]:
-    """This environment without hordelite's configuration variables."""
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("HORDELITE_") or k.startswith("HORDELITE_TEST_")
-    }
 
 
 def write_config(
@@ -173,7 +167,7 @@ class Served:
             stderr=self._stderr,
             text=True,
             cwd=config.parent,
-            env=_environment(),
+            env=serve_environment(),
         )
         self.pid = self.process.pid
         self.seen: set[int] = set()  # every child seen, for the clean-up
@@ -699,7 +693,7 @@ def refused_line(tmp_path: Path, config: Path) -> str:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env=_environment(),
+        env=serve_environment(),
         timeout=START_DEADLINE,
         check=False,
     )
@@ -780,7 +774,7 @@ def serve_refused_in_use(config: Path) -> str:
         capture_output=True,
         text=True,
         cwd=config.parent,
-        env=_environment(),
+        env=serve_environment(),
         timeout=START_DEADLINE,
         check=False,
     )
