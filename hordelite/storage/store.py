@@ -343,11 +343,14 @@ class Store:
     async def paused_workers(
         self, *, key_hash: str, query: OverviewQuery, now: float
     ) -> tuple[list[review.PausedWorker], int]:
+        """The paused workers the query asks for, and how many in all."""
         return await self.db.read(review.paused_workers, key_hash, self.rules, query, now)
 
     async def prompt_events(
         self, *, key_hash: str, query: PromptQuery
     ) -> tuple[list[audit.AuditEntry], dict[int, list[review.Note]]]:
+        """A page of prompt events (refused and flagged requests' entries)
+        and each one's notes."""
         return await self.db.read(review.prompt_events, key_hash, self.rules, query)
 
     async def add_prompt_note(
@@ -361,6 +364,7 @@ class Store:
     async def suspicion_events(
         self, *, key_hash: str, query: SuspicionQuery
     ) -> list[tuple[audit.AuditEntry, int | None]]:
+        """A page of ``worker.suspicion`` entries, each with its worker's owner."""
         return await self.db.read(review.suspicion_events, key_hash, self.rules, query)
 
     def filters_sync(
