@@ -72,6 +72,7 @@ async def test_prompt_events_show_refused_and_flagged_requests_without_their_pro
         ]
         for event in events:
             assert event["user_id"] == alice
+            assert event["ipaddr"] == "127.0.0.1"  # the test client's
             assert event["reason"] == "filter_rejection"
             assert (event["text_state"], event["text_redacted"]) == ("none", True)
             assert event["submitted_prompt"] is None
@@ -94,6 +95,8 @@ async def test_prompt_events_show_refused_and_flagged_requests_without_their_pro
         assert [e["id"] for e in one["events"]] == [events[1]["id"]]
         assert (await _get(env, PROMPTS, admin, user_id=alice + 100))["events"] == []
         assert (await _get(env, PROMPTS, admin, reason="worker_csam"))["events"] == []
+        assert (await _get(env, PROMPTS, admin, ipaddr="203.0.113.9"))["events"] == []
+        assert len((await _get(env, PROMPTS, admin, ipaddr="127.0.0.1"))["events"]) == 2
         assert len((await _get(env, PROMPTS, admin, reason="filter_rejection"))["events"]) == 2
 
 
