@@ -137,6 +137,7 @@ class RC(enum.Enum):
     TeamNotFound = (404, "No team with this id.")
     MessageNotFound = (404, "No message to a worker with this id.")
     FilterNotFound = (404, "No filter with this id.")
+    PromptEventNotFound = (404, "No prompt moderation event with this id.")
     BlobNotFound = (404, "No blob with this key.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")

@@ -1,5 +1,8 @@
-"""hordelite's own admin routes under /api/v2/operations (the AI Horde has
-none of them): ``GET /api/v2/operations/audit``, a page of the audit trail.
+"""Admin routes under /api/v2/operations: hordelite's own ``GET
+/api/v2/operations/audit``, a page of the audit trail, and the AI Horde's
+moderation review (``/operations/moderation``: the overview of paused
+workers, the prompt events and their notes, the worker suspicion events;
+hordelite.horde.moderation_review).
 
 Admins only: anyone else is refused with the AI Horde's 403 NotModerator.
 """
@@ -31,3 +34,21 @@ class OperationsRoutes:
             headers.append(("Link", f'<{request.path}?{urlencode(query)}>; rel="next"'))
         body = [entry_json(e) for e in page.entries]
         return json_answer(body, headers=headers, ensure_ascii=False)
+
+    async def moderation(self, request: Request) -> Answer:
+        return json_answer(await self.horde.review.overview(request.api_key(), request.query()))
+
+    async def prompt_events(self, request: Request) -> Answer:
+        found = await self.horde.review.prompt_events(request.api_key(), request.query())
+        return json_answer(found, ensure_ascii=False)
+
+    async def prompt_note(self, request: Request) -> Answer:
+        body = await request.json()
+        made = await self.horde.review.add_note(
+            request.api_key(), request.params["event_id"], body, request.client_address() or ""
+        )
+        return json_answer(made, 201, ensure_ascii=False)
+
+    async def suspicion_events(self, request: Request) -> Answer:
+        found = await self.horde.review.suspicion_events(request.api_key(), request.query())
+        return json_answer(found, ensure_ascii=False)

@@ -418,3 +418,11 @@ MAX_FILTER_TYPE: Final = 29
 # revision again (one small read): a filter changed on another process or
 # replica applies here within this many seconds.
 FILTERS_CHECK_SECONDS: Final = 2.0
+
+# The moderation review routes (/operations/moderation): the AI Horde's
+# bounds of a page of prompt events, of a page of worker suspicion events
+# and of each section of the overview, and of a moderator's note.
+PROMPT_EVENTS_PAGE: Final = 100
+SUSPICION_EVENTS_PAGE: Final = 500
+OVERVIEW_SECTION: Final = 500
+MAX_PROMPT_NOTE: Final = 2000

@@ -19,6 +19,7 @@ Each room serves one audience and is what the routes call:
 - ``webhooks`` (hordelite.horde.webhooks): the calls ended requests owe;
 - ``operator`` (hordelite.horde.operator): the schema and new users;
 - ``audit`` (hordelite.horde.audit_trail): the audit trail, as admins read it.
+- ``review`` (hordelite.horde.moderation_review): the moderation review routes.
 
 They share one HordeCore (hordelite.horde._core): configuration, the Store,
 signals, clock, metrics and caches. ``Horde``'s own methods are the few that
@@ -58,6 +59,7 @@ from hordelite.horde.keys import hash_key, new_api_key
 from hordelite.horde.messages import Messages
 from hordelite.horde.metrics import HordeMetrics
 from hordelite.horde.moderation import Moderation
+from hordelite.horde.moderation_review import ModerationReview
 from hordelite.horde.modes import ModeSnapshot, ModesRoom
 from hordelite.horde.operator import Operator
 from hordelite.horde.readers import Readers
@@ -189,6 +191,7 @@ class Horde:
         self.operator = Operator(self.core)
         self.addresses = Addresses(self.core.addresses, store, clock)
         self.audit = AuditTrail(self.core)
+        self.review = ModerationReview(self.core)
         # What the routes and tests read of the horde's state.
         self.config = config
         self.db = db

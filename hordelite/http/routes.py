@@ -122,6 +122,17 @@ def horde_routes(
         ),
         # hordelite's own admin routes (the AI Horde has none of them).
         _native("GET", f"{V2}/operations/audit", operations.audit),
+        # The AI Horde's moderation review, for admins (native_api.md).
+        _native("GET", f"{V2}/operations/moderation", operations.moderation),
+        _native("GET", f"{V2}/operations/moderation/prompts", operations.prompt_events),
+        _native(
+            "POST", f"{V2}/operations/moderation/prompts/<event_id>/notes", operations.prompt_note
+        ),
+        _native(
+            "GET",
+            f"{V2}/operations/moderation/worker_suspicion_events",
+            operations.suspicion_events,
+        ),
         # Prompt filters, for admins (docs/reference/filters.md).
         _native("GET", f"{V2}/filters", filters.listing),
         _native("PUT", f"{V2}/filters", filters.create),

@@ -31,6 +31,7 @@ ACTIONS = (
     "filter.delete",
     "request.refused",
     "request.flagged",
+    "prompt.note",
     "address.timeout",
     "address.block",
     "address.lift",

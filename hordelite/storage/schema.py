@@ -607,6 +607,20 @@ audit = Table(
     Index("ix_audit_action_at", "action", "at"),
 )
 
+# A moderator's notes on prompt events (``GET /operations/moderation/prompts``),
+# each on a ``request.refused`` or ``request.flagged`` audit entry. No
+# foreign key: the sweep purges old entries, and a note says what a
+# moderator wrote even then; ``author_id`` outlives its account likewise.
+prompt_notes = Table(
+    "prompt_notes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", Integer, nullable=False, index=True),
+    Column("author_id", Integer, nullable=True),
+    Column("note", Text, nullable=False),
+    Column("created", Float, nullable=False),
+)
+
 # The horde's modes (hordelite.contract.modes): one row, id 1, absent until
 # they are first set (all off). ``version`` grows with every change: each
 # process reads the row at most every MODES_SECONDS (hordelite.horde.modes).

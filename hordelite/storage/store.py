@@ -24,6 +24,7 @@ from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
 from hordelite.contract.filters import FilterEdit, FilterSpec
+from hordelite.contract.moderation_review import OverviewQuery, PromptQuery, SuspicionQuery
 from hordelite.contract.modes import Modes
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
 from hordelite.contract.text import JobSubmit, PopRequest
@@ -34,6 +35,7 @@ from hordelite.contract.worker_messages import MessageQuery, NewMessage
 from hordelite.errors import RC, HordeError
 from hordelite.storage import addresses, admin, audit, messages, modes, shared_keys, webhooks
 from hordelite.storage import filters as filter_rows
+from hordelite.storage import moderation_review as review
 from hordelite.storage import queries as q
 from hordelite.storage.accounts import modify_user, transfer_kudos, user_page
 from hordelite.storage.activity import Bucket, done_jobs_per_bucket
@@ -334,6 +336,36 @@ class Store:
             now,
             detail,
         )
+
+    # The moderation review routes (hordelite.storage.moderation_review):
+    # each for an admin's key; raises InvalidAPIKey, NotModerator.
+
+    async def paused_workers(
+        self, *, key_hash: str, query: OverviewQuery, now: float
+    ) -> tuple[list[review.PausedWorker], int]:
+        """The paused workers the query asks for, and how many in all."""
+        return await self.db.read(review.paused_workers, key_hash, self.rules, query, now)
+
+    async def prompt_events(
+        self, *, key_hash: str, query: PromptQuery
+    ) -> tuple[list[audit.AuditEntry], dict[int, list[review.Note]]]:
+        """A page of prompt events (refused and flagged requests' entries)
+        and each one's notes."""
+        return await self.db.read(review.prompt_events, key_hash, self.rules, query)
+
+    async def add_prompt_note(
+        self, *, key_hash: str, event_id: int, note: str, address: str, now: float
+    ) -> review.Note:
+        """Also 404 PromptEventNotFound; audited ``prompt.note``."""
+        return await self.db.write(
+            review.add_note, key_hash, self.rules, event_id, note, address, now
+        )
+
+    async def suspicion_events(
+        self, *, key_hash: str, query: SuspicionQuery
+    ) -> list[tuple[audit.AuditEntry, int | None]]:
+        """A page of ``worker.suspicion`` entries, each with its worker's owner."""
+        return await self.db.read(review.suspicion_events, key_hash, self.rules, query)
 
     def filters_sync(
         self, *, fn: Callable[..., T], args: tuple[Any, ...] = (), write: bool = False

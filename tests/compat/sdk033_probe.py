@@ -46,11 +46,7 @@ for _name in (
     "StyleImageExampleModifyRequest SingleStyleImageByNameRequest SamplerConstraintsRequest"
 ).split():
     NOT_SERVED[_name] = "images: this horde serves text"
-for _name in (
-    "ModerationOverviewRequest "
-    "PromptModerationEventsRequest PromptModerationNoteRequest WorkerSuspicionEventsRequest "
-    "KudosAwardRequest DeleteUserRequest"
-).split():
+for _name in ("KudosAwardRequest DeleteUserRequest").split():
     NOT_SERVED[_name] = "moderation: the operator's CLI does it"
 for _name in (
     "CreateTeamRequest ModifyTeamRequest DeleteTeamRequest CreateStyleTextRequest "
@@ -220,6 +216,17 @@ def steps(p: Probe, setup: dict[str, Any]) -> None:
         m.PutNewFilterRequest(apikey=admin, regex="probe[0-9]+", filter_type=10, description="p")
     )
     filter_id = str(made.id_)
+    # A prompt the filter refuses, for a prompt moderation event to read and
+    # annotate (sent apart: the run of TextGenerateAsyncRequest is above).
+    refused = p.send(
+        m.TextGenerateAsyncRequest(apikey=alice, prompt="a probe42", params=params, models=[MODEL])
+    )
+    assert refused.status_code == 400, refused.text
+    run(m.ModerationOverviewRequest(apikey=admin, sort="name", worker_type=["text"]))
+    events = run(m.PromptModerationEventsRequest(apikey=admin, reason=["filter_rejection"]))
+    event_id = events.events[0].id_
+    run(m.PromptModerationNoteRequest(apikey=admin, event_id=event_id, note="seen"))
+    run(m.WorkerSuspicionEventsRequest(apikey=admin, worker_id=worker_id))
     run(m.FiltersListRequest(apikey=admin, filter_type=10))
     run(m.SingleFilterRequest(apikey=admin, filter_id=filter_id))
     run(m.PatchExistingFilter(apikey=admin, filter_id=filter_id, description="q", filter_type=11))
