@@ -16,7 +16,12 @@ The fixture ``moderated`` is the harness: a running horde with an admin
 * an admin's timeout of a range through the AI Horde's route refuses a
   client in it (403 TimeoutIP), ``hordelite addresses list`` and
   ``hordelite audit`` show it, and ``hordelite addresses lift`` is
-  enforced by the running horde within seconds.
+  enforced by the running horde within seconds;
+* a prompt filter and maintenance mode set by an admin through the AI
+  Horde's routes refuse a client's request (400 CorruptPrompt, nothing
+  charged, the match not echoed; 400 MaintenanceMode), and the filter,
+  the refusal and the mode appear in ``hordelite audit`` with their actor
+  and address, the prompt nowhere.
 """
 
 from __future__ import annotations
@@ -305,3 +310,35 @@ def test_an_address_timed_out_by_a_route_and_lifted_at_the_cli(moderated: Modera
             time.sleep(0.05)
         assert status == 202
     assert moderated.audit("--action", "address.lift")[0]["actor"] == "cli"
+
+
+def test_a_filter_and_maintenance_set_through_the_routes_refuse_and_are_audited(
+    moderated: Moderated,
+) -> None:
+    requester_key, requester = moderated.create_user("writer", "--kudos", "50")
+    text = {"params": {"max_length": 16}, "models": [MODEL]}
+    with moderated.client("203.0.113.80") as admin:
+        made = admin.put("/filters", json={"regex": "forbidden ?words", "filter_type": 10})
+        assert made.status_code == 201, made.text
+    with moderated.client("198.51.100.4", requester_key) as writer:
+        refused = writer.post("/generate/text/async", json={**text, "prompt": "Forbidden  WORDS"})
+        assert (refused.status_code, refused.json()["rc"]) == (400, "CorruptPrompt")
+        assert "forbidden" not in refused.json()["message"].lower()  # the match is not echoed
+        assert writer.get("/find_user").json()["kudos"] == 50  # nothing charged
+        passed = writer.post("/generate/text/async", json={**text, "prompt": "Fine words"})
+        assert passed.status_code == 202, passed.text
+
+    with moderated.client("203.0.113.80") as admin:
+        on = admin.put("/status/modes", json={"maintenance_mode": True})
+        assert on.status_code == 200, on.text
+    with moderated.client("198.51.100.4", requester_key) as writer:
+        closed = writer.post("/generate/text/async", json={**text, "prompt": "Fine words"})
+        assert (closed.status_code, closed.json()["rc"]) == (400, "MaintenanceMode")
+
+    entries = moderated.audit("--action", "filter.create,request.refused,mode.set")
+    assert [(e["action"], e["actor"], e["address"]) for e in entries] == [
+        ("mode.set", moderated.admin, "203.0.113.80"),
+        ("request.refused", requester, "198.51.100.4"),
+        ("filter.create", moderated.admin, "203.0.113.80"),
+    ]
+    assert "Forbidden" not in json.dumps(entries)  # the trail keeps no prompt
