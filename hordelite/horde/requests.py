@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 
@@ -53,6 +53,8 @@ from hordelite.signals import look_again_by
 from hordelite.storage.requests import FirstRequest, Intake, Submitted
 
 log = logging.getLogger("hordelite.requests")
+# A request the screen takes and answers: a text or a chat request.
+R = TypeVar("R", TextRequest, ChatRequest)
 
 
 class Requests:
@@ -118,18 +120,17 @@ class Requests:
     ) -> Queued:
         """Queue a validated text request; answers the 202 body. ``reader``:
         the process holding the OpenAI call that is its only reader."""
-        req = await self._moderation.screen_text(api_key, req, client)
         core = self._core
-        await core.modes.admit_request(api_key, client)  # maintenance, raid
-        online = await core.pool.get(core.clock.now())
-        new = new_text_request(
-            req,
-            self.quote,
-            scoped_operation_key(api_key, operation_key),
-            ceiling=lambda r: text_ceiling(core.models, r, online),
-        )
         key_hash = hash_key(api_key)
         async with self._refusals_counted(key_hash, client):
+            req = await self._screened(api_key, client, self._moderation.screen_text, req)
+            online = await core.pool.get(core.clock.now())
+            new = new_text_request(
+                req,
+                self.quote,
+                scoped_operation_key(api_key, operation_key),
+                ceiling=lambda r: text_ceiling(core.models, r, online),
+            )
             submitted = await core.store.submit_request(
                 key_hash=key_hash,
                 new=new,
@@ -215,9 +216,8 @@ class Requests:
         refusals counted toward the rate). ``reader``: the process holding
         the OpenAI call that is its only reader; ``client``: the address it
         came from."""
-        await self._core.modes.admit_request(api_key, client)  # maintenance, raid
-        req = await self._moderation.screen_chat(api_key, req, client)
         async with self._refusals_counted(hash_key(api_key), client):
+            req = await self._screened(api_key, client, self._moderation.screen_chat, req)
             return await self._queue_chat(
                 api_key, req, client_agent, operation_key, reader=reader, client=client
             )
@@ -290,6 +290,21 @@ class Requests:
         """The answer to a resubmit: the first request's id and quote."""
         billions = max(self._core.models.billions(m) for m in first.models)
         return Queued(first.id, kudos_rules.request_quote(first.max_length, 1, billions))
+
+    async def _screened(
+        self,
+        api_key: str,
+        client: str | None,
+        screen: Callable[[str, R, str | None], Awaitable[R]],
+        req: R,
+    ) -> R:
+        """``req`` admitted by the horde's modes (maintenance, raid) and
+        screened by the prompt filters (refused, or with its replacements).
+        Called inside ``_refusals_counted``, after the client's address was
+        checked: a timed-out client is refused before its prompt is read,
+        and a filter's refusal is its address's offence."""
+        await self._core.modes.admit_request(api_key, client)
+        return await screen(api_key, req, client)
 
     @contextlib.asynccontextmanager
     async def _refusals_counted(self, key_hash: str, client: str | None) -> AsyncIterator[None]:

@@ -344,16 +344,25 @@ async def test_repeated_budget_refusals_grow_a_timeout(database: str | None) -> 
 
 
 async def test_a_filter_refusal_times_the_address_out_at_once(database: str | None) -> None:
-    # The filters raise CorruptPrompt inside the submit; this is the hook
-    # their refusal passes through (horde.requests._refusals_counted).
+    # A prompt a filter refuses (400 CorruptPrompt) is its address's
+    # offence: the next request from there, however clean, is timed out;
+    # another address is not. A chat message refused counts the same.
     async with open_horde(config=behind_proxy(), database=database) as horde:
         key = await horde.create_key("alice", kudos=100)
-        async with clients(horde, key, "203.0.113.60") as (sender,):
-            rules = horde.horde.core.addresses
-            await rules.offended("203.0.113.60", "CorruptPrompt")
-            assert_timed_out(await sender.text(), "for 180 more seconds")
-            await rules.offended("203.0.113.60", "CorruptPrompt")
-            assert_timed_out(await sender.text(), "for 540 more seconds")
+        admin = await admin_of(horde)
+        async with admin, clients(horde, key, "203.0.113.60", "203.0.113.61") as (bad, good):
+            made = await admin.put("/api/v2/filters", json={"regex": "hel+o", "filter_type": 10})
+            assert made.status_code == 201, made.text
+            refused = await bad.text()  # text_body's prompt is "Hello"
+            assert (refused.status_code, refused.json()["rc"]) == (400, "CorruptPrompt")
+            clean = {**text_body(), "prompt": "Good day"}
+            assert_timed_out(await bad.http.post(TEXT_ASYNC, json=clean), "for 180 more seconds")
+            assert (await good.http.post(TEXT_ASYNC, json=clean)).status_code == 202
+            chat = await good.http.post(
+                CHAT_ASYNC, json={**chat_body(), "messages": [{"role": "user", "content": "hello"}]}
+            )
+            assert (chat.status_code, chat.json()["rc"]) == (400, "CorruptPrompt")
+            assert_timed_out(await good.http.post(TEXT_ASYNC, json=clean))
 
 
 async def test_a_check_reads_no_rules_while_their_version_stands() -> None:

@@ -15,6 +15,7 @@ import openai
 import pytest
 from sqlalchemy import func, select
 
+from hordelite.config import Config
 from hordelite.contract.limits import FILTERS_CHECK_SECONDS
 from hordelite.storage import audit
 from hordelite.storage.schema import requests
@@ -26,6 +27,8 @@ pytestmark = pytest.mark.anyio
 
 FILTERS = "/api/v2/filters"
 TEXT_ASYNC = "/api/v2/generate/text/async"
+
+NO_OFFENCE_TIMEOUTS = Config().replace(moderation={"offence_timeout": 0})
 
 
 async def _admin(env: ChatEnv) -> str:
@@ -60,7 +63,9 @@ def _corrupt(response: httpx.Response, hidden: str) -> None:
 async def test_a_filter_refuses_text_chat_and_openai_calls_storing_and_charging_nothing(
     chat_database: str | None,
 ) -> None:
-    async with open_chat_horde() as env:
+    # Several refusals from one address: offences that time nothing out
+    # (each would otherwise time the address out, tests/integration/test_addresses.py).
+    async with open_chat_horde(config=NO_OFFENCE_TIMEOUTS) as env:
         await env.chat_worker("w", limits={"max_context_length": 1024, "max_length": 64})
         mod = await _admin(env)
         made = await _add(env.client, mod, "forbidden", description="a test rule")

@@ -19,8 +19,9 @@ The fixture ``moderated`` is the harness: a running horde with an admin
   enforced by the running horde within seconds;
 * a prompt filter and maintenance mode set by an admin through the AI
   Horde's routes refuse a client's request (400 CorruptPrompt, nothing
-  charged, the match not echoed; 400 MaintenanceMode), and the filter,
-  the refusal and the mode appear in ``hordelite audit`` with their actor
+  charged, the match not echoed, and the address timed out for it; 400
+  MaintenanceMode), and the filter, the refusal, the timeout and the mode
+  appear in ``hordelite audit`` with their actor
   and address, the prompt nowhere.
 """
 
@@ -325,20 +326,25 @@ def test_a_filter_and_maintenance_set_through_the_routes_refuse_and_are_audited(
         assert (refused.status_code, refused.json()["rc"]) == (400, "CorruptPrompt")
         assert "forbidden" not in refused.json()["message"].lower()  # the match is not echoed
         assert writer.get("/find_user").json()["kudos"] == 50  # nothing charged
+        # The refusal is its address's offence: timed out, however clean.
+        again = writer.post("/generate/text/async", json={**text, "prompt": "Fine words"})
+        assert (again.status_code, again.json()["rc"]) == (403, "TimeoutIP")
+    with moderated.client("198.51.100.5", requester_key) as writer:
         passed = writer.post("/generate/text/async", json={**text, "prompt": "Fine words"})
         assert passed.status_code == 202, passed.text
 
     with moderated.client("203.0.113.80") as admin:
         on = admin.put("/status/modes", json={"maintenance_mode": True})
         assert on.status_code == 200, on.text
-    with moderated.client("198.51.100.4", requester_key) as writer:
+    with moderated.client("198.51.100.5", requester_key) as writer:
         closed = writer.post("/generate/text/async", json={**text, "prompt": "Fine words"})
         assert (closed.status_code, closed.json()["rc"]) == (400, "MaintenanceMode")
 
-    entries = moderated.audit("--action", "filter.create,request.refused,mode.set")
-    assert [(e["action"], e["actor"], e["address"]) for e in entries] == [
-        ("mode.set", moderated.admin, "203.0.113.80"),
-        ("request.refused", requester, "198.51.100.4"),
-        ("filter.create", moderated.admin, "203.0.113.80"),
+    entries = moderated.audit("--action", "filter.create,request.refused,address.timeout,mode.set")
+    assert [(e["action"], e["actor"], e["address"], e["target"]) for e in entries] == [
+        ("mode.set", moderated.admin, "203.0.113.80", "horde"),
+        ("address.timeout", "horde", "", "198.51.100.4"),
+        ("request.refused", requester, "198.51.100.4", "filter:1"),
+        ("filter.create", moderated.admin, "203.0.113.80", "filter:1"),
     ]
     assert "Forbidden" not in json.dumps(entries)  # the trail keeps no prompt

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hordelite.config import Config
 from hordelite.contract.suspicion import THRESHOLD, Suspicion
 from hordelite.testing import ManualClock
 from tests.integration._env import Env, open_env
@@ -52,7 +53,10 @@ async def _get(env: Env, path: str, key: str, **params: Any) -> dict[str, Any]:
 async def test_prompt_events_show_refused_and_flagged_requests_without_their_prompts(
     chat_database: str | None,
 ) -> None:
-    async with open_env(database=chat_database) as env:
+    # One client sends a refused prompt and then more: offences that time
+    # nothing out (tests/integration/test_addresses.py has the timeout).
+    config = Config().replace(moderation={"offence_timeout": 0})
+    async with open_env(database=chat_database, config=config) as env:
         admin = await env.horde.create_key("mod", admin=True)
         alice = await _user_id(env.client, env.requester)
         refuse = await _filter(env, admin, "forbidden[0-9]+", "refuse")
