@@ -76,19 +76,6 @@ class Store:
 
     # The audit trail (decision 0077) ------------------------------------
 
-    async def record_audit(
-        self,
-        *,
-        actor: audit.Actor,
-        action: str,
-        target: str,
-        now: float,
-        detail: Mapping[str, Any] | None = None,
-    ) -> None:
-        """One entry in a transaction of its own: for an action whose change
-        is not in the database (a mode read from it is: see its writer)."""
-        await self.db.write(audit.record, actor, action, target, now, detail)
-
     def record_audit_sync(
         self,
         *,
@@ -98,7 +85,9 @@ class Store:
         now: float,
         detail: Mapping[str, Any] | None = None,
     ) -> None:
-        """``record_audit`` for the CLI, which runs without a loop."""
+        """One entry in a transaction of its own, without a loop (what the
+        trail's readers are tested on; every action records its entry in
+        its own change's transaction, ``audit.record``)."""
         self.db.run_sync(audit.record, True, actor, action, target, now, detail)
 
     def audit_entries(
