@@ -33,15 +33,7 @@ from hordelite.storage.schema import RETIRED_NAME_KEY, users
 from hordelite.storage.transaction import Tx
 from hordelite.testing import FakeTextWorker, open_horde
 from hordelite.worker._horde import horde_base_url
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # No ./hordelite.toml from the checkout, no configuration from the shell.
-    monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith("HORDELITE_") and not name.startswith("HORDELITE_TEST_"):
-            monkeypatch.delenv(name)
+from tests.unit._cli_isolation import isolated  # noqa: F401 (autouse)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

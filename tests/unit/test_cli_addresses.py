@@ -3,7 +3,6 @@ and blocks at the shell, audited as ``cli``, enforced by a running horde."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,7 @@ from hordelite.storage import audit
 from hordelite.storage.database import Database
 from hordelite.testing import FakeTextWorker, open_horde
 from tests.integration._helpers import eventually
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith("HORDELITE_") and not name.startswith("HORDELITE_TEST_"):
-            monkeypatch.delenv(name)
+from tests.unit._cli_isolation import isolated  # noqa: F401 (autouse)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

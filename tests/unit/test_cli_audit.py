@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 from pathlib import Path
@@ -24,15 +23,7 @@ from hordelite.cli import main
 from hordelite.cli._admin import open_existing, target
 from hordelite.config import Config
 from hordelite.storage import audit
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # No ./hordelite.toml from the checkout, no configuration from the shell.
-    monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith("HORDELITE_") and not name.startswith("HORDELITE_TEST_"):
-            monkeypatch.delenv(name)
+from tests.unit._cli_isolation import isolated  # noqa: F401 (autouse)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

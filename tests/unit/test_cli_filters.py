@@ -3,7 +3,6 @@ SQLite and PostgreSQL, each change in the audit trail as the CLI's."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,14 +10,7 @@ import pytest
 from hordelite.cli import main
 from hordelite.storage import audit
 from hordelite.storage.database import Database
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    for name in list(os.environ):
-        if name.startswith("HORDELITE_") and not name.startswith("HORDELITE_TEST_"):
-            monkeypatch.delenv(name)
+from tests.unit._cli_isolation import isolated  # noqa: F401 (autouse)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
