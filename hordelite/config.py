@@ -597,7 +597,8 @@ class WorkerConfig:
     wait: float = bounded(30.0, ge=0, le=300)
     # Seconds the jobs in hand get at SIGINT/SIGTERM before they are faulted.
     grace_period: float = bounded(30.0, ge=0)
-    # Seconds between progress posts of a streamed job.
+    # Seconds between progress posts of a streamed job (its first text is
+    # posted at once).
     progress_interval: float = bounded(1.0, gt=0)
     # Seconds between summary log lines.
     summary_interval: float = bounded(300.0, gt=0)

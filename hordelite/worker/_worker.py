@@ -697,32 +697,44 @@ class Worker:
         return None
 
     async def _streamed(self, run: _Run, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Generate while posting progress about every ``progress_interval``;
-        the reply's fields, or None when the job was cancelled."""
+        """Generate while posting progress: the first text as soon as the
+        backend yields it (so the client's first token comes as fast as the
+        backend's), then about every ``progress_interval``; the reply's
+        fields, or None when the job was cancelled."""
         assert self._backend is not None
         assert self._horde is not None
         backend = self._backend
         answer = StreamedChat()
         poster = ProgressPoster(self._horde, run.id)
         finished = anyio.Event()
+        first_text = anyio.Event()  # set by the first visible text (and by the end)
         failure: list[BackendError] = []
         ended: list[bool] = []
 
+        def feed(chunk: dict[str, Any]) -> None:
+            answer.feed(chunk)
+            if not first_text.is_set() and any(answer.visible()):
+                first_text.set()
+
         async def generate() -> None:
             try:
-                ended.append(await backend.stream_chat(body, answer.feed))
+                ended.append(await backend.stream_chat(body, feed))
             except BackendError as exc:
                 failure.append(exc)
             finally:
                 finished.set()
+                first_text.set()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(generate)
+            wake = first_text
             while not finished.is_set():
                 with anyio.move_on_after(self.config.progress_interval):
-                    await finished.wait()
+                    await wake.wait()
                 if finished.is_set():
                     break
+                if first_text.is_set():
+                    wake = finished  # past the first text: a post an interval
                 await poster.post(*answer.visible())
                 if poster.cancelled:
                     tg.cancel_scope.cancel()

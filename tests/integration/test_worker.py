@@ -784,6 +784,28 @@ async def test_a_streamed_job_posts_reasoning_and_content_apart_then_submits_the
     assert sent["stream"] is True
 
 
+async def test_a_streamed_job_posts_its_first_text_at_once_not_after_the_progress_interval() -> (
+    None
+):
+    # 30 tokens at 50 ms: the reply takes about 1.5 s, the interval is a minute.
+    prompt = " ".join(f"word{i}" for i in range(30))
+    async with environment(FakeBackendConfig(delay=0.05)) as env:
+        async with serving(env, env.config(progress_interval=60.0)) as worker:
+            request_id = await env.chat(chat_body(prompt, model=MODEL, stream=True))
+            signals = env.horde.horde.signals
+            await eventually(lambda: signals.read_progress(request_id, 0))
+            # Posted while the backend is still generating, not at its end.
+            assert (await env.status(request_id))["done"] is False
+            status = await env.status_when(request_id, lambda s: s["done"])
+            posts = worker.statistics().progress_posts
+    first = (await signals.read_progress(request_id, 0))[0]
+    assert first["seq"] == 1
+    assert first["content"]
+    assert ("echo: " + prompt).startswith(first["content"])
+    assert status["generations"][0]["message"]["content"] == "echo: " + prompt
+    assert posts == 1  # the first text only: the next post would be a minute later
+
+
 async def test_a_streamed_job_the_client_cancels_stops_generating_and_is_not_submitted() -> None:
     prompt = " ".join(f"word{i}" for i in range(300))  # 300 tokens at 20 ms: 6 s
     async with environment(FakeBackendConfig(delay=0.02)) as env:
