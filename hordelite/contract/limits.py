@@ -31,6 +31,9 @@ MAX_ID_CHARS: Final = 64
 # An API key (apikey header, Bearer token, worker.key) and an Idempotency-Key.
 MAX_API_KEY_CHARS: Final = 255
 MAX_IDEMPOTENCY_KEY_CHARS: Final = 255
+# The X-Horde-Options header (the ``horde`` object of a client that cannot
+# send a body field of its own): a JSON object of a few short options.
+MAX_HORDE_OPTIONS_HEADER_CHARS: Final = 2048
 # client_agent and bridge_agent, stored as given up to this length.
 MAX_AGENT_CHARS: Final = 1000
 MAX_WEBHOOK_CHARS: Final = 1024

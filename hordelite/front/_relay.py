@@ -1,4 +1,5 @@
-"""Relaying a plain streamed request's progress as SSE deltas (chat guide, "Streaming").
+"""Relaying a plain streamed request's progress as SSE deltas (chat guide,
+"Streaming"), in the API of the call's encoder (``_encoder``).
 
 The worker posts about once a second; each post's text is spread evenly over
 the estimated interval until the next post, so the client sees a steady flow
@@ -16,10 +17,10 @@ from typing import Any
 
 import anyio
 
-from hordelite.contract.chat_request import ChatRequest
 from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import Call
+from hordelite.front._encoder import CONTENT, REASONING, Encoder
 from hordelite.horde.results import RequestStatus
 
 # Each post leaves in about SLICES_PER_POST slices spread over the estimated
@@ -87,23 +88,23 @@ class Pacer:
 
 
 async def relay(
-    call: Call, req: ChatRequest, prompt_chars: int, paced: bool, keepalive: float
+    call: Call, encoder: Encoder, include_reasoning: bool, paced: bool, keepalive: float
 ) -> AsyncIterator[bytes]:
-    """The SSE bytes of a plain streamed request: deltas as posted, then the
-    reconciled end. Raises HordeError as ``Call.poll`` does, and
-    ChatStreamDiverged when the final reply contradicts the relayed text."""
+    """The SSE bytes of a plain streamed request, in ``encoder``'s API:
+    deltas as posted, then the reconciled end. Raises HordeError as
+    ``Call.poll`` does, and ChatStreamDiverged when the final reply
+    contradicts the relayed text."""
     signals, rid = call.horde.signals, call.request_id
     content, reasoning = Pacer(paced), Pacer(paced)
-    relayed = reasoning if req.horde.include_reasoning else None  # the reasoning relayed
-    position, gen, model = 0, None, req.models[0]
-    base = _shape.chunk_base(rid, model)
-    tail = {"usage": None} if req.include_usage else {}
+    relayed = reasoning if include_reasoning else None  # the reasoning relayed
+    position, gen = 0, None
 
-    def chunk(delta: dict[str, Any]) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
-        return _shape.sse({**base, "model": model, "choices": [choice], **tail})
+    def deltas(pieces: Iterator[tuple[str, str]]) -> Iterator[bytes]:
+        for field, text in pieces:
+            yield from encoder.delta(field, text)
 
-    yield chunk({"role": "assistant", "content": ""})
+    for piece in encoder.opening():
+        yield piece
     status: RequestStatus | None = None
     recheck = 0.0  # read the status at once: it may have ended already
     next_keepalive = anyio.current_time() + keepalive
@@ -116,7 +117,7 @@ async def relay(
                 now = anyio.current_time()
                 entries = await signals.read_progress(rid, position)
                 position += len(entries)
-                gen, model = _add_posts(entries, gen, model, content, relayed, now)
+                gen, encoder.model = _add_posts(entries, gen, encoder.model, content, relayed, now)
                 if finished.is_set() or now >= recheck:
                     held.close()
                     finished = held.enter_context(signals.request_waiter(rid))
@@ -126,25 +127,25 @@ async def relay(
                         # No reply will come, and the cancel settles on all
                         # the worker posted: the client gets all of it first.
                         entries = await signals.read_progress(rid, position)
-                        _add_posts(entries, gen, model, content, relayed, now)
-                        for delta in _flushed(content, relayed):
-                            yield chunk(delta)
+                        _add_posts(entries, gen, encoder.model, content, relayed, now)
+                        for piece in deltas(_flushed(content, relayed)):
+                            yield piece
                         raise
                     recheck = call.next_recheck()
                     if status is not None:
                         break
-                for delta in _slices(content, reasoning, now):
-                    yield chunk(delta)
+                for piece in deltas(_slices(content, reasoning, now)):
+                    yield piece
                 if now >= next_keepalive:
                     next_keepalive = now + keepalive
-                    yield b": waiting for the worker\n\n"
+                    yield encoder.keepalive()
                 busy = bool(content.pending or reasoning.pending)
                 until = now + content.tick if busy else min(recheck, next_keepalive)
                 with anyio.move_on_after(max(until - anyio.current_time(), 0)):
                     await posted.wait()
-    for delta in _rests(status, content, relayed):
-        yield chunk(delta)
-    for piece in _shape.finish_chunks(rid, status, prompt_chars, req.include_usage):
+    for piece in deltas(_rests(status, content, relayed)):
+        yield piece
+    for piece in encoder.closing(status):
         yield piece
 
 
@@ -169,30 +170,30 @@ def _add_posts(
     return gen, model
 
 
-def _slices(content: Pacer, reasoning: Pacer, now: float) -> Iterator[dict[str, Any]]:
+def _slices(content: Pacer, reasoning: Pacer, now: float) -> Iterator[tuple[str, str]]:
     """The deltas due now: the reasoning's slice, then the content's."""
     text = reasoning.take(now)
     if text:
-        yield {"reasoning_content": text}
+        yield REASONING, text
     # Content waits until the reasoning before it has left:
     # OpenAI-style clients expect all the reasoning first.
     text = "" if reasoning.pending else content.take(now)
     if text:
-        yield {"content": text}
+        yield CONTENT, text
 
 
-def _flushed(content: Pacer, reasoning: Pacer | None) -> Iterator[dict[str, Any]]:
+def _flushed(content: Pacer, reasoning: Pacer | None) -> Iterator[tuple[str, str]]:
     """The deltas of all text still paced: the reasoning's (when relayed),
     then the content's."""
-    for pacer, field in ((reasoning, "reasoning_content"), (content, "content")):
+    for pacer, field in ((reasoning, REASONING), (content, CONTENT)):
         if pacer is not None and pacer.pending:
             pacer.paced = False
-            yield {field: pacer.take(anyio.current_time())}
+            yield field, pacer.take(anyio.current_time())
 
 
 def _rests(
     status: RequestStatus, content: Pacer, reasoning: Pacer | None
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[tuple[str, str]]:
     """The deltas that reconcile the relayed text with the final reply (the
     reasoning's only when it is relayed); ChatStreamDiverged when the reply
     does not extend the relayed content."""
@@ -200,7 +201,7 @@ def _rests(
     if reasoning is not None:
         rest = reasoning.rest_of(reply.reasoning_content or "")
         if rest:
-            yield {"reasoning_content": rest}
+            yield REASONING, rest
     rest = content.rest_of(reply.content or "")
     if rest is None:
         raise HordeError(
@@ -209,4 +210,4 @@ def _rests(
             "the whole reply is on the request's status.",
         )
     if rest:
-        yield {"content": rest}
+        yield CONTENT, rest

@@ -122,29 +122,6 @@ def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None, usag
     return sse({**base, "choices": [choice], **({"usage": None} if usage else {})})
 
 
-def chunks(
-    request_id: str,
-    status: RequestStatus,
-    prompt_chars: int,
-    include_reasoning: bool,
-    include_usage: bool,
-) -> Iterator[bytes]:
-    """A finished reply as a stream: a role chunk, the reasoning and content
-    chunks, a tool-call chunk when there are calls, then ``finish_chunks``."""
-    generation, reply = reply_of(status)
-    message = _message(reply, include_reasoning)
-    base = chunk_base(request_id, generation.model)
-    yield _chunk(base, {"role": "assistant", "content": ""}, None, include_usage)
-    if message.get("reasoning_content"):
-        yield _chunk(base, {"reasoning_content": message["reasoning_content"]}, None, include_usage)
-    if message.get("content"):
-        yield _chunk(base, {"content": message["content"]}, None, include_usage)
-    if message.get("tool_calls"):
-        calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        yield _chunk(base, {"tool_calls": calls}, None, include_usage)
-    yield from finish_chunks(request_id, status, prompt_chars, include_usage)
-
-
 def finish_chunks(
     request_id: str, status: RequestStatus, prompt_chars: int, include_usage: bool
 ) -> Iterator[bytes]:

@@ -15,18 +15,20 @@ import collections
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
 from hordelite.config import FrontConfig
 from hordelite.contract.chat_request import ChatRequest, flatten_messages, parse_chat_request
 from hordelite.contract.completion_request import Context, parse_completion_request
+from hordelite.contract.horde_header import HORDE_OPTIONS_HEADER, header_options, with_options
 from hordelite.contract.limits import ANONYMOUS_API_KEY, MAX_API_KEY_CHARS
 from hordelite.contract.progress import streams_progress
 from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
+from hordelite.front._encoder import KEEPALIVE, ChatChunks, from_reply
 from hordelite.front._relay import relay
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
@@ -91,11 +93,16 @@ def _as_horde_error(exc: Exception) -> HordeError:
 
 
 def error_answer(
-    horde: Horde, exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
+    horde: Horde,
+    exc: HordeError,
+    envelope: CallEnvelope = envelopes.openai,
+    *,
+    held: bool = False,
+    metadata: dict[str, Any] | None = None,
 ) -> Answer:
-    """A refusal the call answers itself, in OpenAI's envelope, counted."""
+    """A refusal the call answers itself, in its route's envelope, counted."""
     horde.metrics.refusals.labels(exc.rc.name).inc()
-    return envelopes.openai(exc, held=held, metadata=metadata)
+    return envelope(exc, held=held, metadata=metadata)
 
 
 def bearer_key(header: str | None) -> str:
@@ -112,9 +119,9 @@ def bearer_key(header: str | None) -> str:
 class ChatPlan:
     """``POST /v1/chat/completions``: a native chat request."""
 
-    def __init__(self, body: Any, horde: Horde) -> None:
+    def __init__(self, body: Any, horde: Horde, options: dict[str, Any]) -> None:
         self.horde = horde
-        req = parse_chat_request(body)
+        req = parse_chat_request(with_options(body, options))
         _check_models(req.models)
         # The request, until it is queued; a stream's relay reads it after.
         self.req: ChatRequest | None = req
@@ -122,6 +129,7 @@ class ChatPlan:
         self.fail_fast = req.horde.availability_mode == "fail_fast"
         self.include_reasoning = req.horde.include_reasoning
         self.prompt_chars = len(flatten_messages(req.messages, req.tools))
+        self._encoder: ChatChunks | None = None  # a stream's, once it starts
 
     async def queue(self, key: str, agent: str, client: str | None) -> str:
         # The call is the request's only reader, held by this process
@@ -146,30 +154,33 @@ class ChatPlan:
     def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]:
         req = self.req
         assert req is not None  # kept for a stream
+        include_reasoning = req.horde.include_reasoning
+        encoder = self._encoder = ChatChunks(
+            call.request_id, req.models[0], self.prompt_chars, req.include_usage
+        )
         if streams_progress(req):
             return relay(
-                call, req, self.prompt_chars, config.pace_progress, config.keepalive_interval
+                call, encoder, include_reasoning, config.pace_progress, config.keepalive_interval
             )
         return _finished(
             call,
             config.keepalive_interval,
-            lambda status: _shape.chunks(
-                call.request_id,
-                status,
-                self.prompt_chars,
-                req.horde.include_reasoning,
-                req.include_usage,
-            ),
+            encoder.keepalive(),
+            lambda status: from_reply(encoder, status, include_reasoning),
         )
+
+    def failure(self, call: Call, exc: HordeError) -> Iterator[bytes]:
+        assert self._encoder is not None  # a stream's events come first
+        return self._encoder.failure(exc)
 
 
 class CompletionPlan:
     """``POST /v1/completions``: OpenAI's legacy completion as a native text
     request (decision 0057), answered when its text is done."""
 
-    def __init__(self, body: Any, horde: Horde) -> None:
+    def __init__(self, body: Any, horde: Horde, options: dict[str, Any]) -> None:
         self.horde = horde
-        self.req = req = parse_completion_request(body)
+        self.req = req = parse_completion_request(with_options(body, options))
         _check_models(req.text.models)
         self.stream = req.stream
         self.fail_fast = req.fail_fast
@@ -193,7 +204,11 @@ class CompletionPlan:
         return self._shape(call).completion(status)
 
     def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]:
-        return _finished(call, config.keepalive_interval, self._shape(call).chunks)
+        return _finished(call, config.keepalive_interval, KEEPALIVE, self._shape(call).chunks)
+
+    def failure(self, call: Call, exc: HordeError) -> Iterator[bytes]:
+        yield _shape.sse(envelopes.openai_error(exc, {"request_id": call.request_id}))
+        yield _shape.DONE
 
 
 def _check_models(models: Sequence[str]) -> None:
@@ -207,7 +222,34 @@ def _check_models(models: Sequence[str]) -> None:
             )
 
 
-Plan = type[ChatPlan] | type[CompletionPlan]
+class CallPlan(Protocol):
+    """What a route's call makes of its body: the native request it queues,
+    and its answer, stream and stream failure in the route's API."""
+
+    stream: bool
+
+    async def queue(self, key: str, agent: str, client: str | None) -> str: ...
+
+    def call(self, request_id: str, started: float, config: FrontConfig) -> Call: ...
+
+    def answer(self, call: Call, status: RequestStatus) -> dict[str, Any]: ...
+
+    def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]: ...
+
+    def failure(self, call: Call, exc: HordeError) -> Iterator[bytes]: ...
+
+
+# A route's plan from its body, the horde and the X-Horde-Options header's options.
+Plan = Callable[[Any, Horde, dict[str, Any]], CallPlan]
+
+
+class CallEnvelope(Protocol):
+    """A call's refusal in its route's envelope (``held``: the horde may
+    hold the request, so the client must not retry on its own)."""
+
+    def __call__(
+        self, exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
+    ) -> Answer: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,12 +257,13 @@ class Caller:
     """What a call needs of its HTTP request."""
 
     body: Callable[[], Awaitable[Any]]  # the checked JSON body (a HordeError when not)
-    authorization: str | None  # the Authorization header
+    api_key: Callable[[], str]  # the horde key its headers carry (a HordeError when malformed)
     agent: str  # the client agent
     # The client's address (contract.forwarded.client_address: through a
     # trusted proxy, the address it forwarded), which an anonymous request's
     # budgets and the per-source cap count; None when it has none.
     client: str | None
+    options: str | None  # the X-Horde-Options header (contract.horde_header)
 
     @property
     def source(self) -> str:
@@ -228,7 +271,13 @@ class Caller:
         return self.client or "unknown"
 
 
-async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Caller) -> Answer:
+async def serve(
+    horde: Horde,
+    admission: Admission,
+    plan_of: Plan,
+    caller: Caller,
+    envelope: CallEnvelope = envelopes.openai,
+) -> Answer:
     """One call through the front's states (see the module): admitted,
     validated, queued, the first read, the wait, the answer; every exit but
     an answer or a fault cancels the request."""
@@ -241,10 +290,10 @@ async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Calle
 
     handed_over = False
     try:
-        plan = plan_of(await caller.body(), horde)
+        plan = plan_of(await caller.body(), horde, header_options(caller.options))
         timer.stream = plan.stream
         started = anyio.current_time()
-        key, agent = bearer_key(caller.authorization), caller.agent
+        key, agent = caller.api_key(), caller.agent
         config = horde.config.front
         # Run to its end even when the client leaves meanwhile (the handler
         # is cancelled then): the request it queued is cancelled below. No
@@ -257,7 +306,8 @@ async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Calle
             if plan.stream:
                 handed_over = True
                 timer.streaming()
-                return _stream(horde, call, plan.events(call, config), release)
+                events = plan.events(call, config)
+                return _stream(horde, call, events, lambda exc: plan.failure(call, exc), release)
             async for final in call.wait():
                 status = final
             return json_answer(plan.answer(call, status))
@@ -266,6 +316,7 @@ async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Calle
             return error_answer(
                 horde,
                 _as_horde_error(exc),
+                envelope,
                 held=True,
                 metadata={"request_id": call.request_id},
             )
@@ -273,29 +324,37 @@ async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Calle
             if not handed_over:
                 await call.cancel()
     except HordeError as exc:
-        return error_answer(horde, exc)
+        return error_answer(horde, exc, envelope)
     finally:
         if not handed_over:
             release()
 
 
 async def _finished(
-    call: Call, keepalive: float, chunks: Callable[[RequestStatus], Iterator[bytes]]
+    call: Call,
+    every: float,
+    keepalive: bytes,
+    chunks: Callable[[RequestStatus], Iterator[bytes]],
 ) -> AsyncIterator[bytes]:
-    """A stream served from the finished reply: a comment every
-    ``keepalive`` seconds while it waits, then the reply's chunks."""
-    async for item in call.wait(keepalive):
+    """A stream served from the finished reply: ``keepalive`` every
+    ``every`` seconds while it waits, then the reply's chunks."""
+    async for item in call.wait(every):
         if item is TICK:
-            yield b": waiting for a worker\n\n"
+            yield keepalive
         else:
             for chunk in chunks(item):
                 yield chunk
 
 
 def _stream(
-    horde: Horde, call: Call, source: AsyncIterator[bytes], release: Callable[[], None]
+    horde: Horde,
+    call: Call,
+    source: AsyncIterator[bytes],
+    failure: Callable[[HordeError], Iterator[bytes]],
+    release: Callable[[], None],
 ) -> Answer:
-    """The SSE answer; its headers go out now, so later errors are events."""
+    """The SSE answer; its headers go out now, so later errors are events
+    (``failure``'s, in the call's API)."""
 
     async def events() -> AsyncIterator[bytes]:
         try:
@@ -303,8 +362,8 @@ def _stream(
                 yield piece
         except Exception as exc:
             await call.cancel()
-            yield _shape.sse(envelopes.openai_error(_as_horde_error(exc), {"request_id": call.request_id}))
-            yield _shape.DONE
+            for piece in failure(_as_horde_error(exc)):
+                yield piece
         finally:
             await finish()
 
@@ -334,8 +393,16 @@ class OpenAIRoutes:
     async def completions(self, request: Request) -> Answer:
         return await self._call(request, CompletionPlan)
 
-    async def _call(self, request: Request, plan: Plan) -> Answer:
-        """An OpenAI call, cancelled when its client leaves.
+    async def _call(
+        self,
+        request: Request,
+        plan: Plan,
+        api_key: Callable[[], str] | None = None,
+        envelope: CallEnvelope = envelopes.openai,
+    ) -> Answer:
+        """A call, cancelled when its client leaves; its key from
+        ``api_key`` (by default an ``Authorization: Bearer`` header), its
+        refusals in ``envelope`` (OpenAI's by default).
 
         The body is read first, so that the connection can be watched for
         the whole call; a body that cannot be read is refused when ``serve``
@@ -353,9 +420,15 @@ class OpenAIRoutes:
             return read.pop()
 
         caller = Caller(
-            body, request.header("authorization"), request.client_agent(), request.client_address()
+            body,
+            api_key or (lambda: bearer_key(request.header("authorization"))),
+            request.client_agent(),
+            request.client_address(),
+            request.header(HORDE_OPTIONS_HEADER),
         )
-        return await request.unless_gone(lambda: serve(self.horde, self.admission, plan, caller))
+        return await request.unless_gone(
+            lambda: serve(self.horde, self.admission, plan, caller, envelope)
+        )
 
     async def models(self, request: Request) -> Answer:
         return json_answer({"object": "list", "data": await self._chat_models()})

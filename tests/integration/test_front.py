@@ -590,6 +590,53 @@ async def test_fail_fast_when_every_eligible_thread_is_busy_is_a_503_queue_unava
         await front.assert_cancelled(error["metadata"]["request_id"])
 
 
+async def test_the_x_horde_options_header_carries_the_horde_object_of_a_client_without_body_fields() -> (
+    None
+):
+    # As the test above, with fail_fast sent the way a coding agent can
+    # send it: in a header, its body untouched.
+    async with open_front(front={"timeout": 15.0}) as front:
+        worker = await front.worker("w1")  # one thread
+        assert (await front.env.submit(chat_body())).status_code == 202
+        await pop_job(worker)  # its only thread is busy with that job
+        client = await front.sdk()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[user("Name one colour.")],
+                max_tokens=8,
+                extra_headers={"X-Horde-Options": '{"availability_mode": "fail_fast"}'},
+            )
+        error = assert_error(
+            caught.value, openai.InternalServerError, 503, "queue_unavailable", held=True
+        )
+        await front.assert_cancelled(error["metadata"]["request_id"])
+
+
+async def test_an_x_horde_options_header_that_is_not_a_json_object_is_a_400_naming_it() -> None:
+    async with open_front() as front:
+        client = await front.sdk()
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[user("Name one colour.")],
+                max_tokens=8,
+                extra_headers={"X-Horde-Options": "fail_fast"},
+            )
+        assert_error(
+            caught.value,
+            openai.BadRequestError,
+            400,
+            "BadRequest",
+            held=False,
+            param="X-Horde-Options",
+        )
+        assert len(front.sent) == 1  # not retried
+        async with httpx.AsyncClient(base_url=front.env.horde.url) as client:
+            load = (await client.get("/api/v2/status/performance")).json()
+        assert load["queued_requests"] == 0  # nothing queued
+
+
 async def test_fail_fast_with_an_idle_eligible_worker_is_answered() -> None:
     async with open_front() as front:
         worker = await front.worker("w1")
