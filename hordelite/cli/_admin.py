@@ -427,7 +427,7 @@ def audit_read(config: Config, where: Target, args: AuditArgs) -> list[str]:
     one JSON object a line (the database and the next page's command then
     go to stderr, so that stdout is JSON alone)."""
     query = _audit_query(args, time.time())
-    found = run(config, where, lambda store: store.audit_entries(**dataclasses.asdict(query)))
+    found = run(config, where, lambda store: store.audit_entries(query=query))
     notes = [f"database: {where.shown}"]
     if len(found) == query.limit:
         notes.append(f"next page: {_next_page(query, found[-1].id, args.as_json)}")

@@ -26,15 +26,26 @@ DEFAULT_PAGE = 50
 
 
 @dataclasses.dataclass(frozen=True)
-class AuditQuery:
-    """The filters of ``storage.audit.entries`` (its keyword arguments)."""
+class Paging:
+    """Which page of the audit trail a read answers, newest first: at most
+    ``limit`` entries, older than the entry ``before_id`` (the next page's
+    cursor: the last id shown). The trail's own reads and the moderation
+    review's event reads (``contract.moderation_review``) page alike."""
+
+    limit: int = DEFAULT_PAGE
+    before_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditQuery(Paging):
+    """A read of the trail (``storage.audit.entries``): the entries of
+    ``actions`` (any when empty), by ``actor``, on ``target``, at or after
+    ``since``."""
 
     actions: tuple[str, ...] = ()
     actor: str | None = None
     target: str | None = None
     since: float | None = None
-    before_id: int | None = None
-    limit: int = DEFAULT_PAGE
 
 
 def parse_actions(values: Iterable[str], known: Sequence[str], field: str) -> tuple[str, ...]:

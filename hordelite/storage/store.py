@@ -90,51 +90,16 @@ class Store:
         its own change's transaction, ``audit.record``)."""
         self.db.run_sync(audit.record, True, actor, action, target, now, detail)
 
-    def audit_entries(
-        self,
-        *,
-        actions: tuple[str, ...] = (),
-        actor: str | None = None,
-        target: str | None = None,
-        since: float | None = None,
-        before_id: int | None = None,
-        limit: int = 50,
-    ) -> list[audit.AuditEntry]:
+    def audit_entries(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
         """A page of the trail, newest first (``audit.entries``);
         synchronous, for the CLI."""
-        return self.db.run_sync(
-            audit.entries,
-            False,
-            actions=actions,
-            actor=actor,
-            target=target,
-            since=since,
-            before_id=before_id,
-            limit=limit,
-        )
+        return self.db.run_sync(audit.entries, False, query)
 
-    async def read_audit(
-        self,
-        *,
-        actions: tuple[str, ...] = (),
-        actor: str | None = None,
-        target: str | None = None,
-        since: float | None = None,
-        before_id: int | None = None,
-        limit: int = 50,
-    ) -> list[audit.AuditEntry]:
+    async def read_audit(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
         """``audit_entries`` from a loop, for the horde's own reads (an
         admin's read through the routes is ``admin_audit``, which checks
         the key)."""
-        return await self.db.read(
-            audit.entries,
-            actions=actions,
-            actor=actor,
-            target=target,
-            since=since,
-            before_id=before_id,
-            limit=limit,
-        )
+        return await self.db.read(audit.entries, query)
 
     async def admin_audit(self, *, key_hash: str, query: AuditQuery) -> list[audit.AuditEntry]:
         """A page of the trail for an admin (the admin route); raises
