@@ -23,7 +23,7 @@ from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
-from hordelite.contract.filters import FilterEdit, FilterSpec
+from hordelite.contract.filters import FilterEdit, FilterSpec, Screened
 from hordelite.contract.moderation_review import OverviewQuery, PromptQuery, SuspicionQuery
 from hordelite.contract.modes import Modes
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
@@ -269,27 +269,9 @@ class Store:
             filter_rows.delete_filter, key_hash, self.rules, filter_id, address, now
         )
 
-    async def record_screened(
-        self,
-        *,
-        key_hash: str,
-        client: str | None,
-        action: str,
-        filter_ids: tuple[int, ...],
-        now: float,
-        detail: Mapping[str, Any],
-    ) -> None:
+    async def record_screened(self, *, key_hash: str, screened: Screened, now: float) -> None:
         """A request refused or flagged by filters, in the audit trail."""
-        await self.db.write(
-            filter_rows.record_screened,
-            key_hash,
-            self.rules,
-            client,
-            action,
-            filter_ids,
-            now,
-            detail,
-        )
+        await self.db.write(filter_rows.record_screened, key_hash, self.rules, screened, now)
 
     # The moderation review routes (hordelite.storage.moderation_review):
     # each for an admin's key; raises InvalidAPIKey, NotModerator.
