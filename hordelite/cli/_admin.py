@@ -29,15 +29,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from hordelite.config import Config, StorageConfig
-from hordelite.contract.audit_query import (
-    DEFAULT_PAGE,
-    AuditQuery,
-    parse_actions,
-    parse_count,
-    parse_since,
-    parse_text,
-)
-from hordelite.contract.limits import AUDIT_PAGE, MAX_NAME
+from hordelite.contract.audit_query import DEFAULT_PAGE, AuditQuery, AuditText, parse_query
 from hordelite.contract.modes import Modes
 from hordelite.contract.presence import is_online
 from hordelite.contract.unicode_rules import fold_name
@@ -410,15 +402,10 @@ def _migrate(config: Config, db: Database, where: Target) -> tuple[Store, tuple[
 
 
 @dataclasses.dataclass(frozen=True)
-class AuditArgs:
-    """``hordelite audit``'s flags as given (checked by ``audit_read``)."""
+class AuditArgs(AuditText):
+    """``hordelite audit``'s flags as given (checked by ``audit_read``): the
+    query's, and ``--json``."""
 
-    actions: Sequence[str] = ()
-    actor: str | None = None
-    target: str | None = None
-    since: str | None = None
-    before: str | None = None
-    limit: str | None = None
     as_json: bool = False
 
 
@@ -427,7 +414,7 @@ def audit_read(config: Config, where: Target, args: AuditArgs) -> list[str]:
     one JSON object a line (the database and the next page's command then
     go to stderr, so that stdout is JSON alone)."""
     query = _audit_query(args, time.time())
-    found = run(config, where, lambda store: store.audit_entries(**dataclasses.asdict(query)))
+    found = run(config, where, lambda store: store.audit_entries(query=query))
     notes = [f"database: {where.shown}"]
     if len(found) == query.limit:
         notes.append(f"next page: {_next_page(query, found[-1].id, args.as_json)}")
@@ -457,18 +444,7 @@ def audit_read(config: Config, where: Target, args: AuditArgs) -> list[str]:
 def _audit_query(args: AuditArgs, now: float) -> AuditQuery:
     """The query of the flags; refused naming the flag of a bad value."""
     try:
-        return AuditQuery(
-            actions=parse_actions(args.actions, audit.ACTIONS, "--action"),
-            actor=None if args.actor is None else parse_text(args.actor, "--actor", MAX_NAME),
-            target=None if args.target is None else parse_text(args.target, "--target", MAX_NAME),
-            since=None if args.since is None else parse_since(args.since, now, "--since"),
-            before_id=None if args.before is None else parse_count(args.before, "--before"),
-            limit=(
-                DEFAULT_PAGE
-                if args.limit is None
-                else parse_count(args.limit, "--limit", AUDIT_PAGE)
-            ),
-        )
+        return parse_query(args, audit.ACTIONS, now, "--")
     except HordeError as refusal:
         raise Refused(refusal.message) from None
 

@@ -15,7 +15,7 @@ import datetime
 import re
 from collections.abc import Iterable, Sequence
 
-from hordelite.contract.limits import MAX_COUNT_DIGITS
+from hordelite.contract.limits import AUDIT_PAGE, MAX_COUNT_DIGITS, MAX_NAME
 from hordelite.errors import bad_request
 
 # A duration back from now: a whole number and its unit.
@@ -26,15 +26,62 @@ DEFAULT_PAGE = 50
 
 
 @dataclasses.dataclass(frozen=True)
-class AuditQuery:
-    """The filters of ``storage.audit.entries`` (its keyword arguments)."""
+class Paging:
+    """Which page of the audit trail a read answers, newest first: at most
+    ``limit`` entries, older than the entry ``before_id`` (the next page's
+    cursor: the last id shown). The trail's own reads and the moderation
+    review's event reads (``contract.moderation_review``) page alike."""
+
+    limit: int = DEFAULT_PAGE
+    before_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditQuery(Paging):
+    """A read of the trail (``storage.audit.entries``): the entries of
+    ``actions`` (any when empty), by ``actor``, on ``target``, at or after
+    ``since``."""
 
     actions: tuple[str, ...] = ()
     actor: str | None = None
     target: str | None = None
     since: float | None = None
-    before_id: int | None = None
-    limit: int = DEFAULT_PAGE
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditText:
+    """An audit query's values as given, text not yet checked: ``hordelite
+    audit``'s flags, or the admin route's parameters (``parse_query``
+    checks them)."""
+
+    # Each value one action or a comma list of actions.
+    actions: Sequence[str] = ()
+    actor: str | None = None
+    target: str | None = None
+    # A duration back from now or an ISO time (``parse_since``).
+    since: str | None = None
+    before: str | None = None
+    limit: str | None = None
+
+
+def parse_query(given: AuditText, known: Sequence[str], now: float, prefix: str = "") -> AuditQuery:
+    """The query of the values ``given``, each bad one refused naming its
+    field: ``prefix`` and the value's name, the actions' as ``action``
+    (``--since`` at the shell, ``since`` on the route). ``known``: the
+    actions the trail records."""
+    actor, target, since, before = given.actor, given.target, given.since, given.before
+    return AuditQuery(
+        actions=parse_actions(given.actions, known, f"{prefix}action"),
+        actor=None if actor is None else parse_text(actor, f"{prefix}actor", MAX_NAME),
+        target=None if target is None else parse_text(target, f"{prefix}target", MAX_NAME),
+        since=None if since is None else parse_since(since, now, f"{prefix}since"),
+        before_id=None if before is None else parse_count(before, f"{prefix}before"),
+        limit=(
+            DEFAULT_PAGE
+            if given.limit is None
+            else parse_count(given.limit, f"{prefix}limit", AUDIT_PAGE)
+        ),
+    )
 
 
 def parse_actions(values: Iterable[str], known: Sequence[str], field: str) -> tuple[str, ...]:

@@ -290,6 +290,19 @@ class Verdict:
         return tuple(sorted(self.refused + self.flagged + self.replaced))
 
 
+@dataclasses.dataclass(frozen=True)
+class Screened:
+    """A request a screen refused or flagged, as the audit trail records it:
+    ``action`` (``request.refused`` or ``request.flagged``), the ids of the
+    rules it matched, its ``kind`` (text, chat) and the client address it
+    came from (None: not known). Never its prompt."""
+
+    action: str
+    filter_ids: tuple[int, ...]
+    kind: str
+    client: str | None
+
+
 class FilterSet:
     """The compiled rules of a horde, screened in one RE2 pass per text."""
 

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from hordelite.contract.addresses import parse_target
-from hordelite.contract.audit_query import parse_count, parse_since, parse_text
+from hordelite.contract.audit_query import (
+    DEFAULT_PAGE,
+    Paging,
+    parse_count,
+    parse_since,
+    parse_text,
+)
 from hordelite.contract.limits import (
     MAX_NAME,
     MAX_PROMPT_NOTE,
@@ -26,8 +32,6 @@ from hordelite.contract.limits import (
 from hordelite.contract.suspicion import REPEATED, Suspicion
 from hordelite.errors import bad_request
 
-# A page's length when none is asked for.
-DEFAULT_PAGE = 50
 # The AI Horde's reasons a prompt event is kept; hordelite's are all the first.
 PROMPT_REASONS = ("filter_rejection", "model_rejection", "worker_csam")
 WORKER_TYPES = ("image", "text", "interrogation")
@@ -46,9 +50,10 @@ class OverviewQuery:
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptQuery:
-    limit: int = DEFAULT_PAGE
-    before_id: int | None = None
+class PromptQuery(Paging):
+    """A page of prompt events: the audit trail's ``request.refused`` and
+    ``request.flagged`` entries, paged as the trail's own reads are."""
+
     event_id: int | None = None
     user_id: int | None = None
     ipaddr: str | None = None
@@ -61,9 +66,10 @@ class PromptQuery:
 
 
 @dataclasses.dataclass(frozen=True)
-class SuspicionQuery:
-    limit: int = DEFAULT_PAGE
-    before_id: int | None = None
+class SuspicionQuery(Paging):
+    """A page of worker suspicion events: the audit trail's
+    ``worker.suspicion`` entries, paged as the trail's own reads are."""
+
     worker_id: str | None = None
     user_id: int | None = None
 

@@ -12,15 +12,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from hordelite.contract.audit_query import (
-    DEFAULT_PAGE,
-    AuditQuery,
-    parse_actions,
-    parse_count,
-    parse_since,
-    parse_text,
-)
-from hordelite.contract.limits import AUDIT_PAGE, MAX_NAME
+from hordelite.contract.audit_query import AuditQuery, AuditText, parse_query
 from hordelite.horde._core import HordeCore
 from hordelite.horde.keys import hash_key
 from hordelite.storage import audit
@@ -53,16 +45,15 @@ class AuditTrail:
 def query_of(pairs: Sequence[tuple[str, str]], now: float) -> AuditQuery:
     """The query of a route's parameters, each refused by its name."""
     one = {key: value for key, value in reversed(pairs)}  # the first of each
-    actor, target, since = one.get("actor"), one.get("target"), one.get("since")
-    before, limit = one.get("before"), one.get("limit")
-    return AuditQuery(
-        actions=parse_actions((v for k, v in pairs if k == "action"), audit.ACTIONS, "action"),
-        actor=None if actor is None else parse_text(actor, "actor", MAX_NAME),
-        target=None if target is None else parse_text(target, "target", MAX_NAME),
-        since=None if since is None else parse_since(since, now, "since"),
-        before_id=None if before is None else parse_count(before, "before"),
-        limit=DEFAULT_PAGE if limit is None else parse_count(limit, "limit", AUDIT_PAGE),
+    given = AuditText(
+        actions=[v for k, v in pairs if k == "action"],
+        actor=one.get("actor"),
+        target=one.get("target"),
+        since=one.get("since"),
+        before=one.get("before"),
+        limit=one.get("limit"),
     )
+    return parse_query(given, audit.ACTIONS, now)
 
 
 def entry_json(entry: audit.AuditEntry) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import logging
 
 from hordelite.contract import filters as rules_of
 from hordelite.contract.chat_request import ChatRequest
-from hordelite.contract.filters import Verdict
+from hordelite.contract.filters import Screened, Verdict
 from hordelite.contract.limits import MAX_COUNT_DIGITS
 from hordelite.contract.text import TextRequest
 from hordelite.errors import RC, HordeError
@@ -71,22 +71,15 @@ class Moderation:
     async def _judged(self, api_key: str, client: str | None, verdict: Verdict, kind: str) -> None:
         """Record a refusal or a flag, and raise the refusal."""
         if verdict.refused:
-            await self._record(api_key, client, "request.refused", verdict.refused, kind)
+            await self._record(api_key, Screened("request.refused", verdict.refused, kind, client))
             raise HordeError(RC.CorruptPrompt)
         if verdict.flagged:
-            await self._record(api_key, client, "request.flagged", verdict.flagged, kind)
+            await self._record(api_key, Screened("request.flagged", verdict.flagged, kind, client))
 
-    async def _record(
-        self, api_key: str, client: str | None, action: str, ids: tuple[int, ...], kind: str
-    ) -> None:
+    async def _record(self, api_key: str, screened: Screened) -> None:
         core = self._core
         await core.store.record_screened(
-            key_hash=hash_key(api_key),
-            client=client,
-            action=action,
-            filter_ids=ids,
-            now=core.clock.now(),
-            detail={"kind": kind},
+            key_hash=hash_key(api_key), screened=screened, now=core.clock.now()
         )
 
     # The admins' routes ----------------------------------------------------

@@ -8,7 +8,6 @@ replaced by ``revoked:<user id>`` (``accounts.REVOKED_PREFIX``).
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 
 from sqlalchemy import false, or_, select, update
@@ -124,4 +123,4 @@ def admin_audit(conn: Tx, key_hash: str, rules: Rules, query: AuditQuery) -> lis
     route). A read: reading the trail is not recorded."""
     if not authenticate(conn, key_hash, rules)["admin"]:
         raise HordeError(RC.NotModerator, "Only an admin of this horde may read the audit trail.")
-    return audit.entries(conn, **dataclasses.asdict(query))
+    return audit.entries(conn, query)

@@ -13,11 +13,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import ColumnElement, Select, delete, insert, select
 
+from hordelite.contract.audit_query import AuditQuery, Paging
 from hordelite.contract.limits import AUDIT_PAGE
 from hordelite.storage.schema import audit
 from hordelite.storage.transaction import Tx
+
+# A read of the whole trail, newest first (the first page).
+EVERY = AuditQuery()
 
 # The actors that are not a user.
 CLI = "cli"
@@ -116,43 +120,53 @@ def record(
     )
 
 
-def entries(
-    conn: Tx,
-    *,
-    actions: tuple[str, ...] = (),
-    actor: str | None = None,
-    target: str | None = None,
-    since: float | None = None,
-    before_id: int | None = None,
-    limit: int = 50,
-) -> list[AuditEntry]:
-    """A page of entries, newest first: those of ``actions`` (any when
-    empty), by ``actor``, on ``target``, at or after ``since``, older than
-    the entry ``before_id`` (the next page's cursor: the last id shown)."""
-    query = select(audit).order_by(audit.c.id.desc()).limit(max(1, min(limit, AUDIT_PAGE)))
-    if actions:
-        query = query.where(audit.c.action.in_(actions))
-    if actor is not None:
-        query = query.where(audit.c.actor == actor)
-    if target is not None:
-        query = query.where(audit.c.target == target)
+def entries(conn: Tx, query: AuditQuery = EVERY) -> list[AuditEntry]:
+    """A page of the entries ``query`` asks for, newest first (its limit
+    bounded to AUDIT_PAGE)."""
+    q = select(audit)
+    if query.actions:
+        q = q.where(audit.c.action.in_(query.actions))
+    q = where_given(q, (audit.c.actor, query.actor), (audit.c.target, query.target))
+    q = written_between(q, query.since, None)
+    page = dataclasses.replace(query, limit=max(1, min(query.limit, AUDIT_PAGE)))
+    return [entry_of(r) for r in conn.execute(newest_first(q, page)).mappings()]
+
+
+def where_given(q: Select[Any], *equal: tuple[ColumnElement[Any], object]) -> Select[Any]:
+    """``q`` narrowed to the rows whose column holds the value of each
+    (column, value) pair, a pair whose value is None not narrowing it: a
+    query's filters, each one left out when not asked for."""
+    for column, value in equal:
+        if value is not None:
+            q = q.where(column == value)
+    return q
+
+
+def written_between(q: Select[Any], since: float | None, until: float | None) -> Select[Any]:
+    """``q`` narrowed to the entries written at or after ``since`` and
+    before ``until`` (None: no bound)."""
     if since is not None:
-        query = query.where(audit.c.at >= since)
-    if before_id is not None:
-        query = query.where(audit.c.id < before_id)
-    return [
-        AuditEntry(
-            id=r["id"],
-            at=r["at"],
-            actor=r["actor"],
-            actor_id=r["actor_id"],
-            address=r["address"],
-            action=r["action"],
-            target=r["target"],
-            detail=r["detail"],
-        )
-        for r in conn.execute(query).mappings()
-    ]
+        q = q.where(audit.c.at >= since)
+    if until is not None:
+        q = q.where(audit.c.at < until)
+    return q
+
+
+def newest_first(q: Select[Any], page: Paging) -> Select[Any]:
+    """``q``, a select of the trail's rows, narrowed to the ``page`` asked
+    for: newest first, older than its ``before_id``, at most its ``limit``."""
+    if page.before_id is not None:
+        q = q.where(audit.c.id < page.before_id)
+    return q.order_by(audit.c.id.desc()).limit(page.limit)
+
+
+# An entry holds the trail's columns, by the same names.
+_COLUMNS = tuple(field.name for field in dataclasses.fields(AuditEntry))
+
+
+def entry_of(row: Mapping[str, Any]) -> AuditEntry:
+    """The entry of a row of the trail (a row that may hold more columns)."""
+    return AuditEntry(**{name: row[name] for name in _COLUMNS})
 
 
 def purge(conn: Tx, before: float) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, or_, select, update
 
-from hordelite.contract.filters import FilterEdit, FilterSpec
+from hordelite.contract.filters import FilterEdit, FilterSpec, Screened
 from hordelite.contract.limits import MAX_FILTERS
 from hordelite.errors import RC, HordeError
 from hordelite.storage import audit
@@ -211,20 +211,13 @@ def _detail(spec: FilterSpec) -> dict[str, Any]:
     return _values(spec)
 
 
-def record_screened(
-    conn: Tx,
-    key_hash: str,
-    rules: Rules,
-    client: str | None,
-    action: str,
-    filter_ids: tuple[int, ...],
-    now: float,
-    detail: Mapping[str, Any],
-) -> None:
+def record_screened(conn: Tx, key_hash: str, rules: Rules, screened: Screened, now: float) -> None:
     """A request refused or flagged by filters, in the audit trail: its
     requester (a shared key's lender) as the actor, from its client
     address; the filters it matched as the target. Never the prompt."""
     user, _shared = requester(conn, key_hash, rules, None)
-    actor = audit.user_actor(user, client)
-    target = "filter:" + ",".join(str(i) for i in filter_ids)
-    audit.record(conn, actor, action, target, now, {**detail, "filters": list(filter_ids)})
+    actor = audit.user_actor(user, screened.client)
+    ids = screened.filter_ids
+    target = "filter:" + ",".join(str(i) for i in ids)
+    detail = {"kind": screened.kind, "filters": list(ids)}
+    audit.record(conn, actor, screened.action, target, now, detail)

@@ -93,21 +93,14 @@ def prompt_events(
     _admin(conn, key_hash, rules)
     if query.none:
         return [], {}
-    q = select(audit).where(audit.c.action.in_(PROMPT_ACTIONS))
-    if query.before_id is not None:
-        q = q.where(audit.c.id < query.before_id)
-    if query.event_id is not None:
-        q = q.where(audit.c.id == query.event_id)
-    if query.user_id is not None:
-        q = q.where(audit.c.actor_id == query.user_id)
-    if query.ipaddr is not None:
-        q = q.where(audit.c.address == query.ipaddr)
-    if query.since is not None:
-        q = q.where(audit.c.at >= query.since)
-    if query.until is not None:
-        q = q.where(audit.c.at < query.until)
-    q = q.order_by(audit.c.id.desc()).limit(query.limit)
-    found = [_entry(r) for r in conn.execute(q).mappings()]
+    q = trail.where_given(
+        select(audit).where(audit.c.action.in_(PROMPT_ACTIONS)),
+        (audit.c.id, query.event_id),
+        (audit.c.actor_id, query.user_id),
+        (audit.c.address, query.ipaddr),
+    )
+    q = trail.written_between(q, query.since, query.until)
+    found = [trail.entry_of(r) for r in conn.execute(trail.newest_first(q, query)).mappings()]
     return found, _notes(conn, [e.id for e in found])
 
 
@@ -157,24 +150,6 @@ def suspicion_events(
         .join(workers, workers.c.id == audit.c.target, isouter=True)
         .where(audit.c.action == "worker.suspicion")
     )
-    if query.before_id is not None:
-        q = q.where(audit.c.id < query.before_id)
-    if query.worker_id is not None:
-        q = q.where(audit.c.target == query.worker_id)
-    if query.user_id is not None:
-        q = q.where(workers.c.user_id == query.user_id)
-    q = q.order_by(audit.c.id.desc()).limit(query.limit)
-    return [(_entry(r), r["owner_id"]) for r in conn.execute(q).mappings()]
-
-
-def _entry(r: Mapping[str, Any]) -> trail.AuditEntry:
-    return trail.AuditEntry(
-        id=r["id"],
-        at=r["at"],
-        actor=r["actor"],
-        actor_id=r["actor_id"],
-        address=r["address"],
-        action=r["action"],
-        target=r["target"],
-        detail=r["detail"],
-    )
+    q = trail.where_given(q, (audit.c.target, query.worker_id), (workers.c.user_id, query.user_id))
+    page = conn.execute(trail.newest_first(q, query)).mappings()
+    return [(trail.entry_of(r), r["owner_id"]) for r in page]

@@ -23,7 +23,7 @@ from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.chat_admission import AdmissionPlan, Capacity
 from hordelite.contract.chat_reply import ChatSubmit, Verdict
 from hordelite.contract.eligibility import RequestView, WorkerView
-from hordelite.contract.filters import FilterEdit, FilterSpec
+from hordelite.contract.filters import FilterEdit, FilterSpec, Screened
 from hordelite.contract.moderation_review import OverviewQuery, PromptQuery, SuspicionQuery
 from hordelite.contract.modes import Modes
 from hordelite.contract.shared_keys import SharedKeyEdit, SharedKeyTerms
@@ -90,51 +90,16 @@ class Store:
         its own change's transaction, ``audit.record``)."""
         self.db.run_sync(audit.record, True, actor, action, target, now, detail)
 
-    def audit_entries(
-        self,
-        *,
-        actions: tuple[str, ...] = (),
-        actor: str | None = None,
-        target: str | None = None,
-        since: float | None = None,
-        before_id: int | None = None,
-        limit: int = 50,
-    ) -> list[audit.AuditEntry]:
+    def audit_entries(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
         """A page of the trail, newest first (``audit.entries``);
         synchronous, for the CLI."""
-        return self.db.run_sync(
-            audit.entries,
-            False,
-            actions=actions,
-            actor=actor,
-            target=target,
-            since=since,
-            before_id=before_id,
-            limit=limit,
-        )
+        return self.db.run_sync(audit.entries, False, query)
 
-    async def read_audit(
-        self,
-        *,
-        actions: tuple[str, ...] = (),
-        actor: str | None = None,
-        target: str | None = None,
-        since: float | None = None,
-        before_id: int | None = None,
-        limit: int = 50,
-    ) -> list[audit.AuditEntry]:
+    async def read_audit(self, *, query: AuditQuery) -> list[audit.AuditEntry]:
         """``audit_entries`` from a loop, for the horde's own reads (an
         admin's read through the routes is ``admin_audit``, which checks
         the key)."""
-        return await self.db.read(
-            audit.entries,
-            actions=actions,
-            actor=actor,
-            target=target,
-            since=since,
-            before_id=before_id,
-            limit=limit,
-        )
+        return await self.db.read(audit.entries, query)
 
     async def admin_audit(self, *, key_hash: str, query: AuditQuery) -> list[audit.AuditEntry]:
         """A page of the trail for an admin (the admin route); raises
@@ -304,27 +269,9 @@ class Store:
             filter_rows.delete_filter, key_hash, self.rules, filter_id, address, now
         )
 
-    async def record_screened(
-        self,
-        *,
-        key_hash: str,
-        client: str | None,
-        action: str,
-        filter_ids: tuple[int, ...],
-        now: float,
-        detail: Mapping[str, Any],
-    ) -> None:
+    async def record_screened(self, *, key_hash: str, screened: Screened, now: float) -> None:
         """A request refused or flagged by filters, in the audit trail."""
-        await self.db.write(
-            filter_rows.record_screened,
-            key_hash,
-            self.rules,
-            client,
-            action,
-            filter_ids,
-            now,
-            detail,
-        )
+        await self.db.write(filter_rows.record_screened, key_hash, self.rules, screened, now)
 
     # The moderation review routes (hordelite.storage.moderation_review):
     # each for an admin's key; raises InvalidAPIKey, NotModerator.

@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import func, select
 
 from hordelite.config import Config
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.limits import ADDRESS_RULES_SECONDS
 from hordelite.storage.schema import requests, workers
 from hordelite.testing import FakeChatWorker, FakeTextWorker, ManualClock, TestHorde, open_horde
@@ -288,12 +289,12 @@ async def test_a_worker_s_address_is_kept_at_pop_and_its_block_refuses_it(
             assert (await admin.delete(path)).json() == {"message": "OK"}
             assert (await worker.pop())["id"] is None
 
-            entries = await horde.horde.store.read_audit(target=worker_id)
+            entries = await horde.horde.store.read_audit(query=AuditQuery(target=worker_id))
             assert [e.action for e in entries] == ["worker.address_block"]
             assert entries[0].actor.startswith("root#")
             assert entries[0].address == "192.0.2.200"
             assert entries[0].detail == {"address": "2001:db8:9:9::/64", "seconds": 2 * 86400.0}
-            lifted = await horde.horde.store.read_audit(actions=("address.lift",))
+            lifted = await horde.horde.store.read_audit(query=AuditQuery(actions=("address.lift",)))
             assert lifted[0].detail == {"found": True, "worker_id": worker_id}
 
 
@@ -305,7 +306,7 @@ async def test_every_timeout_block_and_lift_is_audited_with_its_actor(database: 
             await admin.post(IPADDR, json={"ipaddr": "198.51.100.0/24", "block": True})
             await admin.request("DELETE", IPADDR, json={"ipaddr": "203.0.113.7"})
         entries = await horde.horde.store.read_audit(
-            actions=("address.timeout", "address.block", "address.lift")
+            query=AuditQuery(actions=("address.timeout", "address.block", "address.lift"))
         )
         assert [(e.action, e.target) for e in reversed(entries)] == [
             ("address.timeout", "203.0.113.7"),
@@ -335,7 +336,7 @@ async def test_repeated_budget_refusals_grow_a_timeout(database: str | None) -> 
         assert codes == [429, 429]  # the second offence: three times as long
         assert_timed_out(await flooder.text(), "for 180 more seconds")
 
-        entries = await horde.horde.store.read_audit(actions=("address.timeout",))
+        entries = await horde.horde.store.read_audit(query=AuditQuery(actions=("address.timeout",)))
         assert [(e.actor, e.target, e.detail["offences"]) for e in reversed(entries)] == [
             ("horde", "203.0.113.50", 1),
             ("horde", "203.0.113.50", 2),

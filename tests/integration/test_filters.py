@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from hordelite.config import Config
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.limits import FILTERS_CHECK_SECONDS
 from hordelite.storage import audit
 from hordelite.storage.schema import requests
@@ -50,7 +51,7 @@ async def _request_rows(env: ChatEnv) -> int:
 
 
 async def _trail(env: ChatEnv, action: str) -> list[audit.AuditEntry]:
-    return await env.horde.horde.store.read_audit(actions=(action,))
+    return await env.horde.horde.store.read_audit(query=AuditQuery(actions=(action,)))
 
 
 def _corrupt(response: httpx.Response, hidden: str) -> None:
@@ -190,7 +191,7 @@ async def test_the_filter_routes_answer_as_the_ai_horde_does(chat_database: str 
         assert missing.json()["rc"] == "FilterNotFound"
 
         trail = await env.horde.horde.store.read_audit(
-            actions=("filter.create", "filter.edit", "filter.delete")
+            query=AuditQuery(actions=("filter.create", "filter.edit", "filter.delete"))
         )
         assert [(e.action, e.target, e.actor) for e in trail] == [
             ("filter.delete", f"filter:{first['id']}", "mod#3"),

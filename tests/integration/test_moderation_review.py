@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from hordelite.config import Config
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.suspicion import THRESHOLD, Suspicion
 from hordelite.testing import ManualClock
 from tests.integration._env import Env, open_env
@@ -125,7 +126,7 @@ async def test_an_admins_note_on_a_prompt_event_is_shown_and_audited(
         event = (await _get(env, PROMPTS, admin))["events"][0]
         assert event["notes"] == [note]
         assert event["hold_source"] == "note"
-        trail = await env.horde.horde.store.read_audit(actions=("prompt.note",))
+        trail = await env.horde.horde.store.read_audit(query=AuditQuery(actions=("prompt.note",)))
         assert [(e.actor_id, e.target, e.detail) for e in trail] == [
             (admin_id, f"event:{event_id}", {"note_id": note["id"], "chars": 7})
         ]

@@ -16,6 +16,7 @@ import pytest
 from horde_sdk.ai_horde_api.apimodels import HordeModes
 
 from hordelite.config import Config
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.limits import ANONYMOUS_API_KEY
 from hordelite.testing import open_horde
 from tests.integration._env import TLS, Env, client_for, open_env
@@ -95,7 +96,7 @@ async def test_get_reports_the_modes_and_only_an_admin_sets_them_each_change_aud
             await env.client.get(MODES, headers={"apikey": env.owner}), 403, "NotModerator"
         )
 
-        entries = await env.horde.horde.store.read_audit(actions=("mode.set",))
+        entries = await env.horde.horde.store.read_audit(query=AuditQuery(actions=("mode.set",)))
         assert [e.detail["set"] for e in entries] == [{"invite_only": True}, {"raid": True}]
         root_id = (await env.client.get("/api/v2/find_user", headers={"apikey": admin})).json()[
             "id"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from hordelite.config import Config
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.contract.suspicion import THRESHOLD
 from hordelite.testing import ManualClock
 from tests.integration._chat_helpers import chat_body, open_chat_horde
@@ -67,7 +68,9 @@ async def test_a_worker_reporting_an_implausible_speed_is_paused_and_an_admins_r
         await serve(env, "w", clock, 0)
         details = await env.worker_details("w")
         assert (details["suspicious"], details["paused"]) == (THRESHOLD, True)
-        trail = await env.horde.horde.store.read_audit(actions=("worker.suspicion",))
+        trail = await env.horde.horde.store.read_audit(
+            query=AuditQuery(actions=("worker.suspicion",))
+        )
         wid = await worker_id(env.client, "w")
         assert [(e.actor, e.target, e.detail["suspicion"]) for e in trail] == [
             ("horde", wid, THRESHOLD)
@@ -94,7 +97,9 @@ async def test_a_worker_reporting_an_implausible_speed_is_paused_and_an_admins_r
         assert reset.json() == {"paused": False, "new_suspicion": 0}
         details = await env.worker_details("w")
         assert (details["suspicious"], details["paused"]) == (0, False)
-        resets = await env.horde.horde.store.read_audit(actions=("worker.suspicion_reset",))
+        resets = await env.horde.horde.store.read_audit(
+            query=AuditQuery(actions=("worker.suspicion_reset",))
+        )
         root = (await env.client.get("/api/v2/find_user", headers={"apikey": admin})).json()
         assert [(e.actor, e.actor_id, e.target, e.detail["suspicion"]) for e in resets] == [
             (f"root#{root['id']}", root["id"], wid, THRESHOLD)

@@ -10,6 +10,7 @@ import dataclasses
 from sqlalchemy import select
 
 from hordelite.contract.addresses import Policy
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.storage import addresses, audit, queries
 from hordelite.storage.database import Database
 from hordelite.storage.schema import address_offences, address_rules
@@ -59,7 +60,7 @@ def test_offences_grow_a_timeout_that_never_shortens_an_operator_s_rule(
     database.run_sync(addresses.set_rule, True, audit.CLI_ACTOR, "203.0.113.7", None, NOW + 20)
     assert offend(database, "203.0.113.7", "filter", NOW + 30) is None
     assert in_force(database, NOW + 30) == [("203.0.113.7", None)]
-    by_horde = database.run_sync(audit.entries, False, actor="horde")
+    by_horde = database.run_sync(audit.entries, False, AuditQuery(actor="horde"))
     assert [e.detail["offences"] for e in reversed(by_horde)] == [1, 2]
     # A lift forgets the offences: the next one is a first again.
     database.run_sync(addresses.lift, True, audit.CLI_ACTOR, "203.0.113.7", NOW + 40)

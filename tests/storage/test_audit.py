@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.storage import audit, queries
 from hordelite.storage.database import Database
 from tests.storage.helpers import NOW, RULES
@@ -23,19 +24,19 @@ def test_entries_come_newest_first_in_pages_and_by_filter(database: Database) ->
         _record(database, "filter.create", f"filter {i}", NOW + i, admin)
     _record(database, "kudos.grant", "alice#3", NOW + 10, audit.CLI_ACTOR)
 
-    first = database.run_sync(audit.entries, False, limit=3)
+    first = database.run_sync(audit.entries, False, AuditQuery(limit=3))
     assert [e.target for e in first] == ["alice#3", "filter 4", "filter 3"]
     assert (first[0].actor, first[0].actor_id, first[0].address) == ("cli", None, "")
     shown = (first[1].actor, first[1].actor_id, first[1].address, first[1].detail)
     assert shown == ("mod#2", 2, "203.0.113.9", {"why": "filter 4"})
-    second = database.run_sync(audit.entries, False, limit=3, before_id=first[-1].id)
+    second = database.run_sync(audit.entries, False, AuditQuery(limit=3, before_id=first[-1].id))
     assert [e.target for e in second] == ["filter 2", "filter 1", "filter 0"]
 
-    grants = database.run_sync(audit.entries, False, actions=("kudos.grant",))
+    grants = database.run_sync(audit.entries, False, AuditQuery(actions=("kudos.grant",)))
     assert [e.target for e in grants] == ["alice#3"]
-    by_mod = database.run_sync(audit.entries, False, actor="mod#2", since=NOW + 3)
+    by_mod = database.run_sync(audit.entries, False, AuditQuery(actor="mod#2", since=NOW + 3))
     assert [e.target for e in by_mod] == ["filter 4", "filter 3"]
-    on_one = database.run_sync(audit.entries, False, target="filter 1")
+    on_one = database.run_sync(audit.entries, False, AuditQuery(target="filter 1"))
     assert [e.at for e in on_one] == [NOW + 1]
 
 

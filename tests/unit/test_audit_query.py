@@ -8,7 +8,16 @@ import time
 
 import pytest
 
-from hordelite.contract.audit_query import parse_actions, parse_count, parse_since, parse_text
+from hordelite.contract.audit_query import (
+    DEFAULT_PAGE,
+    AuditQuery,
+    AuditText,
+    parse_actions,
+    parse_count,
+    parse_query,
+    parse_since,
+    parse_text,
+)
 from hordelite.errors import RC, HordeError
 
 NOW = 1_800_000_000.0
@@ -68,3 +77,21 @@ def test_counts_and_names_are_bounded() -> None:
     for text in ("", "   ", "x" * 256):
         with pytest.raises(HordeError, match=r"^BadRequest: actor: "):
             parse_text(text, "actor", 255)
+
+
+def test_a_query_is_read_from_its_text_and_each_refusal_names_its_field_as_given() -> None:
+    given = AuditText(["kudos.grant"], " mod#2 ", "alice#3", "2h", "40", "10")
+    assert parse_query(given, KNOWN, NOW) == AuditQuery(
+        actions=("kudos.grant",),
+        actor="mod#2",
+        target="alice#3",
+        since=NOW - 7200,
+        before_id=40,
+        limit=10,
+    )
+    assert parse_query(AuditText(), KNOWN, NOW) == AuditQuery(limit=DEFAULT_PAGE)
+    # The shell names its flags, the route its parameters.
+    with pytest.raises(HordeError, match=r"^BadRequest: --limit: at most 500"):
+        parse_query(AuditText(limit="501"), KNOWN, NOW, "--")
+    with pytest.raises(HordeError, match=r"^BadRequest: action: no action"):
+        parse_query(AuditText(actions=["kudos.granted"]), KNOWN, NOW)

@@ -25,6 +25,7 @@ from hordelite import __version__
 from hordelite.cli import main
 from hordelite.cli._main import banner
 from hordelite.config import Config
+from hordelite.contract.audit_query import AuditQuery
 from hordelite.horde.service import Horde, hash_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
@@ -954,7 +955,7 @@ async def test_modes_set_turns_a_mode_on_audited_as_cli_and_a_running_horde_sees
     assert out.splitlines()[1:] == ["maintenance: on", "invite_only: off", "raid: off"]
     db = Database(database, 1)
     try:
-        entries = Horde(Config(), db).store.audit_entries(actions=("mode.set",))
+        entries = Horde(Config(), db).store.audit_entries(query=AuditQuery(actions=("mode.set",)))
     finally:
         db.dispose()
     assert [(e.actor, e.address, e.detail["set"]) for e in entries] == [
