@@ -28,6 +28,7 @@ from hordelite.errors import RC, HordeError
 from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
 from hordelite.front._relay import relay
+from hordelite.horde.requests import Submitter
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
 from hordelite.http import envelopes
@@ -123,14 +124,9 @@ class ChatPlan:
         self.include_reasoning = req.horde.include_reasoning
         self.prompt_chars = len(flatten_messages(req.messages, req.tools))
 
-    async def queue(self, key: str, agent: str, client: str | None) -> str:
-        # The call is the request's only reader, held by this process
-        # (decision 0051): if the process dies, the request is cancelled.
-        horde = self.horde
+    async def queue(self, submitter: Submitter) -> str:
         assert self.req is not None
-        answer = await horde.requests.queue_chat(
-            key, self.req, agent, None, reader=horde.readers.name, client=client
-        )
+        answer = await self.horde.requests.queue_chat(submitter, self.req)
         if not self.stream:
             # Stored: a call held for minutes need not keep the request
             # (its messages, as decoded) for its answer.
@@ -175,11 +171,8 @@ class CompletionPlan:
         self.fail_fast = req.fail_fast
         self.context: Context | None = None
 
-    async def queue(self, key: str, agent: str, client: str | None) -> str:
-        horde = self.horde
-        answer, self.context = await horde.requests.queue_completion(
-            key, self.req, agent, reader=horde.readers.name, client=client
-        )
+    async def queue(self, submitter: Submitter) -> str:
+        answer, self.context = await self.horde.requests.queue_completion(submitter, self.req)
         return answer.id
 
     def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
@@ -244,13 +237,20 @@ async def serve(horde: Horde, admission: Admission, plan_of: Plan, caller: Calle
         plan = plan_of(await caller.body(), horde)
         timer.stream = plan.stream
         started = anyio.current_time()
-        key, agent = bearer_key(caller.authorization), caller.agent
+        # No operation key: the service is called in-process, so no answer
+        # can be lost on the way back, and there is nothing to recover. The
+        # call is the request's only reader, held by this process (decision
+        # 0051): if the process dies, the request is cancelled.
+        submitter = Submitter(
+            bearer_key(caller.authorization),
+            caller.agent,
+            client=caller.client,
+            reader=horde.readers.name,
+        )
         config = horde.config.front
         # Run to its end even when the client leaves meanwhile (the handler
-        # is cancelled then): the request it queued is cancelled below. No
-        # operation key: the service is called in-process, so no answer can
-        # be lost on the way back, and there is nothing to recover.
-        request_id = await run_to_completion(lambda: plan.queue(key, agent, caller.client))
+        # is cancelled then): the request it queued is cancelled below.
+        request_id = await run_to_completion(lambda: plan.queue(submitter))
         call = plan.call(request_id, started, config)
         try:
             status = await call.first_read()
@@ -303,7 +303,9 @@ def _stream(
                 yield piece
         except Exception as exc:
             await call.cancel()
-            yield _shape.sse(envelopes.openai_error(_as_horde_error(exc), {"request_id": call.request_id}))
+            yield _shape.sse(
+                envelopes.openai_error(_as_horde_error(exc), {"request_id": call.request_id})
+            )
             yield _shape.DONE
         finally:
             await finish()

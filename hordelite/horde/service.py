@@ -63,7 +63,7 @@ from hordelite.horde.moderation_review import ModerationReview
 from hordelite.horde.modes import ModeSnapshot, ModesRoom
 from hordelite.horde.operator import Operator
 from hordelite.horde.readers import Readers
-from hordelite.horde.requests import Requests
+from hordelite.horde.requests import Requests, Submitter
 from hordelite.horde.results import (
     PopAnswer,
     ProgressAnswer,
@@ -229,17 +229,21 @@ class Horde:
     async def submit_text(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
     ) -> Queued | Quote:
-        return await self.requests.submit_text(api_key, body, client_agent, operation_key)
+        return await self.requests.submit_text(
+            Submitter(api_key, client_agent, operation_key), body
+        )
 
     async def submit_chat(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
     ) -> Queued:
-        return await self.requests.submit_chat(api_key, body, client_agent, operation_key)
+        return await self.requests.submit_chat(
+            Submitter(api_key, client_agent, operation_key), body
+        )
 
     async def queue_chat(
         self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
     ) -> Queued:
-        return await self.requests.queue_chat(api_key, req, client_agent, operation_key)
+        return await self.requests.queue_chat(Submitter(api_key, client_agent, operation_key), req)
 
     async def text_status(
         self, request_id: str, *, cancel: bool = False, wait: float = 0.0
