@@ -38,6 +38,7 @@ from hordelite.horde.admission import (
     text_ceiling,
     text_quote,
 )
+from hordelite.horde.caches import StatusKey
 from hordelite.horde.fair_turns import FairTurns
 from hordelite.horde.image_allowance import ImageAllowance, IntakeLedger
 from hordelite.horde.keys import hash_key, scoped_operation_key
@@ -376,12 +377,12 @@ class Requests:
         a job (one more read), for the front's fail_fast check. ``wait``
         long-polls (``_long_polled``).
         """
-        canonical = _canonical(kind, request_id)
+        key = StatusKey(kind, _canonical(kind, request_id), with_position, with_free_threads)
         if wait > 0:
-            return await self._long_polled(kind, canonical, wait)
-        return await self._read(kind, canonical, with_position, with_free_threads)
+            return await self._long_polled(key, wait)
+        return await self._read(key)
 
-    async def _long_polled(self, kind: str, request_id: str, wait: float) -> RequestStatus:
+    async def _long_polled(self, key: StatusKey, wait: float) -> RequestStatus:
         """A status read that waits for news (GET .../status/{id}?wait=N, a
         hordelite extension): the status at once when the request has ended,
         else at its next change (a job handed out or given back, a
@@ -391,8 +392,8 @@ class Requests:
         during it is not missed; the process stopping wakes it.
         """
         core = self._core
-        with core.signals.status_waiter(request_id) as changed:
-            status = await self._read(kind, request_id)
+        with core.signals.status_waiter(key.request_id) as changed:
+            status = await self._read(key)
             if status.done or status.faulted or core.stopping:
                 return status
             deadline = anyio.current_time() + wait
@@ -402,35 +403,28 @@ class Requests:
                 ):
                     await changed.wait()
                 if core.signals.degraded:  # the change may have gone unsignalled
-                    fresh = await self._read(kind, request_id)
+                    fresh = await self._read(key)
                     if fresh != status:
                         return fresh
-        return await self._read(kind, request_id)
+        return await self._read(key)
 
-    async def _read(
-        self,
-        kind: str,
-        canonical: str,
-        with_position: bool = True,
-        with_free_threads: bool = False,
-    ) -> RequestStatus:
-        """The status of the request with this canonical id, from the cache
-        while its version is the one it was read under."""
+    async def _read(self, key: StatusKey) -> RequestStatus:
+        """The status ``key`` asks for, from the cache while its request's
+        version is the one it was read under."""
         core = self._core
         now = core.clock.now()
         # Read before the database: a change committed after this read
         # bumps the version, so what is cached below is not served for it.
-        version = await core.signals.request_version(canonical)
-        key = (kind, canonical, with_position, with_free_threads)
+        version = await core.signals.request_version(key.request_id)
         cached = core.statuses.get(key, version, now)
         if cached is not None:
             return cached
         parts = await core.store.request_status(
-            request_id=canonical,
-            kind=kind,
+            request_id=key.request_id,
+            kind=key.kind,
             now=now,
-            with_position=with_position,
-            with_free_threads=with_free_threads,
+            with_position=key.with_position,
+            with_free_threads=key.with_free_threads,
             online=await core.pool.get(now),
         )
         status = status_of(parts, core.config.horde.request_expiry)
