@@ -459,16 +459,11 @@ class Requests:
     ) -> RequestStatus:
         core = self._core
         now = core.clock.now()
-        leases = await core.signals.request_leases(canonical)
-        for lease in leases:
-            lease.cancelled = True
-            await core.signals.save_lease(lease)
-        posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
         parts = await core.store.cancel_request(
             request_id=canonical,
             kind=kind,
             now=now,
-            posted=posted,
+            posted=await self._streams_stopped(canonical),
             unread=unread,
             orphaned=orphaned,
         )
@@ -483,6 +478,18 @@ class Requests:
         await core.signals.end_stream(canonical, now)
         core.webhooks_due.set()
         return status_of(parts, core.config.horde.request_expiry)
+
+    async def _streams_stopped(self, canonical: str) -> dict[str, int]:
+        """The request's streamed jobs stopped: their leases cancelled, so
+        that they take no more text and the next progress answer says
+        cancelled. Answers what each job's worker posted before (characters
+        of content and reasoning), which the job is settled on."""
+        signals = self._core.signals
+        leases = await signals.request_leases(canonical)
+        for lease in leases:
+            lease.cancelled = True
+            await signals.save_lease(lease)
+        return {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
 
 
 def _canonical(kind: str, request_id: str) -> str:
