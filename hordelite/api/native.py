@@ -18,6 +18,7 @@ from hordelite.api import _render
 from hordelite.contract.limits import MODELS_PAGE, USERS_PAGE, WORKERS_PAGE
 from hordelite.contract.text import parse_count_bound, parse_page, parse_status_wait
 from hordelite.errors import RC, HordeError
+from hordelite.horde.requests import Submitter
 from hordelite.horde.results import Queued
 from hordelite.horde.service import Horde
 from hordelite.http.answer import Answer, json_answer
@@ -45,13 +46,13 @@ class NativeRoutes:
         requests = self.horde.requests
         submit = requests.submit_text if kind == "text" else requests.submit_chat
         body = await request.json()
-        answer = await submit(
+        submitter = Submitter(
             request.api_key(),
-            body,
             request.client_agent(),
             request.operation_key(),
             client=request.client_address(),
         )
+        answer = await submit(submitter, body)
         # A dry run (text only) queues nothing: 200 with its quote.
         return json_answer(_render.queued(answer), 202 if isinstance(answer, Queued) else 200)
 

@@ -60,13 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     _serve_parser(commands, database)
     _keys_parser(commands, database)
     _kudos_parser(commands, database)
-    _workers_parser(commands, database)
+    _command_group(commands, database, "workers")  # no arguments
     _addresses_parser(commands, database)
     _audit_parser(commands, database)
     _modes_parser(commands, database)
     _filters_parser(commands, database)
     _worker_parser(commands)
-    _db_parser(commands, database)
+    _command_group(commands, database, "db")
     return parser
 
 
@@ -87,79 +87,105 @@ def _serve_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     serve.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
 
 
+# The commands made of subcommands (``hordelite keys create NAME``): each
+# one's help and its subcommands' (each opens the database). The
+# subcommand chosen is ``args.<command>_command``, by which ``_subcommand``
+# finds what ``_ADMIN`` runs.
+_COMMAND_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
+    "keys": (
+        "manage users and their API keys",
+        {
+            "list": "the users: id, name, kudos, whether the key is active",
+            "create": "create a user and print its new API key once",
+            "revoke": "make a user's key unusable",
+            "rotate": "give a user a new key (printed once); the old one stops",
+        },
+    ),
+    "kudos": (
+        "change a user's kudos",
+        {"grant": "add N kudos to a user (negative takes them away)"},
+    ),
+    "workers": (
+        "the workers the horde knows",
+        {"list": "every worker, online or not, with its owner"},
+    ),
+    "addresses": (
+        "time out or block client addresses and ranges",
+        {
+            "list": "every timeout and block in force",
+            "timeout": "refuse an address or range for some hours",
+            "block": "refuse an address or range until lifted",
+            "lift": "lift an address's or range's timeout or block",
+        },
+    ),
+    "modes": (
+        "the horde's maintenance, invite-only and raid modes",
+        {"show": "the modes as stored", "set": "turn a mode on or off (audited as cli)"},
+    ),
+    "filters": (
+        "prompt filters (docs/reference/filters.md)",
+        {
+            "list": "every filter",
+            "add": "add a filter",
+            "edit": "change a filter's fields",
+            "remove": "delete a filter",
+            "test": "what the filters would do with a prompt",
+        },
+    ),
+    "db": (
+        "database maintenance",
+        {"upgrade": "create the database or run pending schema migrations"},
+    ),
+}
+
+
+def _command_group(
+    commands: Any, database: argparse.ArgumentParser, name: str
+) -> dict[str, argparse.ArgumentParser]:
+    """The command ``name`` of ``_COMMAND_GROUPS`` and its subcommands'
+    parsers by name, for their arguments."""
+    group_help, subcommands = _COMMAND_GROUPS[name]
+    group = commands.add_parser(name, help=group_help)
+    sub = group.add_subparsers(
+        dest=f"{name}_command", required=True, metavar="{" + ",".join(subcommands) + "}"
+    )
+    return {
+        command: sub.add_parser(command, help=text, parents=[database])
+        for command, text in subcommands.items()
+    }
+
+
 def _keys_parser(commands: Any, database: argparse.ArgumentParser) -> None:
-    keys = commands.add_parser("keys", help="manage users and their API keys")
-    key_commands = keys.add_subparsers(
-        dest="keys_command", required=True, metavar="{list,create,revoke,rotate}"
-    )
-    key_commands.add_parser(
-        "list", help="the users: id, name, kudos, whether the key is active", parents=[database]
-    )
-    create = key_commands.add_parser(
-        "create", help="create a user and print its new API key once", parents=[database]
-    )
+    keys = _command_group(commands, database, "keys")
+    create = keys["create"]
     create.add_argument(
         "name", help="a name no other user has (compared ignoring case and look-alikes)"
     )
     create.add_argument("--kudos", type=float, default=0.0)
     create.add_argument("--admin", action="store_true")
     create.add_argument("--trusted", action="store_true")
-    revoke = key_commands.add_parser(
-        "revoke", help="make a user's key unusable", parents=[database]
-    )
-    revoke.add_argument("user", help=_USER_HELP)
-    rotate = key_commands.add_parser(
-        "rotate", help="give a user a new key (printed once); the old one stops", parents=[database]
-    )
-    rotate.add_argument("user", help=_USER_HELP)
+    keys["revoke"].add_argument("user", help=_USER_HELP)
+    keys["rotate"].add_argument("user", help=_USER_HELP)
 
 
 def _kudos_parser(commands: Any, database: argparse.ArgumentParser) -> None:
-    kudos = commands.add_parser("kudos", help="change a user's kudos")
-    kudos_commands = kudos.add_subparsers(dest="kudos_command", required=True, metavar="{grant}")
-    grant = kudos_commands.add_parser(
-        "grant", help="add N kudos to a user (negative takes them away)", parents=[database]
-    )
-    grant.add_argument("user", help=_USER_HELP)
-    grant.add_argument("amount", type=float, metavar="N")
-
-
-def _workers_parser(commands: Any, database: argparse.ArgumentParser) -> None:
-    workers = commands.add_parser("workers", help="the workers the horde knows")
-    worker_commands = workers.add_subparsers(
-        dest="workers_command", required=True, metavar="{list}"
-    )
-    worker_commands.add_parser(
-        "list", help="every worker, online or not, with its owner", parents=[database]
-    )
+    kudos = _command_group(commands, database, "kudos")
+    kudos["grant"].add_argument("user", help=_USER_HELP)
+    kudos["grant"].add_argument("amount", type=float, metavar="N")
 
 
 def _addresses_parser(commands: Any, database: argparse.ArgumentParser) -> None:
-    addresses = commands.add_parser(
-        "addresses", help="time out or block client addresses and ranges"
+    addresses = _command_group(commands, database, "addresses")
+    for command in ("timeout", "block", "lift"):
+        addresses[command].add_argument("address", help=_ADDRESS_HELP)
+    addresses["timeout"].add_argument(
+        "--hours", type=float, required=True, help="how long, in hours"
     )
-    address_commands = addresses.add_subparsers(
-        dest="addresses_command", required=True, metavar="{list,timeout,block,lift}"
-    )
-    address_commands.add_parser(
-        "list", help="every timeout and block in force", parents=[database]
-    )
-    timeout = address_commands.add_parser(
-        "timeout", help="refuse an address or range for some hours", parents=[database]
-    )
-    timeout.add_argument("address", help=_ADDRESS_HELP)
-    timeout.add_argument("--hours", type=float, required=True, help="how long, in hours")
-    block = address_commands.add_parser(
-        "block", help="refuse an address or range until lifted", parents=[database]
-    )
-    block.add_argument("address", help=_ADDRESS_HELP)
-    lift = address_commands.add_parser(
-        "lift", help="lift an address's or range's timeout or block", parents=[database]
-    )
-    lift.add_argument("address", help=_ADDRESS_HELP)
 
 
 _ADDRESS_HELP = "an IP address (an IPv6 one counts as its /64) or a CIDR range"
+
+
 def _audit_parser(commands: Any, database: argparse.ArgumentParser) -> None:
     # Values are checked by _admin.audit_read: a bad one is refused in one
     # line naming its flag (exit 1), as the other operator commands refuse.
@@ -185,39 +211,27 @@ def _audit_parser(commands: Any, database: argparse.ArgumentParser) -> None:
 
 
 def _modes_parser(commands: Any, database: argparse.ArgumentParser) -> None:
-    modes = commands.add_parser("modes", help="the horde's maintenance, invite-only and raid modes")
-    mode_commands = modes.add_subparsers(dest="modes_command", required=True, metavar="{show,set}")
-    mode_commands.add_parser("show", help="the modes as stored", parents=[database])
-    set_mode = mode_commands.add_parser(
-        "set", help="turn a mode on or off (audited as cli)", parents=[database]
-    )
-    set_mode.add_argument(
+    modes = _command_group(commands, database, "modes")
+    modes["set"].add_argument(
         "mode", choices=_admin.MODE_NAMES, metavar="MODE", help="maintenance, invite_only or raid"
     )
-    set_mode.add_argument("state", choices=("on", "off"), metavar="STATE", help="on or off")
+    modes["set"].add_argument("state", choices=("on", "off"), metavar="STATE", help="on or off")
 
 
 def _filters_parser(commands: Any, database: argparse.ArgumentParser) -> None:
-    filters = commands.add_parser("filters", help="prompt filters (docs/reference/filters.md)")
-    sub = filters.add_subparsers(
-        dest="filters_command", required=True, metavar="{list,add,edit,remove,test}"
-    )
-    listing = sub.add_parser("list", help="every filter", parents=[database])
+    filters = _command_group(commands, database, "filters")
+    listing = filters["list"]
     listing.add_argument("--type", type=int, dest="filter_type", help="only this filter type")
     listing.add_argument("--contains", help="only those whose regex or description has this")
-    add = sub.add_parser("add", help="add a filter", parents=[database])
+    add = filters["add"]
     add.add_argument("regex", help="an RE2 regular expression, matched on normalised text")
     _filter_fields(add, required_type=True)
-    edit = sub.add_parser("edit", help="change a filter's fields", parents=[database])
+    edit = filters["edit"]
     edit.add_argument("filter_id", metavar="FILTER")
     edit.add_argument("--regex")
     _filter_fields(edit, required_type=False)
-    remove = sub.add_parser("remove", help="delete a filter", parents=[database])
-    remove.add_argument("filter_id", metavar="FILTER")
-    test = sub.add_parser(
-        "test", help="what the filters would do with a prompt", parents=[database]
-    )
-    test.add_argument("prompt")
+    filters["remove"].add_argument("filter_id", metavar="FILTER")
+    filters["test"].add_argument("prompt")
 
 
 def _filter_fields(parser: argparse.ArgumentParser, *, required_type: bool) -> None:
@@ -232,14 +246,6 @@ def _filter_fields(parser: argparse.ArgumentParser, *, required_type: bool) -> N
 def _filter_body(args: argparse.Namespace) -> dict[str, Any]:
     fields = ("regex", "filter_type", "action", "replacement", "description")
     return {name: getattr(args, name, None) for name in fields}
-
-
-def _db_parser(commands: Any, database: argparse.ArgumentParser) -> None:
-    db = commands.add_parser("db", help="database maintenance")
-    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="{upgrade}")
-    db_commands.add_parser(
-        "upgrade", help="create the database or run pending schema migrations", parents=[database]
-    )
 
 
 _USER_HELP = "the user: its id, NAME#ID, or its name"

@@ -30,6 +30,7 @@ from hordelite.front import _shape
 from hordelite.front._call import TICK, Call
 from hordelite.front._encoder import KEEPALIVE, ChatChunks, from_reply
 from hordelite.front._relay import relay
+from hordelite.horde.requests import Submitter
 from hordelite.horde.results import RequestStatus
 from hordelite.horde.service import Horde
 from hordelite.http import envelopes
@@ -131,14 +132,9 @@ class ChatPlan:
         self.prompt_chars = len(flatten_messages(req.messages, req.tools))
         self._encoder: ChatChunks | None = None  # a stream's, once it starts
 
-    async def queue(self, key: str, agent: str, client: str | None) -> str:
-        # The call is the request's only reader, held by this process
-        # (decision 0051): if the process dies, the request is cancelled.
-        horde = self.horde
+    async def queue(self, submitter: Submitter) -> str:
         assert self.req is not None
-        answer = await horde.requests.queue_chat(
-            key, self.req, agent, None, reader=horde.readers.name, client=client
-        )
+        answer = await self.horde.requests.queue_chat(submitter, self.req)
         if not self.stream:
             # Stored: a call held for minutes need not keep the request
             # (its messages, as decoded) for its answer.
@@ -186,11 +182,8 @@ class CompletionPlan:
         self.fail_fast = req.fail_fast
         self.context: Context | None = None
 
-    async def queue(self, key: str, agent: str, client: str | None) -> str:
-        horde = self.horde
-        answer, self.context = await horde.requests.queue_completion(
-            key, self.req, agent, reader=horde.readers.name, client=client
-        )
+    async def queue(self, submitter: Submitter) -> str:
+        answer, self.context = await self.horde.requests.queue_completion(submitter, self.req)
         return answer.id
 
     def call(self, request_id: str, started: float, config: FrontConfig) -> Call:
@@ -228,7 +221,7 @@ class CallPlan(Protocol):
 
     stream: bool
 
-    async def queue(self, key: str, agent: str, client: str | None) -> str: ...
+    async def queue(self, submitter: Submitter) -> str: ...
 
     def call(self, request_id: str, started: float, config: FrontConfig) -> Call: ...
 
@@ -293,13 +286,20 @@ async def serve(
         plan = plan_of(await caller.body(), horde, header_options(caller.options))
         timer.stream = plan.stream
         started = anyio.current_time()
-        key, agent = caller.api_key(), caller.agent
+        # No operation key: the service is called in-process, so no answer
+        # can be lost on the way back, and there is nothing to recover. The
+        # call is the request's only reader, held by this process (decision
+        # 0051): if the process dies, the request is cancelled.
+        submitter = Submitter(
+            caller.api_key(),
+            caller.agent,
+            client=caller.client,
+            reader=horde.readers.name,
+        )
         config = horde.config.front
         # Run to its end even when the client leaves meanwhile (the handler
-        # is cancelled then): the request it queued is cancelled below. No
-        # operation key: the service is called in-process, so no answer can
-        # be lost on the way back, and there is nothing to recover.
-        request_id = await run_to_completion(lambda: plan.queue(key, agent, caller.client))
+        # is cancelled then): the request it queued is cancelled below.
+        request_id = await run_to_completion(lambda: plan.queue(submitter))
         call = plan.call(request_id, started, config)
         try:
             status = await call.first_read()

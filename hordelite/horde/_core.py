@@ -53,8 +53,10 @@ class Nudge:
 
 @dataclasses.dataclass
 class HordeCore:
-    """The state of one horde, shared by its rooms (hordelite.horde.service
-    builds it). ``stopping`` is set once, by ``Upkeep.begin_shutdown``."""
+    """The state of one horde, shared by its rooms: what
+    hordelite.horde.service opens it with, and the caches over its store
+    and signals, built here. ``stopping`` is set once, by
+    ``Upkeep.begin_shutdown``."""
 
     config: Config
     store: Store
@@ -65,23 +67,34 @@ class HordeCore:
     # an image is refused.
     blobs: BlobStore | None
     # Counters only on the hot paths; /metrics reads the rest (decision 0043).
-    metrics: HordeMetrics
-    pool: PoolSnapshot
-    statuses: StatusCache
-    skipped: SkippedSample
-    messages: MessageSnapshot
+    metrics: HordeMetrics = dataclasses.field(default_factory=HordeMetrics)
+    pool: PoolSnapshot = dataclasses.field(init=False)
+    statuses: StatusCache = dataclasses.field(init=False)
+    skipped: SkippedSample = dataclasses.field(init=False)
+    messages: MessageSnapshot = dataclasses.field(init=False)
     # The horde's modes (hordelite.horde.modes): what requests and pops check.
-    modes: ModeSnapshot
+    modes: ModeSnapshot = dataclasses.field(init=False)
     # The timeouts and blocks by address in force: every submit and pop
     # checks its client against them.
-    addresses: AddressRules
-    filters: FilterSnapshot
+    addresses: AddressRules = dataclasses.field(init=False)
+    filters: FilterSnapshot = dataclasses.field(init=False)
     stopping: bool = False
     # A request ended in this process: its webhook may be owed now.
     webhooks_due: Nudge = dataclasses.field(default_factory=Nudge)
     # When the drain's answers are due (anyio's clock), once stopping: the
     # server cancels what is still open at its grace period's end.
     drain_deadline: float = float("inf")
+
+    def __post_init__(self) -> None:
+        store, signals = self.store, self.signals
+        self.pool = PoolSnapshot(store, signals)
+        self.statuses = StatusCache()
+        self.skipped = SkippedSample(store)
+        self.messages = MessageSnapshot(store, signals)
+        self.modes = ModeSnapshot(store, signals, self.config)
+        self.addresses = AddressRules(store, self.clock)
+        self.filters = FilterSnapshot(store)
+        self.metrics.watch_signals(signals)
 
     @property
     def shared(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from typing import NamedTuple
 
 import anyio
 
@@ -64,7 +65,16 @@ class PoolSnapshot:
         return [w.view for w in self._workers if w.until > now]
 
 
-StatusKey = tuple[str, str, bool, bool]  # kind, request id, with_position, with_free_threads
+class StatusKey(NamedTuple):
+    """What a status read asks for, and what its answer is cached under:
+    the request's kind ("text" or "chat") and canonical id, whether the
+    queue position is read (``with_position``) and whether the free
+    eligible threads are counted (``with_free_threads``)."""
+
+    kind: str
+    request_id: str
+    with_position: bool = True
+    with_free_threads: bool = False
 
 
 class StatusCache:

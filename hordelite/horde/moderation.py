@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from hordelite.contract import filters as rules_of
 from hordelite.contract.chat_request import ChatRequest
@@ -30,6 +32,7 @@ from hordelite.storage.filters import FilterRecord
 __all__ = ["FilterRecord", "Moderation"]
 
 log = logging.getLogger("hordelite.moderation")
+T = TypeVar("T")
 
 
 class Moderation:
@@ -100,35 +103,36 @@ class Moderation:
 
     async def create(self, api_key: str, body: object, address: str) -> tuple[FilterRecord, bool]:
         spec = rules_of.parse_filter(body)
-        core = self._core
-        made = await core.store.create_filter(
-            key_hash=hash_key(api_key), spec=spec, address=address, now=core.clock.now()
-        )
-        core.filters.stale()
-        return made
+        return await self._change(self._core.store.create_filter, api_key, address, spec=spec)
 
     async def edit(self, api_key: str, filter_id: str, body: object, address: str) -> FilterRecord:
         edit = rules_of.parse_filter_edit(body)
-        core = self._core
-        changed = await core.store.edit_filter(
-            key_hash=hash_key(api_key),
+        return await self._change(
+            self._core.store.edit_filter,
+            api_key,
+            address,
             filter_id=_filter_id(filter_id),
             edit=edit,
-            address=address,
-            now=core.clock.now(),
         )
-        core.filters.stale()
-        return changed
 
     async def delete(self, api_key: str, filter_id: str, address: str) -> None:
+        await self._change(
+            self._core.store.delete_filter, api_key, address, filter_id=_filter_id(filter_id)
+        )
+
+    async def _change(
+        self, change: Callable[..., Awaitable[T]], api_key: str, address: str, **what: Any
+    ) -> T:
+        """An admin's change to the filters (``change``, a Store method
+        that checks the admin and audits it), made as ``api_key``'s from
+        ``address`` now: this process screens the next request by the
+        filters as changed (the others within FILTERS_CHECK_SECONDS)."""
         core = self._core
-        await core.store.delete_filter(
-            key_hash=hash_key(api_key),
-            filter_id=_filter_id(filter_id),
-            address=address,
-            now=core.clock.now(),
+        done = await change(
+            key_hash=hash_key(api_key), address=address, now=core.clock.now(), **what
         )
         core.filters.stale()
+        return done
 
     async def test(self, api_key: str, body: object) -> tuple[int, list[str]]:
         """POST /filters: the suspicion of a prompt and what matched (the

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,7 @@ from hordelite.horde.admission import (
     text_ceiling,
     text_quote,
 )
+from hordelite.horde.caches import StatusKey
 from hordelite.horde.fair_turns import FairTurns
 from hordelite.horde.image_allowance import ImageAllowance, IntakeLedger
 from hordelite.horde.keys import hash_key, scoped_operation_key
@@ -55,6 +57,27 @@ from hordelite.storage.requests import FirstRequest, Intake, Submitted
 log = logging.getLogger("hordelite.requests")
 # A request the screen takes and answers: a text or a chat request.
 R = TypeVar("R", TextRequest, ChatRequest)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Submitter:
+    """Who sent a request, as each step of queueing it takes it: the
+    requester's API key, the client agent it named (Client-Agent), its
+    operation key (Idempotency-Key; None: none), the address it came from
+    (contract.forwarded; an anonymous request's budgets are counted by it,
+    None: none known), and the process holding the OpenAI call that is the
+    request's only reader (None: a native request, read by whoever polls)."""
+
+    api_key: str
+    client_agent: str
+    operation_key: str | None = None
+    client: str | None = None
+    reader: str | None = None
+
+    def intake(self, request_id: str) -> Intake:
+        """How the request came in, as storage keeps it with the request
+        queued under ``request_id``."""
+        return Intake(request_id, self.client_agent, self.reader, self.client)
 
 
 class Requests:
@@ -78,57 +101,37 @@ class Requests:
         """The dry-run price of a text request."""
         return text_quote(self._core.models, req)
 
-    async def submit_text(
-        self,
-        api_key: str,
-        body: Any,
-        client_agent: str,
-        operation_key: str | None = None,
-        *,
-        client: str | None = None,
-    ) -> Queued | Quote:
-        """Queue a text request; answers the 202 body (or the dry-run quote).
-        ``client``: the address it came from (contract.forwarded), which an
-        anonymous request's budgets are counted by."""
+    async def submit_text(self, submitter: Submitter, body: Any) -> Queued | Quote:
+        """Queue a text request; answers the 202 body (or the dry-run quote)."""
         core = self._core
         req = parse_text_request(body, http_webhooks=core.config.webhooks.call_private)
         if req.dry_run:
-            await self._moderation.screen_text(api_key, req, client)
+            await self._moderation.screen_text(submitter.api_key, req, submitter.client)
             # A shared key is served as its lender's key, and checked as
             # its request would be (the AI Horde's dry run checks it so).
             quote = self.quote(req)
             online = [] if req.models else await core.pool.get(core.clock.now())
             ceiling = text_ceiling(core.models, req, online)
             await core.store.requester_by_key(
-                key_hash=hash_key(api_key),
+                key_hash=hash_key(submitter.api_key),
                 now=core.clock.now(),
                 max_length=req.max_length,
                 quote=quote if ceiling is None else max(quote, ceiling),
             )
             return Quote(quote)
-        return await self.queue_text(api_key, req, client_agent, operation_key, client=client)
+        return await self.queue_text(submitter, req)
 
-    async def queue_text(
-        self,
-        api_key: str,
-        req: TextRequest,
-        client_agent: str,
-        operation_key: str | None = None,
-        *,
-        reader: str | None = None,
-        client: str | None = None,
-    ) -> Queued:
-        """Queue a validated text request; answers the 202 body. ``reader``:
-        the process holding the OpenAI call that is its only reader."""
+    async def queue_text(self, submitter: Submitter, req: TextRequest) -> Queued:
+        """Queue a validated text request; answers the 202 body."""
         core = self._core
-        key_hash = hash_key(api_key)
-        async with self._refusals_counted(key_hash, client):
-            req = await self._screened(api_key, client, self._moderation.screen_text, req)
+        key_hash = hash_key(submitter.api_key)
+        async with self._refusals_counted(key_hash, submitter.client):
+            req = await self._screened(submitter, self._moderation.screen_text, req)
             online = await core.pool.get(core.clock.now())
             new = new_text_request(
                 req,
                 self.quote,
-                scoped_operation_key(api_key, operation_key),
+                scoped_operation_key(submitter.api_key, submitter.operation_key),
                 ceiling=lambda r: text_ceiling(core.models, r, online),
             )
             submitted = await core.store.submit_request(
@@ -137,23 +140,17 @@ class Requests:
                 request_id=str(uuid.uuid4()),
                 now=core.clock.now(),
                 upfront_max_length=UPFRONT_MAX_LENGTH,
-                client_agent=client_agent,
+                client_agent=submitter.client_agent,
                 online=online,
-                reader=reader,
-                client=client,
+                reader=submitter.reader,
+                client=submitter.client,
             )
         if not submitted.replayed:
             await core.queue_changed(submitted.view)
         return self._text_queued(req, submitted)
 
     async def queue_completion(
-        self,
-        api_key: str,
-        req: CompletionRequest,
-        client_agent: str,
-        *,
-        reader: str,
-        client: str | None = None,
+        self, submitter: Submitter, req: CompletionRequest
     ) -> tuple[Queued, Context]:
         """Queue an OpenAI legacy completion as a text request, routed with
         the context ``completion_context`` chooses from the workers online
@@ -161,9 +158,7 @@ class Requests:
         core = self._core
         online = await core.pool.get(core.clock.now())
         context = completion_context(req, completion_offers(req.text, online))
-        queued = await self.queue_text(
-            api_key, with_context(req, context), client_agent, reader=reader, client=client
-        )
+        queued = await self.queue_text(submitter, with_context(req, context))
         return queued, context
 
     def _text_queued(self, req: TextRequest, submitted: Submitted) -> Queued:
@@ -188,50 +183,18 @@ class Requests:
             submitted.request_id, submitted.queued.quote, message=message, warnings=tuple(warnings)
         )
 
-    async def submit_chat(
-        self,
-        api_key: str,
-        body: Any,
-        client_agent: str,
-        operation_key: str | None = None,
-        *,
-        client: str | None = None,
-    ) -> Queued:
+    async def submit_chat(self, submitter: Submitter, body: Any) -> Queued:
         """Queue a chat request (see contract.chat_admission.admit_within for what is refused)."""
-        return await self.queue_chat(
-            api_key, parse_chat_request(body), client_agent, operation_key, client=client
-        )
+        return await self.queue_chat(submitter, parse_chat_request(body))
 
-    async def queue_chat(
-        self,
-        api_key: str,
-        req: ChatRequest,
-        client_agent: str,
-        operation_key: str | None = None,
-        *,
-        reader: str | None = None,
-        client: str | None = None,
-    ) -> Queued:
+    async def queue_chat(self, submitter: Submitter, req: ChatRequest) -> Queued:
         """Queue a validated chat request; answers the 202 body (its budget
-        refusals counted toward the rate). ``reader``: the process holding
-        the OpenAI call that is its only reader; ``client``: the address it
-        came from."""
-        async with self._refusals_counted(hash_key(api_key), client):
-            req = await self._screened(api_key, client, self._moderation.screen_chat, req)
-            return await self._queue_chat(
-                api_key, req, client_agent, operation_key, reader=reader, client=client
-            )
+        refusals counted toward the rate)."""
+        async with self._refusals_counted(hash_key(submitter.api_key), submitter.client):
+            req = await self._screened(submitter, self._moderation.screen_chat, req)
+            return await self._queue_chat(submitter, req)
 
-    async def _queue_chat(
-        self,
-        api_key: str,
-        req: ChatRequest,
-        client_agent: str,
-        operation_key: str | None,
-        *,
-        reader: str | None,
-        client: str | None,
-    ) -> Queued:
+    async def _queue_chat(self, submitter: Submitter, req: ChatRequest) -> Queued:
         """As ``queue_chat``.
 
         A resubmit with the same operation key answers the first request
@@ -240,9 +203,9 @@ class Requests:
         fingerprinted once, as the client sent it: its images are stored
         under a request id of their own, which the fingerprint must not see.
         """
-        operation_key = scoped_operation_key(api_key, operation_key)
+        operation_key = scoped_operation_key(submitter.api_key, submitter.operation_key)
         fingerprint = req.fingerprint() if operation_key is not None else None
-        key_hash = hash_key(api_key)
+        key_hash = hash_key(submitter.api_key)
         if req.has_images and operation_key is not None:
             first = await self._core.store.first_request(
                 key_hash=key_hash, operation_key=operation_key, kind="chat", fingerprint=fingerprint
@@ -251,8 +214,8 @@ class Requests:
                 return self._first_again(first)
         allowance = None
         if req.has_images:
-            allowance = await self._image_allowance(key_hash, req, client)
-        intake = Intake(str(uuid.uuid4()), client_agent, reader, client)
+            allowance = await self._image_allowance(key_hash, req, submitter.client)
+        intake = submitter.intake(str(uuid.uuid4()))
         async with self._images_taken(req, intake.request_id, allowance) as taken:
             outcome = await self._admission.queue(
                 key_hash=key_hash,
@@ -293,8 +256,7 @@ class Requests:
 
     async def _screened(
         self,
-        api_key: str,
-        client: str | None,
+        submitter: Submitter,
         screen: Callable[[str, R, str | None], Awaitable[R]],
         req: R,
     ) -> R:
@@ -303,8 +265,8 @@ class Requests:
         Called inside ``_refusals_counted``, after the client's address was
         checked: a timed-out client is refused before its prompt is read,
         and a filter's refusal is its address's offence."""
-        await self._core.modes.admit_request(api_key, client)
-        return await screen(api_key, req, client)
+        await self._core.modes.admit_request(submitter.api_key, submitter.client)
+        return await screen(submitter.api_key, req, submitter.client)
 
     @contextlib.asynccontextmanager
     async def _refusals_counted(self, key_hash: str, client: str | None) -> AsyncIterator[None]:
@@ -415,12 +377,12 @@ class Requests:
         a job (one more read), for the front's fail_fast check. ``wait``
         long-polls (``_long_polled``).
         """
-        canonical = _canonical(kind, request_id)
+        key = StatusKey(kind, _canonical(kind, request_id), with_position, with_free_threads)
         if wait > 0:
-            return await self._long_polled(kind, canonical, wait)
-        return await self._read(kind, canonical, with_position, with_free_threads)
+            return await self._long_polled(key, wait)
+        return await self._read(key)
 
-    async def _long_polled(self, kind: str, request_id: str, wait: float) -> RequestStatus:
+    async def _long_polled(self, key: StatusKey, wait: float) -> RequestStatus:
         """A status read that waits for news (GET .../status/{id}?wait=N, a
         hordelite extension): the status at once when the request has ended,
         else at its next change (a job handed out or given back, a
@@ -430,8 +392,8 @@ class Requests:
         during it is not missed; the process stopping wakes it.
         """
         core = self._core
-        with core.signals.status_waiter(request_id) as changed:
-            status = await self._read(kind, request_id)
+        with core.signals.status_waiter(key.request_id) as changed:
+            status = await self._read(key)
             if status.done or status.faulted or core.stopping:
                 return status
             deadline = anyio.current_time() + wait
@@ -441,35 +403,28 @@ class Requests:
                 ):
                     await changed.wait()
                 if core.signals.degraded:  # the change may have gone unsignalled
-                    fresh = await self._read(kind, request_id)
+                    fresh = await self._read(key)
                     if fresh != status:
                         return fresh
-        return await self._read(kind, request_id)
+        return await self._read(key)
 
-    async def _read(
-        self,
-        kind: str,
-        canonical: str,
-        with_position: bool = True,
-        with_free_threads: bool = False,
-    ) -> RequestStatus:
-        """The status of the request with this canonical id, from the cache
-        while its version is the one it was read under."""
+    async def _read(self, key: StatusKey) -> RequestStatus:
+        """The status ``key`` asks for, from the cache while its request's
+        version is the one it was read under."""
         core = self._core
         now = core.clock.now()
         # Read before the database: a change committed after this read
         # bumps the version, so what is cached below is not served for it.
-        version = await core.signals.request_version(canonical)
-        key = (kind, canonical, with_position, with_free_threads)
+        version = await core.signals.request_version(key.request_id)
         cached = core.statuses.get(key, version, now)
         if cached is not None:
             return cached
         parts = await core.store.request_status(
-            request_id=canonical,
-            kind=kind,
+            request_id=key.request_id,
+            kind=key.kind,
             now=now,
-            with_position=with_position,
-            with_free_threads=with_free_threads,
+            with_position=key.with_position,
+            with_free_threads=key.with_free_threads,
             online=await core.pool.get(now),
         )
         status = status_of(parts, core.config.horde.request_expiry)
@@ -504,16 +459,11 @@ class Requests:
     ) -> RequestStatus:
         core = self._core
         now = core.clock.now()
-        leases = await core.signals.request_leases(canonical)
-        for lease in leases:
-            lease.cancelled = True
-            await core.signals.save_lease(lease)
-        posted = {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
         parts = await core.store.cancel_request(
             request_id=canonical,
             kind=kind,
             now=now,
-            posted=posted,
+            posted=await self._streams_stopped(canonical),
             unread=unread,
             orphaned=orphaned,
         )
@@ -528,6 +478,18 @@ class Requests:
         await core.signals.end_stream(canonical, now)
         core.webhooks_due.set()
         return status_of(parts, core.config.horde.request_expiry)
+
+    async def _streams_stopped(self, canonical: str) -> dict[str, int]:
+        """The request's streamed jobs stopped: their leases cancelled, so
+        that they take no more text and the next progress answer says
+        cancelled. Answers what each job's worker posted before (characters
+        of content and reasoning), which the job is settled on."""
+        signals = self._core.signals
+        leases = await signals.request_leases(canonical)
+        for lease in leases:
+            lease.cancelled = True
+            await signals.save_lease(lease)
+        return {lease.job_id: len(lease.content) + len(lease.reasoning) for lease in leases}
 
 
 def _canonical(kind: str, request_id: str) -> str:

@@ -43,27 +43,19 @@ from hordelite.contract.models import ModelReference
 from hordelite.contract.suspicion import name_words
 from hordelite.horde._core import HordeCore
 from hordelite.horde.about import About
-from hordelite.horde.addresses import Addresses, AddressRules
+from hordelite.horde.addresses import Addresses
 from hordelite.horde.admission import new_text_request
 from hordelite.horde.audit_trail import AuditTrail
-from hordelite.horde.caches import (
-    FilterSnapshot,
-    MessageSnapshot,
-    PoolSnapshot,
-    SkippedSample,
-    StatusCache,
-)
 from hordelite.horde.directory import Directory
 from hordelite.horde.jobs import Jobs
 from hordelite.horde.keys import hash_key, new_api_key
 from hordelite.horde.messages import Messages
-from hordelite.horde.metrics import HordeMetrics
 from hordelite.horde.moderation import Moderation
 from hordelite.horde.moderation_review import ModerationReview
-from hordelite.horde.modes import ModeSnapshot, ModesRoom
+from hordelite.horde.modes import ModesRoom
 from hordelite.horde.operator import Operator
 from hordelite.horde.readers import Readers
-from hordelite.horde.requests import Requests
+from hordelite.horde.requests import Requests, Submitter
 from hordelite.horde.results import (
     PopAnswer,
     ProgressAnswer,
@@ -158,23 +150,7 @@ class Horde:
         self.rules = rules_of(config)
         store = Store(db, self.rules, models.billions)
         clock = clock or SystemClock()
-        self.core = HordeCore(
-            config=config,
-            store=store,
-            signals=signals,
-            clock=clock,
-            models=models,
-            blobs=blobs,
-            metrics=HordeMetrics(),
-            pool=PoolSnapshot(store, signals),
-            statuses=StatusCache(),
-            skipped=SkippedSample(store),
-            messages=MessageSnapshot(store, signals),
-            modes=ModeSnapshot(store, signals, config),
-            addresses=AddressRules(store, clock),
-            filters=FilterSnapshot(store),
-        )
-        self.core.metrics.watch_signals(signals)
+        self.core = HordeCore(config, store, signals, clock, models, blobs)
         self.requests = Requests(self.core)
         self.readers = Readers(self.core, self.requests)
         self.jobs = Jobs(self.core)
@@ -229,17 +205,21 @@ class Horde:
     async def submit_text(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
     ) -> Queued | Quote:
-        return await self.requests.submit_text(api_key, body, client_agent, operation_key)
+        return await self.requests.submit_text(
+            Submitter(api_key, client_agent, operation_key), body
+        )
 
     async def submit_chat(
         self, api_key: str, body: Any, client_agent: str, operation_key: str | None = None
     ) -> Queued:
-        return await self.requests.submit_chat(api_key, body, client_agent, operation_key)
+        return await self.requests.submit_chat(
+            Submitter(api_key, client_agent, operation_key), body
+        )
 
     async def queue_chat(
         self, api_key: str, req: ChatRequest, client_agent: str, operation_key: str | None = None
     ) -> Queued:
-        return await self.requests.queue_chat(api_key, req, client_agent, operation_key)
+        return await self.requests.queue_chat(Submitter(api_key, client_agent, operation_key), req)
 
     async def text_status(
         self, request_id: str, *, cancel: bool = False, wait: float = 0.0

@@ -25,6 +25,7 @@ from hordelite.clock import ManualClock
 from hordelite.config import Config
 from hordelite.contract.chat_request import parse_chat_request
 from hordelite.contract.limits import READER_LEASE_SECONDS
+from hordelite.horde.requests import Submitter
 from hordelite.storage.schema import requests
 from hordelite.testing import FakeChatWorker
 from tests.integration._chat_helpers import MODEL, STRICT, open_chat_horde, pop_nothing
@@ -184,7 +185,8 @@ async def test_the_requests_of_a_reader_whose_lease_lapsed_are_cancelled_uncharg
         gone = "gone-host:7001/0"
         await horde.store.hold_reader(reader=gone, expires=clock.now() + READER_LEASE_SECONDS)
         req = parse_chat_request({"model": MODEL, "messages": [user("Name one colour.")]})
-        queued = await horde.requests.queue_chat(front.env.requester, req, "test", reader=gone)
+        sent = Submitter(front.env.requester, "test", reader=gone)
+        queued = await horde.requests.queue_chat(sent, req)
         job = await popped(worker)
 
         # A call of this process waits meanwhile; its lease is as old, but
