@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import queue
 import re
 import signal
 import socket
@@ -33,7 +32,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import psycopg
@@ -49,7 +48,7 @@ from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.timers import SWEEP_LOCK_KEY
-from tests.integration._helpers import serve_environment
+from tests.integration._helpers import ServeProcess, serve_environment
 
 pytestmark = pytest.mark.postgres
 
@@ -81,8 +80,6 @@ LEASE_MARGIN = 5.0
 @pytest.fixture
 def redis_url() -> str:
     return os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
 
 
 def write_config(
@@ -154,53 +151,19 @@ def until(condition: Any, deadline: float, what: str) -> None:
         time.sleep(0.05)
 
 
-class Served:
-    """A real ``hordelite serve`` process: its banner, URL, pid and log."""
+class Served(ServeProcess):
+    """A real ``hordelite serve`` process and its children (each one seen
+    is killed at the clean-up too); its stderr in ``stderr.log``."""
 
     def __init__(self, config: Path) -> None:
-        self.log = config.parent / "stderr.log"
-        self._stderr = self.log.open("w", encoding="utf-8")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            cwd=config.parent,
-            env=serve_environment(),
+        self.seen: set[int] = set()  # every child seen, for the clean-up
+        super().__init__(
+            config,
+            log_name="stderr.log",
+            start_deadline=START_DEADLINE,
+            stop_deadline=STOP_DEADLINE,
         )
         self.pid = self.process.pid
-        self.seen: set[int] = set()  # every child seen, for the clean-up
-        assert self.process.stdout is not None
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        # The stream's only reader: joined before the stream is closed.
-        self.reader = threading.Thread(target=self._read, args=(self.process.stdout,))
-        self.reader.start()
-        self.banner = self._banner()
-        match = re.search(r"serving at (http://127\.0\.0\.1:\d+)", "\n".join(self.banner))
-        assert match, self.banner
-        self.url = match.group(1)
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def _banner(self) -> list[str]:
-        deadline = time.monotonic() + START_DEADLINE
-        banner: list[str] = []
-        while not any("keys create" in line for line in banner):
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.close()
-                pytest.fail(f"no start banner within {START_DEADLINE} s: {banner}")
-            if line is None:
-                self.close()
-                pytest.fail(f"serve exited before its banner: {banner} {self.log.read_text()}")
-            banner.append(line)
-        return banner
 
     def children(self) -> set[int]:
         found = children(self.pid)
@@ -215,19 +178,14 @@ class Served:
             lines.append(line)
         return lines
 
-    def close(self) -> None:
-        """Kill whatever is left (the parent, then any child seen), then
-        close the streams."""
+    def stop(self) -> None:
+        """Kill whatever is left: the parent, then any child seen."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         for child in self.seen:
             if alive(child):
                 os.kill(child, signal.SIGKILL)
-        self.reader.join(timeout=STOP_DEADLINE)
-        if self.process.stdout is not None and not self.reader.is_alive():
-            self.process.stdout.close()
-        self._stderr.close()
 
 
 @pytest.fixture
