@@ -14,9 +14,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -320,6 +320,56 @@ class Relay:
 
     def cut(self) -> None:
         self._scope.cancel()
+
+
+ServerT = TypeVar("ServerT")
+
+
+@contextlib.asynccontextmanager
+async def loopback_server(
+    server_of: Callable[[int], ServerT],
+    answer: Callable[[ServerT, anyio.abc.ByteStream], Awaitable[None]],
+) -> AsyncIterator[ServerT]:
+    """An HTTP server of the test's own on a free port of 127.0.0.1:
+    ``server_of(port)`` is its state (its URLs, what it saw) and
+    ``answer(server, stream)`` serves each connection, which is closed
+    after it (a client that goes away ends its connection, not the
+    server); it stops at the block's end. Opened by a fixture, its task
+    group does not wrap a failing test's error in an exception group."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    server = server_of(listener.extra(anyio.abc.SocketAttribute.local_port))
+    async with listener, anyio.create_task_group() as tg:
+
+        async def handle(stream: anyio.abc.SocketStream) -> None:
+            async with stream:
+                with contextlib.suppress(
+                    anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
+                ):
+                    await answer(server, stream)
+
+        tg.start_soon(listener.serve, handle)
+        yield server
+        tg.cancel_scope.cancel()
+
+
+def closing_answer(status: str, body: bytes = b"", content_type: str = "image/png") -> bytes:
+    """An HTTP/1.1 answer carrying ``body``, the connection closed after it."""
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def request_head(stream: anyio.abc.ByteStream) -> tuple[str, dict[str, str]]:
+    """One HTTP request's path and headers (names in lower case), read from
+    ``stream`` up to the blank line that ends them."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await stream.receive()
+    request_line, *lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    fields = (line.split(":", 1) for line in lines)
+    return request_line.split(" ")[1], {k.strip().lower(): v.strip() for k, v in fields}
 
 
 @contextlib.asynccontextmanager
