@@ -118,6 +118,20 @@ def serve_environment(*, suspect_speed: bool = False) -> dict[str, str]:
     return env
 
 
+def run_hordelite(*argv: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """One ``hordelite`` command run to its exit, as the operator types it
+    (from ``cwd``, in ``serve_environment()``): its code and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "hordelite", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=serve_environment(),
+        timeout=timeout,
+        check=False,
+    )
+
+
 class ServeProcess:
     """``hordelite serve --config CONFIG`` in a subprocess, run from the
     config's folder in ``serve_environment()``; constructed once its start

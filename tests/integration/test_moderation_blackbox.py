@@ -32,7 +32,6 @@ import dataclasses
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,22 +40,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration._helpers import ServeProcess, serve_environment
+from tests.integration._helpers import ServeProcess, run_hordelite
 
 MODEL = "blackbox-model"
-
-
-def hordelite(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """One ``hordelite`` command, as the operator types it."""
-    return subprocess.run(
-        [sys.executable, "-m", "hordelite", *argv],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=serve_environment(),
-        timeout=60,
-        check=False,
-    )
 
 
 @dataclasses.dataclass
@@ -74,7 +60,9 @@ class Moderated:
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
         """``hordelite --config CONFIG argv...``."""
-        return hordelite("--config", str(self.config), *argv, cwd=self.config.parent)
+        return run_hordelite(
+            "--config", str(self.config), *argv, cwd=self.config.parent, timeout=60
+        )
 
     def create_user(self, name: str, *flags: str) -> tuple[str, str]:
         """A user created at the CLI: its key and ``name#id``."""
