@@ -90,6 +90,25 @@ def chat_declaration(model: str) -> dict[str, Any]:
     }
 
 
+def chat_options() -> dict[str, Any]:
+    """Valid values of the OpenAI chat fields that a chat body carries after
+    ``max_tokens`` on the native route and at the front alike."""
+    return {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "presence_penalty": 0,
+        "frequency_penalty": 0,
+        "stop": ["\n\n"],
+        "seed": 7,
+        "stream": False,
+        "user": "fuzz",
+    }
+
+
+# The horde's own options of a chat body, valid, on either route.
+HORDE_CHAT_OPTIONS = {"conformance": "strict", "context_fit": "none", "max_kudos": 1000}
+
+
 def pop_body(name: str, model: str, *, chat: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": name,
@@ -416,6 +435,25 @@ class Fuzzer:
         request_id = answer.body.get("id")
         if isinstance(request_id, str) and request_id not in self.known_ids:
             batch.new_request_ids[request_id] = kind
+
+    def explore_fields(
+        self,
+        valid: Any,
+        case: Callable[[Batch, list[Mutation]], None],
+        *,
+        examples: int,
+        per_example: int,
+    ) -> None:
+        """``explore`` a valid body field by field: ``case`` gets batches of
+        ``per_example`` mutations of ``valid``, first its ``sweep``, then
+        ``examples`` examples, each of whose cases must be sent."""
+        self.explore(
+            st.lists(mutations(valid), min_size=per_example, max_size=per_example),
+            case,
+            examples=examples,
+            min_cases=examples * per_example,
+            systematic=sweep(valid),
+        )
 
 
 def report(failures: dict[str, list[str]]) -> str:

@@ -18,12 +18,12 @@ from tests.chat_shapes import calling, function_tool, tool_call
 from tests.fuzz._harness import (
     CORE_FRAGMENTS,
     FRONT_MODEL,
+    HORDE_CHAT_OPTIONS,
     Batch,
     Fuzzer,
     Mutation,
+    chat_options,
     huge_body,
-    mutations,
-    sweep,
     whole_bodies,
 )
 from tests.fuzz.test_native import HEADER_VALUES, SEGMENTS, header_values, segments
@@ -54,16 +54,9 @@ def completion_body() -> dict[str, Any]:
         "tool_choice": "auto",
         "parallel_tool_calls": True,
         "max_tokens": 64,
-        "temperature": 0.7,
-        "top_p": 0.9,
-        "presence_penalty": 0,
-        "frequency_penalty": 0,
-        "stop": ["\n\n"],
-        "seed": 7,
-        "stream": False,
-        "user": "fuzz",
+        **chat_options(),
         "reasoning_effort": "low",
-        "horde": {"conformance": "strict", "context_fit": "none", "max_kudos": 1000},
+        "horde": dict(HORDE_CHAT_OPTIONS),
     }
 
 
@@ -101,13 +94,7 @@ def test_chat_completions_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
             content, field = change.apply(completion_body())
             send_completion(fuzzer, content, field)
 
-    fuzzer.explore(
-        st.lists(mutations(completion_body()), min_size=PER_EXAMPLE, max_size=PER_EXAMPLE),
-        case,
-        examples=EXAMPLES * 2,
-        min_cases=EXAMPLES * 2 * PER_EXAMPLE,
-        systematic=sweep(completion_body()),
-    )
+    fuzzer.explore_fields(completion_body(), case, examples=EXAMPLES * 2, per_example=PER_EXAMPLE)
 
 
 def test_chat_completions_refuses_bodies_that_are_not_its_object(fuzzer: Fuzzer) -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tests.fuzz._harness import (
     CHAT_MODEL,
     CORE_FRAGMENTS,
+    HORDE_CHAT_OPTIONS,
     IDLE_MODEL,
     STREAM_MODEL,
     TEXT_MODEL,
@@ -26,10 +27,9 @@ from tests.fuzz._harness import (
     Batch,
     Fuzzer,
     Mutation,
+    chat_options,
     huge_body,
-    mutations,
     pop_body,
-    sweep,
     whole_bodies,
 )
 
@@ -79,15 +79,8 @@ def chat_body(model: str = CHAT_MODEL) -> dict[str, Any]:
             {"role": "user", "content": [{"type": "text", "text": "Name one colour."}]},
         ],
         "max_tokens": 64,
-        "temperature": 0.7,
-        "top_p": 0.9,
-        "presence_penalty": 0,
-        "frequency_penalty": 0,
-        "stop": ["\n\n"],
-        "seed": 7,
-        "stream": False,
-        "user": "fuzz",
-        "horde": {"conformance": "strict", "context_fit": "none", "max_kudos": 1000},
+        **chat_options(),
+        "horde": dict(HORDE_CHAT_OPTIONS),
     }
 
 
@@ -137,10 +130,6 @@ def worker_body() -> dict[str, Any]:
 NO_JOB = "00000000-0000-4000-8000-000000000001"
 
 
-def mutation_lists(valid: Any) -> st.SearchStrategy[list[Mutation]]:
-    return st.lists(mutations(valid), min_size=PER_EXAMPLE, max_size=PER_EXAMPLE)
-
-
 def post(
     fuzzer: Fuzzer, method: str, path: str, key: str, content: bytes, **kwargs: Any
 ) -> Answer | None:
@@ -153,76 +142,73 @@ def post(
     )
 
 
+BODY_ROUTES: dict[str, tuple[str, str, Any, tuple[int, ...]]] = {
+    # name: (method, path, valid body, accepted statuses); the path's
+    # {worker} is the maintained worker's id.
+    "text": ("POST", "/api/v2/generate/text/async", text_body(), (200, 202)),
+    "chat": ("POST", "/api/v2/generate/chat/async", chat_body(), (202,)),
+    "pop": ("POST", "/api/v2/generate/text/pop", pop(), (200,)),
+    "submit": ("POST", "/api/v2/generate/text/submit", submit_body(NO_JOB), (200,)),
+    "progress": ("POST", "/api/v2/generate/text/progress", progress_body(NO_JOB), (200,)),
+    "worker": ("PUT", "/api/v2/workers/{worker}", worker_body(), (200,)),
+}
+
+
+def send_to_route(
+    fuzzer: Fuzzer,
+    batch: Batch,
+    name: str,
+    content: bytes,
+    headers: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> None:
+    """One case on the body route ``name`` under the key it takes (the
+    requester's for text and chat, the workers' owner's for the others),
+    ``headers`` added to its own; what it may have stored is noted in
+    ``batch``: a request, or a worker's check-in."""
+    method, path, _, accepted = BODY_ROUTES[name]
+    key = fuzzer.alice if name in ("text", "chat") else fuzzer.bob
+    answer = fuzzer.send(
+        method,
+        path.format(worker=fuzzer.maintained_id),
+        content=content,
+        headers={"apikey": key, "Content-Type": "application/json", **(headers or {})},
+        accepted=accepted,
+        **kwargs,
+    )
+    if name in ("text", "chat"):
+        fuzzer.note_request(batch, answer, name)
+    if name == "pop" and answer is not None and answer.rc is None:
+        batch.accepted_pops += 1
+
+
 # Valid bodies mutated field by field -------------------------------------------------
 
 
-def test_text_async_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
+def explore_route_fields(fuzzer: Fuzzer, name: str) -> None:
+    """The valid body of the route ``name`` mutated field by field, each
+    case sent with ``send_to_route``."""
+    valid = BODY_ROUTES[name][2]
+
     def case(batch: Batch, changes: list[Mutation]) -> None:
         for change in changes:
-            content, field = change.apply(text_body())
-            answer = post(
-                fuzzer,
-                "POST",
-                "/api/v2/generate/text/async",
-                fuzzer.alice,
-                content,
-                field=field,
-                accepted=(200, 202),
-            )
-            fuzzer.note_request(batch, answer, "text")
+            content, field = change.apply(valid)
+            send_to_route(fuzzer, batch, name, content, field=field)
 
-    fuzzer.explore(
-        mutation_lists(text_body()),
-        case,
-        examples=EXAMPLES,
-        min_cases=EXAMPLES * PER_EXAMPLE,
-        systematic=sweep(text_body()),
-    )
+    fuzzer.explore_fields(valid, case, examples=EXAMPLES, per_example=PER_EXAMPLE)
+
+
+def test_text_async_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
+    explore_route_fields(fuzzer, "text")
 
 
 def test_chat_async_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
     fuzzer.check_in_workers()
-
-    def case(batch: Batch, changes: list[Mutation]) -> None:
-        for change in changes:
-            content, field = change.apply(chat_body())
-            answer = post(
-                fuzzer,
-                "POST",
-                "/api/v2/generate/chat/async",
-                fuzzer.alice,
-                content,
-                field=field,
-                accepted=(202,),
-            )
-            fuzzer.note_request(batch, answer, "chat")
-
-    fuzzer.explore(
-        mutation_lists(chat_body()),
-        case,
-        examples=EXAMPLES,
-        min_cases=EXAMPLES * PER_EXAMPLE,
-        systematic=sweep(chat_body()),
-    )
+    explore_route_fields(fuzzer, "chat")
 
 
 def test_pop_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
-    def case(batch: Batch, changes: list[Mutation]) -> None:
-        for change in changes:
-            content, field = change.apply(pop())
-            answer = post(
-                fuzzer, "POST", "/api/v2/generate/text/pop", fuzzer.bob, content, field=field
-            )
-            if answer is not None and answer.rc is None:
-                batch.accepted_pops += 1
-
-    fuzzer.explore(
-        mutation_lists(pop()),
-        case,
-        examples=EXAMPLES,
-        min_cases=EXAMPLES * PER_EXAMPLE,
-        systematic=sweep(pop()),
-    )
+    explore_route_fields(fuzzer, "pop")
 
 
 def explore_submits(
@@ -242,13 +228,7 @@ def explore_submits(
             if answer is not None and answer.rc is None:
                 batch.settled = True
 
-    fuzzer.explore(
-        mutation_lists(body(NO_JOB)),
-        case,
-        examples=examples,
-        min_cases=examples * PER_EXAMPLE,
-        systematic=sweep(body(NO_JOB)),
-    )
+    fuzzer.explore_fields(body(NO_JOB), case, examples=examples, per_example=PER_EXAMPLE)
 
 
 def test_submit_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
@@ -266,12 +246,8 @@ def test_progress_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
             content, field = change.apply(progress_body(job_id))
             post(fuzzer, "POST", "/api/v2/generate/text/progress", fuzzer.bob, content, field=field)
 
-    fuzzer.explore(
-        mutation_lists(progress_body(NO_JOB)),
-        case,
-        examples=EXAMPLES // 2,
-        min_cases=EXAMPLES // 2 * PER_EXAMPLE,
-        systematic=sweep(progress_body(NO_JOB)),
+    fuzzer.explore_fields(
+        progress_body(NO_JOB), case, examples=EXAMPLES // 2, per_example=PER_EXAMPLE
     )
 
 
@@ -288,28 +264,10 @@ def test_worker_update_refuses_each_bad_field(fuzzer: Fuzzer) -> None:
                 field=field,
             )
 
-    fuzzer.explore(
-        mutation_lists(worker_body()),
-        case,
-        examples=EXAMPLES // 2,
-        min_cases=EXAMPLES // 2 * PER_EXAMPLE,
-        systematic=sweep(worker_body()),
-    )
+    fuzzer.explore_fields(worker_body(), case, examples=EXAMPLES // 2, per_example=PER_EXAMPLE)
 
 
 # Whole bodies: not JSON, not an object, cut short, too large -------------------------------
-
-
-BODY_ROUTES: dict[str, tuple[str, str, Any, tuple[int, ...]]] = {
-    # name: (method, path, valid body, accepted statuses); the path's
-    # {worker} is the maintained worker's id.
-    "text": ("POST", "/api/v2/generate/text/async", text_body(), (200, 202)),
-    "chat": ("POST", "/api/v2/generate/chat/async", chat_body(), (202,)),
-    "pop": ("POST", "/api/v2/generate/text/pop", pop(), (200,)),
-    "submit": ("POST", "/api/v2/generate/text/submit", submit_body(NO_JOB), (200,)),
-    "progress": ("POST", "/api/v2/generate/text/progress", progress_body(NO_JOB), (200,)),
-    "worker": ("PUT", "/api/v2/workers/{worker}", worker_body(), (200,)),
-}
 
 
 def body_cases() -> st.SearchStrategy[list[tuple[str, bytes]]]:
@@ -324,20 +282,7 @@ def test_every_body_route_refuses_bodies_that_are_not_its_object(fuzzer: Fuzzer)
 
     def case(batch: Batch, cases: list[tuple[str, bytes]]) -> None:
         for name, content in cases:
-            method, path, _, accepted = BODY_ROUTES[name]
-            key = fuzzer.alice if name in ("text", "chat") else fuzzer.bob
-            answer = post(
-                fuzzer,
-                method,
-                path.format(worker=fuzzer.maintained_id),
-                key,
-                content,
-                accepted=accepted,
-            )
-            if name in ("text", "chat"):
-                fuzzer.note_request(batch, answer, name)
-            if name == "pop" and answer is not None and answer.rc is None:
-                batch.accepted_pops += 1
+            send_to_route(fuzzer, batch, name, content)
 
     fuzzer.explore(
         body_cases(),
@@ -512,21 +457,8 @@ def test_every_body_route_answers_odd_headers_with_json(fuzzer: Fuzzer) -> None:
 
     def case(batch: Batch, cases: list[tuple[str, dict[str, bytes]]]) -> None:
         for name, overrides in cases:
-            method, path, valid, accepted = BODY_ROUTES[name]
-            key = fuzzer.alice if name in ("text", "chat") else fuzzer.bob
-            headers: dict[str, Any] = {"apikey": key, "Content-Type": "application/json"}
-            headers.update(overrides)
-            answer = fuzzer.send(
-                method,
-                path.format(worker=fuzzer.maintained_id),
-                content=json.dumps(valid).encode(),
-                headers=headers,
-                accepted=accepted,
-            )
-            if name in ("text", "chat"):
-                fuzzer.note_request(batch, answer, name)
-            if name == "pop" and answer is not None and answer.rc is None:
-                batch.accepted_pops += 1
+            valid = BODY_ROUTES[name][2]
+            send_to_route(fuzzer, batch, name, json.dumps(valid).encode(), headers=overrides)
 
     fuzzer.explore(
         st.lists(one, min_size=PER_EXAMPLE, max_size=PER_EXAMPLE),

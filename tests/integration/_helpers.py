@@ -6,17 +6,23 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import queue
+import re
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 import httpx
+import pytest
 from sqlalchemy import event
 
 from hordelite.testing import TestHorde
@@ -110,6 +116,101 @@ def serve_environment(*, suspect_speed: bool = False) -> dict[str, str]:
     if not suspect_speed:
         env["HORDELITE_MODERATION_SUSPICIOUS_TOKENS_PER_SECOND"] = "0"
     return env
+
+
+def run_hordelite(*argv: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """One ``hordelite`` command run to its exit, as the operator types it
+    (from ``cwd``, in ``serve_environment()``): its code and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "hordelite", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=serve_environment(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+class ServeProcess:
+    """``hordelite serve --config CONFIG`` in a subprocess, run from the
+    config's folder in ``serve_environment()``; constructed once its start
+    banner is out (``banner``, and ``url``, where it serves).
+
+    Its stdout is read line by line into ``lines`` (None at end of file) by
+    ``reader``, the stream's only reader, joined before the stream is closed;
+    its stderr goes to ``log`` (named ``log_name``, in the config's folder).
+    ``close`` ends it (``stop``: SIGTERM, then SIGKILL past
+    ``stop_deadline``) and closes the streams."""
+
+    def __init__(
+        self,
+        config: Path,
+        *,
+        log_name: str = "serve.log",
+        start_deadline: float = 30.0,
+        stop_deadline: float = 10.0,
+    ) -> None:
+        self.start_deadline = start_deadline
+        self.stop_deadline = stop_deadline
+        self.log = config.parent / log_name
+        self._stderr = self.log.open("w", encoding="utf-8")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=config.parent,
+            env=serve_environment(),
+        )
+        assert self.process.stdout is not None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, args=(self.process.stdout,))
+        self.reader.start()
+        self.banner = self._banner()
+        match = re.search(r"serving at (http://127\.0\.0\.1:\d+)", "\n".join(self.banner))
+        assert match, self.banner
+        self.url = match.group(1)
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _banner(self) -> list[str]:
+        """Stdout up to and including the line telling how to create a key."""
+        deadline = time.monotonic() + self.start_deadline
+        banner: list[str] = []
+        while not any("keys create" in line for line in banner):
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                pytest.fail(f"no start banner within {self.start_deadline} s: {banner}")
+            if line is None:
+                self.close()
+                pytest.fail(f"serve exited before its banner: {banner} {self.log.read_text()}")
+            banner.append(line)
+        return banner
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL past the stop deadline."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=self.stop_deadline)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def close(self) -> None:
+        """``stop``, then the streams closed."""
+        self.stop()
+        self.reader.join(timeout=self.stop_deadline)
+        if self.process.stdout is not None and not self.reader.is_alive():
+            self.process.stdout.close()
+        self._stderr.close()
 
 
 @contextlib.contextmanager
@@ -233,6 +334,56 @@ class Relay:
 
     def cut(self) -> None:
         self._scope.cancel()
+
+
+ServerT = TypeVar("ServerT")
+
+
+@contextlib.asynccontextmanager
+async def loopback_server(
+    server_of: Callable[[int], ServerT],
+    answer: Callable[[ServerT, anyio.abc.ByteStream], Awaitable[None]],
+) -> AsyncIterator[ServerT]:
+    """An HTTP server of the test's own on a free port of 127.0.0.1:
+    ``server_of(port)`` is its state (its URLs, what it saw) and
+    ``answer(server, stream)`` serves each connection, which is closed
+    after it (a client that goes away ends its connection, not the
+    server); it stops at the block's end. Opened by a fixture, its task
+    group does not wrap a failing test's error in an exception group."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    server = server_of(listener.extra(anyio.abc.SocketAttribute.local_port))
+    async with listener, anyio.create_task_group() as tg:
+
+        async def handle(stream: anyio.abc.SocketStream) -> None:
+            async with stream:
+                with contextlib.suppress(
+                    anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
+                ):
+                    await answer(server, stream)
+
+        tg.start_soon(listener.serve, handle)
+        yield server
+        tg.cancel_scope.cancel()
+
+
+def closing_answer(status: str, body: bytes = b"", content_type: str = "image/png") -> bytes:
+    """An HTTP/1.1 answer carrying ``body``, the connection closed after it."""
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def request_head(stream: anyio.abc.ByteStream) -> tuple[str, dict[str, str]]:
+    """One HTTP request's path and headers (names in lower case), read from
+    ``stream`` up to the blank line that ends them."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await stream.receive()
+    request_line, *lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    fields = (line.split(":", 1) for line in lines)
+    return request_line.split(" ")[1], {k.strip().lower(): v.strip() for k, v in fields}
 
 
 @contextlib.asynccontextmanager

@@ -64,8 +64,6 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(tmp_path / "crash.db")
 
 
-
-
 # hordelite serve as a process --------------------------------------------------------
 
 

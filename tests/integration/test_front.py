@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -21,6 +21,7 @@ import httpx
 import openai
 import pydantic
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hordelite.clock import ManualClock
 from hordelite.config import Config
@@ -63,6 +64,45 @@ def text_reply(content: str, **fields: Any) -> dict[str, Any]:
     return {"message": {"role": "assistant", "content": content}, "finish_reason": "stop", **fields}
 
 
+def chat_request(content: str = "Name one colour.", **fields: Any) -> dict[str, Any]:
+    """The arguments of a call for MODEL with one user message, at most 64
+    tokens; ``fields`` add arguments or replace these."""
+    return {"model": MODEL, "messages": [user(content)], "max_tokens": 64, **fields}
+
+
+async def refusal(
+    client: openai.AsyncOpenAI,
+    raises: type[openai.APIStatusError] = openai.APIStatusError,
+    **fields: Any,
+) -> openai.APIStatusError:
+    """The error (``raises`` or a subclass) the SDK raises for the call
+    ``chat_request(**fields)``; fails the test if the call is answered."""
+    with pytest.raises(raises) as caught:
+        await client.chat.completions.create(**chat_request(**fields))
+    return caught.value
+
+
+async def answered(
+    client: openai.AsyncOpenAI, serve: Callable[..., Awaitable[object]], *args: Any, **fields: Any
+) -> ChatCompletion:
+    """The completion of the call ``chat_request(**fields)``, made while
+    ``serve(*args)`` (the worker's side) runs beside it."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve, *args)
+        return await client.chat.completions.create(**chat_request(**fields))
+
+
+async def streamed(
+    client: openai.AsyncOpenAI, serve: Callable[..., Awaitable[object]], *args: Any, **fields: Any
+) -> list[ChatCompletionChunk]:
+    """Every chunk of the streamed call ``chat_request(stream=True, **fields)``,
+    read through the SDK's stream while ``serve(*args)`` runs beside it."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve, *args)
+        stream = await client.chat.completions.create(**chat_request(stream=True, **fields))
+        return [chunk async for chunk in stream]
+
+
 @dataclasses.dataclass
 class Front:
     """A running horde with funded requester, a worker owner, and SDK clients
@@ -78,6 +118,18 @@ class Front:
     @property
     def http(self) -> httpx.AsyncClient:
         return self.env.client
+
+    @property
+    def bearer(self) -> dict[str, str]:
+        """The requester's key in the header the OpenAI clients send."""
+        return {"Authorization": f"Bearer {self.env.requester}"}
+
+    def open_stream(
+        self, body: dict[str, Any]
+    ) -> contextlib.AbstractAsyncContextManager[httpx.Response]:
+        """A streamed call, raw, with the requester's key: its response is
+        open while the block runs."""
+        return self.http.stream("POST", CHAT, headers=self.bearer, json=body)
 
     async def sdk(
         self, *, api_key: str | None = None, max_retries: int = SDK_DEFAULT_RETRIES
@@ -111,6 +163,25 @@ class Front:
         stats = await self.env.horde.horde.db.read(q.model_queue_stats)
         return sum(jobs for jobs, _ in stats.values())
 
+    async def until_queued(self, jobs: int) -> None:
+        """Until ``jobs`` jobs wait in the queue (fails past a deadline)."""
+
+        async def reached() -> bool:
+            return await self.queued() == jobs
+
+        await eventually(reached)
+
+    async def leave_once_queued(self, call: Callable[..., Awaitable[object]]) -> None:
+        """Start a client's ``call`` (with ``tg.start``: it says when it is
+        under way) and cancel it once its request waits in the queue, as a
+        client that goes away while its call waits for a worker; returns
+        once the queue is empty again."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(call)
+            await self.until_queued(1)
+            tg.cancel_scope.cancel()
+        await self.until_queued(0)
+
     async def assert_cancelled(self, request_id: str) -> None:
         """The horde request ended without a reply and left the queue."""
         status = await self.env.status(request_id)
@@ -128,6 +199,16 @@ async def open_front(front: dict[str, Any] | None = None, **horde: Any) -> Async
     config = Config().replace(front=front) if front else None
     async with open_chat_horde(config=config, **horde) as env:
         yield Front(env)
+
+
+@contextlib.asynccontextmanager
+async def open_served_front(
+    front: dict[str, Any] | None = None, **horde: Any
+) -> AsyncIterator[tuple[Front, FakeChatWorker, openai.AsyncOpenAI]]:
+    """``open_front`` with one online chat worker, w1, and an SDK client with
+    the requester's key: the set-up of a call for one worker to serve."""
+    async with open_front(front, **horde) as opened:
+        yield opened, await opened.worker("w1"), await opened.sdk()
 
 
 def assert_error(
@@ -197,14 +278,8 @@ async def outside_worker_list(front: Front) -> tuple[FakeChatWorker, dict[str, A
 async def test_a_completion_is_chatcmpl_of_the_request_id_with_the_served_model_usage_and_x_horde() -> (
     None
 ):
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            completion = await client.chat.completions.create(
-                model=MODEL, messages=[user("Name one colour.")], max_tokens=64
-            )
+    async with open_served_front() as (front, worker, client):
+        completion = await answered(client, worker.serve_one)
         x_horde = completion.model_extra["x_horde"]  # type: ignore[index]
         request_id = x_horde["request_id"]
         assert completion.id == f"chatcmpl-{request_id}"
@@ -258,11 +333,7 @@ async def test_usage_is_the_workers_reported_counts_and_not_estimated_when_it_re
     async with open_front() as front:
         worker = await front.worker("w1", reply=lambda job: reply)
         client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            completion = await client.chat.completions.create(
-                model=MODEL, messages=[user("Name one colour.")], max_tokens=64
-            )
+        completion = await answered(client, worker.serve_one)
         usage = completion.usage
         assert usage is not None
         assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (17, 9, 26)
@@ -282,14 +353,9 @@ async def test_include_reasoning_false_leaves_the_reasoning_out_of_the_message()
     async with open_front() as front:
         worker = await front.worker("w1", reply=lambda job: reply)
         client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            completion = await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("Name one colour.")],
-                max_tokens=64,
-                extra_body={"horde": {"include_reasoning": False}},
-            )
+        completion = await answered(
+            client, worker.serve_one, extra_body={"horde": {"include_reasoning": False}}
+        )
         message = completion.choices[0].message
         assert message.content == "Blue."
         assert "reasoning_content" not in (message.model_extra or {})
@@ -322,11 +388,7 @@ async def test_a_tool_call_reply_and_the_follow_up_turn_with_the_tool_result() -
         worker = await front.worker("w1", ("tools", *STRICT), reply=reply)
         client = await front.sdk()
         messages: list[Any] = [user("What is the weather in Paris?")]
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            first = await client.chat.completions.create(
-                model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=64
-            )
+        first = await answered(client, worker.serve_one, messages=messages, tools=[WEATHER_TOOL])
         choice = first.choices[0]
         assert choice.finish_reason == "tool_calls"
         assert choice.message.tool_calls is not None
@@ -341,11 +403,7 @@ async def test_a_tool_call_reply_and_the_follow_up_turn_with_the_tool_result() -
         # then the tool's result.
         messages.append(choice.message)
         messages.append({"role": "tool", "tool_call_id": parsed.id, "content": "18 C and sunny"})
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            second = await client.chat.completions.create(
-                model=MODEL, messages=messages, tools=[WEATHER_TOOL], max_tokens=64
-            )
+        second = await answered(client, worker.serve_one, messages=messages, tools=[WEATHER_TOOL])
         assert second.choices[0].message.content == "Take no umbrella: 18 C and sunny."
         assert second.choices[0].finish_reason == "stop"
         history = jobs[1]["payload"]["messages"]
@@ -426,15 +484,9 @@ async def test_a_request_faulted_by_refused_replies_is_a_502_with_the_refusals_m
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(work)
-            with pytest.raises(openai.APIStatusError) as caught:
-                await client.chat.completions.create(
-                    model=MODEL,
-                    messages=[user("Name one colour.")],
-                    response_format=STRICT_SCHEMA,  # type: ignore[arg-type]
-                    max_tokens=64,
-                )
+            refused = await refusal(client, response_format=STRICT_SCHEMA)
         error = assert_error(
-            caught.value, openai.InternalServerError, 502, "ChatRequestFaulted", held=True
+            refused, openai.InternalServerError, 502, "ChatRequestFaulted", held=True
         )
         assert error["message"] == refusals[0]
         assert error["metadata"]["worker_rc"] == "ChatWorkerFault"
@@ -455,13 +507,10 @@ async def test_a_model_without_an_online_chat_worker_is_refused_503_no_eligible_
     async with open_front(clock=clock) as front:
         gone = await no_worker_of_model(front, clock)
         client = await front.sdk(max_retries=0)
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL, messages=[user("Name one colour.")], max_tokens=64
-            )
+        refused = await refusal(client)
         # Refused before anything was queued: a retry would be harmless.
         assert_error(
-            caught.value,
+            refused,
             openai.InternalServerError,
             503,
             "no_eligible_worker",
@@ -479,17 +528,12 @@ async def test_a_missing_declaration_is_refused_404_no_worker_supports_features_
     async with open_front() as front:
         await front.worker("w1")  # serves the model, declares no tools
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            # A refusal at the first status read comes before any stream opens.
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("What is the weather in Paris?")],
-                tools=[WEATHER_TOOL],
-                max_tokens=64,
-                stream=stream,
-            )
+        # A refusal at the first status read comes before any stream opens.
+        refused = await refusal(
+            client, content="What is the weather in Paris?", tools=[WEATHER_TOOL], stream=stream
+        )
         error = assert_error(
-            caught.value, openai.NotFoundError, 404, "no_worker_supports_features", held=True
+            refused, openai.NotFoundError, 404, "no_worker_supports_features", held=True
         )
         assert len(front.sent) == 1
         await front.assert_cancelled(error["metadata"]["request_id"])
@@ -505,12 +549,9 @@ async def test_only_a_size_limit_exceeded_is_refused_400_no_worker_supports_limi
         client = await front.sdk()
         # At 3 characters a token, over the worker's whole context.
         content = "word " * (3 * limits["max_context_length"] // 5 + 1)
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL, messages=[user(content)], max_tokens=64
-            )
+        refused = await refusal(client, content=content)
         assert_error(
-            caught.value,
+            refused,
             openai.BadRequestError,
             400,
             "no_worker_supports_limit",
@@ -524,15 +565,9 @@ async def test_no_eligible_worker_past_the_grace_is_a_503_and_cancels_the_reques
     async with open_front({"no_worker_grace": 0.5, "recheck_interval": 0.2}) as front:
         listed, horde = await outside_worker_list(front)
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("Name one colour.")],
-                max_tokens=64,
-                extra_body={"horde": horde},
-            )
+        refused = await refusal(client, extra_body={"horde": horde})
         error = assert_error(
-            caught.value, openai.InternalServerError, 503, "no_eligible_worker", held=True
+            refused, openai.InternalServerError, 503, "no_eligible_worker", held=True
         )
         assert len(front.sent) == 1
         await front.assert_cancelled(error["metadata"]["request_id"])
@@ -546,17 +581,13 @@ async def test_fail_fast_without_an_eligible_worker_is_a_503_queue_unavailable_w
     async with open_front() as front:
         listed, horde = await outside_worker_list(front)
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("Name one colour.")],
-                max_tokens=64,
-                extra_body={"horde": {**horde, "availability_mode": "fail_fast"}},
-            )
-        error = assert_error(
-            caught.value, openai.InternalServerError, 503, "queue_unavailable", held=True
+        refused = await refusal(
+            client, extra_body={"horde": {**horde, "availability_mode": "fail_fast"}}
         )
-        retry_after = caught.value.response.headers.get("Retry-After")
+        error = assert_error(
+            refused, openai.InternalServerError, 503, "queue_unavailable", held=True
+        )
+        retry_after = refused.response.headers.get("Retry-After")
         assert retry_after is not None
         assert int(retry_after) >= 1
         assert len(front.sent) == 1
@@ -576,17 +607,13 @@ async def test_fail_fast_when_every_eligible_thread_is_busy_is_a_503_queue_unava
         assert (await front.env.submit(chat_body())).status_code == 202
         await pop_job(worker)  # its only thread is busy with that job
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("Name one colour.")],
-                max_tokens=8,
-                extra_body={"horde": {"availability_mode": "fail_fast"}},
-            )
-        error = assert_error(
-            caught.value, openai.InternalServerError, 503, "queue_unavailable", held=True
+        refused = await refusal(
+            client, max_tokens=8, extra_body={"horde": {"availability_mode": "fail_fast"}}
         )
-        assert int(caught.value.response.headers["Retry-After"]) >= 1
+        error = assert_error(
+            refused, openai.InternalServerError, 503, "queue_unavailable", held=True
+        )
+        assert int(refused.response.headers["Retry-After"]) >= 1
         await front.assert_cancelled(error["metadata"]["request_id"])
 
 
@@ -638,17 +665,10 @@ async def test_an_x_horde_options_header_that_is_not_a_json_object_is_a_400_nami
 
 
 async def test_fail_fast_with_an_idle_eligible_worker_is_answered() -> None:
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            completion = await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("Name one colour.")],
-                max_tokens=64,
-                extra_body={"horde": {"availability_mode": "fail_fast"}},
-            )
+    async with open_served_front() as (_, worker, client):
+        completion = await answered(
+            client, worker.serve_one, extra_body={"horde": {"availability_mode": "fail_fast"}}
+        )
         assert completion.choices[0].message.content == "reply to: Name one colour."
 
 
@@ -661,15 +681,9 @@ async def test_an_unsupported_parameter_is_refused_400_naming_it_before_anything
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("Name one colour.")],
-                max_tokens=64,
-                extra_body={"top_k": 5},
-            )
+        refused = await refusal(client, extra_body={"top_k": 5})
         error = assert_error(
-            caught.value,
+            refused,
             openai.BadRequestError,
             400,
             "UnsupportedChatParameter",
@@ -679,7 +693,7 @@ async def test_an_unsupported_parameter_is_refused_400_naming_it_before_anything
         )
         assert "top_k" in error["message"]
         # A validation error comes before submission: no retry header at all.
-        assert "x-should-retry" not in caught.value.response.headers
+        assert "x-should-retry" not in refused.response.headers
         assert await front.queued() == 0
 
 
@@ -687,12 +701,9 @@ async def test_a_model_id_with_a_colon_is_refused_404_model_not_found() -> None:
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model="chat-model:free", messages=[user("Name one colour.")], max_tokens=64
-            )
+        refused = await refusal(client, model="chat-model:free")
         error = assert_error(
-            caught.value, openai.NotFoundError, 404, "model_not_found", held=False, param="model"
+            refused, openai.NotFoundError, 404, "model_not_found", held=False, param="model"
         )
         assert "chat-model:free" in error["message"]
         assert await front.queued() == 0
@@ -703,12 +714,9 @@ async def test_a_model_no_online_chat_worker_serves_is_refused_503_no_eligible_w
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model="never-served-model", messages=[user("Name one colour.")], max_tokens=64
-            )
+        refused = await refusal(client, model="never-served-model")
         error = assert_error(
-            caught.value,
+            refused,
             openai.InternalServerError,
             503,
             "no_eligible_worker",
@@ -753,12 +761,9 @@ async def test_a_bad_bearer_key_is_refused_401() -> None:
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk(api_key="not-a-key-of-this-horde")
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL, messages=[user("Name one colour.")], max_tokens=64
-            )
+        refused = await refusal(client)
         assert_error(
-            caught.value,
+            refused,
             openai.AuthenticationError,
             401,
             "InvalidAPIKey",
@@ -790,31 +795,17 @@ async def test_a_client_that_disconnects_mid_wait_gets_its_request_cancelled_and
     async with open_front() as front:
         worker = await front.worker("w1")
         kudos = await front.env.kudos()
-        async with (
-            httpx.AsyncClient(base_url=front.url, verify=TLS) as leaving,
-            anyio.create_task_group() as tg,
-        ):
+        async with httpx.AsyncClient(base_url=front.url, verify=TLS) as leaving:
 
-            async def call() -> None:
+            async def call(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                task_status.started()
                 await leaving.post(
                     CHAT,
-                    headers={"Authorization": f"Bearer {front.env.requester}"},
+                    headers=front.bearer,
                     json={"model": MODEL, "messages": [user("Name one colour.")]},
                 )
 
-            tg.start_soon(call)
-
-            async def queued_one() -> bool:
-                return await front.queued() == 1
-
-            await eventually(queued_one)
-            # The client goes away while its call waits for a worker.
-            tg.cancel_scope.cancel()
-
-        async def queue_empty() -> bool:
-            return await front.queued() == 0
-
-        await eventually(queue_empty)
+            await front.leave_once_queued(call)
         await pop_nothing(worker)
         assert await front.env.kudos() == kudos
 
@@ -823,13 +814,10 @@ async def test_a_call_past_the_fronts_deadline_is_a_408_and_cancels_the_request(
     async with open_front({"timeout": 0.5, "recheck_interval": 0.2}) as front:
         worker = await front.worker("w1")  # online and eligible, never pops again
         client = await front.sdk()
-        with pytest.raises(openai.APIStatusError) as caught:
-            await client.chat.completions.create(
-                model=MODEL, messages=[user("Name one colour.")], max_tokens=64
-            )
+        refused = await refusal(client)
         # 408 has no SDK class of its own; without x-should-retry the SDK
         # would retry it.
-        error = assert_error(caught.value, openai.APIStatusError, 408, "RequestTimeout", held=True)
+        error = assert_error(refused, openai.APIStatusError, 408, "RequestTimeout", held=True)
         assert len(front.sent) == 1
         await front.assert_cancelled(error["metadata"]["request_id"])
         await pop_nothing(worker)
@@ -914,26 +902,13 @@ async def test_a_call_over_the_fronts_open_call_cap_is_refused_503_front_at_capa
             answers: list[Any] = []
 
             async def held_open() -> None:
-                answers.append(
-                    await client.chat.completions.create(
-                        model=MODEL, messages=[user("First.")], max_tokens=64
-                    )
-                )
+                answers.append(await client.chat.completions.create(**chat_request("First.")))
 
             tg.start_soon(held_open)
-
-            async def queued_one() -> bool:
-                return await front.queued() == 1
-
-            await eventually(queued_one)
-            with pytest.raises(openai.APIStatusError) as caught:
-                await client.chat.completions.create(
-                    model=MODEL, messages=[user("Second.")], max_tokens=64
-                )
+            await front.until_queued(1)
+            refused = await refusal(client, content="Second.")
             # Refused before it was read or queued: a retry is harmless.
-            assert_error(
-                caught.value, openai.InternalServerError, 503, "FrontAtCapacity", held=False
-            )
+            assert_error(refused, openai.InternalServerError, 503, "FrontAtCapacity", held=False)
             assert await front.queued() == 1
             await worker.serve_one()
         assert answers[0].choices[0].message.content == "reply to: First."

@@ -15,13 +15,14 @@ import pytest
 
 from hordelite.contract.chat_reply import FAULT_REASONS
 from tests.integration._chat_helpers import MODEL, STRICT, WEATHER_TOOL, pop_nothing
-from tests.integration._helpers import eventually
 from tests.integration.test_front import (
-    CHAT,
     ENVELOPE_KEYS,
     Front,
+    chat_request,
     open_front,
-    user,
+    open_served_front,
+    refusal,
+    streamed,
 )
 
 pytestmark = pytest.mark.anyio
@@ -39,7 +40,8 @@ sdk_stream = pytest.mark.filterwarnings(
 
 
 def body(content: str = "Name one colour.", **fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [user(content)], "max_tokens": 64, "stream": True, **fields}
+    """A streamed call's body (``stream`` True unless ``fields`` say otherwise)."""
+    return chat_request(content, **{"stream": True, **fields})
 
 
 async def raw_stream(
@@ -50,9 +52,7 @@ async def raw_stream(
     """POST a streamed call; returns the response and its non-empty lines,
     calling ``on_line`` on each as it arrives."""
     lines: list[str] = []
-    async with front.http.stream(
-        "POST", CHAT, headers={"Authorization": f"Bearer {front.env.requester}"}, json=request
-    ) as response:
+    async with front.open_stream(request) as response:
         async for line in response.aiter_lines():
             if line:
                 lines.append(line)
@@ -72,15 +72,8 @@ def data_events(lines: list[str]) -> list[Any]:
 async def test_a_streamed_completion_sends_role_content_finish_then_a_usage_chunk_with_no_choice() -> (
     None
 ):
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            stream = await client.chat.completions.create(
-                **body(), stream_options={"include_usage": True}
-            )
-            chunks = [chunk async for chunk in stream]
+    async with open_served_front() as (front, worker, client):
+        chunks = await streamed(client, worker.serve_one, stream_options={"include_usage": True})
         request_id = chunks[0].id.removeprefix("chatcmpl-")
         assert all(c.id == f"chatcmpl-{request_id}" for c in chunks)
         assert all(c.object == "chat.completion.chunk" for c in chunks)
@@ -106,13 +99,8 @@ async def test_a_streamed_completion_sends_role_content_finish_then_a_usage_chun
 
 @sdk_stream
 async def test_a_streamed_completion_without_include_usage_has_no_usage_chunk() -> None:
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            stream = await client.chat.completions.create(**body())
-            chunks = [chunk async for chunk in stream]
+    async with open_served_front() as (_, worker, client):
+        chunks = await streamed(client, worker.serve_one)
         assert all(len(c.choices) == 1 for c in chunks)
         assert all(c.usage is None for c in chunks)
         assert chunks[-1].choices[0].finish_reason == "stop"
@@ -151,12 +139,9 @@ async def test_a_streamed_tool_call_reply_sends_the_calls_in_one_chunk_before_th
     async with open_front() as front:
         worker = await front.worker("w1", ("tools", *STRICT), reply=lambda job: reply)
         client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.serve_one)
-            stream = await client.chat.completions.create(
-                **body("What is the weather in Paris?"), tools=[WEATHER_TOOL]
-            )
-            chunks = [chunk async for chunk in stream]
+        chunks = await streamed(
+            client, worker.serve_one, content="What is the weather in Paris?", tools=[WEATHER_TOOL]
+        )
         assert chunks[0].choices[0].delta.role == "assistant"
         with_calls = [c for c in chunks if c.choices[0].delta.tool_calls]
         assert len(with_calls) == 1
@@ -204,34 +189,15 @@ async def test_a_client_that_leaves_a_waiting_stream_gets_its_request_cancelled(
     async with open_front({"keepalive_interval": 0.1}) as front:
         worker = await front.worker("w1")
         kudos = await front.env.kudos()
-        opened = anyio.Event()
 
-        async def leave_after_the_headers() -> None:
-            async with front.http.stream(
-                "POST",
-                CHAT,
-                headers={"Authorization": f"Bearer {front.env.requester}"},
-                json=body(),
-            ) as response:
+        async def leave_after_the_headers(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            async with front.open_stream(body()) as response:
                 assert response.status_code == 200
-                opened.set()
+                task_status.started()
                 await anyio.sleep_forever()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(leave_after_the_headers)
-            await opened.wait()
-
-            async def queued_one() -> bool:
-                return await front.queued() == 1
-
-            await eventually(queued_one)
-            # The client goes away while its stream waits for a worker.
-            tg.cancel_scope.cancel()
-
-        async def queue_empty() -> bool:
-            return await front.queued() == 0
-
-        await eventually(queue_empty)
+        # The client goes away while its stream waits for a worker.
+        await front.leave_once_queued(leave_after_the_headers)
         await pop_nothing(worker)
         assert await front.env.kudos() == kudos
 
@@ -277,9 +243,7 @@ async def test_an_error_after_the_stream_opened_is_one_error_event_without_a_cho
 
 @sdk_stream
 async def test_the_sdk_raises_the_error_event_of_a_stream_as_an_api_error() -> None:
-    async with open_front(max_faults=0) as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front(max_faults=0) as (front, worker, client):
 
         async def fault() -> None:
             job = await worker.pop(wait=10)
@@ -328,14 +292,10 @@ async def test_stream_options_without_stream_is_refused_400() -> None:
     async with open_front() as front:
         await front.worker("w1")
         client = await front.sdk()
-        with pytest.raises(openai.BadRequestError) as caught:
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[user("Name one colour.")],
-                max_tokens=64,
-                stream_options={"include_usage": True},
-            )
-        assert caught.value.status_code == 400
-        assert caught.value.param == "stream_options"
-        assert "x-should-retry" not in caught.value.response.headers
+        refused = await refusal(
+            client, raises=openai.BadRequestError, stream_options={"include_usage": True}
+        )
+        assert refused.status_code == 400
+        assert refused.param == "stream_options"
+        assert "x-should-retry" not in refused.response.headers
         assert await front.queued() == 0

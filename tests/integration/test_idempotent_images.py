@@ -45,6 +45,7 @@ from hordelite.errors import HordeError
 from hordelite.testing import TestHorde
 from tests.integration._chat_helpers import CHAT_ASYNC, chat_status_path, pop_job, pop_nothing
 from tests.integration._env import open_suite_horde
+from tests.integration._helpers import closing_answer, loopback_server, request_head
 from tests.integration.test_images import (
     MODEL,
     assert_jpeg,
@@ -86,45 +87,22 @@ class ImageServer:
         return f"http://127.0.0.1:{self.port}{path}"
 
 
-def _answer(status: str, body: bytes, content_type: str) -> bytes:
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 async def _serve_one(server: ImageServer, stream: anyio.abc.ByteStream) -> None:
-    async with stream:
-        try:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += await stream.receive()
-            path = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")[1]
-            server.hits[path] += 1
-            body = SERVED.get(path)
-            if body is None:
-                await stream.send(_answer("404 Not Found", b"", "text/plain"))
-            else:
-                await stream.send(_answer("200 OK", body, "image/png"))
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+    path, _ = await request_head(stream)
+    server.hits[path] += 1
+    body = SERVED.get(path)
+    if body is None:
+        await stream.send(closing_answer("404 Not Found", content_type="text/plain"))
+    else:
+        await stream.send(closing_answer("200 OK", body))
 
 
 @pytest.fixture
 async def images() -> AsyncIterator[ImageServer]:
     """The loopback image server (a fixture: its task group then does not
     wrap a failing test's error in an exception group)."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    server = ImageServer(listener.extra(anyio.abc.SocketAttribute.local_port))
-    async with listener, anyio.create_task_group() as tg:
-
-        async def handle(stream: anyio.abc.SocketStream) -> None:
-            await _serve_one(server, stream)
-
-        tg.start_soon(listener.serve, handle)
+    async with loopback_server(ImageServer, _serve_one) as server:
         yield server
-        tg.cancel_scope.cancel()
 
 
 # The horde, its requester and the two routes ------------------------------------------

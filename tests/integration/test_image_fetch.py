@@ -8,9 +8,8 @@ the connections it accepts and records the Host header of each request.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
@@ -18,6 +17,7 @@ import pytest
 
 from hordelite.contract.limits import MAX_IMAGE_FETCH_BYTES, MAX_IMAGE_FETCH_REDIRECTS
 from hordelite.outbound.guarded_fetch import ImageFetchRefused, fetch_image
+from tests.integration._helpers import loopback_server, request_head
 
 pytestmark = pytest.mark.anyio
 
@@ -71,34 +71,15 @@ async def _respond(server: Server, stream: anyio.abc.ByteStream, path: str, host
 
 async def _handle(server: Server, stream: anyio.abc.ByteStream) -> None:
     server.connections += 1
-    async with stream:
-        try:
-            while True:  # one request after another on a kept-alive connection
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    head += await stream.receive()
-                lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
-                path = lines[0].split(" ")[1]
-                headers = dict(line.split(": ", 1) for line in lines[1:])
-                host = {k.lower(): v for k, v in headers.items()}.get("host", "")
-                server.hosts.append(host)
-                await _respond(server, stream, path, host)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+    while True:  # one request after another on a kept-alive connection
+        path, headers = await request_head(stream)
+        host = headers.get("host", "")
+        server.hosts.append(host)
+        await _respond(server, stream, path, host)
 
 
-@asynccontextmanager
-async def serve() -> AsyncIterator[Server]:
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    server = Server(listener.extra(anyio.abc.SocketAttribute.local_port))
-    async with listener, anyio.create_task_group() as tg:
-
-        async def handle(stream: anyio.abc.SocketStream) -> None:
-            await _handle(server, stream)
-
-        tg.start_soon(listener.serve, handle)
-        yield server
-        tg.cancel_scope.cancel()
+def serve() -> contextlib.AbstractAsyncContextManager[Server]:
+    return loopback_server(Server, _handle)
 
 
 async def refused(url: str, **kwargs: object) -> ImageFetchRefused:

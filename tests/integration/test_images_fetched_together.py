@@ -38,6 +38,7 @@ from hordelite.contract.limits import IMAGE_FETCHES_PER_REQUEST
 from hordelite.horde import request_images
 from hordelite.horde import requests as horde_requests
 from hordelite.testing import TestHorde, open_horde
+from tests.integration._helpers import closing_answer, loopback_server, request_head
 from tests.integration.test_images import (
     MODEL,
     blob_files,
@@ -112,50 +113,27 @@ class ImageServer:
                 self.all_hung_closed.set()
 
 
-def _answer(status: str, body: bytes) -> bytes:
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: image/png\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
 async def _serve_one(server: ImageServer, stream: anyio.abc.ByteStream) -> None:
-    async with stream:
-        try:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += await stream.receive()
-            path = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")[1]
-            if path.startswith("/hung/"):
-                await server.hang(stream)
-                return
-            if path.startswith("/together/"):
-                await server.together()
-            elif path == "/bad":
-                await server.all_hung.wait()
-                await stream.send(_answer("404 Not Found", b""))
-                return
-            await stream.send(_answer("200 OK", PNG))
-            server.answered += 1
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+    path, _ = await request_head(stream)
+    if path.startswith("/hung/"):
+        await server.hang(stream)
+        return
+    if path.startswith("/together/"):
+        await server.together()
+    elif path == "/bad":
+        await server.all_hung.wait()
+        await stream.send(closing_answer("404 Not Found"))
+        return
+    await stream.send(closing_answer("200 OK", PNG))
+    server.answered += 1
 
 
 @pytest.fixture
 async def images() -> AsyncIterator[ImageServer]:
     """The loopback image server (a fixture: its task group then does not
     wrap a failing test's error in an exception group)."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    server = ImageServer(listener.extra(anyio.abc.SocketAttribute.local_port))
-    async with listener, anyio.create_task_group() as tg:
-
-        async def handle(stream: anyio.abc.SocketStream) -> None:
-            await _serve_one(server, stream)
-
-        tg.start_soon(listener.serve, handle)
+    async with loopback_server(ImageServer, _serve_one) as server:
         yield server
-        tg.cancel_scope.cancel()
 
 
 @pytest.fixture(autouse=True)

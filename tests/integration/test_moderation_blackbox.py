@@ -30,39 +30,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import queue
 import re
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration._helpers import serve_environment
+from tests.integration._helpers import ServeProcess, run_hordelite
 
-START_DEADLINE = 30.0
-STOP_DEADLINE = 10.0
 MODEL = "blackbox-model"
-
-
-
-
-def hordelite(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """One ``hordelite`` command, as the operator types it."""
-    return subprocess.run(
-        [sys.executable, "-m", "hordelite", *argv],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=serve_environment(),
-        timeout=60,
-        check=False,
-    )
 
 
 @dataclasses.dataclass
@@ -80,7 +60,9 @@ class Moderated:
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
         """``hordelite --config CONFIG argv...``."""
-        return hordelite("--config", str(self.config), *argv, cwd=self.config.parent)
+        return run_hordelite(
+            "--config", str(self.config), *argv, cwd=self.config.parent, timeout=60
+        )
 
     def create_user(self, name: str, *flags: str) -> tuple[str, str]:
         """A user created at the CLI: its key and ``name#id``."""
@@ -103,65 +85,6 @@ class Moderated:
         ``address``, under ``key`` (the admin's by default)."""
         headers = {"X-Forwarded-For": address, "apikey": key or self.admin_key}
         return httpx.Client(base_url=f"{self.url}/api/v2", headers=headers, timeout=10)
-
-
-class _Serve:
-    """``hordelite serve`` in a subprocess, until ``close``."""
-
-    def __init__(self, config: Path) -> None:
-        self.log = config.parent / "serve.log"
-        self._stderr = self.log.open("w", encoding="utf-8")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            cwd=config.parent,
-            env=serve_environment(),
-        )
-        assert self.process.stdout is not None
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.reader = threading.Thread(target=self._read, args=(self.process.stdout,))
-        self.reader.start()
-        banner = self._banner()
-        match = re.search(r"serving at (http://127\.0\.0\.1:\d+)", "\n".join(banner))
-        assert match, banner
-        self.url = match.group(1)
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def _banner(self) -> list[str]:
-        deadline = time.monotonic() + START_DEADLINE
-        banner: list[str] = []
-        while not any("keys create" in line for line in banner):
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.close()
-                pytest.fail(f"no start banner within {START_DEADLINE} s: {banner}")
-            if line is None:
-                self.close()
-                pytest.fail(f"serve exited before its banner: {banner} {self.log.read_text()}")
-            banner.append(line)
-        return banner
-
-    def close(self) -> None:
-        """SIGTERM, then SIGKILL past the deadline; the streams closed."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=STOP_DEADLINE)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.reader.join(timeout=STOP_DEADLINE)
-        if self.process.stdout is not None and not self.reader.is_alive():
-            self.process.stdout.close()
-        self._stderr.close()
 
 
 def write_config(folder: Path, database: str, **sections: dict[str, Any]) -> Path:
@@ -198,7 +121,7 @@ def serve_moderated(folder: Path, database: str, **sections: dict[str, Any]) -> 
     """A fresh horde served from ``folder`` on ``database``, with an admin
     created at the CLI once it runs; stopped at the block's end."""
     config = write_config(folder, database, **sections)
-    served = _Serve(config)
+    served = ServeProcess(config)
     try:
         horde = Moderated(served.url, config, "", "")
         horde.admin_key, horde.admin = horde.create_user("moderator", "--admin")

@@ -22,18 +22,15 @@ from __future__ import annotations
 import functools
 import json
 import os
-import queue
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import psycopg
@@ -49,7 +46,7 @@ from hordelite.horde.service import Horde, hash_key, new_api_key
 from hordelite.storage import queries
 from hordelite.storage.database import Database
 from hordelite.storage.timers import SWEEP_LOCK_KEY
-from tests.integration._helpers import serve_environment
+from tests.integration._helpers import ServeProcess, run_hordelite
 
 pytestmark = pytest.mark.postgres
 
@@ -81,8 +78,6 @@ LEASE_MARGIN = 5.0
 @pytest.fixture
 def redis_url() -> str:
     return os.environ.get("HORDELITE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
 
 
 def write_config(
@@ -154,53 +149,19 @@ def until(condition: Any, deadline: float, what: str) -> None:
         time.sleep(0.05)
 
 
-class Served:
-    """A real ``hordelite serve`` process: its banner, URL, pid and log."""
+class Served(ServeProcess):
+    """A real ``hordelite serve`` process and its children (each one seen
+    is killed at the clean-up too); its stderr in ``stderr.log``."""
 
     def __init__(self, config: Path) -> None:
-        self.log = config.parent / "stderr.log"
-        self._stderr = self.log.open("w", encoding="utf-8")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            cwd=config.parent,
-            env=serve_environment(),
+        self.seen: set[int] = set()  # every child seen, for the clean-up
+        super().__init__(
+            config,
+            log_name="stderr.log",
+            start_deadline=START_DEADLINE,
+            stop_deadline=STOP_DEADLINE,
         )
         self.pid = self.process.pid
-        self.seen: set[int] = set()  # every child seen, for the clean-up
-        assert self.process.stdout is not None
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        # The stream's only reader: joined before the stream is closed.
-        self.reader = threading.Thread(target=self._read, args=(self.process.stdout,))
-        self.reader.start()
-        self.banner = self._banner()
-        match = re.search(r"serving at (http://127\.0\.0\.1:\d+)", "\n".join(self.banner))
-        assert match, self.banner
-        self.url = match.group(1)
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def _banner(self) -> list[str]:
-        deadline = time.monotonic() + START_DEADLINE
-        banner: list[str] = []
-        while not any("keys create" in line for line in banner):
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.close()
-                pytest.fail(f"no start banner within {START_DEADLINE} s: {banner}")
-            if line is None:
-                self.close()
-                pytest.fail(f"serve exited before its banner: {banner} {self.log.read_text()}")
-            banner.append(line)
-        return banner
 
     def children(self) -> set[int]:
         found = children(self.pid)
@@ -215,19 +176,14 @@ class Served:
             lines.append(line)
         return lines
 
-    def close(self) -> None:
-        """Kill whatever is left (the parent, then any child seen), then
-        close the streams."""
+    def stop(self) -> None:
+        """Kill whatever is left: the parent, then any child seen."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         for child in self.seen:
             if alive(child):
                 os.kill(child, signal.SIGKILL)
-        self.reader.join(timeout=STOP_DEADLINE)
-        if self.process.stdout is not None and not self.reader.is_alive():
-            self.process.stdout.close()
-        self._stderr.close()
 
 
 @pytest.fixture
@@ -242,6 +198,13 @@ def serve(tmp_path: Path) -> Iterator[Any]:
     yield start
     for served in started:
         served.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any) -> Served:
+    """A horde of two processes on a PostgreSQL schema of the test's own,
+    its signals through Redis."""
+    return serve(write_config(tmp_path, postgres_schema_url, redis_url))  # type: ignore[no-any-return]
 
 
 def replaced(served: Served, *victims: int) -> bool:
@@ -326,9 +289,8 @@ def test_two_processes_answer_a_heartbeat_and_a_text_cycle_through_one_port(
 
 
 def test_a_child_killed_with_SIGKILL_is_replaced_and_the_horde_keeps_answering(
-    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+    postgres_schema_url: str, served: Served
 ) -> None:
-    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
     first = served.children()
     assert len(first) == 2
     victim = min(first)
@@ -452,9 +414,8 @@ CHAT_POP = {
 
 
 def test_the_open_streams_of_killed_children_leave_the_gauge(
-    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+    postgres_schema_url: str, served: Served
 ) -> None:
-    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
     worker = {"apikey": worker_key(postgres_schema_url)}
     r = httpx.post(f"{served.url}/api/v2/generate/text/pop", headers=worker, json=CHAT_POP)
     assert r.status_code == 200, r.text
@@ -596,9 +557,8 @@ def test_a_job_popped_before_every_child_was_killed_comes_back_through_its_lease
 
 
 def test_a_child_that_keeps_dying_at_start_is_restarted_after_a_growing_delay(
-    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+    served: Served,
 ) -> None:
-    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
     delays = []
     kids = served.children()
     victim = min(kids)
@@ -621,10 +581,7 @@ def test_a_child_that_keeps_dying_at_start_is_restarted_after_a_growing_delay(
     assert delays == [RESTART_DELAY, 2 * RESTART_DELAY]
 
 
-def test_a_child_killed_before_it_read_its_configuration_is_restarted(
-    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
-) -> None:
-    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+def test_a_child_killed_before_it_read_its_configuration_is_restarted(served: Served) -> None:
     kids = served.children()
     first = min(kids)
     os.kill(first, signal.SIGKILL)
@@ -650,9 +607,8 @@ def test_a_child_killed_before_it_read_its_configuration_is_restarted(
 
 
 def test_SIGTERM_stops_every_child_and_the_parent_exits_0_within_the_grace_period(
-    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
+    served: Served,
 ) -> None:
-    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
     kids = served.children()
     assert len(kids) == 2
     heartbeat(served.url)
@@ -666,10 +622,7 @@ def test_SIGTERM_stops_every_child_and_the_parent_exits_0_within_the_grace_perio
         httpx.get(f"{served.url}/api/v2/status/heartbeat", timeout=5)
 
 
-def test_children_stop_when_the_parent_is_killed_with_SIGKILL(
-    tmp_path: Path, postgres_schema_url: str, redis_url: str, serve: Any
-) -> None:
-    served = serve(write_config(tmp_path, postgres_schema_url, redis_url))
+def test_children_stop_when_the_parent_is_killed_with_SIGKILL(served: Served) -> None:
     kids = served.children()
     assert len(kids) == 2
     served.process.kill()
@@ -684,25 +637,24 @@ def test_children_stop_when_the_parent_is_killed_with_SIGKILL(
 # Refusals ----------------------------------------------------------------------------
 
 
+def refused_at_start(config: Path, cwd: Path, code: int) -> str:
+    """The one stderr line of a ``serve`` that exits ``code`` at start,
+    nothing on stdout (no banner: it never served)."""
+    done = run_hordelite("--config", str(config), "serve", cwd=cwd, timeout=START_DEADLINE)
+    assert done.returncode == code, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stdout == ""
+    return done.stderr
+
+
 def refused_line(tmp_path: Path, config: Path) -> str:
     """The one stderr line of a ``serve`` refused for its processes before
     anything is bound: exit 2, nothing on stdout, no "in use" (the taken
     port was never tried)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=serve_environment(),
-        timeout=START_DEADLINE,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert "server.processes" in done.stderr
-    assert "in use" not in done.stderr
-    assert done.stdout == ""
-    return done.stderr
+    line = refused_at_start(config, tmp_path, 2)
+    assert "server.processes" in line
+    assert "in use" not in line
+    return line
 
 
 def schema_tables(postgres_url: str, database: str) -> list[str]:
@@ -769,21 +721,10 @@ def test_the_processes_option_is_refused_the_same_way_naming_both_requirements(
 def serve_refused_in_use(config: Path) -> str:
     """The one stderr line of a ``serve`` whose port is held: exit 1,
     nothing on stdout (no banner: it never served)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "hordelite", "--config", str(config), "serve"],
-        capture_output=True,
-        text=True,
-        cwd=config.parent,
-        env=serve_environment(),
-        timeout=START_DEADLINE,
-        check=False,
-    )
-    assert done.returncode == 1, done.stderr
-    assert done.stderr.count("\n") == 1, done.stderr
-    assert "in use" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert done.stdout == ""
-    return done.stderr
+    line = refused_at_start(config, config.parent, 1)
+    assert "in use" in line
+    assert "Traceback" not in line
+    return line
 
 
 @pytest.mark.parametrize("processes", [2, 1])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -25,7 +24,7 @@ import pytest
 from hordelite.testing import FakeChatWorker, ManualClock
 from tests.integration._chat_helpers import MODEL
 from tests.integration._helpers import eventually
-from tests.integration.test_front import CHAT, open_front, user
+from tests.integration.test_front import chat_request, open_front, open_served_front, streamed
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +42,8 @@ POST_EVERY = 0.25
 
 
 def body(content: str = "Name one colour.", **fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [user(content)], "max_tokens": 64, "stream": True, **fields}
+    """A streamed call's body (``stream`` True unless ``fields`` say otherwise)."""
+    return chat_request(content, **{"stream": True, **fields})
 
 
 def reply(content: str, reasoning: str | None = None, **counts: int) -> dict[str, Any]:
@@ -114,11 +114,23 @@ class Deltas:
         with anyio.fail_after(10):
             return await self.receive.receive()
 
-    async def read(self, stream: AsyncIterator[Any], into: list[Any]) -> None:
+    async def call(self, client: openai.AsyncOpenAI, into: list[Any]) -> None:
+        """The streamed call ``body()``, its chunks read into ``into`` and
+        each content delta passed on to ``seen``."""
+        stream = await client.chat.completions.create(**body())
         async for chunk in stream:
             into.append(chunk)
             if content_of(chunk):
                 await self.send.send(content_of(chunk))
+
+
+async def post_then_submit(worker: FakeChatWorker, deltas: Deltas, final: str) -> None:
+    """The worker's side of a reconciled stream: it posts "Blue is", waits
+    until the client has read it, then submits ``final`` as the whole reply."""
+    job = await streamed_job(worker)
+    await post(worker, job, 1, "Blue is")
+    assert await deltas.seen() == "Blue is"
+    await submit(worker, job, reply(final))
 
 
 # Relayed as posted ---------------------------------------------------------------------
@@ -127,9 +139,7 @@ class Deltas:
 @sdk_stream
 async def test_a_paced_stream_shows_several_content_chunks_before_the_worker_submits() -> None:
     parts = ["Blue is ", "the colour ", "of a clear ", "sky at noon."]
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front() as (_, worker, client):
         submitting = anyio.Event()
 
         async def serve() -> None:
@@ -155,9 +165,7 @@ async def test_a_paced_stream_shows_several_content_chunks_before_the_worker_sub
 @sdk_stream
 async def test_a_paced_post_reaches_the_client_in_several_slices() -> None:
     text = "Blue is the colour of a clear sky at noon, and of the sea in summer."
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front() as (_, worker, client):
         submitting = anyio.Event()
         all_seen = anyio.Event()
         received: list[str] = []
@@ -184,9 +192,7 @@ async def test_a_paced_post_reaches_the_client_in_several_slices() -> None:
 @sdk_stream
 async def test_without_pacing_each_post_arrives_as_one_delta() -> None:
     parts = ["Blue", " is the", " colour of the sky", "."]
-    async with open_front(UNPACED) as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front(UNPACED) as (_, worker, client):
         with Deltas() as deltas:
 
             async def serve() -> None:
@@ -199,26 +205,20 @@ async def test_without_pacing_each_post_arrives_as_one_delta() -> None:
             chunks: list[Any] = []
             async with anyio.create_task_group() as tg:
                 tg.start_soon(serve)
-                stream = await client.chat.completions.create(**body())
-                await deltas.read(stream, chunks)
+                await deltas.call(client, chunks)
             assert [content_of(c) for c in chunks if content_of(c)] == parts
             assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 @sdk_stream
 async def test_a_worker_that_never_posts_still_streams_the_full_reply() -> None:
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front() as (_, worker, client):
 
         async def serve() -> None:
             job = await streamed_job(worker)
             await submit(worker, job, reply("Blue is the colour of the sky."))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serve)
-            stream = await client.chat.completions.create(**body())
-            chunks = [chunk async for chunk in stream]
+        chunks = await streamed(client, serve)
         assert "".join(content_of(c) for c in chunks) == "Blue is the colour of the sky."
         assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -241,13 +241,8 @@ async def serve_reasoning_then_content(worker: FakeChatWorker) -> None:
 
 @sdk_stream
 async def test_reasoning_deltas_are_relayed_as_reasoning_content() -> None:
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serve_reasoning_then_content, worker)
-            stream = await client.chat.completions.create(**body())
-            chunks = [chunk async for chunk in stream]
+    async with open_served_front() as (_, worker, client):
+        chunks = await streamed(client, serve_reasoning_then_content, worker)
         reasoning = [reasoning_of(c) for c in chunks if reasoning_of(c)]
         assert "".join(reasoning) == "".join(THOUGHTS)
         assert "".join(content_of(c) for c in chunks) == "Blue."
@@ -255,15 +250,13 @@ async def test_reasoning_deltas_are_relayed_as_reasoning_content() -> None:
 
 @sdk_stream
 async def test_reasoning_is_not_relayed_when_include_reasoning_is_false() -> None:
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serve_reasoning_then_content, worker)
-            stream = await client.chat.completions.create(
-                **body(), extra_body={"horde": {"include_reasoning": False}}
-            )
-            chunks = [chunk async for chunk in stream]
+    async with open_served_front() as (_, worker, client):
+        chunks = await streamed(
+            client,
+            serve_reasoning_then_content,
+            worker,
+            extra_body={"horde": {"include_reasoning": False}},
+        )
         assert all(not reasoning_of(c) for c in chunks)
         assert all(
             "reasoning_content" not in (c.choices[0].delta.model_extra or {})
@@ -280,22 +273,12 @@ async def test_reasoning_is_not_relayed_when_include_reasoning_is_false() -> Non
 async def test_a_final_reply_extending_the_relayed_text_completes_the_stream_with_the_rest() -> (
     None
 ):
-    async with open_front(UNPACED) as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front(UNPACED) as (_, worker, client):
         with Deltas() as deltas:
-
-            async def serve() -> None:
-                job = await streamed_job(worker)
-                await post(worker, job, 1, "Blue is")
-                assert await deltas.seen() == "Blue is"
-                await submit(worker, job, reply("Blue is the colour of the sky."))
-
             chunks: list[Any] = []
             async with anyio.create_task_group() as tg:
-                tg.start_soon(serve)
-                stream = await client.chat.completions.create(**body())
-                await deltas.read(stream, chunks)
+                tg.start_soon(post_then_submit, worker, deltas, "Blue is the colour of the sky.")
+                await deltas.call(client, chunks)
             assert [content_of(c) for c in chunks if content_of(c)] == [
                 "Blue is",
                 " the colour of the sky.",
@@ -305,23 +288,13 @@ async def test_a_final_reply_extending_the_relayed_text_completes_the_stream_wit
 
 @sdk_stream
 async def test_a_final_reply_diverging_from_the_relayed_text_raises_chat_stream_diverged() -> None:
-    async with open_front(UNPACED) as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front(UNPACED) as (front, worker, client):
         with Deltas() as deltas:
-
-            async def serve() -> None:
-                job = await streamed_job(worker)
-                await post(worker, job, 1, "Blue is")
-                assert await deltas.seen() == "Blue is"
-                await submit(worker, job, reply("Red is the colour of fire."))
-
             chunks: list[Any] = []
             async with anyio.create_task_group() as tg:
-                tg.start_soon(serve)
-                stream = await client.chat.completions.create(**body())
+                tg.start_soon(post_then_submit, worker, deltas, "Red is the colour of fire.")
                 with pytest.raises(openai.APIError) as caught:
-                    await deltas.read(stream, chunks)
+                    await deltas.call(client, chunks)
             assert caught.value.code == "ChatStreamDiverged"
             assert [content_of(c) for c in chunks if content_of(c)] == ["Blue is"]
             assert all(c.choices[0].finish_reason is None for c in chunks)
@@ -346,12 +319,7 @@ async def test_a_diverging_stream_ends_with_one_error_event_then_done() -> None:
         lines: list[str] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(serve)
-            async with front.http.stream(
-                "POST",
-                CHAT,
-                headers={"Authorization": f"Bearer {front.env.requester}"},
-                json=body(),
-            ) as response:
+            async with front.open_stream(body()) as response:
                 assert response.status_code == 200
                 async for line in response.aiter_lines():
                     if line:
@@ -372,9 +340,7 @@ async def test_a_diverging_stream_ends_with_one_error_event_then_done() -> None:
 
 @sdk_stream
 async def test_include_usage_gives_a_usage_chunk_after_the_relayed_reply() -> None:
-    async with open_front() as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front() as (_, worker, client):
 
         async def serve() -> None:
             job = await streamed_job(worker)
@@ -386,12 +352,7 @@ async def test_include_usage_gives_a_usage_chunk_after_the_relayed_reply() -> No
                 reply("Blue is the colour of the sky.", prompt_tokens=12, completion_tokens=8),
             )
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serve)
-            stream = await client.chat.completions.create(
-                **body(), stream_options={"include_usage": True}
-            )
-            chunks = [chunk async for chunk in stream]
+        chunks = await streamed(client, serve, stream_options={"include_usage": True})
         *with_choice, last = chunks
         assert "".join(content_of(c) for c in with_choice) == "Blue is the colour of the sky."
         assert with_choice[-1].choices[0].finish_reason == "stop"
@@ -409,10 +370,12 @@ async def test_include_usage_gives_a_usage_chunk_after_the_relayed_reply() -> No
 async def test_closing_the_stream_cancels_the_request_and_settles_the_streamed_job(
     tmp_path: Path,
 ) -> None:
-    async with open_front(UNPACED, model_reference=reference(tmp_path)) as front:
+    async with open_served_front(UNPACED, model_reference=reference(tmp_path)) as (
+        front,
+        worker,
+        client,
+    ):
         env = front.env
-        worker = await front.worker("w1")
-        client = await front.sdk()
         paid_before, earned_before = await env.kudos(), await env.kudos(env.owner)
         jobs: list[dict[str, Any]] = []
 
@@ -459,9 +422,7 @@ STREAM_RETENTION = 120  # an ended request's stream is kept this long for late r
 @sdk_stream
 async def test_finished_calls_leave_no_waiters_and_their_streams_go_after_the_retention() -> None:
     clock = ManualClock()
-    async with open_front(UNPACED, clock=clock) as front:
-        worker = await front.worker("w1")
-        client = await front.sdk()
+    async with open_served_front(UNPACED, clock=clock) as (front, worker, client):
         signals = front.env.horde.horde.signals
 
         async def serve() -> None:
@@ -471,10 +432,7 @@ async def test_finished_calls_leave_no_waiters_and_their_streams_go_after_the_re
 
         calls = 3
         for _ in range(calls):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(serve)
-                stream = await client.chat.completions.create(**body())
-                chunks = [chunk async for chunk in stream]
+            chunks = await streamed(client, serve)
             assert "".join(content_of(c) for c in chunks) == "Blue."
 
         async def serve_whole() -> None:

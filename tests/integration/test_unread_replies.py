@@ -80,10 +80,36 @@ async def answer_into(
     """A plain call asking ``content``; its response is kept under ``name``."""
     answered[name] = await front.http.post(
         CHAT,
-        headers={"Authorization": f"Bearer {front.env.requester}"},
+        headers=front.bearer,
         json={"model": MODEL, "messages": [user(content)]},
         timeout=30,
     )
+
+
+async def call_popped(
+    tg: anyio.abc.TaskGroup,
+    answered: dict[str, httpx.Response],
+    front: Front,
+    worker: FakeChatWorker,
+    name: str,
+    content: str,
+) -> dict[str, Any]:
+    """A plain call asking ``content`` (``answer_into``), started in ``tg``:
+    its job, once ``worker`` pops it."""
+    tg.start_soon(answer_into, answered, front, name, content)
+    return await popped(worker)
+
+
+@contextlib.asynccontextmanager
+async def draining_front(
+    grace_period: float, signals_url: str = ""
+) -> AsyncIterator[tuple[Front, FakeChatWorker]]:
+    """A front whose process drains for ``grace_period`` s once told to
+    stop, its signals in-process or at ``signals_url``, and its online chat
+    worker w1."""
+    config = Config().replace(signals={"url": signals_url})
+    async with open_front(config, grace_period=grace_period) as front:
+        yield front, await front.worker("w1")
 
 
 async def leave_after_pop(front: Front, worker: FakeChatWorker, body: dict[str, Any]) -> Any:
@@ -92,9 +118,7 @@ async def leave_after_pop(front: Front, worker: FakeChatWorker, body: dict[str, 
         async with anyio.create_task_group() as tg:
 
             async def call() -> None:
-                await leaving.post(
-                    CHAT, headers={"Authorization": f"Bearer {front.env.requester}"}, json=body
-                )
+                await leaving.post(CHAT, headers=front.bearer, json=body)
 
             tg.start_soon(call)
             job = await popped(worker)
@@ -193,8 +217,7 @@ async def test_the_requests_of_a_reader_whose_lease_lapsed_are_cancelled_uncharg
         # this process serves it: the sweep leaves it be.
         answered: dict[str, httpx.Response] = {}
         async with anyio.create_task_group() as tg:
-            tg.start_soon(answer_into, answered, front, "live", "Name a fruit.")
-            live_job = await popped(worker)
+            live_job = await call_popped(tg, answered, front, worker, "live", "Name a fruit.")
             clock.advance(READER_LEASE_SECONDS + 1)
             await front.env.horde.sweep()
             row = await request_row(front, queued.id)
@@ -216,14 +239,11 @@ async def test_the_requests_of_a_reader_whose_lease_lapsed_are_cancelled_uncharg
 async def test_a_draining_call_whose_worker_never_submits_is_handed_back_uncharged_by_the_deadline() -> (
     None
 ):
-    config = Config().replace(signals={"url": ""})
-    async with open_front(config, grace_period=3) as front:
-        worker = await front.worker("w1")
+    async with draining_front(3) as (front, worker):
         kudos = await front.env.kudos()
         answered: dict[str, httpx.Response] = {}
         async with anyio.create_task_group() as tg:
-            tg.start_soon(answer_into, answered, front, "out", "Name one colour.")
-            job = await popped(worker)
+            job = await call_popped(tg, answered, front, worker, "out", "Name one colour.")
             front.env.horde.horde.begin_shutdown()
             stopping = anyio.current_time()
         # Held while its worker had the job, up to the drain's deadline (the
@@ -246,15 +266,12 @@ async def test_a_draining_process_finishes_a_call_whose_worker_has_the_job(signa
     # calls wait (server.open_server), or, with Redis signals, another
     # process: a call whose job is out waits for its reply, and a call
     # still queued is handed back at once.
-    config = Config().replace(signals={"url": _redis_url() if signals == "redis" else ""})
     # A drain long enough for the worker's submit on a loaded machine.
-    async with open_front(config, grace_period=30) as front:
-        worker = await front.worker("w1")
+    async with draining_front(30, _redis_url() if signals == "redis" else "") as (front, worker):
         kudos = await front.env.kudos()
         answered: dict[str, httpx.Response] = {}
         async with anyio.create_task_group() as tg:
-            tg.start_soon(answer_into, answered, front, "out", "Name one colour.")
-            job = await popped(worker)
+            job = await call_popped(tg, answered, front, worker, "out", "Name one colour.")
             tg.start_soon(answer_into, answered, front, "queued", "Name a fruit.")
 
             async def two_queued() -> bool:
@@ -296,7 +313,7 @@ async def test_a_stream_ended_by_the_drain_delivers_all_the_posted_text_first() 
                 async with front.http.stream(
                     "POST",
                     CHAT,
-                    headers={"Authorization": f"Bearer {front.env.requester}"},
+                    headers=front.bearer,
                     json=body,
                     timeout=30,
                 ) as response:

@@ -65,6 +65,12 @@ async def create_user(db: Database, name: str, kudos: float = 0.0, now: float = 
     return key_hash
 
 
+async def requester_and_owner(db: Database, kudos: float = 0.0) -> tuple[str, str]:
+    """A requester, alice, with ``kudos``, and a workers' owner, bob: their
+    key hashes."""
+    return await create_user(db, "alice", kudos), await create_user(db, "bob")
+
+
 def text_request(prompt: str = "Once upon a time", **body: Any) -> TextRequest:
     params = body.pop("params", {"max_length": 80})
     return parse_text_request({"prompt": prompt, "params": params, **body})

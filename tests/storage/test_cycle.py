@@ -12,6 +12,7 @@ from hordelite.errors import RC, HordeError
 from hordelite.horde.service import new_text_request
 from hordelite.storage import queries
 from hordelite.storage.database import Database
+from hordelite.storage.ledger import SubmitResult
 from hordelite.storage.schema import jobs, requests, users
 from hordelite.storage.transaction import Tx
 from tests.storage.helpers import (
@@ -24,6 +25,7 @@ from tests.storage.helpers import (
     create_user,
     job_submit,
     pop,
+    requester_and_owner,
     status,
     submit,
     text_request,
@@ -74,8 +76,7 @@ async def test_created_users_get_distinct_ids_and_are_found_by_their_key_hash(
 async def test_a_submitted_request_is_popped_by_a_worker_of_its_model_with_its_prompt(
     database: Database,
 ) -> None:
-    requester = await create_user(database, "alice")
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database)
     request_id = await submit(database, requester, text_request("Hello there", models=["m1"]))
 
     result = await pop(database, owner, "w1", ["m1"], now=NOW + 5)
@@ -94,8 +95,7 @@ async def test_a_submitted_request_is_popped_by_a_worker_of_its_model_with_its_p
 
 
 async def test_a_worker_of_another_model_gets_no_job(database: Database) -> None:
-    requester = await create_user(database, "alice")
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database)
     await submit(database, requester, text_request(models=["m1"]))
 
     result = await pop(database, owner, "w1", ["m2"])
@@ -109,8 +109,7 @@ async def test_a_submit_that_ends_a_request_says_whether_a_webhook_call_is_owed(
 ) -> None:
     # The service wakes its webhook task only when a call is owed: a
     # request without a webhook costs no look for due calls at its end.
-    requester = await create_user(database, "alice", kudos=100)
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database, kudos=100)
     body = {"models": ["m1"]} if webhook is None else {"models": ["m1"], "webhook": webhook}
     await submit(database, requester, text_request(**body))
     popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
@@ -127,8 +126,7 @@ async def test_a_submit_that_ends_a_request_says_whether_a_webhook_call_is_owed(
 async def test_submitting_a_job_charges_the_requester_reward_plus_one_and_rewards_the_owner(
     database: Database,
 ) -> None:
-    requester = await create_user(database, "alice", kudos=100)
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database, kudos=100)
     request_id = await submit(
         database, requester, text_request(models=["m1"], params={"max_length": 80})
     )
@@ -161,8 +159,7 @@ async def test_submitting_a_job_charges_the_requester_reward_plus_one_and_reward
 
 
 async def test_a_job_cannot_be_submitted_twice(database: Database) -> None:
-    requester = await create_user(database, "alice", kudos=100)
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database, kudos=100)
     await submit(database, requester, text_request(models=["m1"]))
     popped = await pop(database, owner, "w1", ["m1"])
     assert popped.job is not None
@@ -194,8 +191,7 @@ def _spoil_stop_sequence(conn: Tx, request_id: str) -> None:
 async def test_a_fault_on_a_request_holding_a_lone_surrogate_ends_it_and_is_not_the_worker_s_abort(
     database: Database,
 ) -> None:
-    requester = await create_user(database, "alice", kudos=100)
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database, kudos=100)
     spoiled = await submit(database, requester, text_request(models=["m1"]))
     await database.write(_spoil_stop_sequence, spoiled)
     popped = await pop(database, owner, "w1", ["m1"])
@@ -235,8 +231,7 @@ async def test_request_status_of_an_unknown_id_is_RequestNotFound(database: Data
 async def test_cancelling_a_waiting_request_ends_it_and_no_worker_gets_it(
     database: Database,
 ) -> None:
-    requester = await create_user(database, "alice")
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database)
     request_id = await submit(database, requester, text_request(models=["m1"]))
 
     before = await database.write(queries.cancel_request, request_id, "text", NOW + 3, RULES)
@@ -248,20 +243,27 @@ async def test_cancelling_a_waiting_request_ends_it_and_no_worker_gets_it(
     assert (await pop(database, owner, "w1", ["m1"], now=NOW + 4)).job is None
 
 
-async def test_a_job_in_progress_at_a_cancel_is_still_submitted_and_charged(
+async def late_job_of_a_cancelled_request(
     database: Database,
-) -> None:
-    requester = await create_user(database, "alice", kudos=50)
-    owner = await create_user(database, "bob")
+) -> tuple[str, str, SubmitResult]:
+    """A requester with 50 kudos whose text request, its job out since NOW,
+    is cancelled at NOW + 3; the job is submitted at NOW + 4: (the
+    requester's key hash, the request's id, the submit's result)."""
+    requester, owner = await requester_and_owner(database, kudos=50)
     request_id = await submit(database, requester, text_request(models=["m1"]))
     popped = await pop(database, owner, "w1", ["m1"])
     assert popped.job is not None
-
     await database.write(queries.cancel_request, request_id, "text", NOW + 3, RULES)
-
     result = await database.write(
         queries.submit_job, owner, job_submit(popped.job.id, "late"), NOW + 4, RULES, billions
     )
+    return requester, request_id, result
+
+
+async def test_a_job_in_progress_at_a_cancel_is_still_submitted_and_charged(
+    database: Database,
+) -> None:
+    requester, _, result = await late_job_of_a_cancelled_request(database)
     payer = await database.read(queries.user_by_key, requester, RULES)
     assert payer.kudos == pytest.approx(50 - (result.reward + 1))
 
@@ -269,16 +271,7 @@ async def test_a_job_in_progress_at_a_cancel_is_still_submitted_and_charged(
 async def test_a_cancelled_request_stays_cancelled_when_its_last_job_comes_in(
     database: Database,
 ) -> None:
-    requester = await create_user(database, "alice", kudos=50)
-    owner = await create_user(database, "bob")
-    request_id = await submit(database, requester, text_request(models=["m1"]))
-    popped = await pop(database, owner, "w1", ["m1"])
-    assert popped.job is not None
-    await database.write(queries.cancel_request, request_id, "text", NOW + 3, RULES)
-
-    await database.write(
-        queries.submit_job, owner, job_submit(popped.job.id, "late"), NOW + 4, RULES, billions
-    )
+    _, request_id, _ = await late_job_of_a_cancelled_request(database)
 
     after = await status(database, request_id, now=NOW + 4)
     assert after.request.state == "cancelled"
@@ -286,8 +279,7 @@ async def test_a_cancelled_request_stays_cancelled_when_its_last_job_comes_in(
 
 
 async def test_a_request_past_its_expiry_waits_for_a_job_still_out(database: Database) -> None:
-    requester = await create_user(database, "alice", kudos=50)
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database, kudos=50)
     request_id = await submit(database, requester, text_request(models=["m1"], params={"n": 2}))
     popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
     assert popped.job is not None
@@ -307,8 +299,7 @@ async def test_a_request_past_its_expiry_waits_for_a_job_still_out(database: Dat
 
 
 async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database: Database) -> None:
-    requester = await create_user(database, "alice")
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database)
     request_id = await submit(database, requester, text_request(models=["m1"]))
     popped_at = NOW + 10
     first = await pop(database, owner, "w1", ["m1"], now=popped_at)
@@ -343,8 +334,7 @@ async def test_the_sweep_requeues_a_job_only_once_its_lease_has_expired(database
 
 async def ended_request(database: Database, ended_at: float) -> str:
     """A text request popped at NOW + 1 and done at ``ended_at``: its id."""
-    requester = await create_user(database, "alice", kudos=100)
-    owner = await create_user(database, "bob")
+    requester, owner = await requester_and_owner(database, kudos=100)
     request_id = await submit(database, requester, text_request(models=["m1"]))
     popped = await pop(database, owner, "w1", ["m1"], now=NOW + 1)
     assert popped.job is not None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import Float, Integer, MetaData, bindparam, func, insert, inspect, select, update
@@ -46,6 +48,34 @@ def _version_rows(conn: Tx) -> int:
     return int(conn.execute(select(func.count()).select_from(schema.schema_version)).scalar_one())
 
 
+@pytest.fixture
+def db(empty_database: Database) -> Database:
+    """A database upgraded to the latest version, holding nothing yet: a
+    test puts it back in an older version's shape to upgrade it again."""
+    empty_database.run_sync(upgrade, True)
+    return empty_database
+
+
+def _back_to(version: int, *statements: str) -> Callable[[Tx], None]:
+    """What puts a database back in ``version``'s shape: ``statements``
+    undo what the later migrations changed, and the version recorded
+    is set back."""
+
+    def back(conn: Tx) -> None:
+        for statement in statements:
+            conn.exec_driver_sql(statement)
+        conn.execute(update(schema.schema_version).values(version=version))
+
+    return back
+
+
+def _user_id(db: Database, name: str, kudos: float = 0.0) -> int:
+    """A user created at the latest version; returns its id."""
+    return int(
+        db.run_sync(queries.create_user, True, name, new_key_hash(), kudos, False, False, NOW)
+    )
+
+
 def test_upgrade_on_an_empty_database_creates_every_table_and_reaches_the_latest_version(
     empty_database: Database,
 ) -> None:
@@ -58,12 +88,8 @@ def test_upgrade_on_an_empty_database_creates_every_table_and_reaches_the_latest
     assert empty_database.run_sync(_tables, False) >= set(schema.metadata.tables)
 
 
-def test_a_second_upgrade_changes_nothing_and_keeps_the_data(empty_database: Database) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
-    user_id = db.run_sync(
-        queries.create_user, True, "alice", new_key_hash(), 12.5, False, False, NOW
-    )
+def test_a_second_upgrade_changes_nothing_and_keeps_the_data(db: Database) -> None:
+    user_id = _user_id(db, "alice", 12.5)
 
     before, after = db.run_sync(upgrade, True)
 
@@ -75,13 +101,12 @@ def test_a_second_upgrade_changes_nothing_and_keeps_the_data(empty_database: Dat
     assert user.kudos == 12.5
 
 
-def _as_version_1(conn: Tx) -> None:
-    """Put the database back in version 1's shape: ix_queue_order all ascending."""
-    conn.exec_driver_sql("DROP INDEX ix_queue_order")
-    conn.exec_driver_sql(
-        "CREATE INDEX ix_queue_order ON queue (model, anonymous, prio_key, created)"
-    )
-    conn.execute(update(schema.schema_version).values(version=1))
+# Back to version 1's shape: ix_queue_order all ascending.
+_as_version_1 = _back_to(
+    1,
+    "DROP INDEX ix_queue_order",
+    "CREATE INDEX ix_queue_order ON queue (model, anonymous, prio_key, created)",
+)
 
 
 def _queue_order_definition(conn: Tx) -> str:
@@ -93,13 +118,9 @@ def _queue_order_definition(conn: Tx) -> str:
 
 
 def test_upgrading_a_version_1_database_puts_ix_queue_order_in_pop_order_and_keeps_the_data(
-    empty_database: Database,
+    db: Database,
 ) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
-    user_id = db.run_sync(
-        queries.create_user, True, "alice", new_key_hash(), 3.0, False, False, NOW
-    )
+    user_id = _user_id(db, "alice", 3.0)
     db.run_sync(_as_version_1, True)
 
     before, after = db.run_sync(upgrade, True)
@@ -109,11 +130,12 @@ def test_upgrading_a_version_1_database_puts_ix_queue_order_in_pop_order_and_kee
     assert db.run_sync(queries.user_by_id, False, user_id).username == "alice"
 
 
-def _as_version_3(conn: Tx) -> None:
-    """Put the database back in version 3's shape: workers without name_key."""
-    conn.exec_driver_sql("DROP INDEX ux_workers_name_key")
-    conn.exec_driver_sql("ALTER TABLE workers DROP COLUMN name_key")
-    conn.execute(update(schema.schema_version).values(version=3))
+# Back to version 3's shape: workers without name_key.
+_as_version_3 = _back_to(
+    3,
+    "DROP INDEX ux_workers_name_key",
+    "ALTER TABLE workers DROP COLUMN name_key",
+)
 
 
 def _add_worker(conn: Tx, name: str, user_id: int, created: float) -> str:
@@ -139,10 +161,8 @@ def _name_keys(conn: Tx) -> dict[str, str]:
 
 
 def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker(
-    empty_database: Database,
+    db: Database,
 ) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
     owner = new_key_hash()
     user_id = db.run_sync(queries.create_user, True, "bob", owner, 0.0, False, False, NOW)
     db.run_sync(_as_version_3, True)
@@ -179,19 +199,18 @@ def test_upgrading_a_version_3_database_keys_worker_names_and_keeps_every_worker
         )
 
 
-def _as_version_4(conn: Tx) -> None:
-    """Put the database back in version 4's shape: workers without online_until."""
-    conn.exec_driver_sql("DROP INDEX ix_workers_online_until")
-    conn.exec_driver_sql("ALTER TABLE workers DROP COLUMN online_until")
-    conn.execute(update(schema.schema_version).values(version=4))
+# Back to version 4's shape: workers without online_until.
+_as_version_4 = _back_to(
+    4,
+    "DROP INDEX ix_workers_online_until",
+    "ALTER TABLE workers DROP COLUMN online_until",
+)
 
 
 def test_upgrading_a_version_4_database_keeps_its_workers_online_300_s_after_their_last_pop(
-    empty_database: Database,
+    db: Database,
 ) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
-    user_id = db.run_sync(queries.create_user, True, "bob", new_key_hash(), 0.0, False, False, NOW)
+    user_id = _user_id(db, "bob")
     db.run_sync(_add_worker, True, "w1", user_id, NOW)
     db.run_sync(_as_version_4, True)
 
@@ -203,18 +222,14 @@ def test_upgrading_a_version_4_database_keeps_its_workers_online_300_s_after_the
     assert db.run_sync(queries.online_workers, False, NOW + 301) == []
 
 
-def _as_version_5(conn: Tx) -> None:
-    """Put the database back in version 5's shape: no activity_minutes."""
-    conn.exec_driver_sql("DROP TABLE activity_minutes")
-    conn.execute(update(schema.schema_version).values(version=5))
+# Back to version 5's shape: no activity_minutes.
+_as_version_5 = _back_to(5, "DROP TABLE activity_minutes")
 
 
 def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_the_data(
-    empty_database: Database,
+    db: Database,
 ) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
-    user_id = db.run_sync(queries.create_user, True, "bob", new_key_hash(), 0.0, False, False, NOW)
+    user_id = _user_id(db, "bob")
     db.run_sync(_as_version_5, True)
     assert "activity_minutes" not in db.run_sync(_tables, False)
 
@@ -233,20 +248,17 @@ def test_upgrading_a_version_5_database_adds_an_empty_activity_rollup_and_keeps_
     assert db.run_sync(activity_rows, False) == [(60, 1, 2, 3.0)]
 
 
-def _as_version_7(conn: Tx) -> None:
-    """Put the database back in version 7's shape: no readers, no reader columns."""
-    conn.exec_driver_sql("DROP INDEX ix_requests_reader")
-    conn.exec_driver_sql("DROP TABLE readers")
-    conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN reader")
-    conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN unread")
-    conn.execute(update(schema.schema_version).values(version=7))
+# Back to version 7's shape: no readers, no reader columns.
+_as_version_7 = _back_to(
+    7,
+    "DROP INDEX ix_requests_reader",
+    "DROP TABLE readers",
+    "ALTER TABLE requests DROP COLUMN reader",
+    "ALTER TABLE requests DROP COLUMN unread",
+)
 
 
-def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
-    empty_database: Database,
-) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
+def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(db: Database) -> None:
     db.run_sync(_as_version_7, True)
     assert "readers" not in db.run_sync(_tables, False)
 
@@ -267,13 +279,13 @@ def test_upgrading_a_version_7_database_adds_the_readers_and_their_columns(
 _BEFORE_USER_KEYS = MIGRATIONS.index(_v13_names_and_moderation_that_hold)
 
 
-def _as_before_user_keys(conn: Tx) -> None:
-    """Put the database back in the shape before user name keys: no
-    users.name_key, no worker_holds."""
-    conn.exec_driver_sql("DROP INDEX ux_users_name_key")
-    conn.exec_driver_sql("ALTER TABLE users DROP COLUMN name_key")
-    conn.exec_driver_sql("DROP TABLE worker_holds")
-    conn.execute(update(schema.schema_version).values(version=_BEFORE_USER_KEYS))
+# Back to the shape before user name keys: no users.name_key, no worker_holds.
+_as_before_user_keys = _back_to(
+    _BEFORE_USER_KEYS,
+    "DROP INDEX ux_users_name_key",
+    "ALTER TABLE users DROP COLUMN name_key",
+    "DROP TABLE worker_holds",
+)
 
 
 def _add_user(conn: Tx, name: str, kudos: float) -> int:
@@ -298,11 +310,7 @@ def _user_keys(conn: Tx) -> dict[int, tuple[str, str, float]]:
     return {r.id: (r.username, r.name_key, r.kudos) for r in rows}
 
 
-def test_upgrading_keys_user_names_and_keeps_every_user_sharing_one(
-    empty_database: Database,
-) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
+def test_upgrading_keys_user_names_and_keeps_every_user_sharing_one(db: Database) -> None:
     db.run_sync(_as_before_user_keys, True)
     db.run_sync(
         lambda conn: conn.execute(
@@ -382,75 +390,82 @@ def _fill_float_ledger(conn: Tx, old: MetaData, owner: str, other: str) -> None:
     """A version 11 database holding two users, a worker, a request, its
     job and a shared key, each with its kudos as floats."""
     conn.execute(update(schema.schema_version).values(version=11))
-    t = old.tables
-    values = {}
+    floats: dict[str, dict[str, float]] = {}
     for (table, column), (stored, _) in FLOATS.items():
-        values.setdefault(table, {})[column] = stored
-    conn.execute(
-        insert(t["users"]).values(
-            id=1, username="alice", key_hash=owner, created=NOW, **values["users"]
-        )
-    )
-    conn.execute(insert(t["users"]).values(id=2, username="bob", key_hash=other, created=NOW))
-    conn.execute(
-        insert(t["workers"]).values(
-            id="w1",
-            name="w1",
-            name_key="w1",
-            user_id=1,
-            models=["m1"],
-            max_length=80,
-            max_context_length=1024,
-            created=NOW,
-            last_check_in=NOW,
-            **values["workers"],
-        )
-    )
-    conn.execute(
-        insert(t["requests"]).values(
-            id="r1",
-            user_id=1,
-            state="done",
-            prompt="p",
-            params={},
-            models=["m1"],
-            worker_ids=[],
-            n=1,
-            remaining=0,
-            max_length=80,
-            max_context_length=1024,
-            anonymous=False,
-            priority=0.0,
-            prio_key=0.0,
-            created=NOW,
-            expires=NOW + 1,
-            **values["requests"],
-        )
-    )
-    conn.execute(
-        insert(t["jobs"]).values(
-            id="j1",
-            request_id="r1",
-            worker_id="w1",
-            owner_id=1,
-            model="m1",
-            state="done",
-            started=NOW,
-            lease_expires=NOW + 1,
-            **values["jobs"],
-        )
-    )
-    conn.execute(
-        insert(t["shared_keys"]).values(
-            key_hash="s" * 64,
-            user_id=1,
-            max_text_tokens=-1,
-            max_image_pixels=-1,
-            max_image_steps=-1,
-            created=NOW,
-            **values["shared_keys"],
-        )
-    )
+        floats.setdefault(table, {})[column] = stored
+    # In the order the foreign keys need.
+    rows: list[tuple[str, dict[str, Any]]] = [
+        (
+            "users",
+            {"id": 1, "username": "alice", "key_hash": owner, "created": NOW, **floats["users"]},
+        ),
+        ("users", {"id": 2, "username": "bob", "key_hash": other, "created": NOW}),
+        (
+            "workers",
+            {
+                "id": "w1",
+                "name": "w1",
+                "name_key": "w1",
+                "user_id": 1,
+                "models": ["m1"],
+                "max_length": 80,
+                "max_context_length": 1024,
+                "created": NOW,
+                "last_check_in": NOW,
+                **floats["workers"],
+            },
+        ),
+        (
+            "requests",
+            {
+                "id": "r1",
+                "user_id": 1,
+                "state": "done",
+                "prompt": "p",
+                "params": {},
+                "models": ["m1"],
+                "worker_ids": [],
+                "n": 1,
+                "remaining": 0,
+                "max_length": 80,
+                "max_context_length": 1024,
+                "anonymous": False,
+                "priority": 0.0,
+                "prio_key": 0.0,
+                "created": NOW,
+                "expires": NOW + 1,
+                **floats["requests"],
+            },
+        ),
+        (
+            "jobs",
+            {
+                "id": "j1",
+                "request_id": "r1",
+                "worker_id": "w1",
+                "owner_id": 1,
+                "model": "m1",
+                "state": "done",
+                "started": NOW,
+                "lease_expires": NOW + 1,
+                **floats["jobs"],
+            },
+        ),
+        (
+            "shared_keys",
+            {
+                "key_hash": "s" * 64,
+                "user_id": 1,
+                "max_text_tokens": -1,
+                "max_image_pixels": -1,
+                "max_image_steps": -1,
+                "created": NOW,
+                **floats["shared_keys"],
+            },
+        ),
+    ]
+    for table, row in rows:
+        conn.execute(insert(old.tables[table]).values(row))
 
 
 def _kudos_columns(conn: Tx, raw: bool) -> dict[tuple[str, str], object]:
@@ -468,10 +483,8 @@ def _kudos_columns(conn: Tx, raw: bool) -> dict[tuple[str, str], object]:
 
 
 def test_upgrading_a_float_ledger_keeps_every_amount_to_the_thousandth_in_integers(
-    empty_database: Database,
+    db: Database,
 ) -> None:
-    db = empty_database
-    db.run_sync(upgrade, True)
     old = _float_ledger()
     db.run_sync(lambda conn: schema.metadata.drop_all(conn.connection), True)
     db.run_sync(lambda conn: old.create_all(conn.connection), True)
@@ -515,11 +528,12 @@ _released = (
 _BEFORE_GENERATIONS = MIGRATIONS.index(_migrations._v16_generations_in_the_budget)
 
 
-def _before_generations_counted(conn: Tx) -> None:
-    """Put the database back in the shape before _v16_generations_in_the_budget."""
-    conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN generation_bytes")
-    conn.exec_driver_sql("ALTER TABLE users DROP COLUMN generation_bytes")
-    conn.execute(update(schema.schema_version).values(version=_BEFORE_GENERATIONS))
+# Back to the shape before _v16_generations_in_the_budget.
+_before_generations_counted = _back_to(
+    _BEFORE_GENERATIONS,
+    "ALTER TABLE requests DROP COLUMN generation_bytes",
+    "ALTER TABLE users DROP COLUMN generation_bytes",
+)
 
 
 @pytest.mark.anyio

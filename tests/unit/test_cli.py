@@ -64,6 +64,13 @@ def created_key(output: str) -> tuple[str, int]:
     return key, int(match.group(1))
 
 
+def create_alice(database: str, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[str, int]:
+    """``keys create alice`` with ``flags`` (``"--kudos", "9"``), as a test's
+    set-up: the key and user id it printed."""
+    assert main(["keys", "create", "alice", *flags, "--database", database]) == 0
+    return created_key(capsys.readouterr().out)
+
+
 def authenticates(database: str, key: str) -> queries.UserRecord:
     db = Database(database, 1)
     try:
@@ -220,8 +227,7 @@ def test_run_from_another_directory_keys_create_makes_no_new_hordelite_db(
 def test_a_name_created_twice_is_refused_in_one_line_and_nothing_is_created(
     database: str, capsys: pytest.CaptureFixture[str], again: str
 ) -> None:
-    assert main(["keys", "create", "alice", "--database", database]) == 0
-    _, user_id = created_key(capsys.readouterr().out)
+    _, user_id = create_alice(database, capsys)
     code, out, err = cli(capsys, "keys", "create", again, "--database", database)
     assert_one_line_refusal(code, err, f"alice#{user_id}", "keys rotate")
     assert "API key" not in out
@@ -274,8 +280,7 @@ async def assert_invalid_key(client: httpx.AsyncClient, key: str) -> None:
 async def test_a_revoked_key_is_refused_401_invalid_api_key_and_other_keys_still_work(
     database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["keys", "create", "alice", "--database", database]) == 0
-    alice, alice_id = created_key(capsys.readouterr().out)
+    alice, alice_id = create_alice(database, capsys)
     assert main(["keys", "create", "bob", "--database", database]) == 0
     bob = capsys.readouterr().out.splitlines()[-1].rsplit(":", 1)[1].strip()
     code, out, _ = cli(capsys, "keys", "revoke", f"alice#{alice_id}", "--database", database)
@@ -292,8 +297,7 @@ async def test_a_revoked_key_is_refused_401_invalid_api_key_and_other_keys_still
 async def test_rotate_prints_a_new_key_once_which_authenticates_and_the_old_one_stops(
     database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["keys", "create", "alice", "--kudos", "9", "--database", database]) == 0
-    old, user_id = created_key(capsys.readouterr().out)
+    old, user_id = create_alice(database, capsys, "--kudos", "9")
     assert main(["keys", "revoke", "alice", "--database", database]) == 0
     capsys.readouterr()
     # Rotating a revoked key gives the user a working key again.
@@ -324,8 +328,7 @@ def test_the_anonymous_key_cannot_be_revoked_or_rotated(
 def test_kudos_grant_adds_kudos_to_a_user_given_by_name_id_or_handle(
     database: str, capsys: pytest.CaptureFixture[str], how: str
 ) -> None:
-    assert main(["keys", "create", "alice", "--kudos", "5", "--database", database]) == 0
-    key, user_id = created_key(capsys.readouterr().out)
+    key, user_id = create_alice(database, capsys, "--kudos", "5")
     user = {"name": "Alice", "id": str(user_id), "handle": f"alice#{user_id}"}[how]
     code, out, _ = cli(capsys, "kudos", "grant", user, "10", "--database", database)
     assert code == 0
@@ -378,8 +381,7 @@ def test_kudos_grant_refuses_an_unknown_or_ambiguous_user_and_a_non_number(
 async def test_workers_list_shows_every_worker_with_owner_and_whether_it_is_online(
     database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["keys", "create", "alice", "--database", database]) == 0
-    key, user_id = created_key(capsys.readouterr().out)
+    key, user_id = create_alice(database, capsys)
     code, out, _ = cli(capsys, "workers", "list", "--database", database)
     assert code == 0
     assert out.splitlines() == [
@@ -478,8 +480,7 @@ def test_db_upgrade_is_idempotent_and_keeps_the_data(
     database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["db", "upgrade", "--database", database]) == 0
-    assert main(["keys", "create", "alice", "--kudos", "7", "--database", database]) == 0
-    key, user_id = created_key(capsys.readouterr().out)
+    key, user_id = create_alice(database, capsys, "--kudos", "7")
     assert main(["db", "upgrade", "--database", database]) == 0
     assert f"{LATEST} -> {LATEST}" in capsys.readouterr().out
     db = Database(database, 1)
@@ -771,16 +772,24 @@ def failed_serve(
     )
 
 
-@pytest.mark.parametrize("backend", ["trio", "asyncio"])
-def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str) -> None:
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port of 127.0.0.1 something else listens on while the test runs."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        done = failed_serve(
-            tmp_path,
-            *("--port", str(port), "--backend", backend, "--database", str(tmp_path / "p.db")),
-        )
+        yield taken.getsockname()[1]
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_a_port_in_use_is_one_line_suggesting_port(
+    tmp_path: Path, backend: str, taken_port: int
+) -> None:
+    port = taken_port
+    done = failed_serve(
+        tmp_path,
+        *("--port", str(port), "--backend", backend, "--database", str(tmp_path / "p.db")),
+    )
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert f"127.0.0.1:{port}" in done.stderr
@@ -789,16 +798,13 @@ def test_a_port_in_use_is_one_line_suggesting_port(tmp_path: Path, backend: str)
     assert "serving at" not in done.stdout
 
 
-def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        done = failed_serve(
-            tmp_path,
-            *("--port", "0", "--database", str(tmp_path / "p.db")),
-            environ={"HORDELITE_METRICS_PORT": str(port)},
-        )
+def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path, taken_port: int) -> None:
+    port = taken_port
+    done = failed_serve(
+        tmp_path,
+        *("--port", "0", "--database", str(tmp_path / "p.db")),
+        environ={"HORDELITE_METRICS_PORT": str(port)},
+    )
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert f"127.0.0.1:{port}" in done.stderr
@@ -907,8 +913,7 @@ async def test_a_rotated_or_revoked_key_takes_the_shared_keys_it_lent_along(
     # A rotation brought back every shared key lent with the old key (the
     # lender could neither see nor list them): they now go with it, and with
     # a revoke as well.
-    assert main(["keys", "create", "alice", "--kudos", "100", "--database", database]) == 0
-    old, _ = created_key(capsys.readouterr().out)
+    old, _ = create_alice(database, capsys, "--kudos", "100")
     async with client_of(database) as client:
         lent = [
             (await client.put("/api/v2/sharedkeys", headers={"apikey": old}, json={})).json()["id"]
