@@ -96,6 +96,10 @@ CONFORMANCE_MODES = ("strict", "best_effort")
 AVAILABILITY_MODES = ("wait", "fail_fast")
 CONTEXT_FITS = ("none", "truncate_oldest")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+# How an image part may be sent: its URL's schemes, and the details OpenAI
+# names (the chat contract drops any other detail).
+IMAGE_URL_PREFIXES = ("https://", "http://", "data:image/")
+IMAGE_DETAILS = ("auto", "low", "high")
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 # OpenAI's defaults, sent to every worker where the client left them out
@@ -531,16 +535,14 @@ def _parse_content(
         elif kind == "image_url" and allow_images:
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, Mapping) else None
-            if not isinstance(url, str) or not url.startswith(
-                ("https://", "http://", "data:image/")
-            ):
+            if not isinstance(url, str) or not url.startswith(IMAGE_URL_PREFIXES):
                 raise invalid(
                     f"{at}.image_url.url",
                     f"'{at}.image_url.url' must be an http(s) or data:image/ URL.",
                 )
             entry: dict[str, Any] = {"url": url}
             detail = image.get("detail")  # type: ignore[union-attr]
-            if detail in ("auto", "low", "high"):
+            if detail in IMAGE_DETAILS:
                 entry["detail"] = detail
             parts.append({"type": "image_url", "image_url": entry})
             has_images = True
@@ -866,7 +868,11 @@ def _subschemas(
             yield sub, (*path, key)
 
 
-def parse_stream_options(value: Any, stream: bool) -> bool:
+def parse_stream_options(value: Any, stream: bool, option: str = "include_usage") -> bool:
+    """``stream_options``: allowed only with ``stream``, an object whose one
+    key is the boolean ``option`` (chat and legacy completions take
+    ``include_usage``, the Responses API ``include_obfuscation``); returns
+    it, False when absent."""
     if value is None:
         return False
     if not stream:
@@ -877,16 +883,14 @@ def parse_stream_options(value: Any, stream: bool) -> bool:
     if not isinstance(value, Mapping):
         raise invalid("stream_options", "Invalid type for 'stream_options': expected an object.")
     for key in value:
-        if key != "include_usage":
+        if key != option:
             raise unsupported(
                 f"stream_options.{key}", f"Unrecognized argument 'stream_options.{key}'."
             )
-    include = value.get("include_usage", False)
-    if not isinstance(include, bool):
-        raise invalid(
-            "stream_options.include_usage", "'stream_options.include_usage' must be a boolean."
-        )
-    return include
+    chosen = value.get(option, False)
+    if not isinstance(chosen, bool):
+        raise invalid(f"stream_options.{option}", f"'stream_options.{option}' must be a boolean.")
+    return chosen
 
 
 # The horde object ---------------------------------------------------------------

@@ -79,6 +79,11 @@ MAX_CHAT_STOP: Final = 4
 MAX_CHAT_TOOLS: Final = 128
 # A message's name, as OpenAI bounds it.
 MAX_CHAT_NAME_CHARS: Final = 64
+# A Responses API request's metadata, as OpenAI bounds it: at most 16
+# pairs, keys of at most 64 characters, values of at most 512.
+MAX_RESPONSE_METADATA_PAIRS: Final = 16
+MAX_RESPONSE_METADATA_KEY_CHARS: Final = 64
+MAX_RESPONSE_METADATA_VALUE_CHARS: Final = 512
 # A request body of the specification's chat API is at most 36 MiB
 # (server.max_body_bytes defaults to it).
 MAX_CHAT_BODY_BYTES: Final = 36 * 1024 * 1024
