@@ -100,7 +100,8 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 # names (the chat contract drops any other detail).
 IMAGE_URL_PREFIXES = ("https://", "http://", "data:image/")
 IMAGE_DETAILS = ("auto", "low", "high")
-_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# A function (tool) name, as OpenAI bounds it; the Messages API's tools are held to it too.
+FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 # OpenAI's defaults, sent to every worker where the client left them out
 # (the chat specification), so that an omission means the same on every backend.
@@ -381,18 +382,20 @@ def _parse_max_length(body: Mapping[str, Any]) -> int | None:
     return min(found) if found else None
 
 
-def parse_stop(value: Any) -> list[str] | None:
+def parse_stop(value: Any, name: str = "stop") -> list[str] | None:
+    """Stop sequences: a string or up to MAX_CHAT_STOP strings; refusals
+    name the field ``name`` (the Messages API calls it stop_sequences)."""
     if value is None:
         return None
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("stop", "Invalid type for 'stop': expected a string or an array of strings.")
+        raise invalid(name, f"Invalid type for '{name}': expected a string or an array of strings.")
     if len(stops) > MAX_CHAT_STOP:
-        raise invalid("stop", f"Invalid 'stop': at most {MAX_CHAT_STOP} sequences are allowed.")
+        raise invalid(name, f"Invalid '{name}': at most {MAX_CHAT_STOP} sequences are allowed.")
     if any(not s or len(s) > MAX_STOP_SEQUENCE_CHARS for s in stops):
         raise invalid(
-            "stop",
-            f"Invalid 'stop': each sequence must be 1 to {MAX_STOP_SEQUENCE_CHARS} characters.",
+            name,
+            f"Invalid '{name}': each sequence must be 1 to {MAX_STOP_SEQUENCE_CHARS} characters.",
         )
     return stops or None
 
@@ -652,7 +655,7 @@ def _parse_tool(tool: Any, at: str, names: set[str]) -> dict[str, Any]:
     if not isinstance(function, Mapping):
         raise invalid(f"{at}.function", f"'{at}.function' is required.")
     name = function.get("name")
-    if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
         raise invalid(
             f"{at}.function.name",
             f"Invalid '{at}.function.name': must match ^[a-zA-Z0-9_-]{{1,64}}$.",
@@ -665,7 +668,7 @@ def _parse_tool(tool: Any, at: str, names: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, **_function_description_and_parameters(function, at)}
     if _parse_strict(function, f"{at}.function.strict"):
         out["strict"] = True
-        _check_strict_schema(
+        check_strict_schema(
             out.get("parameters", {}),
             f"{at}.function.parameters",
             f"Invalid schema for function '{name}'",
@@ -787,7 +790,7 @@ def _parse_json_schema_format(spec: Any) -> dict[str, Any]:
                 f"Unrecognized argument 'response_format.json_schema.{key}'.",
             )
     name = spec.get("name")
-    if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
         raise invalid(
             "response_format.json_schema.name",
             "Invalid 'response_format.json_schema.name': must match ^[a-zA-Z0-9_-]{1,64}$.",
@@ -806,24 +809,24 @@ def _parse_json_schema_format(spec: Any) -> dict[str, Any]:
         out["description"] = description
     if _parse_strict(spec, "response_format.json_schema.strict"):
         out["strict"] = True
-        _check_strict_schema(
+        check_strict_schema(
             out.get("schema", {}), "response_format", f"Invalid schema for response_format '{name}'"
         )
     return out
 
 
-def _check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, ...] = ()) -> None:
+def check_strict_schema(schema: Any, param: str, prefix: str, path: tuple[str, ...] = ()) -> None:
     """OpenAI's strict-mode rules: every object closed, every property required."""
     if isinstance(schema, list):
         for item in schema:
-            _check_strict_schema(item, param, prefix, path)
+            check_strict_schema(item, param, prefix, path)
         return
     if not isinstance(schema, Mapping):
         return
     if _is_object_schema(schema):
         _check_closed_object(schema, param, prefix, path)
     for child, child_path in _subschemas(schema, path):
-        _check_strict_schema(child, param, prefix, child_path)
+        check_strict_schema(child, param, prefix, child_path)
 
 
 def _is_object_schema(schema: Mapping[str, Any]) -> bool:

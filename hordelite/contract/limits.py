@@ -91,6 +91,9 @@ MAX_CHAT_BODY_BYTES: Final = 36 * 1024 * 1024
 # extensions, the CRLF): a size needs at most 16 digits, and nothing
 # hordelite reads comes in extensions (hordelite.http.wire).
 MAX_CHUNK_LINE_BYTES: Final = 1024
+# The Messages API's thinking.budget_tokens is at least this (Anthropic's
+# bound, kept so that a body Anthropic refuses is refused here too).
+MIN_THINKING_BUDGET_TOKENS: Final = 1024
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3
 # Reply bounds a chat submit must keep (worker guide, "Submit refusals").

@@ -16,7 +16,9 @@ from hordelite.contract.limits import CHARS_PER_TOKEN_PRICING
 from hordelite.horde.results import Generation, RequestStatus
 
 
-def _estimate(chars: int) -> int:
+def estimated_tokens(chars: int) -> int:
+    """The tokens a count the worker did not report is estimated at: 4
+    characters a token, rounded up (the pricing rule)."""
     return math.ceil(chars / CHARS_PER_TOKEN_PRICING)
 
 
@@ -40,11 +42,11 @@ def usage(reply: ChatReply, prompt_chars: int) -> tuple[dict[str, Any], bool]:
     reasoning_tokens = reply.reasoning_tokens
     estimated = prompt is None or completion is None or (reasoning and reasoning_tokens is None)
     if prompt is None:
-        prompt = _estimate(prompt_chars)
+        prompt = estimated_tokens(prompt_chars)
     if completion is None:
-        completion = _estimate(out_chars)
+        completion = estimated_tokens(out_chars)
     if reasoning_tokens is None:
-        reasoning_tokens = _estimate(len(reasoning)) if reasoning else 0
+        reasoning_tokens = estimated_tokens(len(reasoning)) if reasoning else 0
     return (
         {
             "prompt_tokens": prompt,
@@ -164,12 +166,12 @@ class TextCompletion:
         say why its worker stopped), ``stop`` otherwise."""
         if generation.state == "censored":
             return "content_filter"
-        full = _estimate(len(generation.text or "")) >= self.req.text.max_length
+        full = estimated_tokens(len(generation.text or "")) >= self.req.text.max_length
         return "length" if full else "stop"
 
     def usage(self, generation: Generation) -> dict[str, Any]:
-        prompt = _estimate(len(self.req.text.prompt))
-        completion = _estimate(len(generation.text or ""))
+        prompt = estimated_tokens(len(self.req.text.prompt))
+        completion = estimated_tokens(len(generation.text or ""))
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,

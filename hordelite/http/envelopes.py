@@ -9,6 +9,10 @@ the route family that refuses it.
   OpenRouter's vocabulary where it does not: 402 for kudos, 502 for a
   worker's failure, 503 for capacity and availability
   (docs/reference/openai_front.md).
+- Anthropic's, for the Messages API: ``{"type": "error", "error": {"type",
+  "message", ...}}``, the OpenAI front's statuses with Anthropic's error
+  types, 529 ``overloaded_error`` in place of 503
+  (docs/reference/messages_api.md).
 
 Any exception a route raises is first made a refusal (``as_refusal``): a
 ``HordeError`` is one already; storage that does not answer is 503
@@ -100,32 +104,107 @@ def openai_status(rc: RC) -> tuple[int, str]:
 def openai_error(exc: HordeError, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """OpenAI's error document (also a stream's last event)."""
     _, kind = openai_status(exc.rc)
-    meta = {k: v for k, v in exc.extra.items() if k not in ("param", "errors")}
-    meta.update(metadata or {})
     return {
         "error": {
             "message": exc.message,
             "type": kind,
-            "param": exc.extra.get("param") or _named_field(exc),
+            "param": _param(exc),
             "code": exc.rc.name,
-            "metadata": meta or None,
+            "metadata": _metadata(exc, metadata) or None,
         }
     }
 
 
-def openai(
-    exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
-) -> Answer:
-    """OpenAI's envelope. ``held``: the horde may hold the request, so the
-    SDK must not retry on its own (a retry is a second charged request)."""
-    status, _ = openai_status(exc.rc)
+def _param(exc: HordeError) -> str | None:
+    """The field a refusal names, if any."""
+    return exc.extra.get("param") or _named_field(exc)
+
+
+def _metadata(exc: HordeError, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The refusal's extra fields (less the field it names) and ``metadata``."""
+    meta = {k: v for k, v in exc.extra.items() if k not in ("param", "errors")}
+    meta.update(metadata or {})
+    return meta
+
+
+def _refusal_headers(exc: HordeError, held: bool) -> list[tuple[str, str]]:
+    """``held``: the horde may hold the request, so the SDK must not retry
+    on its own (a retry is a second charged request); Retry-After when the
+    refusal says when trying again can pass."""
     headers = []
     if held:
         headers.append(("x-should-retry", "false"))
     retry_after = exc.extra.get("retry_after")
     if retry_after is not None:
         headers.append(("Retry-After", str(retry_after)))
-    return json_answer(openai_error(exc, metadata), status, headers)
+    return headers
+
+
+def openai(
+    exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
+) -> Answer:
+    """OpenAI's envelope (``held``: see _refusal_headers)."""
+    status, _ = openai_status(exc.rc)
+    return json_answer(openai_error(exc, metadata), status, _refusal_headers(exc, held))
+
+
+# Anthropic's error type for each status the front answers with; the OpenAI
+# front's statuses are kept, but its 503 is Anthropic's 529 overloaded_error
+# (capacity, availability, a stopping horde: try again later).
+_ANTHROPIC_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_OVERLOADED = 529
+
+
+def anthropic_status(rc: RC) -> tuple[int, str]:
+    """The Messages API's HTTP status and error type for a return code."""
+    status, _ = openai_status(rc)
+    if status == 503:
+        status = ANTHROPIC_OVERLOADED
+    if status in _ANTHROPIC_TYPES:
+        return status, _ANTHROPIC_TYPES[status]
+    return status, ("api_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_error(exc: HordeError, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Anthropic's error document (also a stream's ``error`` event):
+    ``{"type": "error", "error": {"type", "message"}}``, with the horde's
+    ``code`` and the field refused (``param``) beside them, the request's
+    id as ``request_id`` once it is queued, and any other detail
+    (``worker_rc``, ``retry_after``) as ``error.metadata``."""
+    _, kind = anthropic_status(exc.rc)
+    meta = _metadata(exc, metadata)
+    request_id = meta.pop("request_id", None)
+    error: dict[str, Any] = {
+        "type": kind,
+        "message": exc.message,
+        "code": exc.rc.name,
+        "param": _param(exc),
+    }
+    if meta:
+        error["metadata"] = meta
+    document: dict[str, Any] = {"type": "error", "error": error}
+    if request_id is not None:
+        document["request_id"] = request_id
+    return document
+
+
+def anthropic(
+    exc: HordeError, *, held: bool = False, metadata: dict[str, Any] | None = None
+) -> Answer:
+    """Anthropic's envelope (``held``: see _refusal_headers; the anthropic
+    SDK reads x-should-retry as the openai one does)."""
+    status, _ = anthropic_status(exc.rc)
+    return json_answer(anthropic_error(exc, metadata), status, _refusal_headers(exc, held))
 
 
 def _named_field(exc: HordeError) -> str | None:
