@@ -263,6 +263,14 @@ class Caller:
         """The per-source cap's key."""
         return self.client or "unknown"
 
+    def submitter(self, horde: Horde) -> Submitter:
+        """Who queues the call's request. No operation key: the service is
+        called in-process, so no answer can be lost on the way back, and
+        there is nothing to recover. The call is the request's only reader,
+        held by this process (decision 0051): if the process dies, the
+        request is cancelled."""
+        return Submitter(self.api_key(), self.agent, client=self.client, reader=horde.readers.name)
+
 
 async def serve(
     horde: Horde,
@@ -286,16 +294,7 @@ async def serve(
         plan = plan_of(await caller.body(), horde, header_options(caller.options))
         timer.stream = plan.stream
         started = anyio.current_time()
-        # No operation key: the service is called in-process, so no answer
-        # can be lost on the way back, and there is nothing to recover. The
-        # call is the request's only reader, held by this process (decision
-        # 0051): if the process dies, the request is cancelled.
-        submitter = Submitter(
-            caller.api_key(),
-            caller.agent,
-            client=caller.client,
-            reader=horde.readers.name,
-        )
+        submitter = caller.submitter(horde)
         config = horde.config.front
         # Run to its end even when the client leaves meanwhile (the handler
         # is cancelled then): the request it queued is cancelled below.

@@ -1,0 +1,1 @@
+"""Compatibility probes and their environments, run by the integration tests."""
