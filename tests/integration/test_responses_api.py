@@ -15,6 +15,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import agents
 import anyio
 import openai
 import pydantic
@@ -457,3 +458,53 @@ async def test_a_malformed_response_id_is_404_in_openais_envelope() -> None:
         with pytest.raises(openai.NotFoundError) as caught:
             await client.responses.retrieve("resp_nothing")
         assert caught.value.response.json()["error"]["code"] == "response_not_found"
+
+
+# The OpenAI Agents SDK -----------------------------------------------------------------
+
+
+# The Agents SDK runs its tools and turns on asyncio's own primitives
+# (asyncio.create_task): it cannot run under trio.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_agents_sdk_runner_calls_its_function_tool_and_answers_with_its_result() -> None:
+    agents.set_tracing_disabled(True)
+    jobs: list[dict[str, Any]] = []
+    cities: list[str] = []
+
+    def reply(job: dict[str, Any]) -> dict[str, Any]:
+        jobs.append(job)
+        return call_reply() if len(jobs) == 1 else text_reply("Take no umbrella.")
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return "18 C and sunny"
+
+    async with open_front() as front:
+        worker = await front.worker("w1", ALL_NAMES, reply=reply)
+        client = await front.sdk()
+        agent = agents.Agent(
+            name="forecaster",
+            instructions="Answer with the weather.",
+            tools=[get_weather],
+            model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+        )
+
+        async def serve_two() -> None:
+            await worker.serve_one()
+            await worker.serve_one()
+
+        result = await beside(
+            serve_two, lambda: agents.Runner.run(agent, "What is the weather in Paris?")
+        )
+        assert result.final_output == "Take no umbrella."
+        assert cities == ["Paris"]
+        # The second turn carried the call and the tool's output to the worker.
+        assert sent_messages(jobs[1]) == [
+            ("system", "Answer with the weather."),
+            ("user", "What is the weather in Paris?"),
+            ("assistant", [CALL]),
+            ("tool", "18 C and sunny"),
+        ]
+        assert jobs[0]["payload"]["tools"][0]["function"]["name"] == "get_weather"
