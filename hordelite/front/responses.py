@@ -1,5 +1,5 @@
 """OpenAI's Responses API: ``POST /v1/responses`` as a native chat request
-(decision 0078), and the stored Responses (decision 0079):
+(decision 0078), and the stored Responses (decision 0078):
 ``GET``/``DELETE /v1/responses/{id}`` and ``previous_response_id``.
 
 A call runs through the chat route's ``serve`` (admission, queueing, the

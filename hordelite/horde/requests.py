@@ -446,7 +446,7 @@ class Requests:
         self, api_key: str, client: str | None, request_id: str
     ) -> dict[str, Any] | None:
         """The record a stored Response keeps with its chat request
-        (decision 0079), for the key that queued it only (the anonymous
+        (decision 0078), for the key that queued it only (the anonymous
         key's, which everyone shares, for its address only); None for
         anyone else, and when there is none."""
         canonical = parse_uuid(request_id)

@@ -148,7 +148,7 @@ def horde_routes(
         _openai("POST", "/v1/completions", front.completions),
         _openai("GET", "/v1/models", front.models),
         _openai("GET", "/v1/models/<path:model>", front.model),
-        # OpenAI's Responses API (decisions 0078, 0079).
+        # OpenAI's Responses API (decision 0078).
         _openai("POST", "/v1/responses", responses.create),
         _openai("GET", "/v1/responses/<response_id>", responses.retrieve),
         _openai("DELETE", "/v1/responses/<response_id>", responses.delete),

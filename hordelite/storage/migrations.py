@@ -329,7 +329,7 @@ def _v17_moderation(conn: Connection) -> None:
 
 
 def _v18_stored_responses(conn: Connection) -> None:
-    # Stored OpenAI Responses (decision 0079): the record each keeps with
+    # Stored OpenAI Responses (decision 0078): the record each keeps with
     # its request. A request stored before has none: it is no Response.
     _grow(conn)
 

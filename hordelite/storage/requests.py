@@ -229,7 +229,7 @@ class Intake:
     client_agent: str
     reader: str | None = None
     client: str | None = None
-    # A stored OpenAI Response's record (decision 0079), kept with the
+    # A stored OpenAI Response's record (decision 0078), kept with the
     # request until its purge; None: none.
     response: dict[str, Any] | None = None
 
@@ -896,7 +896,7 @@ _FORGET_RESPONSE = prepared(
 
 def stored_response(conn: Tx, request_id: str) -> dict[str, Any] | None:
     """The record a stored Response keeps with its chat request (decision
-    0079); None when there is none (no such request, not a Response, sent
+    0078); None when there is none (no such request, not a Response, sent
     with store: false, deleted, or purged)."""
     value = conn.execute(_STORED_RESPONSE, {"rid": request_id}).scalar()
     return dict(value) if value else None

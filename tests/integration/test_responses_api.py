@@ -1,4 +1,4 @@
-"""OpenAI's Responses API served by a horde (decisions 0078, 0079), driven by
+"""OpenAI's Responses API served by a horde (decision 0078), driven by
 the official ``openai`` package and the OpenAI Agents SDK over real HTTP, a
 fake chat worker answering.
 
