@@ -176,6 +176,49 @@ async def test_a_streamed_response_sends_the_events_in_order_numbered_and_ends_c
         assert again.status == "completed"
 
 
+async def test_a_streamed_function_call_waits_with_in_progress_events_after_the_opening() -> None:
+    """A call with tools is served from the finished reply: the Response is
+    created at once, response.in_progress repeats while it waits, and the
+    numbers run on without a gap."""
+    async with open_front({"keepalive_interval": 0.05}) as front:
+        worker = await front.worker("w1", ("tools", *STRICT), reply=lambda job: call_reply())
+        client = await front.sdk()
+        waited = anyio.Event()
+        events: list[Any] = []
+
+        async def read() -> None:
+            stream = await client.responses.create(
+                model=MODEL, input="Weather in Paris?", tools=[WEATHER], stream=True
+            )
+            async for event in stream:
+                events.append(event)
+                if [e.type for e in events].count("response.in_progress") >= 3:
+                    waited.set()
+
+        async def serve() -> None:
+            await waited.wait()  # the worker answers once the call has waited
+            await worker.serve_one()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve)
+            await read()
+        kinds = [event.type for event in events]
+        assert kinds[:3] == ["response.created", "response.in_progress", "response.in_progress"]
+        rest = [k for k in kinds if k != "response.in_progress"][1:]
+        assert rest == [
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+        assert [event.sequence_number for event in events] == list(range(len(events)))
+        (call,) = events[-1].response.output
+        assert call.type == "function_call"
+        assert call.call_id == "call_1"
+        assert json.loads(call.arguments) == {"city": "Paris"}
+
+
 async def test_a_function_call_and_its_output_round_trip() -> None:
     jobs: list[dict[str, Any]] = []
 
