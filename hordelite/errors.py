@@ -141,6 +141,10 @@ class RC(enum.Enum):
     BlobNotFound = (404, "No blob with this key.")
     NotFound = (404, "No such route.")
     model_not_found = (404, "The model does not exist on this horde.")
+    # OpenAI's codes for a stored Response (decision 0078): one that is not
+    # there for this key, read or deleted, and one a request continues.
+    response_not_found = (404, "No stored response with this id.")
+    previous_response_not_found = (400, "No stored response with this id to continue.")
     no_worker_supports_features = (
         404,
         "No online worker serving this model declares what this request needs.",

@@ -52,12 +52,16 @@ class Encoder(Protocol):
         ...
 
 
-def from_reply(encoder: Encoder, status: RequestStatus, include_reasoning: bool) -> Iterator[bytes]:
-    """A finished reply as a stream: the opening, its reasoning (when it is
-    relayed) and content, then the closing."""
+def from_reply(
+    encoder: Encoder, status: RequestStatus, include_reasoning: bool, *, opened: bool = False
+) -> Iterator[bytes]:
+    """A finished reply as a stream: the opening (unless ``opened``: sent
+    before the wait), its reasoning (when it is relayed) and content, then
+    the closing."""
     generation, reply = _shape.reply_of(status)
     encoder.model = generation.model
-    yield from encoder.opening()
+    if not opened:
+        yield from encoder.opening()
     if include_reasoning and reply.reasoning_content:
         yield from encoder.delta(REASONING, reply.reasoning_content)
     if reply.content:

@@ -24,6 +24,7 @@ from hordelite.contract.completion_request import (
     with_context,
 )
 from hordelite.contract.limits import (
+    ANONYMOUS_API_KEY,
     IMAGE_FETCHES_PER_PROCESS,
     IMAGES_NORMALISED_AT_ONCE,
     UPFRONT_MAX_LENGTH,
@@ -74,10 +75,13 @@ class Submitter:
     client: str | None = None
     reader: str | None = None
 
-    def intake(self, request_id: str) -> Intake:
+    def intake(self, request_id: str, response: dict[str, Any] | None = None) -> Intake:
         """How the request came in, as storage keeps it with the request
-        queued under ``request_id``."""
-        return Intake(request_id, self.client_agent, self.reader, self.client)
+        queued under ``request_id``; ``response``: a stored Response's
+        record, kept with the key hash and address it is read back by."""
+        if response is not None:
+            response = {**response, "key": hash_key(self.api_key), "client": self.client}
+        return Intake(request_id, self.client_agent, self.reader, self.client, response)
 
 
 class Requests:
@@ -187,14 +191,19 @@ class Requests:
         """Queue a chat request (see contract.chat_admission.admit_within for what is refused)."""
         return await self.queue_chat(submitter, parse_chat_request(body))
 
-    async def queue_chat(self, submitter: Submitter, req: ChatRequest) -> Queued:
+    async def queue_chat(
+        self, submitter: Submitter, req: ChatRequest, response: dict[str, Any] | None = None
+    ) -> Queued:
         """Queue a validated chat request; answers the 202 body (its budget
-        refusals counted toward the rate)."""
+        refusals counted toward the rate). ``response``: the record of a
+        stored Response, kept with the request (``stored_response``)."""
         async with self._refusals_counted(hash_key(submitter.api_key), submitter.client):
             req = await self._screened(submitter, self._moderation.screen_chat, req)
-            return await self._queue_chat(submitter, req)
+            return await self._queue_chat(submitter, req, response)
 
-    async def _queue_chat(self, submitter: Submitter, req: ChatRequest) -> Queued:
+    async def _queue_chat(
+        self, submitter: Submitter, req: ChatRequest, response: dict[str, Any] | None = None
+    ) -> Queued:
         """As ``queue_chat``.
 
         A resubmit with the same operation key answers the first request
@@ -215,7 +224,7 @@ class Requests:
         allowance = None
         if req.has_images:
             allowance = await self._image_allowance(key_hash, req, submitter.client)
-        intake = submitter.intake(str(uuid.uuid4()))
+        intake = submitter.intake(str(uuid.uuid4()), response)
         async with self._images_taken(req, intake.request_id, allowance) as taken:
             outcome = await self._admission.queue(
                 key_hash=key_hash,
@@ -430,6 +439,38 @@ class Requests:
         status = status_of(parts, core.config.horde.request_expiry)
         core.statuses.put(key, version, now, status)
         return status
+
+    # Stored Responses ----------------------------------------------------
+
+    async def stored_response(
+        self, api_key: str, client: str | None, request_id: str
+    ) -> dict[str, Any] | None:
+        """The record a stored Response keeps with its chat request
+        (decision 0078), for the key that queued it only (the anonymous
+        key's, which everyone shares, for its address only); None for
+        anyone else, and when there is none."""
+        canonical = parse_uuid(request_id)
+        if canonical is None:
+            return None
+        record = await self._core.store.stored_response(request_id=canonical)
+        if record is None or record.get("key") != hash_key(api_key):
+            return None
+        if api_key == ANONYMOUS_API_KEY and record.get("client") != client:
+            return None
+        return record
+
+    async def delete_response(self, api_key: str, client: str | None, request_id: str) -> bool:
+        """Forget a stored Response, and cancel its request if it still
+        waits (its reply would be read by nobody: it charges nothing, as an
+        abandoned call's); False when it is not the caller's to delete."""
+        canonical = parse_uuid(request_id)
+        if canonical is None or await self.stored_response(api_key, client, canonical) is None:
+            return False
+        await self._core.store.forget_response(request_id=canonical)
+        status = await self.status("chat", canonical, with_position=False)
+        if not (status.done or status.faulted):
+            await self.abandon(canonical)
+        return True
 
     # Cancel ------------------------------------------------------------
 

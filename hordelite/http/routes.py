@@ -27,6 +27,7 @@ from hordelite.api.operations import OperationsRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
 from hordelite.front.openai import Admission, OpenAIRoutes
+from hordelite.front.responses import ResponsesRoutes
 from hordelite.horde.service import Horde
 from hordelite.http import envelopes
 from hordelite.http.dispatch import Dispatcher, Handler, Route, Table
@@ -63,6 +64,7 @@ def horde_routes(
     health = HealthRoutes(horde)
     addresses = AddressRoutes(horde)
     operations = OperationsRoutes(horde)
+    responses = ResponsesRoutes(front)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
         _native("POST", f"{V2}/generate/text/async", native.text_async),
@@ -146,6 +148,10 @@ def horde_routes(
         _openai("POST", "/v1/completions", front.completions),
         _openai("GET", "/v1/models", front.models),
         _openai("GET", "/v1/models/<path:model>", front.model),
+        # OpenAI's Responses API (decision 0078).
+        _openai("POST", "/v1/responses", responses.create),
+        _openai("GET", "/v1/responses/<response_id>", responses.retrieve),
+        _openai("DELETE", "/v1/responses/<response_id>", responses.delete),
         # For process managers and load balancers.
         _native("GET", "/healthz", health.healthz),
         _native("GET", "/readyz", health.readyz),

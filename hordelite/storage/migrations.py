@@ -328,6 +328,12 @@ def _v17_moderation(conn: Connection) -> None:
     _add_missing_columns(conn)
 
 
+def _v18_stored_responses(conn: Connection) -> None:
+    # Stored OpenAI Responses (decision 0078): the record each keeps with
+    # its request. A request stored before has none: it is no Response.
+    _grow(conn)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [
     _v1,
     _v2,
@@ -346,6 +352,7 @@ MIGRATIONS: list[Callable[[Connection], None]] = [
     _v15_anonymous_by_address,
     _v16_generations_in_the_budget,
     _v17_moderation,
+    _v18_stored_responses,
 ]
 LATEST = len(MIGRATIONS)
 

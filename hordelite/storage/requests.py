@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -228,6 +229,9 @@ class Intake:
     client_agent: str
     reader: str | None = None
     client: str | None = None
+    # A stored OpenAI Response's record (decision 0078), kept with the
+    # request until its purge; None: none.
+    response: dict[str, Any] | None = None
 
 
 def submit_request(
@@ -388,6 +392,11 @@ def _store(
     row = _request_row(new, user, request_id, now, rules, intake.client_agent)
     row["reader"] = intake.reader
     row["client"] = counted_as or None
+    row["response"] = intake.response
+    # A Response's record is kept until the purge, as a generation is: its
+    # bytes count in its requester's stored bytes as a generation's do
+    # (decision 0069), from its release to its purge.
+    row["generation_bytes"] = _json_bytes(intake.response) if intake.response else 0
     row["shared_key"] = row["shared_price"] = None
     if shared is not None:
         # Its price is held on the key from now on (contract.shared_keys).
@@ -870,6 +879,33 @@ def cancel_request(
             # still out is judged against it; the sweep releases it later).
             release(conn, [req.id])
     return dataclasses.replace(status, settled=(rewarded, charged))
+
+
+def _json_bytes(value: Any) -> int:
+    """The bytes ``value`` takes stored as JSON (UTF-8)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+_STORED_RESPONSE = prepared(
+    select(requests.c.response).where(requests.c.id == bindparam("rid"), requests.c.kind == "chat")
+)
+_FORGET_RESPONSE = prepared(
+    update(requests).where(requests.c.id == bindparam("rid")).values(response=None)
+)
+
+
+def stored_response(conn: Tx, request_id: str) -> dict[str, Any] | None:
+    """The record a stored Response keeps with its chat request (decision
+    0078); None when there is none (no such request, not a Response, sent
+    with store: false, deleted, or purged)."""
+    value = conn.execute(_STORED_RESPONSE, {"rid": request_id}).scalar()
+    return dict(value) if value else None
+
+
+def forget_response(conn: Tx, request_id: str) -> None:
+    """Drop a stored Response's record. Its bytes stay counted until the
+    request's purge, as the request's own row does."""
+    conn.execute(_FORGET_RESPONSE, {"rid": request_id})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -299,6 +299,12 @@ requests = Table(
     # the address, or the IPv6 /64, it came from ("" when none is known);
     # null for a registered user's, whose budgets are its own.
     Column("client", String(MAX_CLIENT_KEY_CHARS), nullable=True),
+    # A stored OpenAI Response (decision 0078): what answers GET
+    # /v1/responses/{id} and continues it by previous_response_id (its echo,
+    # its conversation, its requester's key hash), kept until the purge and
+    # counted in generation_bytes meanwhile; null for any other request, a
+    # Response sent with store: false, and one deleted.
+    Column("response", JSON, nullable=True),
     Index("ix_requests_state_expires", "state", "expires"),
     Index("ix_requests_order", "state", "anonymous", text("prio_key DESC")),
     Index("ix_requests_user_state", "user_id", "state"),

@@ -460,6 +460,14 @@ class Store:
             orphaned,
         )
 
+    async def stored_response(self, *, request_id: str) -> dict[str, Any] | None:
+        """A stored Response's record (None: none)."""
+        return await self.db.read(q.stored_response, request_id)
+
+    async def forget_response(self, *, request_id: str) -> None:
+        """Drop a stored Response's record."""
+        await self.db.write(q.forget_response, request_id)
+
     async def submitted_text(self, *, key_hash: str, request_id: str) -> SubmittedText:
         """The text request as queued, for its requester (or an admin);
         raises InvalidAPIKey, RequestNotFound, WrongCredentials."""

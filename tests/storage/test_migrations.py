@@ -577,3 +577,33 @@ async def test_upgrading_counts_the_generations_already_stored_in_bytes(
     # Run again, it changes nothing.
     await database.write(lambda conn: _migrations._v16_generations_in_the_budget(conn.connection))
     assert await database.read(read) == (per_request, per_user)
+
+
+_BEFORE_RESPONSES = MIGRATIONS.index(_migrations._v18_stored_responses)
+
+
+@pytest.mark.anyio
+async def test_upgrading_adds_the_stored_responses_record_and_no_request_before_has_one(
+    database: Database,
+) -> None:
+    alice = await create_user(database, "alice", kudos=100)
+    request_id = await submit(database, alice, text_request())
+    await database.write(_back_to(_BEFORE_RESPONSES, "ALTER TABLE requests DROP COLUMN response"))
+
+    before, after = await database.write(upgrade)
+
+    assert (before, after) == (_BEFORE_RESPONSES, LATEST)
+    columns = await database.read(
+        lambda conn: {c["name"] for c in inspect(conn.connection).get_columns("requests")}
+    )
+    assert "response" in columns
+    # The request stored before is no Response; it is kept as it was.
+    assert await database.read(queries.stored_response, request_id) is None
+    assert (
+        await database.read(
+            lambda conn: conn.execute(
+                select(schema.requests.c.state).where(schema.requests.c.id == request_id)
+            ).scalar_one()
+        )
+        == "waiting"
+    )
