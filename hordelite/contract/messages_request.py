@@ -1,7 +1,7 @@
 """The Anthropic Messages API request contract (pure, no I/O).
 
 ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` are served as
-the chat request ``/v1/chat/completions`` already runs (decision 0078):
+the chat request ``/v1/chat/completions`` already runs (decision 0079):
 
 - ``parse_messages_request(body)`` validates a Messages body and translates
   it into an OpenAI chat-completions body (``MessagesCall.chat``), which
@@ -182,7 +182,7 @@ def _reasoning_effort(
     """The effort asked for as the chat body's reasoning_effort, which only a
     worker declaring reasoning_effort may serve; under best_effort it is a
     hint, not sent, and the answer's context_adjustments say so (Claude Code
-    sends an effort on every call, decision 0078)."""
+    sends an effort on every call, decision 0079)."""
     if conformance != "best_effort":
         return {"reasoning_effort": effort}, ()
     dropped = {"field": "effort", "requested": effort, "applied": None, "reason": _EFFORT_REASON}
@@ -607,7 +607,7 @@ def _user_messages(turn: _Turn, tools: Mapping[str, dict[str, Any]]) -> list[dic
 def _assistant_message(turn: _Turn) -> dict[str, Any]:
     """An assistant turn: its text and its tool calls. Thinking carried back
     is not sent on: the chat request has no field for an earlier turn's
-    reasoning (decision 0078)."""
+    reasoning (decision 0079)."""
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     for where, block in turn.blocks:

@@ -1,4 +1,4 @@
-"""Anthropic Messages API answers built from a request's status (decision 0078).
+"""Anthropic Messages API answers built from a request's status (decision 0079).
 
 - ``message(shape, status)``: the Message object of a done chat request;
 - ``MessageStream``: the stream encoder the relay drives (opening, deltas,
