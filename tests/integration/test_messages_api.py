@@ -303,6 +303,48 @@ async def test_a_tool_round_trip_a_tool_use_answered_by_a_tool_result() -> None:
         assert jobs[1]["payload"]["tools"][0]["function"]["name"] == "get_weather"
 
 
+async def test_a_streamed_tool_call_is_a_tool_use_block_and_names_the_model_that_served() -> None:
+    """A call with tools streams from the finished reply: message_start names
+    the model that served (the second the call accepts), then the tool_use
+    block with its input as one input_json_delta."""
+    call = tool_call("call_1", "get_weather", '{"city": "Paris"}')
+
+    def reply(job: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+            "finish_reason": "tool_calls",
+        }
+
+    async with open_front() as front:
+        worker = await front.worker("w1", ("tools", *STRICT), reply=reply)
+        body = {
+            "models": ["another-model", MODEL],
+            "max_tokens": 64,
+            "messages": [user("What is the weather in Paris?")],
+            "tools": [WEATHER],
+            "stream": True,
+        }
+        headers = {"x-api-key": front.env.requester, **VERSION}
+        answer = await beside(
+            worker.serve_one, front.http.post(MESSAGES, headers=headers, json=body)
+        )
+        assert answer.status_code == 200, answer.text
+        events = events_of(answer.text)
+        assert [name for name, _ in events] == PLAIN_STREAM
+        assert events[0][1]["message"]["model"] == MODEL
+        assert events[2][1]["content_block"] == {
+            "type": "tool_use",
+            "id": "call_1",
+            "name": "get_weather",
+            "input": {},
+        }
+        assert events[3][1]["delta"] == {
+            "type": "input_json_delta",
+            "partial_json": '{"city": "Paris"}',
+        }
+        assert events[5][1]["delta"]["stop_reason"] == "tool_use"
+
+
 # count_tokens ------------------------------------------------------------------------
 
 
