@@ -596,18 +596,22 @@ async def test_a_client_that_leaves_mid_call_gets_its_request_cancelled_and_not_
 
 
 async def test_a_client_that_leaves_a_waiting_stream_gets_its_request_cancelled() -> None:
-    async with open_front() as front:
+    async with open_front({"keepalive_interval": 0.1}) as front:
         worker = await front.worker("w1")
-        client = await sdk(front)
+        kudos = await front.env.kudos()
+        headers = {"x-api-key": front.env.requester, **VERSION}
 
-        async def call(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-            task_status.started()
-            async with client.messages.stream(**call_body()) as stream:
-                async for _ in stream:
-                    pass
+        async def leave_after_the_headers(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            body = call_body(stream=True)
+            async with front.http.stream("POST", MESSAGES, headers=headers, json=body) as answer:
+                assert answer.status_code == 200
+                task_status.started()
+                await anyio.sleep_forever()
 
-        await front.leave_once_queued(call)
+        # The client goes away while its stream waits for a worker.
+        await front.leave_once_queued(leave_after_the_headers)
         await pop_nothing(worker)
+        assert await front.env.kudos() == kudos
 
 
 # The models list and the root ----------------------------------------------------------
