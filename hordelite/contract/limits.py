@@ -94,6 +94,10 @@ MAX_CHUNK_LINE_BYTES: Final = 1024
 # The Messages API's thinking.budget_tokens is at least this (Anthropic's
 # bound, kept so that a body Anthropic refuses is refused here too).
 MIN_THINKING_BUDGET_TOKENS: Final = 1024
+# GET /v1/models in Anthropic's shape pages by ``limit``: 20 by default, 1
+# to 1000 (Anthropic's own bounds, which its SDKs send).
+MODELS_LIST_LIMIT: Final = 20
+MAX_MODELS_LIST_LIMIT: Final = 1000
 # The horde runs no tokenizer: a conversation is sized at 3 characters a token.
 CHARS_PER_TOKEN_ESTIMATE: Final = 3
 # Reply bounds a chat submit must keep (worker guide, "Submit refusals").

@@ -11,7 +11,9 @@ the chat request ``/v1/chat/completions`` already runs (decision 0079):
 - ``parse_count_tokens_request(body)`` does the same for a count_tokens body
   (no ``max_tokens``, nothing that only shapes a reply);
 - ``check_beta_flags(header)`` refuses by name an ``anthropic-beta`` flag
-  whose feature is neither honoured nor a documented no-op.
+  whose feature is neither honoured nor a documented no-op;
+- ``parse_models_query(pairs)`` reads the paging of ``GET /v1/models`` in
+  Anthropic's shape.
 
 Every field is honoured, a documented no-op, or refused by name
 (docs/reference/messages_api.md has the table). The translation produces only
@@ -29,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hordelite.contract._fields import kind_name
+from hordelite.contract.audit_query import parse_count
 from hordelite.contract.chat_request import (
     FUNCTION_NAME,
     check_strict_schema,
@@ -42,7 +45,9 @@ from hordelite.contract.limits import (
     MAX_CHAT_MESSAGES,
     MAX_CHAT_TOOLS,
     MAX_MAX_LENGTH,
+    MAX_MODELS_LIST_LIMIT,
     MIN_THINKING_BUDGET_TOKENS,
+    MODELS_LIST_LIMIT,
 )
 from hordelite.errors import RC, HordeError
 
@@ -857,3 +862,31 @@ def check_beta_flags(header: str | None) -> tuple[str, ...]:
                 f"The beta flag {flag!r} turns on a feature this horde does not offer.",
             )
     return flags
+
+
+# The models list -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelsQuery:
+    """The paging of ``GET /v1/models`` asked in Anthropic's shape."""
+
+    limit: int = MODELS_LIST_LIMIT
+    after_id: str | None = None
+    before_id: str | None = None
+
+
+def parse_models_query(pairs: Sequence[tuple[str, str]]) -> ModelsQuery:
+    """``limit`` (1 to MAX_MODELS_LIST_LIMIT), ``after_id`` and
+    ``before_id`` from a query (the first of each; any other parameter, such
+    as ``beta=true``, changes nothing); 400 naming ``limit`` when it is not
+    a whole number in range."""
+    first: dict[str, str] = {}
+    for key, value in pairs:
+        first.setdefault(key, value)
+    limit = first.get("limit")
+    return ModelsQuery(
+        MODELS_LIST_LIMIT if limit is None else parse_count(limit, "limit", MAX_MODELS_LIST_LIMIT),
+        first.get("after_id"),
+        first.get("before_id"),
+    )

@@ -167,6 +167,9 @@ class MessageStream:
 
     def __init__(self, shape: MessageShape) -> None:
         self.shape = shape
+        # The model message_start names: the one asked for, until a relayed
+        # post or the finished reply (from_reply) names the one serving.
+        self.model = shape.model
         self.index = -1  # the last block started
         self.open: str | None = None  # the kind of the block open, if any
 
@@ -177,7 +180,7 @@ class MessageStream:
             "id": shape.id,
             "type": "message",
             "role": "assistant",
-            "model": shape.model,
+            "model": self.model,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,

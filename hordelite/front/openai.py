@@ -121,8 +121,12 @@ class ChatPlan:
     """``POST /v1/chat/completions``: a native chat request."""
 
     def __init__(self, body: Any, horde: Horde, options: dict[str, Any]) -> None:
+        self._take(horde, parse_chat_request(with_options(body, options)))
+
+    def _take(self, horde: Horde, req: ChatRequest) -> None:
+        """The call of ``req`` (a route that translates its body into a chat
+        request starts here)."""
         self.horde = horde
-        req = parse_chat_request(with_options(body, options))
         _check_models(req.models)
         # The request, until it is queued; a stream's relay reads it after.
         self.req: ChatRequest | None = req
@@ -430,18 +434,18 @@ class OpenAIRoutes:
         )
 
     async def models(self, request: Request) -> Answer:
-        return json_answer({"object": "list", "data": await self._chat_models()})
+        return json_answer({"object": "list", "data": await self.chat_models()})
 
     async def model(self, request: Request) -> Answer:
         model = request.params["model"]
-        for entry in await self._chat_models():
+        for entry in await self.chat_models():
             if entry["id"] == model:
                 return json_answer(entry)
         raise HordeError(
             RC.model_not_found, f"The model {model!r} does not exist on this front.", param="model"
         )
 
-    async def _chat_models(self) -> list[dict[str, Any]]:
+    async def chat_models(self) -> list[dict[str, Any]]:
         """Models with an online chat worker, in OpenAI's shape, each with
         its chat declaration summary (ids with a colon cannot be reached here)."""
         return [

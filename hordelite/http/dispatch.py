@@ -5,8 +5,9 @@ For each HTTP exchange it:
 
 - finds the route by method and path (``Table``): a path no route has is 404
   and a method the path does not take is 405, each in the envelope of the
-  path's family; ``HEAD`` is answered as ``GET`` without the body, and
-  ``OPTIONS`` (a CORS preflight) by the methods the path takes;
+  path's family; ``HEAD`` is answered as ``GET`` without the body (unless
+  a route takes ``HEAD`` itself), and ``OPTIONS`` (a CORS preflight) by the
+  methods the path takes;
 - refuses a path parameter or query value holding a NUL or a surrogate half,
   before the route runs (contract.json_body.check_text);
 - runs the route's handler, and makes any exception it raises a refusal in
@@ -94,8 +95,16 @@ class Table:
 
     def match(self, method: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
         """The route for ``method`` on ``path`` and its parameters, or None
-        with the methods the path takes (none: no route has the path)."""
-        wanted = "GET" if method == "HEAD" else method
+        with the methods the path takes (none: no route has the path).
+        ``HEAD`` is the GET route's, unless a route of its own takes it."""
+        if method == "HEAD":
+            route, params, allowed = self._match("HEAD", path)
+            if route is not None:
+                return route, params, allowed
+            method = "GET"
+        return self._match(method, path)
+
+    def _match(self, wanted: str, path: str) -> tuple[Route | None, dict[str, str], list[str]]:
         allowed: list[str] = []
         for route in self._exact.get(path, ()):
             if route.method == wanted:

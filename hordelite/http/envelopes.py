@@ -35,8 +35,10 @@ log = logging.getLogger("hordelite.api")
 Envelope = Callable[[HordeError], Answer]
 
 # Where the OpenAI family's routes live: a refusal of any path under it
-# (an unknown one too) is in OpenAI's envelope.
+# (an unknown one too) is in OpenAI's envelope, except under the Messages
+# API's path, whose refusals are Anthropic's (an SDK reads no other).
 OPENAI_PREFIX = "/v1"
+ANTHROPIC_PATH = "/v1/messages"
 
 
 def as_refusal(exc: Exception, where: str) -> HordeError:
@@ -217,7 +219,10 @@ def _named_field(exc: HordeError) -> str | None:
 
 def for_path(path: str) -> Envelope:
     """The envelope of the route family ``path`` belongs to (a path no
-    route serves included): OpenAI's under /v1, the native one elsewhere."""
+    route serves included): Anthropic's at /v1/messages and under it,
+    OpenAI's elsewhere under /v1, the native one elsewhere."""
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return anthropic
     if path.startswith(OPENAI_PREFIX):
         return openai
     return native

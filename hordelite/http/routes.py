@@ -3,7 +3,7 @@ handler and its envelope, in one list (``horde_routes``), and the apps that
 serve it (``horde_app``, ``metrics_app``).
 
 The one module of hordelite/http that knows the horde: it sits above the
-native routes (hordelite/api) and the OpenAI front (hordelite/front), which
+native routes (hordelite/api) and the /v1 front (hordelite/front), which
 never import each other, and the rest of hordelite/http sits below all three
 (tests/unit/test_imports.py).
 """
@@ -26,6 +26,7 @@ from hordelite.api.native_modes import ModeRoutes
 from hordelite.api.operations import OperationsRoutes
 from hordelite.blobs import DirectoryStore
 from hordelite.contract.signing import BLOB_ROUTE
+from hordelite.front.messages import MessagesRoutes, probe
 from hordelite.front.openai import Admission, OpenAIRoutes
 from hordelite.front.responses import ResponsesRoutes
 from hordelite.horde.service import Horde
@@ -44,6 +45,10 @@ def _native(method: str, template: str, handler: Handler) -> Route:
 
 def _openai(method: str, template: str, handler: Handler) -> Route:
     return Route(method, template, handler, envelopes.openai)
+
+
+def _anthropic(method: str, template: str, handler: Handler) -> Route:
+    return Route(method, template, handler, envelopes.anthropic)
 
 
 def horde_routes(
@@ -65,6 +70,7 @@ def horde_routes(
     addresses = AddressRoutes(horde)
     operations = OperationsRoutes(horde)
     responses = ResponsesRoutes(front)
+    messages = MessagesRoutes(front)
     routes = [
         # Generation: clients submit and poll, workers pop, progress, submit.
         _native("POST", f"{V2}/generate/text/async", native.text_async),
@@ -146,12 +152,16 @@ def horde_routes(
         # The OpenAI front.
         _openai("POST", "/v1/chat/completions", front.chat_completions),
         _openai("POST", "/v1/completions", front.completions),
-        _openai("GET", "/v1/models", front.models),
-        _openai("GET", "/v1/models/<path:model>", front.model),
+        # OpenAI's shape, or Anthropic's for a client sending anthropic-version.
+        _openai("GET", "/v1/models", messages.models),
+        _openai("GET", "/v1/models/<path:model>", messages.model),
         # OpenAI's Responses API (decision 0078).
         _openai("POST", "/v1/responses", responses.create),
         _openai("GET", "/v1/responses/<response_id>", responses.retrieve),
         _openai("DELETE", "/v1/responses/<response_id>", responses.delete),
+        # Anthropic's Messages API, run as chat requests by the same front.
+        _anthropic("POST", "/v1/messages", messages.messages),
+        _anthropic("POST", "/v1/messages/count_tokens", messages.count_tokens),
         # For process managers and load balancers.
         _native("GET", "/healthz", health.healthz),
         _native("GET", "/readyz", health.readyz),
@@ -164,6 +174,10 @@ def horde_routes(
             _native("GET", "/dashboard/pool", dashboard.pool),
             _native("GET", "/dashboard/activity", dashboard.activity),
         ]
+    else:
+        # Claude Code probes the root before its first call; the page's
+        # route answers it when the dashboard is on.
+        routes.append(_native("HEAD", "/", probe))
     if horde.config.metrics.enabled and not horde.config.metrics.port:
         routes.append(_native("GET", "/metrics", (counts or MetricsRoutes(horde)).metrics))
     if blobs is not None:

@@ -71,15 +71,20 @@ async def test_the_page_its_files_and_its_figures_carry_a_strict_csp_and_nosniff
             assert response.headers["referrer-policy"] == "no-referrer", path
 
 
-async def test_with_the_dashboard_off_its_routes_are_404_in_the_json_envelope_and_the_rest_serves() -> (
+async def test_with_the_dashboard_off_its_routes_are_refused_in_the_json_envelope_and_the_rest_serves() -> (
     None
 ):
     config = Config().replace(dashboard={"enabled": False})
     async with open_env(config=config) as env:
-        for path in ("/", "/dashboard/activity", "/dashboard/static/dashboard.js"):
+        for path in ("/dashboard/activity", "/dashboard/static/dashboard.js"):
             response = await env.client.get(path)
             assert response.status_code == 404, path
             assert response.json()["rc"] == "NotFound", path
+        # The root answers only HEAD (a client's probe) without the page.
+        response = await env.client.get("/")
+        assert response.status_code == 405
+        assert response.json()["rc"] == "MethodNotAllowed"
+        assert (await env.client.head("/")).status_code == 200
         assert (await env.client.get("/api/v2/status/heartbeat")).status_code == 200
 
 

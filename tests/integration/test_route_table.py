@@ -51,7 +51,22 @@ def _takes(route: Route, path: str) -> bool:
     return re.fullmatch(pattern, path) is not None
 
 
+def _family(template: str) -> envelopes.Envelope:
+    """The envelope of a path's family: Anthropic's for the Messages API,
+    OpenAI's for the rest of /v1, the native one elsewhere."""
+    if template == "/v1/messages" or template.startswith("/v1/messages/"):
+        return envelopes.anthropic
+    return envelopes.openai if template.startswith("/v1") else envelopes.native
+
+
 def _in_envelope(route: Route, body: object, rc: RC) -> bool:
+    if route.envelope is envelopes.anthropic:
+        return (
+            isinstance(body, dict)
+            and body["type"] == "error"
+            and body["error"]["code"] == rc.name
+            and bool(body["error"]["type"])
+        )
     if route.envelope is envelopes.openai:
         return isinstance(body, dict) and body["error"]["code"] == rc.name
     return isinstance(body, dict) and body["rc"] == rc.name and "message" in body
@@ -68,10 +83,9 @@ async def test_every_route_is_listed_once_and_the_shell_serves_only_the_tables_p
         routes = served.dispatcher.table.routes
         keys = [(r.method, r.template) for r in routes]
         assert len(keys) == len(set(keys))
-        # The OpenAI family is under /v1, and only it.
+        # The Messages API is Anthropic's family, the rest of /v1 OpenAI's.
         for route in routes:
-            family = envelopes.openai if route.template.startswith("/v1") else envelopes.native
-            assert route.envelope is family, route.template
+            assert route.envelope is _family(route.template), route.template
         shell = served.dispatcher._shell
         assert shell is not None
         in_shell = {
@@ -111,7 +125,13 @@ async def test_each_route_refuses_in_its_own_envelope(anyio_backend: str) -> Non
 
 @pytest.mark.parametrize(
     ("path", "family"),
-    [("/api/v2/no/such/route", "native"), ("/v1/no/such/route", "openai"), ("/nowhere", "native")],
+    [
+        ("/api/v2/no/such/route", "native"),
+        ("/v1/no/such/route", "openai"),
+        ("/v1/messages/no/such/route", "anthropic"),
+        ("/v1/messagesx", "openai"),
+        ("/nowhere", "native"),
+    ],
 )
 async def test_a_path_no_route_has_is_404_in_its_familys_envelope(
     anyio_backend: str, path: str, family: str
@@ -120,8 +140,9 @@ async def test_a_path_no_route_has_is_404_in_its_familys_envelope(
         found = await client.get(path)
     assert found.status_code == 404
     body = found.json()
-    code = body["error"]["code"] if family == "openai" else body["rc"]
+    code = body["rc"] if family == "native" else body["error"]["code"]
     assert code == RC.NotFound.name
+    assert (body.get("type") == "error") is (family == "anthropic")
 
 
 async def test_head_is_get_without_the_body_and_a_preflight_names_the_methods(
@@ -182,13 +203,17 @@ async def test_a_route_that_takes_the_path_but_not_the_method_gives_way() -> Non
 async def test_the_table_lists_the_routes_the_configuration_turns_on() -> None:
     off = Config().replace(dashboard={"enabled": False}, metrics={"enabled": False})
     async with open_horde(config=off) as horde:
-        listed = {r.template for r in horde_routes(horde.horde, OpenAIRoutes(horde.horde), None)}
-    assert "/" not in listed
+        routes = horde_routes(horde.horde, OpenAIRoutes(horde.horde), None)
+    listed = {r.template for r in routes}
+    # Without the page, the root answers only HEAD (Claude Code's probe).
+    assert [r.method for r in routes if r.template == "/"] == ["HEAD"]
     assert "/metrics" not in listed
     assert not any(t.startswith("/blobs") for t in listed)
     async with open_horde(config=EVERY_ROUTE) as horde:
-        listed = {r.template for r in horde_routes(horde.horde, OpenAIRoutes(horde.horde), None)}
+        routes = horde_routes(horde.horde, OpenAIRoutes(horde.horde), None)
+    listed = {r.template for r in routes}
     assert {"/", "/metrics", "/dashboard/pool"} <= listed
+    assert [r.method for r in routes if r.template == "/"] == ["GET"]
 
 
 async def test_a_long_polling_pop_whose_worker_left_is_handed_no_job() -> None:
