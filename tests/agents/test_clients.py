@@ -77,6 +77,18 @@ def binary(variable: str) -> Path:
     return path
 
 
+# Module-scoped, and named first in each test's arguments, so that a test
+# without its binary is skipped before the horde starts.
+@pytest.fixture(scope="module")
+def codex() -> Path:
+    return binary(CODEX_ENV)
+
+
+@pytest.fixture(scope="module")
+def claude() -> Path:
+    return binary(CLAUDE_ENV)
+
+
 @dataclasses.dataclass
 class Horde:
     url: str
@@ -234,17 +246,16 @@ def codex_set_up(horde: Horde, folder: Path) -> tuple[dict[str, str], Path]:
     return env, folder / "work"
 
 
-async def codex_exec(horde: Horde, folder: Path, prompt: str) -> Done:
-    codex = binary(CODEX_ENV)
+async def codex_exec(codex: Path, horde: Horde, folder: Path, prompt: str) -> Done:
     env, work = codex_set_up(horde, folder)
     return await run_client([str(codex), "exec", "--skip-git-repo-check", prompt], env, work)
 
 
 async def test_codex_exec_prints_the_workers_answer_and_exits_0(
-    horde: Horde, tmp_path: Path
+    codex: Path, horde: Horde, tmp_path: Path
 ) -> None:
     before = len(horde.chats())
-    done = await codex_exec(horde, tmp_path, "Say hello")
+    done = await codex_exec(codex, horde, tmp_path, "Say hello")
     assert done.code == 0, done
     [chat] = horde.chats()[before:]
     assert answer_to(chat) == "echo: Say hello"
@@ -252,11 +263,11 @@ async def test_codex_exec_prints_the_workers_answer_and_exits_0(
 
 
 async def test_codex_exec_runs_the_shell_command_the_worker_calls_and_prints_its_answer(
-    horde: Horde, tmp_path: Path
+    codex: Path, horde: Horde, tmp_path: Path
 ) -> None:
     prompt = "call exec_command, then say what it printed"
     before = len(horde.chats())
-    done = await codex_exec(horde, tmp_path, prompt)
+    done = await codex_exec(codex, horde, tmp_path, prompt)
     assert done.code == 0, done
     asked, answered = horde.chats()[before:]
     assert "exec_command" in [t["function"]["name"] for t in asked["tools"]]
@@ -285,18 +296,17 @@ def claude_set_up(horde: Horde, folder: Path) -> tuple[dict[str, str], Path]:
     return env, folder / "work"
 
 
-async def claude_print(horde: Horde, folder: Path, prompt: str, *flags: str) -> Done:
-    claude = binary(CLAUDE_ENV)
+async def claude_print(claude: Path, horde: Horde, folder: Path, prompt: str, *flags: str) -> Done:
     env, work = claude_set_up(horde, folder)
     command = [str(claude), "-p", prompt, "--model", MODEL, *flags]
     return await run_client(command, env, work)
 
 
 async def test_claude_print_prints_the_workers_answer_and_exits_0(
-    horde: Horde, tmp_path: Path
+    claude: Path, horde: Horde, tmp_path: Path
 ) -> None:
     before = len(horde.chats())
-    done = await claude_print(horde, tmp_path, "Say hello")
+    done = await claude_print(claude, horde, tmp_path, "Say hello")
     assert done.code == 0, done
     [chat] = horde.chats()[before:]
     answer = answer_to(chat)
@@ -305,11 +315,11 @@ async def test_claude_print_prints_the_workers_answer_and_exits_0(
 
 
 async def test_claude_print_runs_the_bash_command_the_worker_calls_and_prints_its_answer(
-    horde: Horde, tmp_path: Path
+    claude: Path, horde: Horde, tmp_path: Path
 ) -> None:
     prompt = "call Bash, then say what it printed"
     before = len(horde.chats())
-    done = await claude_print(horde, tmp_path, prompt, "--allowedTools", "Bash(x)")
+    done = await claude_print(claude, horde, tmp_path, prompt, "--allowedTools", "Bash(x)")
     assert done.code == 0, done
     asked, answered = horde.chats()[before:]
     assert "Bash" in [t["function"]["name"] for t in asked["tools"]]
