@@ -68,7 +68,9 @@ number of tokens sent. Tool calls: when the request has ``tools``, its
 ``tool_choice`` is not ``"none"`` and either names a function, is
 ``"required"`` (the first tool unless one is mentioned) or the last user text
 says ``call <name>`` for an offered tool (each mentioned tool, in order; the
-first only under ``parallel_tool_calls: false``), the reply is those calls
+first only under ``parallel_tool_calls: false``) and no tool message follows
+it (once the calls' results are in, the reply is text, so that an agent's
+loop of call and result ends), the reply is those calls
 with ids ``call_1``, ``call_2``, ... (counted over the backend's life),
 arguments built from each tool's ``parameters`` schema (``{}`` without
 required properties), ``finish_reason`` ``"tool_calls"`` and content null (or
@@ -334,6 +336,17 @@ def _last_user_text(messages: Sequence[JSON]) -> str:
     return ""
 
 
+def _answered(messages: Sequence[JSON]) -> bool:
+    """Whether a tool message follows the last user message: the calls its
+    text asked for were made, and asking again would loop forever."""
+    for message in reversed(messages):
+        if message.get("role") == "tool":
+            return True
+        if message.get("role") == "user":
+            return False
+    return False
+
+
 def _answer_text(body: JSON) -> str:
     response_format = body.get("response_format")
     kind = response_format.get("type") if isinstance(response_format, dict) else None
@@ -366,7 +379,8 @@ def _called_functions(body: JSON) -> list[JSON]:
     if isinstance(choice, dict):
         name = str((choice.get("function") or {}).get("name"))
         return [tools.get(name, {"name": name})]
-    named = _CALL.findall(_last_user_text(body["messages"]))
+    messages = body["messages"]
+    named = [] if _answered(messages) else _CALL.findall(_last_user_text(messages))
     called = [tools[n] for n in dict.fromkeys(named) if n in tools]
     if not called and choice == "required":
         called = [next(iter(tools.values()))]

@@ -18,8 +18,6 @@ Needs cmake and a C++ compiler. Takes some minutes on two cores.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -27,10 +25,14 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: the repository's root on the path, for tests.cached_folder.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.cached_folder import content_hash, ensure_folder, say
 
 SDIST_VERSION = "0.3.36"
 SDIST_URL = (
@@ -55,7 +57,6 @@ CMAKE_FLAGS = (
 )
 TARGET = "llama-server"
 CACHE_ENV = "HORDELITE_LLAMA_SERVER_CACHE"
-MARKER = "BUILT"  # written last: its presence means the binary is whole
 
 
 def cache_root() -> Path:
@@ -67,27 +68,7 @@ def cache_root() -> Path:
 
 def build_folder(root: Path) -> Path:
     """The folder of this sdist built with these flags."""
-    flags = hashlib.sha256("\n".join((*CMAKE_FLAGS, TARGET)).encode()).hexdigest()[:12]
-    return root / f"{SDIST_VERSION}-{flags}"
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"another build holds {path}; waiting for it")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return root / f"{SDIST_VERSION}-{content_hash(*CMAKE_FLAGS, TARGET)}"
 
 
 def download(folder: Path) -> Path:
@@ -139,22 +120,13 @@ def build(folder: Path) -> Path:
 
 def ensure_built(root: Path | None = None) -> Path:
     """The cached binary, built first when missing."""
-    folder = build_folder(root or cache_root())
-    binary = folder / TARGET
-    with locked(folder.with_name(folder.name + ".lock")):
-        if (folder / MARKER).is_file() and binary.is_file():
-            say(f"reusing the build in {folder}")
-            return binary
-        if folder.exists():
-            say(f"removing an unfinished build in {folder}")
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        started = time.monotonic()
-        build(folder)
-        seconds = time.monotonic() - started
-        (folder / MARKER).write_text(f"{SDIST_URL}\n{' '.join(CMAKE_FLAGS)}\n{seconds:.0f} s\n")
-        say(f"built {binary} in {seconds / 60:.1f} min ({seconds:.0f} s)")
-        return binary
+    folder = ensure_folder(
+        build_folder(root or cache_root()),
+        build,
+        needs=[TARGET],
+        note=f"{SDIST_URL}\n{' '.join(CMAKE_FLAGS)}",
+    )
+    return folder / TARGET
 
 
 def main() -> None:

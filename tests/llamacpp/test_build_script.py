@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cached_folder import MARKER
 from tests.llamacpp import build_llama_server as script
 
 
@@ -32,7 +33,7 @@ def test_a_finished_build_is_reused_without_building_again(
     second = script.ensure_built(tmp_path)
     assert first == second == script.build_folder(tmp_path) / script.TARGET
     assert len(builds) == 1
-    assert (first.parent / script.MARKER).is_file()
+    assert (first.parent / MARKER).is_file()
 
 
 def test_a_build_without_its_marker_is_removed_and_built_again(

@@ -371,6 +371,29 @@ async def test_a_mentioned_function_that_is_not_offered_is_not_called() -> None:
     assert answer["choices"][0]["message"]["content"] == "echo: call launch_rockets"
 
 
+async def test_once_the_tool_result_follows_the_users_text_the_reply_is_text_not_the_call_again() -> (
+    None
+):
+    # An agent sends the whole conversation back with each call's result:
+    # calling again whenever the user's text says "call get_time" would
+    # never let its loop end.
+    asked = user("call get_time")
+    answered = [
+        *asked,
+        calling(tool_call("call_1", "get_time")),
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    ]
+    async with running() as (_, client):
+        first = await chat(client, messages=asked, tools=[CLOCK])
+        then = await chat(client, messages=answered, tools=[CLOCK])
+        again = await chat(client, messages=[*answered, *user("call get_time")], tools=[CLOCK])
+    assert first["choices"][0]["finish_reason"] == "tool_calls"
+    assert then["choices"][0]["finish_reason"] == "stop"
+    assert then["choices"][0]["message"] == {"role": "assistant", "content": "echo: call get_time"}
+    # A new user text asking again is a new request: the tool is called again.
+    assert again["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time"
+
+
 # Structured output.
 
 
