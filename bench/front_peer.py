@@ -417,6 +417,13 @@ def litellm(executable: str, backend_url: str, workdir: Path) -> Iterator[tuple[
         f"      model: openai/{MODEL}\n"
         f"      api_base: {backend_url}/v1\n"
         "      api_key: none\n"
+        # An openai/ model is sent /v1/responses as a Responses call, and
+        # /v1/messages as one too; the backend serves chat completions only,
+        # as hordelite's workers call it: both routes are translated into a
+        # chat completion, as hordelite translates them.
+        "      use_chat_completions_api: true\n"
+        "litellm_settings:\n"
+        "  use_chat_completions_url_for_anthropic_messages: true\n"
     )
     env = {
         **os.environ,
