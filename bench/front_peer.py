@@ -66,6 +66,7 @@ from _common import (  # bench/ is on sys.path
     never_refusing_budgets,
     process_cpu,
     process_tree,
+    speed_unjudged,
     stop_process,
 )
 
@@ -453,12 +454,11 @@ def hordelite(
     database = workdir / f"horde-{time.monotonic_ns()}.db"
     # Budgets that never refuse (one requester key stands for every client), yet are checked.
     budgets = "".join(f"{k} = {v}\n" for k, v in never_refusing_budgets().items())
+    moderation = "".join(f"{k} = {v}\n" for k, v in speed_unjudged().items())
     config.write_text(
         f'[server]\nhost = "127.0.0.1"\nport = 0\n[storage]\ndatabase = "{database}"\n'
         f'[blobs]\ndirectory = "{workdir / "blobs"}"\n[budgets]\n{budgets}'
-        # The fake backend answers faster than a real model could: judged
-        # by speed, the worker would be paused as suspicious within 5 jobs.
-        "[moderation]\nsuspicious_tokens_per_second = 0\n"
+        f"[moderation]\n{moderation}"
     )
     serve = [sys.executable, "-m", "hordelite", "--config", str(config), "serve"]
     with child(serve, workdir / "serve.log") as server:
