@@ -42,6 +42,12 @@ Figures, each with its target (issue 4, "Performance"):
     rate. Then
     ``--workers`` long-polling workers come online and every call must be
     answered with its own reply (none lost); the time to drain is reported.
+    ``--routes`` (default ``chat``) runs (b) on each route named, each on a
+    server of its own: ``chat`` (``/v1/chat/completions``), ``responses``
+    (``/v1/responses``, the same request as ``instructions``, ``input`` and
+    ``text.format``) and ``messages`` (``/v1/messages``, as ``system``,
+    ``messages`` and ``output_config.format``); issue 38's target is the same
+    memory per open call on each as on the chat route.
 
 The table of cores busy (server, this load generator, everything else)
 comes with every measurement, as in text_cycle.py: read it first. The file

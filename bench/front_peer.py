@@ -1,43 +1,53 @@
-"""The OpenAI front against its peer, the LiteLLM proxy, side by side.
+"""The front against its peer, the LiteLLM proxy, side by side, on
+``/v1/chat/completions``, ``/v1/responses`` and ``/v1/messages``.
 
 Both stand in front of the same fake OpenAI backend (hordelite's
 ``fake_backend``, in a child process of its own, whose CPU counts for
-neither):
+neither), which serves chat completions only:
 
 - LiteLLM: client -> ``litellm`` proxy (one uvicorn worker) -> backend;
+  a Responses or Messages call translated into a chat completion
+  (``use_chat_completions_api``, ``use_chat_completions_url_for_anthropic_messages``:
+  for an ``openai/`` model LiteLLM would otherwise call the backend's
+  ``/v1/responses``);
 - hordelite: client -> ``hordelite serve``'s ``/v1`` -> queue ->
   ``hordelite worker --threads 16`` -> backend -> worker -> submit -> the
   call's answer.
 
 The same lean keep-alive client (this process) measures each, and the
-backend alone first, so that what each adds is read off its own figures:
+backend's own chat completions first, so that what each adds is read off
+its own figures; on each route of ``--routes`` (default all three):
 
-(a) p50 of a non-streamed chat completion at concurrency 1, and what it
-    adds to the backend's own p50;
-(b) p50 of the first content chunk of a streamed completion at
-    concurrency 1, and what it adds to the backend's;
-(c) completions per second at concurrency ``--concurrency`` (16) for
+(a) p50 of a non-streamed call at concurrency 1, and what it adds to the
+    backend's own p50;
+(b) p50 of the first token of text of a streamed call at concurrency 1 (a
+    chat chunk with content; the first ``response.output_text.delta``; the
+    first ``content_block_delta`` of type ``text_delta``), and what it adds
+    to the backend's first content chunk;
+(c) calls per second at concurrency ``--concurrency`` (16) for
     ``--duration`` seconds;
 (d) CPU per call during (c): the CPU of every process of the proxy (the
     litellm process tree; ``hordelite serve`` and ``hordelite worker``
-    together) over the completions.
+    together) over the calls.
 
 The two take turns, ``--rounds`` times (LiteLLM first, then hordelite,
-then the other way round), each on a fresh process, so that a change in
-the machine's load falls on both; each figure is printed per round with
-the ratio hordelite / LiteLLM of that round, then the medians. Targets
-(issue 22): hordelite's added p50 and CPU per call no more than LiteLLM's.
+then the other way round), each on a fresh process that serves every
+route, so that a change in the machine's load falls on both; each figure is
+printed per round with the ratio hordelite / LiteLLM of that round, then
+the medians. Targets (issues 22 and 38), on each route: hordelite's added
+p50 and CPU per call no more than LiteLLM's; its added first token at most
+50 ms. The exit status is 1 when one is missed.
 
 LiteLLM is not a dependency of hordelite: it is run from its own
 interpreter, ``--litellm`` or ``$HORDELITE_BENCH_LITELLM`` (the ``litellm``
 executable of a virtual environment with ``litellm[proxy]``), by default
 ``~/.cache/hordelite/litellm-venv/bin/litellm``. Without one, the script
-says "not installed", measures hordelite and the backend alone and exits 0.
+says "not installed" and measures hordelite and the backend alone.
 
     python3 -m venv ~/.cache/hordelite/litellm-venv
-    ~/.cache/hordelite/litellm-venv/bin/pip install 'litellm[proxy]'
-    .venv/bin/python bench/front_peer.py                 # about 3 minutes
-    .venv/bin/python bench/front_peer.py --rounds 1 --calls 100 --duration 5
+    ~/.cache/hordelite/litellm-venv/bin/pip install 'litellm[proxy]==1.108.7'
+    .venv/bin/python bench/front_peer.py                 # about 3 minutes a route
+    .venv/bin/python bench/front_peer.py --rounds 2 --calls 100 --duration 5
 """
 
 from __future__ import annotations
