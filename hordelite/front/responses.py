@@ -17,6 +17,8 @@ reply before the new input.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -50,6 +52,9 @@ from hordelite.horde.service import Horde
 from hordelite.http.answer import Answer, json_answer
 from hordelite.http.request import Request
 
+# A held call's context stands without its echo until the answer decodes it.
+_NO_ECHO = ResponsesEcho(fields={})
+
 
 class ResponsesPlan:
     """``POST /v1/responses``: the chat request of a Responses body (with
@@ -68,6 +73,7 @@ class ResponsesPlan:
         # The request, until it is queued; a stream's encoder reads it after.
         self.req: ChatRequest | None = None
         self.context: ResponseContext | None = None  # set once queued
+        self._echo_text = ""  # a whole answer's echo, once queued
         self._encoder: ResponsesEncoder | None = None  # a stream's, once it starts
 
     async def queue(self, submitter: Submitter) -> str:
@@ -93,6 +99,11 @@ class ResponsesPlan:
         answer = await self.horde.requests.queue_chat(submitter, req, record)
         self.req = req if self.stream else None
         self.context = ResponseContext(responses.echo, answer.id, prompt_chars, created_at)
+        if not self.stream:
+            # Held for minutes: the echo as its JSON text, a quarter of its
+            # decoded size (a text.format schema is a tree of dicts).
+            self._echo_text = json.dumps(responses.echo.to_json(), separators=(",", ":"))
+            self.context = dataclasses.replace(self.context, echo=_NO_ECHO)
         self.responses = None
         return answer.id
 
@@ -139,7 +150,9 @@ class ResponsesPlan:
 
     def answer(self, call: Call, status: RequestStatus) -> dict[str, Any]:
         assert self.context is not None  # set when it was queued
-        return response(self.context, status, self.include_reasoning)
+        echo = ResponsesEcho.from_json(json.loads(self._echo_text))
+        context = dataclasses.replace(self.context, echo=echo)
+        return response(context, status, self.include_reasoning)
 
     def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]:
         req, context = self.req, self.context
