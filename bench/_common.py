@@ -46,6 +46,20 @@ def never_refusing_budgets() -> dict[str, int]:
     }
 
 
+def speed_unjudged() -> dict[str, int]:
+    """A [moderation] section under which no job is too fast: a bench's
+    workers (fakes, or a worker on the fake backend) answer far faster than
+    a model could, and judged by speed each would be paused as suspicious
+    within a few jobs. Empty for a tree that does not judge speed (a
+    baseline)."""
+    try:
+        from hordelite.config import ModerationConfig
+    except ImportError:
+        return {}
+    names = {f.name for f in dataclasses.fields(ModerationConfig)}
+    return {"suspicious_tokens_per_second": 0} if "suspicious_tokens_per_second" in names else {}
+
+
 def _stat_fields(pid: int) -> list[str]:
     """/proc/<pid>/stat's fields after the command name (which may hold spaces)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -42,6 +42,12 @@ Figures, each with its target (issue 4, "Performance"):
     rate. Then
     ``--workers`` long-polling workers come online and every call must be
     answered with its own reply (none lost); the time to drain is reported.
+    ``--routes`` (default ``chat``) runs (b) on each route named, each on a
+    server of its own: ``chat`` (``/v1/chat/completions``), ``responses``
+    (``/v1/responses``, the same request as ``instructions``, ``input`` and
+    ``text.format``) and ``messages`` (``/v1/messages``, as ``system``,
+    ``messages`` and ``output_config.format``); issue 38's target is the same
+    memory per open call on each as on the chat route.
 
 The table of cores busy (server, this load generator, everything else)
 comes with every measurement, as in text_cycle.py: read it first. The file
@@ -70,7 +76,7 @@ import resource
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +154,69 @@ class SdkShapedHttp(tc.LeanHttp):
 def reply_tag(answer: dict[str, Any]) -> str:
     """The tag a chat_cycle reply carries (the request's own), from a completion."""
     return str(json.loads(answer["choices"][0]["message"]["content"])["request"])
+
+
+def responses_request(tag: str) -> dict[str, Any]:
+    """chat_cycle's request (cc.chat_request) as a Responses call."""
+    chat = cc.chat_request(tag)
+    return {
+        "model": MODEL,
+        "instructions": chat["messages"][0]["content"],
+        "input": chat["messages"][1]["content"],
+        "max_output_tokens": chat["max_tokens"],
+        "text": {"format": {"type": "json_schema", **chat["response_format"]["json_schema"]}},
+        "horde": chat["horde"],
+    }
+
+
+def responses_tag(answer: dict[str, Any]) -> str:
+    text = "".join(
+        part.get("text", "")
+        for item in answer["output"]
+        if item.get("type") == "message"
+        for part in item["content"]
+    )
+    return str(json.loads(text)["request"])
+
+
+def messages_request(tag: str) -> dict[str, Any]:
+    """chat_cycle's request (cc.chat_request) as a Messages call."""
+    chat = cc.chat_request(tag)
+    return {
+        "model": MODEL,
+        "system": chat["messages"][0]["content"],
+        "messages": chat["messages"][1:],
+        "max_tokens": chat["max_tokens"],
+        "output_config": {
+            "format": {
+                "type": "json_schema",
+                "schema": chat["response_format"]["json_schema"]["schema"],
+            }
+        },
+        "horde": chat["horde"],
+    }
+
+
+def messages_tag(answer: dict[str, Any]) -> str:
+    text = "".join(block.get("text", "") for block in answer["content"])
+    return str(json.loads(text)["request"])
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontRoute:
+    """A route of the front that queues a chat request: its path, the body
+    of chat_cycle's request sent to it, and the tag read back from its answer."""
+
+    path: str
+    request: Callable[[str], dict[str, Any]]
+    tag: Callable[[dict[str, Any]], str]
+
+
+FRONT_ROUTES = {
+    "chat": FrontRoute(COMPLETIONS, cc.chat_request, reply_tag),
+    "responses": FrontRoute("/v1/responses", responses_request, responses_tag),
+    "messages": FrontRoute("/v1/messages", messages_request, messages_tag),
+}
 
 
 async def chat_worker(
@@ -371,7 +440,12 @@ class Held:
 
 
 async def measure_held(
-    server: tc.Server, worker_key: str, key: str, db: Database, args: argparse.Namespace
+    server: tc.Server,
+    worker_key: str,
+    key: str,
+    db: Database,
+    route: FrontRoute,
+    args: argparse.Namespace,
 ) -> Held:
     held = Held(args.calls)
     recheck_interval = load_config(server.config).front.recheck_interval
@@ -392,8 +466,8 @@ async def measure_held(
             while left[0] > 0:
                 left[0] -= 1
                 tag = f"warm-up {uuid.uuid4()}"
-                status, answer = await http.call("POST", COMPLETIONS, cc.chat_request(tag), key)
-                if status != 200 or reply_tag(answer) != tag:
+                status, answer = await http.call("POST", route.path, route.request(tag), key)
+                if status != 200 or route.tag(answer) != tag:
                     raise RuntimeError(f"a warm-up call got {status}: {answer}")
 
         async with anyio.create_task_group() as tg:
@@ -417,7 +491,7 @@ async def measure_held(
         http = SdkShapedHttp(server.url)
         step = "connect"
         try:
-            await http.send("POST", COMPLETIONS, cc.chat_request(tag), key)
+            await http.send("POST", route.path, route.request(tag), key)
             step = "answer"
             status, answer = await http.receive()
         except (OSError, ConnectionError, anyio.BrokenResourceError) as exc:
@@ -429,7 +503,7 @@ async def measure_held(
             await http.aclose()
         if not draining.is_set():
             held.early += 1
-        if status == 200 and reply_tag(answer) == tag:
+        if status == 200 and route.tag(answer) == tag:
             held.answered += 1
             last_answer[0] = time.perf_counter()
         else:
@@ -551,6 +625,17 @@ def print_log_tail(log: Path, lines: int = 60) -> None:
 
 
 def run_held_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -> None:
+    """(b) on each route of ``--routes``, each on a server of its own."""
+    for route in args.routes:
+        run_held_route(workdir, args, report, route)
+
+
+def run_held_route(
+    workdir: Path, args: argparse.Namespace, report: tc.Report, route_name: str
+) -> None:
+    route = FRONT_ROUTES[route_name]
+    # The chat route's figures keep their names; another route's say which.
+    b = "(b)" if route_name == "chat" else f"(b {route.path})"
     client_limit = raise_fd_limit(args.calls + 1000)
     env = {
         "HORDELITE_FRONT_TIMEOUT": 3600,
@@ -562,7 +647,10 @@ def run_held_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -
     }
     if args.offline_by == "window":
         env["HORDELITE_HORDE_WORKER_ONLINE"] = args.worker_online
-    with server_env(env), tc.running_server(workdir, "held", args.server_backend) as server:
+    with (
+        server_env(env),
+        tc.running_server(workdir, f"held-{route_name}", args.server_backend) as server,
+    ):
         server_limit = fd_limit_of(server.pid)
         if server_limit != "unlimited" and int(server_limit) < args.calls + 100:
             raise RuntimeError(f"the server may open {server_limit} files, too few for the calls")
@@ -571,26 +659,26 @@ def run_held_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -
         db = Database(load_config(server.config).storage.database, 1)
         try:
             held = anyio.run(
-                measure_held, server, worker_key, key, db, args, backend=args.client_backend
+                measure_held, server, worker_key, key, db, route, args, backend=args.client_backend
             )
         except BaseException:
-            print_log_tail(workdir / "held.log")
+            print_log_tail(workdir / f"held-{route_name}.log")
             raise
         finally:
             db.dispose()
-        if " ERROR " in (workdir / "held.log").read_text(errors="replace"):
-            print_log_tail(workdir / "held.log")
+        if " ERROR " in (workdir / f"held-{route_name}.log").read_text(errors="replace"):
+            print_log_tail(workdir / f"held-{route_name}.log")
     n = held.calls
     report.cpu += [
-        (f"(b) opening {n:,} calls", held.cpu["open"]),
-        (f"(b) {n:,} calls held, no worker", held.cpu["hold"]),
-        (f"(b) draining {n:,} calls", held.cpu["drain"]),
+        (f"{b} opening {n:,} calls", held.cpu["open"]),
+        (f"{b} {n:,} calls held, no worker", held.cpu["hold"]),
+        (f"{b} draining {n:,} calls", held.cpu["drain"]),
     ]
     per_call = (held.rss_open_kb - held.rss_before_kb) / n
     hold_cpu = held.cpu["hold"].server
     lost = n - held.answered
     report.add(
-        f"(b) {n:,} calls opened and queued",
+        f"{b} {n:,} calls opened and queued",
         f"in {held.open_seconds:.1f} s ({n / held.open_seconds:.0f} /s)",
     )
     how = (
@@ -598,9 +686,9 @@ def run_held_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -
         if args.offline_by == "maintenance"
         else f"its {args.worker_online:.0f} s online window passed"
     )
-    report.add("(b) the worker stopped serving", f"{how} ({held.offline_wait:.1f} s)")
+    report.add(f"{b} the worker stopped serving", f"{how} ({held.offline_wait:.1f} s)")
     report.add(
-        "(b) server VmRSS before / open / end of hold / drained",
+        f"{b} server VmRSS before / open / end of hold / drained",
         " / ".join(
             f"{kb / 1024:.1f}"
             for kb in (
@@ -613,27 +701,27 @@ def run_held_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -
         + " MiB",
     )
     report.add(
-        "(b) server memory per open call",
+        f"{b} server memory per open call",
         f"{per_call:.1f} KB",
         f"<= {TARGET_KB_PER_CALL:.0f} KB",
         per_call <= TARGET_KB_PER_CALL,
     )
     report.add(
-        f"(b) server CPU while {n:,} wait ({args.hold:.0f} s)",
+        f"{b} server CPU while {n:,} wait ({args.hold:.0f} s)",
         f"{hold_cpu:.1%} of a core",
         f"< {TARGET_HOLD_CPU:.0%}",
         hold_cpu < TARGET_HOLD_CPU,
     )
     report.add(
-        "(b) answered after workers came online",
+        f"{b} answered after workers came online",
         f"{held.answered:,} of {n:,} in {held.drain_seconds:.1f} s "
         f"({held.answered / max(held.drain_seconds, 1e-9):.0f} /s)"
         + (f"; failures {held.failures}" if held.failures else ""),
         "none lost",
         lost == 0,
     )
-    report.add("(b) fd limits server / client", f"{server_limit} / {client_limit}")
-    report.figures["held"] = {
+    report.add(f"{b} fd limits server / client", f"{server_limit} / {client_limit}")
+    report.figures["held" if route_name == "chat" else f"held {route.path}"] = {
         **{k: v for k, v in dataclasses.asdict(held).items() if k != "cpu"},
         "kb_per_call": per_call,
         "hold_cpu_cores": hold_cpu,
@@ -643,6 +731,13 @@ def run_held_phase(workdir: Path, args: argparse.Namespace, report: tc.Report) -
 
 
 # Command line -----------------------------------------------------------------
+
+
+def routes_of(text: str) -> list[str]:
+    routes = [r.strip() for r in text.split(",") if r.strip()]
+    if not routes or any(r not in FRONT_ROUTES for r in routes):
+        raise argparse.ArgumentTypeError(f"any of {', '.join(FRONT_ROUTES)}: {text!r}")
+    return routes
 
 
 def parser() -> argparse.ArgumentParser:
@@ -673,6 +768,13 @@ def parser() -> argparse.ArgumentParser:
         "--pop-wait", type=float, default=5.0, help='the workers\' pop "wait" (default 5)'
     )
     p.add_argument("--calls", type=int, default=5000, help="calls held open in (b) (default 5000)")
+    p.add_argument(
+        "--routes",
+        type=routes_of,
+        default=["chat"],
+        help="the routes (b) holds calls on, each on a server of its own, comma-separated: "
+        f"any of {', '.join(FRONT_ROUTES)} (default chat)",
+    )
     p.add_argument(
         "--hold",
         type=float,

@@ -104,6 +104,7 @@ from _common import (  # bench/ is on sys.path
     never_refusing_budgets,
     process_cpu,
     process_tree,
+    speed_unjudged,
     stop_process,
     storage_urls,
 )
@@ -420,6 +421,8 @@ def running_server(
     budgets = never_refusing_budgets()
     if budgets:
         sections["budgets"] = budgets
+    if moderation := speed_unjudged():
+        sections["moderation"] = moderation
     for section, keys in (extra or {}).items():
         sections[section] = {**sections.get(section, {}), **keys}
     config.write_text(

@@ -17,6 +17,8 @@ reply before the new input.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -50,6 +52,9 @@ from hordelite.horde.service import Horde
 from hordelite.http.answer import Answer, json_answer
 from hordelite.http.request import Request
 
+# A held call's context stands without its echo until the answer decodes it.
+_NO_ECHO = ResponsesEcho(fields={})
+
 
 class ResponsesPlan:
     """``POST /v1/responses``: the chat request of a Responses body (with
@@ -59,28 +64,33 @@ class ResponsesPlan:
 
     def __init__(self, body: Any, horde: Horde, options: dict[str, Any]) -> None:
         self.horde = horde
-        self.responses: ResponsesCall = parse_responses_request(with_options(body, options))
+        # The checked body, until it is queued: a call held for minutes keeps
+        # only what its answer needs (the echo, in its context).
+        self.responses: ResponsesCall | None = parse_responses_request(with_options(body, options))
         self.stream = self.responses.stream
         self.fail_fast = False
         self.include_reasoning = True
         # The request, until it is queued; a stream's encoder reads it after.
         self.req: ChatRequest | None = None
         self.context: ResponseContext | None = None  # set once queued
+        self._echo_text = ""  # a whole answer's echo, once queued
         self._encoder: ResponsesEncoder | None = None  # a stream's, once it starts
 
     async def queue(self, submitter: Submitter) -> str:
-        history = await self._history(submitter)
-        req = self.responses.chat_request(history)
+        responses = self.responses
+        assert responses is not None  # queued once
+        history = await self._history(responses, submitter)
+        req = responses.chat_request(history)
         _check_models(req.models)
         self.fail_fast = req.horde.availability_mode == "fail_fast"
         self.include_reasoning = req.horde.include_reasoning
         prompt_chars = len(flatten_messages(req.messages, req.tools))
         created_at = int(time.time())
         record = None
-        if self.responses.store:
+        if responses.store:
             record = {
-                "echo": self.responses.echo.to_json(),
-                "conversation": self._conversation(history),
+                "echo": responses.echo.to_json(),
+                "conversation": _conversation(responses, history),
                 "include_reasoning": self.include_reasoning,
                 "prompt_chars": prompt_chars,
                 "created_at": created_at,
@@ -88,21 +98,22 @@ class ResponsesPlan:
             }
         answer = await self.horde.requests.queue_chat(submitter, req, record)
         self.req = req if self.stream else None
-        self.context = ResponseContext(self.responses.echo, answer.id, prompt_chars, created_at)
+        self.context = ResponseContext(responses.echo, answer.id, prompt_chars, created_at)
+        if not self.stream:
+            # Held for minutes: the echo as its JSON text, a quarter of its
+            # decoded size (a text.format schema is a tree of dicts).
+            self._echo_text = json.dumps(responses.echo.to_json(), separators=(",", ":"))
+            self.context = dataclasses.replace(self.context, echo=_NO_ECHO)
+        self.responses = None
         return answer.id
 
-    def _conversation(self, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The call's chat messages without its instructions: what a call
-        continuing it by previous_response_id puts before its own input
-        (OpenAI carries no instructions over)."""
-        messages = self.responses.chat_body["messages"]
-        return [*history, *messages[1 if self.responses.has_instructions else 0 :]]
-
-    async def _history(self, submitter: Submitter) -> list[dict[str, Any]]:
+    async def _history(
+        self, responses: ResponsesCall, submitter: Submitter
+    ) -> list[dict[str, Any]]:
         """The conversation ``previous_response_id`` names: its messages
         (without its instructions) and its reply. Refused by name when no
         stored Response of the caller has that id, or it has no reply."""
-        previous = self.responses.previous_response_id
+        previous = responses.previous_response_id
         if previous is None:
             return []
         request_id = request_id_of(previous)
@@ -139,7 +150,9 @@ class ResponsesPlan:
 
     def answer(self, call: Call, status: RequestStatus) -> dict[str, Any]:
         assert self.context is not None  # set when it was queued
-        return response(self.context, status, self.include_reasoning)
+        echo = ResponsesEcho.from_json(json.loads(self._echo_text))
+        context = dataclasses.replace(self.context, echo=echo)
+        return response(context, status, self.include_reasoning)
 
     def events(self, call: Call, config: FrontConfig) -> AsyncIterator[bytes]:
         req, context = self.req, self.context
@@ -159,6 +172,14 @@ class ResponsesPlan:
     def failure(self, call: Call, exc: HordeError) -> Iterator[bytes]:
         assert self._encoder is not None  # a stream's events come first
         return self._encoder.failure(exc)
+
+
+def _conversation(responses: ResponsesCall, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The call's chat messages without its instructions: what a call
+    continuing it by previous_response_id puts before its own input
+    (OpenAI carries no instructions over)."""
+    messages = responses.chat_body["messages"]
+    return [*history, *messages[1 if responses.has_instructions else 0 :]]
 
 
 async def _finished(
